@@ -1,0 +1,115 @@
+//! Command-line arguments (clap types only; DESIGN §3).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Safe backfills on Delta Lake tables: versioned SQL, staged files, one atomic commit.
+#[derive(Debug, Parser)]
+#[command(name = "lakefill", version, about, long_about = None)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+    #[command(flatten)]
+    pub(crate) global: GlobalArgs,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub(crate) struct GlobalArgs {
+    /// Project directory holding `lakefill.toml` [default: the nearest one upward from the
+    /// current directory].
+    #[arg(long, global = true, env = "LAKEFILL_PROJECT", value_name = "DIR")]
+    pub(crate) project: Option<PathBuf>,
+    /// Format of the results on stdout; `json` prints one JSON document.
+    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) output_format: OutputFormat,
+    /// Print only results: no status lines on stderr.
+    #[arg(short, long, global = true)]
+    pub(crate) quiet: bool,
+    /// Log more on stderr (`-v` debug, `-vv` trace); `RUST_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub(crate) verbose: u8,
+}
+
+/// Format of the results on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    /// Tables for people.
+    Text,
+    /// One JSON document (a stable contract).
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Build a small local lake with a real timezone bug and walk through fixing it.
+    Demo(DemoArgs),
+    /// Show what a backfill would read and replace, without writing anything.
+    Plan(PlanArgs),
+    /// Stage a backfill and publish it as one Delta commit.
+    Backfill(BackfillArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Directory to build the demo project in; must be empty or absent.
+    #[arg(long, default_value = "lakefill-demo", value_name = "DIR")]
+    pub(crate) dir: PathBuf,
+    /// Days of history to generate.
+    #[arg(long, default_value_t = 28)]
+    pub(crate) days: u32,
+    /// Events per day to generate.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) events_per_day: u32,
+}
+
+/// What to backfill: the model and the range.
+#[derive(Debug, Args)]
+pub(crate) struct ScopeArgs {
+    /// The model to run (a directory under `sql/`).
+    pub(crate) model: String,
+    /// First partition of the range (inclusive), e.g. `2026-01-01`.
+    #[arg(long, value_name = "PARTITION")]
+    pub(crate) from: String,
+    /// Last partition of the range (inclusive).
+    #[arg(long, value_name = "PARTITION")]
+    pub(crate) to: String,
+    /// Model version to run [default: the newest, by natural sort].
+    #[arg(long, value_name = "VERSION")]
+    pub(crate) model_version: Option<String>,
+    /// Partitions per batch [default: `[defaults] batch_partitions`, else 7].
+    #[arg(long, value_name = "N")]
+    pub(crate) batch_partitions: Option<usize>,
+    /// Read a source at a given version instead of its latest (repeatable), e.g. `raw_events=3`.
+    #[arg(long = "source-version", value_name = "TABLE=VERSION")]
+    pub(crate) source_versions: Vec<String>,
+    /// Drop rows the model produces for partitions outside the range, instead of failing.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub(crate) allow_spill: Option<SpillPolicy>,
+    /// Why this backfill runs; recorded in the commit [default: the model header's `reason`].
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) reason: Option<String>,
+}
+
+/// What to do with rows for partitions outside the range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SpillPolicy {
+    /// Drop them; the report and the commit metadata count them.
+    Drop,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    #[command(flatten)]
+    pub(crate) scope: ScopeArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BackfillArgs {
+    #[command(flatten)]
+    pub(crate) scope: ScopeArgs,
+    /// Batches in flight [default: `[defaults] max_parallel`, else the number of cores].
+    #[arg(long, value_name = "N")]
+    pub(crate) max_parallel: Option<usize>,
+}

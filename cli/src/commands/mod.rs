@@ -1,0 +1,5 @@
+//! One module per subcommand: resolve settings, call the engine, hand results to the printer.
+
+pub(crate) mod backfill;
+pub(crate) mod demo;
+pub(crate) mod plan;

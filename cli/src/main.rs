@@ -1,0 +1,84 @@
+//! The `lakefill` command: parse, run the command, map the outcome to an exit code (DESIGN §3).
+
+mod args;
+mod commands;
+mod printer;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use tracing_subscriber::EnvFilter;
+
+use crate::args::{Cli, Command};
+use crate::printer::Printer;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let printer = Printer::new(cli.global.output_format, cli.global.quiet);
+    init_logging(cli.global.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            printer.error(
+                &anyhow::Error::new(error).context("cannot start the async runtime"),
+                None,
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(run(&cli, printer));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            if is_broken_pipe(&error) {
+                return ExitCode::SUCCESS;
+            }
+            let engine_error = find_engine_error(&error);
+            let hint = engine_error.and_then(lakefill::Error::hint);
+            let code = engine_error.map_or(1, lakefill::Error::exit_code);
+            printer.error(&error, hint);
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Demo(args) => commands::demo::run(args, printer).await,
+        Command::Plan(args) => commands::plan::run(&cli.global, args, printer).await,
+        Command::Backfill(args) => commands::backfill::run(&cli.global, args, printer).await,
+    }
+}
+
+/// Finds the engine error in a chain (it may be wrapped by the fixtures or by context).
+fn find_engine_error(error: &anyhow::Error) -> Option<&lakefill::Error> {
+    error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<lakefill::Error>())
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "warn,lakefill=debug",
+        _ => "info,lakefill=trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

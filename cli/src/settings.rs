@@ -1,0 +1,64 @@
+//! Merges arguments, the project file and the environment into engine calls.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use lakefill::{PlanBuilder, Project};
+
+use crate::args::{GlobalArgs, ScopeArgs, SpillPolicy};
+
+/// Loads the project named by `--project`, or the nearest one upward from the current dir.
+pub(crate) fn project(global: &GlobalArgs) -> anyhow::Result<Project> {
+    match &global.project {
+        Some(dir) => Ok(Project::load(dir)?),
+        None => {
+            let cwd = std::env::current_dir().context("cannot read the current directory")?;
+            Ok(Project::discover(&cwd)?)
+        }
+    }
+}
+
+/// Builds the plan request for `scope`.
+pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Result<PlanBuilder> {
+    let mut versions = Vec::new();
+    for pin in &scope.source_versions {
+        versions.push(parse_source_version(pin)?);
+    }
+    Ok(
+        PlanBuilder::new(project, &scope.model, &scope.from, &scope.to)
+            .with_model_version(scope.model_version.clone())
+            .with_batch_partitions(scope.batch_partitions)
+            .with_source_versions(versions)
+            .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
+            .with_reason(scope.reason.clone()),
+    )
+}
+
+fn parse_source_version(pin: &str) -> Result<(String, u64), lakefill::Error> {
+    let invalid = |message: &str| lakefill::Error::InvalidOption {
+        option: "--source-version".into(),
+        value: pin.to_string(),
+        message: message.to_string(),
+    };
+    let (table, version) = pin
+        .split_once('=')
+        .ok_or_else(|| invalid("expected TABLE=VERSION"))?;
+    let version: u64 = version
+        .trim()
+        .parse()
+        .map_err(|_| invalid("the version must be a whole number, 0 or more"))?;
+    Ok((table.trim().to_string(), version))
+}
+
+/// `--max-parallel`, else `[defaults] max_parallel`.
+pub(crate) fn max_parallel(project: &Project, flag: Option<usize>) -> Option<usize> {
+    flag.or(project.defaults().max_parallel)
+}
+
+/// Shows a path relative to the current directory when it is below it.
+pub(crate) fn display_path(path: &Path) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+        .unwrap_or_else(|| path.display().to_string())
+}

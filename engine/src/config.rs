@@ -1,0 +1,362 @@
+//! The project file `lakefill.toml`: tables, storage options and defaults (DESIGN §1).
+//!
+//! This module finds and parses the file, expands `${ENV}` references and resolves table
+//! locations to URLs. Opening the tables is left to [`crate::storage`]; model files to
+//! [`crate::model`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// The name of the project file.
+pub const PROJECT_FILE: &str = "lakefill.toml";
+
+/// A loaded project: its directory, tables and defaults.
+#[derive(Debug, Clone)]
+pub struct Project {
+    root: PathBuf,
+    tables: BTreeMap<String, TableConfig>,
+    defaults: Defaults,
+}
+
+/// One table of the project's catalog.
+#[derive(Clone)]
+pub struct TableConfig {
+    name: String,
+    url: Url,
+    uri: String,
+    storage_options: BTreeMap<String, String>,
+    notify: Vec<String>,
+}
+
+/// Defaults from `[defaults]`, overridable per command.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Batches in flight.
+    pub max_parallel: Option<usize>,
+    /// DataFusion memory pool size, e.g. `"4GiB"`.
+    pub memory_limit: Option<String>,
+    /// Partitions per batch.
+    pub batch_partitions: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProject {
+    #[serde(default)]
+    storage: BTreeMap<String, String>,
+    #[serde(default)]
+    tables: BTreeMap<String, RawTable>,
+    #[serde(default)]
+    defaults: Defaults,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTable {
+    uri: String,
+    #[serde(default)]
+    storage: BTreeMap<String, String>,
+    #[serde(default)]
+    notify: Vec<String>,
+}
+
+impl Project {
+    /// Finds `lakefill.toml` in `start` or the nearest parent directory and loads it.
+    pub fn discover(start: &Path) -> Result<Self> {
+        let mut dir = Some(start);
+        while let Some(current) = dir {
+            if current.join(PROJECT_FILE).is_file() {
+                return Self::load(current);
+            }
+            dir = current.parent();
+        }
+        Err(Error::ProjectNotFound {
+            start: start.to_path_buf(),
+        })
+    }
+
+    /// Loads the project whose `lakefill.toml` is in `root`.
+    pub fn load(root: &Path) -> Result<Self> {
+        let root = std::path::absolute(root).map_err(|source| Error::ReadFile {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        let path = root.join(PROJECT_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::ReadFile {
+            path: path.clone(),
+            source,
+        })?;
+        Self::from_toml(&root, &path, &text)
+    }
+
+    fn from_toml(root: &Path, path: &Path, text: &str) -> Result<Self> {
+        let raw: RawProject = toml::from_str(text).map_err(|source| Error::ConfigParse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if let Some(0) = raw.defaults.batch_partitions {
+            return Err(Error::ConfigValue {
+                path: path.to_path_buf(),
+                field: "defaults.batch_partitions".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        if let Some(0) = raw.defaults.max_parallel {
+            return Err(Error::ConfigValue {
+                path: path.to_path_buf(),
+                field: "defaults.max_parallel".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        let mut tables = BTreeMap::new();
+        for (name, table) in raw.tables {
+            let field = format!("tables.{name}.uri");
+            let url = resolve_uri(root, &table.uri).map_err(|message| Error::ConfigValue {
+                path: path.to_path_buf(),
+                field,
+                message,
+            })?;
+            // Precedence: table options over `[storage]`.
+            let mut storage_options = BTreeMap::new();
+            for (key, value) in &raw.storage {
+                let value = expand_env(value, &format!("storage.{key}"))?;
+                storage_options.insert(key.clone(), value);
+            }
+            for (key, value) in &table.storage {
+                let value = expand_env(value, &format!("tables.{name}.storage.{key}"))?;
+                storage_options.insert(key.clone(), value);
+            }
+            tables.insert(
+                name.clone(),
+                TableConfig {
+                    name,
+                    url,
+                    uri: table.uri,
+                    storage_options,
+                    notify: table.notify,
+                },
+            );
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+            tables,
+            defaults: raw.defaults,
+        })
+    }
+
+    /// Returns the project directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Returns the directory holding the model files.
+    pub fn sql_dir(&self) -> PathBuf {
+        self.root.join("sql")
+    }
+
+    /// Returns the `[defaults]` section.
+    pub fn defaults(&self) -> &Defaults {
+        &self.defaults
+    }
+
+    /// Returns the table named `name`, or an error naming `used_by` and the known tables.
+    pub fn table(&self, name: &str, used_by: &str) -> Result<&TableConfig> {
+        self.tables.get(name).ok_or_else(|| Error::UnknownTable {
+            table: name.to_string(),
+            used_by: used_by.to_string(),
+            known: self.tables.keys().cloned().collect(),
+        })
+    }
+
+    /// Returns every table of the catalog, by name.
+    pub fn tables(&self) -> impl Iterator<Item = &TableConfig> {
+        self.tables.values()
+    }
+}
+
+impl TableConfig {
+    /// Returns the table's name in the project.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Returns the resolved location of the table.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// Returns the location as written in `lakefill.toml`.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// Returns the notification sinks of the table.
+    pub fn notify(&self) -> &[String] {
+        &self.notify
+    }
+
+    pub(crate) fn storage_options(&self) -> &BTreeMap<String, String> {
+        &self.storage_options
+    }
+}
+
+impl fmt::Debug for TableConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Storage options hold secrets: print their keys only.
+        f.debug_struct("TableConfig")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("storage_options", &self.storage_options.keys())
+            .field("notify", &self.notify)
+            .finish()
+    }
+}
+
+fn resolve_uri(root: &Path, uri: &str) -> std::result::Result<Url, String> {
+    if uri.trim().is_empty() {
+        return Err("the location is empty".into());
+    }
+    if let Some((scheme, _)) = uri.split_once("://") {
+        let url = Url::parse(uri).map_err(|e| format!("`{uri}` is not a valid URL ({e})"))?;
+        return match scheme {
+            "file" | "s3" | "s3a" => Ok(with_trailing_slash(url)),
+            other => Err(format!(
+                "scheme `{other}` is not supported; use a path, `file://`, `s3://` or `s3a://`"
+            )),
+        };
+    }
+    let path = Path::new(uri);
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    };
+    let path = normalize(&path);
+    Url::from_directory_path(&path)
+        .map_err(|()| format!("`{}` is not a usable path", path.display()))
+}
+
+fn with_trailing_slash(mut url: Url) -> Url {
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    url
+}
+
+/// Removes `.` and `..` components without touching the file system (the table may not exist).
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Replaces every `${NAME}` in `value` with the environment variable `NAME`.
+fn expand_env(value: &str, field: &str) -> Result<String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        let variable = &after[..end];
+        let resolved = std::env::var(variable).map_err(|_| Error::MissingEnv {
+            variable: variable.to_string(),
+            field: field.to_string(),
+        })?;
+        out.push_str(&resolved);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Returns whether a storage option key holds a secret whose value must never be shown.
+pub fn is_secret_option(key: &str) -> bool {
+    let key = key.to_ascii_uppercase();
+    [
+        "SECRET",
+        "TOKEN",
+        "PASSWORD",
+        "ACCESS_KEY",
+        "SESSION",
+        "CREDENTIAL",
+        "SAS",
+    ]
+    .iter()
+    .any(|marker| key.contains(marker))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tables_and_expands_env() {
+        // SAFETY of the env mutation: this is the only test touching this variable.
+        let text = r#"
+            [storage]
+            AWS_REGION = "us-east-1"
+            [tables.events]
+            uri = "lake/events"
+            storage = { AWS_ALLOW_HTTP = "true", HOME_DIR = "${HOME}" }
+            [defaults]
+            batch_partitions = 3
+        "#;
+        let project = Project::from_toml(Path::new("/p"), Path::new("/p/lakefill.toml"), text)
+            .expect("valid project");
+        let events = project.table("events", "test").expect("declared");
+        assert_eq!(events.url().as_str(), "file:///p/lake/events/");
+        assert_eq!(events.storage_options()["AWS_REGION"], "us-east-1");
+        assert_eq!(
+            events.storage_options()["HOME_DIR"],
+            std::env::var("HOME").expect("HOME is set")
+        );
+        assert_eq!(project.defaults().batch_partitions, Some(3));
+    }
+
+    #[test]
+    fn missing_env_names_variable_and_field() {
+        let text =
+            "[tables.t]\nuri = \"x\"\nstorage = { KEY = \"${LAKEFILL_SURELY_UNSET_VAR}\" }\n";
+        let err = Project::from_toml(Path::new("/p"), Path::new("/p/lakefill.toml"), text)
+            .expect_err("unset variable");
+        assert_eq!(
+            err.to_string(),
+            "environment variable `LAKEFILL_SURELY_UNSET_VAR` used by `tables.t.storage.KEY` is not set"
+        );
+    }
+
+    #[test]
+    fn unknown_field_is_rejected() {
+        let text = "[tables.t]\nuri = \"x\"\nurl = \"y\"\n";
+        let err = Project::from_toml(Path::new("/p"), Path::new("/p/lakefill.toml"), text)
+            .expect_err("unknown field");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn secret_keys_are_recognised() {
+        assert!(is_secret_option("AWS_SECRET_ACCESS_KEY"));
+        assert!(is_secret_option("aws_session_token"));
+        assert!(!is_secret_option("AWS_REGION"));
+    }
+}

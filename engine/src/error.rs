@@ -1,0 +1,338 @@
+//! The engine's one public error type.
+//!
+//! Variants are split by what the caller can do about them: fix the project (`exit 2`), retry or
+//! investigate the store (`exit 1`), or re-run because the table moved (`exit 4`). Each variant
+//! that a user can fix has a [`Error::hint`]. The CLI maps [`Error::exit_code`] onto the process
+//! exit code of DESIGN §3.
+
+use std::path::PathBuf;
+
+use deltalake::DeltaTableError;
+use deltalake::datafusion::error::DataFusionError;
+
+/// Errors returned by the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No `lakefill.toml` was found in the directory or any parent.
+    #[error("no `lakefill.toml` found in `{}` or any parent directory", start.display())]
+    ProjectNotFound {
+        /// Directory the search started from.
+        start: PathBuf,
+    },
+    /// A file of the project could not be read.
+    #[error("cannot read `{}`", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `lakefill.toml` is not valid TOML or does not have the expected shape.
+    #[error("invalid project file `{}`", path.display())]
+    ConfigParse {
+        /// The project file.
+        path: PathBuf,
+        /// The parser's error, with line and column.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value in `lakefill.toml` is not acceptable.
+    #[error("invalid value for `{field}` in `{}`: {message}", path.display())]
+    ConfigValue {
+        /// The project file.
+        path: PathBuf,
+        /// Dotted path of the field, e.g. `tables.events.uri`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A `${VAR}` in a storage option names an environment variable that is not set.
+    #[error("environment variable `{variable}` used by `{field}` is not set")]
+    MissingEnv {
+        /// The variable name.
+        variable: String,
+        /// Dotted path of the option that uses it.
+        field: String,
+    },
+    /// A table name is not declared in `lakefill.toml`.
+    #[error("unknown table `{table}` (used by {used_by})")]
+    UnknownTable {
+        /// The table name.
+        table: String,
+        /// Where the name appeared, e.g. a model file's header.
+        used_by: String,
+        /// Tables the project declares.
+        known: Vec<String>,
+    },
+    /// No model of that name exists under `sql/`.
+    #[error("unknown model `{model}`: no `{}` directory with `.sql` files", dir.display())]
+    UnknownModel {
+        /// The model name.
+        model: String,
+        /// Where its versions should be.
+        dir: PathBuf,
+        /// Models the project has.
+        known: Vec<String>,
+    },
+    /// `--model-version` names a version that does not exist.
+    #[error("model `{model}` has no version `{version}`")]
+    UnknownModelVersion {
+        /// The model name.
+        model: String,
+        /// The requested version.
+        version: String,
+        /// Versions that exist.
+        known: Vec<String>,
+    },
+    /// A model file is malformed: header, SQL, or its declarations.
+    #[error("invalid model file `{}`: {message}", path.display())]
+    Model {
+        /// The model file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The backfill range is not usable.
+    #[error("invalid range: {message}")]
+    InvalidRange {
+        /// What is wrong.
+        message: String,
+    },
+    /// A command-line option value is not usable.
+    #[error("invalid value `{value}` for `{option}`: {message}")]
+    InvalidOption {
+        /// The option, e.g. `--source-version`.
+        option: String,
+        /// The value given.
+        value: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A table's location does not hold a Delta table.
+    #[error("table `{table}` at `{uri}` is not a Delta table")]
+    NotADeltaTable {
+        /// The table name.
+        table: String,
+        /// Its location.
+        uri: String,
+        /// The error delta-rs reported.
+        #[source]
+        source: Box<DeltaTableError>,
+    },
+    /// The table is not partitioned the way the model says.
+    #[error("{message}")]
+    Partitioning {
+        /// What is wrong.
+        message: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The model's output schema does not match the target's schema.
+    #[error("output of model `{model}` does not match the schema of `{table}`:\n{}", problems.join("\n"))]
+    SchemaMismatch {
+        /// The model.
+        model: String,
+        /// The target table.
+        table: String,
+        /// One line per column that differs.
+        problems: Vec<String>,
+    },
+    /// The model produced rows for partitions outside the backfill range.
+    #[error(
+        "model `{model}` produced {total} rows for partitions outside the range {range}: {}",
+        partitions.iter().map(|(p, n)| format!("{p} ({n} rows)")).collect::<Vec<_>>().join(", ")
+    )]
+    Spill {
+        /// The model.
+        model: String,
+        /// The range, as `from..=to`.
+        range: String,
+        /// Each partition outside the range with its row count.
+        partitions: Vec<(String, u64)>,
+        /// Total rows outside the range.
+        total: u64,
+        /// The smallest range (from, to) that holds every produced row.
+        suggested: Box<(String, String)>,
+    },
+    /// Another writer committed into an affected partition after the read version.
+    #[error(
+        "`{table}` changed in the backfill range after version {read_version}; nothing was published"
+    )]
+    Conflict {
+        /// The target table.
+        table: String,
+        /// The version the run read.
+        read_version: u64,
+        /// delta-rs's conflict report.
+        #[source]
+        source: Box<DeltaTableError>,
+    },
+    /// A Delta operation failed.
+    #[error("{context}")]
+    Delta {
+        /// What the engine was doing.
+        context: String,
+        /// The delta-rs error.
+        #[source]
+        source: Box<DeltaTableError>,
+    },
+    /// Planning or executing a query failed.
+    #[error("{context}")]
+    Query {
+        /// What the engine was doing.
+        context: String,
+        /// The DataFusion error.
+        #[source]
+        source: Box<DataFusionError>,
+    },
+    /// Reading or writing an object failed.
+    #[error("cannot access `{path}`")]
+    Storage {
+        /// The object path.
+        path: String,
+        /// The object store's error.
+        #[source]
+        source: deltalake::ObjectStoreError,
+    },
+    /// A run journal could not be read or written.
+    #[error("run journal `{path}` is unreadable: {message}")]
+    Journal {
+        /// The journal's path.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An engine invariant did not hold. This is a bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Result type of every fallible engine function.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Returns the process exit code of DESIGN §3 for this error.
+    ///
+    /// `2` for mistakes in the project, the model or the command line, `4` when the table moved
+    /// under the run, `1` for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::ProjectNotFound { .. }
+            | Error::ConfigParse { .. }
+            | Error::ConfigValue { .. }
+            | Error::MissingEnv { .. }
+            | Error::UnknownTable { .. }
+            | Error::UnknownModel { .. }
+            | Error::UnknownModelVersion { .. }
+            | Error::Model { .. }
+            | Error::InvalidRange { .. }
+            | Error::InvalidOption { .. }
+            | Error::Partitioning { .. }
+            | Error::SchemaMismatch { .. } => 2,
+            Error::Conflict { .. } => 4,
+            Error::ReadFile { .. }
+            | Error::NotADeltaTable { .. }
+            | Error::Spill { .. }
+            | Error::Delta { .. }
+            | Error::Query { .. }
+            | Error::Storage { .. }
+            | Error::Journal { .. }
+            | Error::Internal(_) => 1,
+        }
+    }
+
+    /// Returns a next step for errors the user can fix.
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            Error::ProjectNotFound { .. } => {
+                "run from a project directory, pass `--project DIR`, or create one with `lakefill demo`".into()
+            }
+            Error::ReadFile { .. } => "check that the file exists and is readable".into(),
+            Error::ConfigParse { .. } => {
+                "fix the TOML at the line and column shown; DESIGN §1 shows the expected shape".into()
+            }
+            Error::ConfigValue { field, .. } => format!("correct `{field}` in lakefill.toml"),
+            Error::MissingEnv { variable, .. } => {
+                format!("export `{variable}` before running lakefill, or write the value in lakefill.toml")
+            }
+            Error::UnknownTable { known, .. } => format!(
+                "declare it as `[tables.<name>]` in lakefill.toml; known tables: {}",
+                list_or_none(known)
+            ),
+            Error::UnknownModel { known, .. } => {
+                format!("models in this project: {}", list_or_none(known))
+            }
+            Error::UnknownModelVersion { known, .. } => {
+                format!("versions that exist: {}", list_or_none(known))
+            }
+            Error::Model { hint, .. } | Error::Partitioning { hint, .. } => hint.clone(),
+            Error::InvalidRange { .. } => {
+                "pass `--from` and `--to` as partition values with `--from` <= `--to`, e.g. `--from 2026-01-01 --to 2026-01-31`".into()
+            }
+            Error::InvalidOption { option, .. } => format!("see `lakefill help` for the form of `{option}`"),
+            Error::NotADeltaTable { table, .. } => format!(
+                "check `tables.{table}.uri` in lakefill.toml; the location must hold a `_delta_log` directory"
+            ),
+            Error::SchemaMismatch { .. } => {
+                "change the model's SELECT (names, types, e.g. with CAST) so that it produces the target's columns".into()
+            }
+            Error::Spill { suggested, .. } => format!(
+                "widen the range to `--from {} --to {}`, filter the model's output with `$start`/`$end`, or pass `--allow-spill drop` to drop those rows on purpose",
+                suggested.0, suggested.1
+            ),
+            Error::Conflict { .. } => {
+                "another writer changed the affected partitions; re-run the same command to recompute against the new version".into()
+            }
+            Error::Journal { .. } => {
+                "the run's journal is damaged; discard the run or remove the journal file".into()
+            }
+            Error::Delta { .. } | Error::Query { .. } | Error::Storage { .. } | Error::Internal(_) => {
+                return None;
+            }
+        })
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".into()
+    } else {
+        items
+            .iter()
+            .map(|i| format!("`{i}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+pub(crate) trait DeltaContext<T> {
+    /// Wraps a delta-rs error with what the engine was doing.
+    fn delta_context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> DeltaContext<T> for std::result::Result<T, DeltaTableError> {
+    fn delta_context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Delta {
+            context: context(),
+            source: Box::new(source),
+        })
+    }
+}
+
+pub(crate) trait QueryContext<T> {
+    /// Wraps a DataFusion error with what the engine was doing.
+    fn query_context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> QueryContext<T> for std::result::Result<T, DataFusionError> {
+    fn query_context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Query {
+            context: context(),
+            source: Box::new(source),
+        })
+    }
+}

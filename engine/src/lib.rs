@@ -1,0 +1,47 @@
+//! # lakefill
+//!
+//! Safe backfills on Delta Lake tables. A backfill recomputes historical partitions of a table
+//! with a versioned SQL model and replaces them so that no reader ever sees partial history:
+//!
+//! ```text
+//!  scope ──► stage ──► validate ──► publish
+//!  (plan)    (DataFusion over     (old vs new)   (one atomic
+//!            pinned source                        Delta commit)
+//!            versions, batches)
+//! ```
+//!
+//! [`Project`] loads `lakefill.toml`; [`PlanBuilder`] scopes a backfill from the Delta log
+//! without writing; [`BackfillBuilder`] stages the model's output as Parquet files that are not
+//! yet in the log and publishes them as one commit.
+//!
+//! ```no_run
+//! # async fn demo() -> lakefill::Result<()> {
+//! let project = lakefill::Project::discover(std::path::Path::new("."))?;
+//! let plan = lakefill::PlanBuilder::new(&project, "events", "2026-01-01", "2026-01-31").await?;
+//! println!("{} partitions", plan.report().partitions.len());
+//! let report = lakefill::BackfillBuilder::new(plan).await?;
+//! assert!(report.published_version.is_some());
+//! # Ok(()) }
+//! ```
+
+mod backfill;
+mod config;
+mod error;
+mod execute;
+mod journal;
+mod model;
+mod partition;
+mod plan;
+mod publish;
+mod storage;
+
+pub use backfill::{BackfillBuilder, Outcome, PartitionChange, RunReport, Timings};
+pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
+pub use error::{Error, Result};
+pub use journal::{BatchRecord, Journal, RunState};
+pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
+pub use partition::{PartitionRange, PartitionType};
+pub use plan::{
+    BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DownstreamModel, PartitionState,
+    PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
+};

@@ -1,0 +1,403 @@
+//! Versioned model files `sql/<model>/<version>.sql` (DESIGN §2).
+//!
+//! A model file starts with a block comment holding a TOML header, followed by one read-only
+//! `SELECT`. This module finds versions (natural sort), fingerprints the bytes, parses the header
+//! and checks the SQL statically: one query, no DDL/DML/COPY, every table it reads declared.
+//! Running the SQL is left to [`crate::execute`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use deltalake::datafusion::sql::parser::{DFParser, Statement};
+use deltalake::datafusion::sql::resolve::resolve_table_references;
+use deltalake::datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::Project;
+use crate::error::{Error, Result};
+
+/// One version of a model: its header, SQL and fingerprint.
+#[derive(Debug, Clone)]
+pub struct Model {
+    name: String,
+    version: String,
+    path: PathBuf,
+    fingerprint: String,
+    header: ModelHeader,
+    sql: String,
+}
+
+/// The TOML header of a model file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelHeader {
+    /// The table the model writes, from `lakefill.toml`.
+    pub target: String,
+    /// The target's partition column.
+    pub partition_by: String,
+    /// Default reason recorded with each backfill.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Each table the SELECT reads.
+    #[serde(default)]
+    pub sources: BTreeMap<String, SourceSpec>,
+    /// Validation settings (see the validation module once it lands).
+    #[serde(default)]
+    pub validate: Option<ValidateSpec>,
+}
+
+/// How a model reads one source.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// Column restricting reads to the batch window; without it the whole source is read.
+    #[serde(default)]
+    pub window: Option<String>,
+    /// Extra partitions (days) read before the window.
+    #[serde(default)]
+    pub lookback: u32,
+    /// Extra partitions (days) read after the window.
+    #[serde(default)]
+    pub lookahead: u32,
+}
+
+/// The `[validate]` section of a model header.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateSpec {
+    /// Row identity for the row-level diff and uniqueness.
+    #[serde(default)]
+    pub key: Vec<String>,
+    /// Columns summed and compared per partition.
+    #[serde(default)]
+    pub measures: Vec<String>,
+    /// Largest accepted row-count change per partition.
+    #[serde(default)]
+    pub max_row_change: Option<String>,
+    /// Largest accepted measure change per partition.
+    #[serde(default)]
+    pub max_measure_change: Option<String>,
+    /// Measures whose totals over the range must not change.
+    #[serde(default)]
+    pub conserve: Vec<String>,
+    /// User checks: queries that must return no rows.
+    #[serde(default)]
+    pub checks: Vec<CheckSpec>,
+}
+
+/// A user check of the `[validate]` section.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    /// Name shown in reports.
+    pub name: String,
+    /// Query over `output` and `previous` that must return no rows.
+    pub sql: String,
+}
+
+impl Model {
+    /// Loads model `name` of `project`: the newest version, or `version` when given.
+    pub fn load(project: &Project, name: &str, version: Option<&str>) -> Result<Self> {
+        let sql_dir = project.sql_dir();
+        let dir = sql_dir.join(name);
+        let versions = list_versions(&dir);
+        if versions.is_empty() {
+            return Err(Error::UnknownModel {
+                model: name.to_string(),
+                dir,
+                known: list_models(&sql_dir),
+            });
+        }
+        let chosen = match version {
+            Some(wanted) => versions
+                .iter()
+                .find(|v| v.as_str() == wanted)
+                .cloned()
+                .ok_or_else(|| Error::UnknownModelVersion {
+                    model: name.to_string(),
+                    version: wanted.to_string(),
+                    known: versions.clone(),
+                })?,
+            None => versions
+                .last()
+                .cloned()
+                .ok_or_else(|| Error::Internal("version list is empty".into()))?,
+        };
+        let path = dir.join(format!("{chosen}.sql"));
+        let bytes = std::fs::read(&path).map_err(|source| Error::ReadFile {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(project, name, &chosen, &path, &bytes)
+    }
+
+    fn parse(
+        project: &Project,
+        name: &str,
+        version: &str,
+        path: &Path,
+        bytes: &[u8],
+    ) -> Result<Self> {
+        let model_error = |message: String, hint: &str| Error::Model {
+            path: path.to_path_buf(),
+            message,
+            hint: hint.to_string(),
+        };
+        let fingerprint = hex::encode(Sha256::digest(bytes));
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| model_error(format!("not UTF-8 ({e})"), "save the file as UTF-8"))?;
+        let trimmed = text.trim_start();
+        let header_hint = "start the file with a `/* ... */` block holding the TOML header (target, partition_by, [sources.<table>])";
+        let Some(after_open) = trimmed.strip_prefix("/*") else {
+            return Err(model_error(
+                "the file does not start with a `/*` header block".into(),
+                header_hint,
+            ));
+        };
+        let Some(close) = after_open.find("*/") else {
+            return Err(model_error(
+                "the header block is not closed with `*/`".into(),
+                header_hint,
+            ));
+        };
+        let header_text = &after_open[..close];
+        let sql = after_open[close + 2..].trim().to_string();
+        let header: ModelHeader = toml::from_str(header_text).map_err(|e| {
+            model_error(
+                format!("the header is not valid: {}", e.to_string().trim_end()),
+                "fix the TOML in the header block; fields are target, partition_by, reason, [sources.<table>], [validate]",
+            )
+        })?;
+        let used_by = format!("the header of `{}`", path.display());
+        project.table(&header.target, &used_by)?;
+        if header.partition_by.trim().is_empty() {
+            return Err(model_error(
+                "`partition_by` is empty".into(),
+                "set `partition_by` to the target table's partition column",
+            ));
+        }
+        for source in header.sources.keys() {
+            project.table(source, &used_by)?;
+        }
+        check_sql(path, &sql, &header)?;
+        Ok(Self {
+            name: name.to_string(),
+            version: version.to_string(),
+            path: path.to_path_buf(),
+            fingerprint,
+            header,
+            sql,
+        })
+    }
+
+    /// Returns the model's name (its directory under `sql/`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Returns the version (the file stem).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Returns the model file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Returns the SHA-256 of the file bytes, in hex.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Returns the parsed header.
+    pub fn header(&self) -> &ModelHeader {
+        &self.header
+    }
+
+    /// Returns the SELECT statement.
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+}
+
+/// Parses `sql` and refuses anything but one query reading declared sources.
+fn check_sql(path: &Path, sql: &str, header: &ModelHeader) -> Result<()> {
+    let model_error = |message: String, hint: &str| Error::Model {
+        path: path.to_path_buf(),
+        message,
+        hint: hint.to_string(),
+    };
+    let statements = DFParser::parse_sql_with_dialect(sql, &GenericDialect {}).map_err(|e| {
+        model_error(
+            format!("the SQL does not parse: {e}"),
+            "fix the SELECT after the header; `$start` and `$end` are the batch bounds",
+        )
+    })?;
+    let mut statements = statements.into_iter();
+    let (Some(statement), None) = (statements.next(), statements.next()) else {
+        return Err(model_error(
+            "a model holds exactly one SELECT statement".into(),
+            "keep one SELECT (CTEs are fine) after the header",
+        ));
+    };
+    check_read_only(&statement).map_err(|kind| {
+        model_error(
+            format!("{kind} statements are not allowed; a model is one read-only SELECT"),
+            "models only read: write the query as a SELECT; lakefill writes the result",
+        )
+    })?;
+    let (tables, _ctes) = resolve_table_references(&statement, false).map_err(|e| {
+        model_error(
+            format!("cannot list the tables the SQL reads: {e}"),
+            "simplify the FROM clauses",
+        )
+    })?;
+    for table in tables {
+        let name = table.table();
+        if table.schema().is_some() || !header.sources.contains_key(name) {
+            return Err(model_error(
+                format!("the SQL reads `{table}`, which the header does not declare as a source"),
+                &format!(
+                    "add `[sources.{name}]` to the header (with `window = \"<column>\"` to read only the batch window)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Accepts a plain query; returns the kind of any other statement.
+pub(crate) fn check_read_only(statement: &Statement) -> std::result::Result<(), String> {
+    match statement {
+        Statement::Statement(inner) => match inner.as_ref() {
+            SqlStatement::Query(_) => Ok(()),
+            other => Err(statement_kind(other)),
+        },
+        Statement::CreateExternalTable(_) => Err("CREATE EXTERNAL TABLE".into()),
+        Statement::CopyTo(_) => Err("COPY".into()),
+        Statement::Explain(_) => Err("EXPLAIN".into()),
+        Statement::Reset(_) => Err("RESET".into()),
+    }
+}
+
+fn statement_kind(statement: &SqlStatement) -> String {
+    // The first two words of the statement name its kind well enough (`INSERT INTO`, `DROP TABLE`).
+    let text = statement.to_string();
+    text.split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_uppercase()
+}
+
+/// Lists the versions in a model directory, oldest first (natural sort: v2 < v10).
+pub(crate) fn list_versions(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut versions: Vec<String> = entries
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "sql") && path.is_file())
+        .filter_map(|path| {
+            path.file_stem()
+                .map(|stem| stem.to_string_lossy().into_owned())
+        })
+        .collect();
+    versions.sort_by(|a, b| natural_cmp(a, b));
+    versions
+}
+
+/// Lists the models of a project: directories of `sql/` holding `.sql` files.
+pub(crate) fn list_models(sql_dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(sql_dir) else {
+        return Vec::new();
+    };
+    let mut models: Vec<String> = entries
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| !list_versions(&entry.path()).is_empty())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    models.sort();
+    models
+}
+
+/// Compares strings so that runs of digits compare as numbers.
+fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for ((digit_a, x), (digit_b, y)) in ca.iter().zip(cb.iter()) {
+        let ordering = if *digit_a && *digit_b {
+            let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
+            x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+        } else {
+            x.cmp(y)
+        };
+        if ordering.is_ne() {
+            return ordering;
+        }
+    }
+    ca.len().cmp(&cb.len()).then_with(|| a.cmp(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_sort_orders_numbers_by_value() {
+        let mut versions = vec!["v10", "v2", "v1", "v2b", "v09"];
+        versions.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(versions, ["v1", "v2", "v2b", "v09", "v10"]);
+    }
+
+    fn header() -> ModelHeader {
+        toml::from_str("target = \"t\"\npartition_by = \"d\"\n[sources.events]\nwindow = \"d\"\n")
+            .expect("valid header")
+    }
+
+    #[test]
+    fn rejects_dml_ddl_and_copy() {
+        for sql in [
+            "INSERT INTO events VALUES (1)",
+            "DROP TABLE events",
+            "COPY events TO '/tmp/x.parquet'",
+            "CREATE EXTERNAL TABLE x STORED AS PARQUET LOCATION '/tmp'",
+            "SET datafusion.execution.batch_size = 1",
+        ] {
+            let err = check_sql(Path::new("m.sql"), sql, &header()).expect_err(sql);
+            assert!(err.to_string().contains("not allowed"), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn rejects_undeclared_sources_but_not_ctes() {
+        check_sql(
+            Path::new("m.sql"),
+            "WITH x AS (SELECT * FROM events) SELECT * FROM x",
+            &header(),
+        )
+        .expect("cte over a declared source");
+        let err = check_sql(
+            Path::new("m.sql"),
+            "SELECT * FROM events JOIN users USING (id)",
+            &header(),
+        )
+        .expect_err("users is not declared");
+        assert!(err.to_string().contains("`users`"), "{err}");
+    }
+}

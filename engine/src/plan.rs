@@ -1,0 +1,552 @@
+//! Scope of a backfill: what it reads, what it replaces, and how it is split (DESIGN §4.1).
+//!
+//! Planning opens the target at its latest version (the read version) and each source at its
+//! pinned version, lists the affected partitions with their files and rows from the Delta log (no
+//! data scan), finds downstream models, splits the range into batches and derives the run id.
+//! It writes nothing. Running the plan is left to [`crate::execute`] and [`crate::publish`].
+
+use std::collections::BTreeMap;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+
+use deltalake::DeltaTable;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::config::Project;
+use crate::error::{Error, Result};
+use crate::model::{Model, SourceSpec, list_models};
+use crate::partition::{PartitionRange, PartitionType};
+use crate::storage::{loaded_version, open_table};
+
+/// Default number of partitions per batch.
+pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
+
+/// The Delta application id prefix of lakefill runs (`lakefill:<run_id>`).
+pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
+
+/// Plans a backfill without writing anything.
+#[must_use = "a PlanBuilder does nothing until it is awaited"]
+pub struct PlanBuilder {
+    project: Project,
+    model: String,
+    from: String,
+    to: String,
+    model_version: Option<String>,
+    batch_partitions: Option<usize>,
+    source_versions: BTreeMap<String, u64>,
+    allow_spill_drop: bool,
+    reason: Option<String>,
+}
+
+impl PlanBuilder {
+    /// Plans model `model` of `project` over the partitions `from..=to`.
+    pub fn new(
+        project: &Project,
+        model: impl Into<String>,
+        from: impl Into<String>,
+        to: impl Into<String>,
+    ) -> Self {
+        Self {
+            project: project.clone(),
+            model: model.into(),
+            from: from.into(),
+            to: to.into(),
+            model_version: None,
+            batch_partitions: None,
+            source_versions: BTreeMap::new(),
+            allow_spill_drop: false,
+            reason: None,
+        }
+    }
+
+    /// Pins the model version.
+    ///
+    /// By default, the newest version (natural sort) runs.
+    pub fn with_model_version(mut self, version: Option<String>) -> Self {
+        self.model_version = version;
+        self
+    }
+
+    /// Sets the number of partitions per batch.
+    ///
+    /// By default, `[defaults] batch_partitions` of the project, else 7.
+    pub fn with_batch_partitions(mut self, partitions: Option<usize>) -> Self {
+        self.batch_partitions = partitions;
+        self
+    }
+
+    /// Pins sources at explicit versions instead of their latest.
+    ///
+    /// By default, every source is read at the version current when the plan is made.
+    pub fn with_source_versions(
+        mut self,
+        versions: impl IntoIterator<Item = (String, u64)>,
+    ) -> Self {
+        self.source_versions = versions.into_iter().collect();
+        self
+    }
+
+    /// Drops rows for partitions outside the range instead of failing.
+    ///
+    /// By default, such rows fail the run.
+    pub fn with_allow_spill_drop(mut self, allow: bool) -> Self {
+        self.allow_spill_drop = allow;
+        self
+    }
+
+    /// Sets the reason recorded with the run.
+    ///
+    /// By default, the model header's `reason`.
+    pub fn with_reason(mut self, reason: Option<String>) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    async fn run(self) -> Result<BackfillPlan> {
+        let project = self.project;
+        let model = Model::load(&project, &self.model, self.model_version.as_deref())?;
+        let header = model.header().clone();
+        let batch_partitions = self
+            .batch_partitions
+            .or(project.defaults().batch_partitions)
+            .unwrap_or(DEFAULT_BATCH_PARTITIONS);
+        if batch_partitions == 0 {
+            return Err(Error::InvalidOption {
+                option: "--batch-partitions".into(),
+                value: "0".into(),
+                message: "a batch holds at least one partition".into(),
+            });
+        }
+        for table in self.source_versions.keys() {
+            if !header.sources.contains_key(table) {
+                return Err(Error::InvalidOption {
+                    option: "--source-version".into(),
+                    value: table.clone(),
+                    message: format!("`{table}` is not a source of model `{}`", model.name()),
+                });
+            }
+        }
+
+        let target_config = project
+            .table(&header.target, &format!("model `{}`", model.name()))?
+            .clone();
+        let target = open_table(&target_config, None).await?;
+        let read_version = loaded_version(&target)?;
+        let snapshot = target.snapshot().map_err(|source| Error::Delta {
+            context: format!("cannot read the snapshot of `{}`", target_config.name()),
+            source: Box::new(source),
+        })?;
+        let partition_columns = snapshot.metadata().partition_columns().to_vec();
+        if partition_columns != [header.partition_by.clone()] {
+            return Err(Error::Partitioning {
+                message: format!(
+                    "model `{}` says `{}` is partitioned by `{}`, but the table is partitioned by [{}]",
+                    model.name(),
+                    target_config.name(),
+                    header.partition_by,
+                    partition_columns.join(", ")
+                ),
+                hint: format!(
+                    "set `partition_by` in `{}` to the table's partition column; lakefill backfills tables partitioned by one date or string column",
+                    model.path().display()
+                ),
+            });
+        }
+        let schema = snapshot.snapshot().arrow_schema();
+        let partition_type = schema
+            .field_with_name(&header.partition_by)
+            .ok()
+            .and_then(|field| PartitionType::from_arrow(field.data_type()))
+            .ok_or_else(|| Error::Partitioning {
+                message: format!(
+                    "partition column `{}` of `{}` is neither a date nor a string",
+                    header.partition_by,
+                    target_config.name()
+                ),
+                hint: "lakefill backfills tables partitioned by one DATE or STRING column".into(),
+            })?;
+        let range =
+            PartitionRange::parse(&self.from, &self.to, partition_type, &header.partition_by)?;
+
+        // Current state of the affected partitions, from the log only.
+        let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
+        for file in snapshot.log_data().iter() {
+            let Some(Some(value)) = file
+                .partition_values_map()
+                .get(&header.partition_by)
+                .cloned()
+            else {
+                continue;
+            };
+            if !range.contains(&value) {
+                continue;
+            }
+            let entry = current
+                .entry(value.clone())
+                .or_insert_with(|| PartitionState::empty(&value));
+            entry.files += 1;
+            entry.bytes += u64::try_from(file.size()).unwrap_or(0);
+            entry.rows = match (entry.rows, file.num_records()) {
+                (Some(rows), Some(n)) => Some(rows + n as u64),
+                _ => None,
+            };
+        }
+        let partition_values: Vec<String> = match range.dates() {
+            Some(dates) => dates.iter().map(|d| d.to_string()).collect(),
+            None => current.keys().cloned().collect(),
+        };
+        let partitions: Vec<PartitionState> = partition_values
+            .iter()
+            .map(|value| {
+                current
+                    .remove(value)
+                    .unwrap_or_else(|| PartitionState::empty(value))
+            })
+            .collect();
+
+        let batches = match partition_type {
+            PartitionType::Date => partition_values
+                .chunks(batch_partitions)
+                .enumerate()
+                .map(|(index, chunk)| BatchPlan {
+                    index,
+                    start: chunk.first().cloned().unwrap_or_default(),
+                    end: chunk.last().cloned().unwrap_or_default(),
+                    partitions: chunk.to_vec(),
+                })
+                .collect(),
+            // String partitions cannot be enumerated ahead of time: one batch covers the range.
+            PartitionType::String => vec![BatchPlan {
+                index: 0,
+                start: range.from.clone(),
+                end: range.to.clone(),
+                partitions: partition_values.clone(),
+            }],
+        };
+
+        // Sources at their pinned versions; the target itself is read at the read version.
+        let mut sources = Vec::new();
+        let mut source_plans = Vec::new();
+        for (name, spec) in &header.sources {
+            let config = project
+                .table(name, &format!("model `{}`", model.name()))?
+                .clone();
+            let reads_target = name == &header.target;
+            let table = if reads_target {
+                if let Some(version) = self.source_versions.get(name)
+                    && *version != read_version
+                {
+                    return Err(Error::InvalidOption {
+                        option: "--source-version".into(),
+                        value: format!("{name}={version}"),
+                        message: format!(
+                            "`{name}` is the target: it is always read at the read version {read_version}"
+                        ),
+                    });
+                }
+                target.clone()
+            } else {
+                open_table(&config, self.source_versions.get(name).copied()).await?
+            };
+            let version = loaded_version(&table)?;
+            if let Some(window) = &spec.window {
+                let source_schema = table
+                    .snapshot()
+                    .map_err(|source| Error::Delta {
+                        context: format!("cannot read the snapshot of `{name}`"),
+                        source: Box::new(source),
+                    })?
+                    .snapshot()
+                    .arrow_schema();
+                if source_schema.field_with_name(window).is_err() {
+                    return Err(Error::Model {
+                        path: model.path().to_path_buf(),
+                        message: format!("source `{name}` has no column `{window}` (its `window`)"),
+                        hint: format!(
+                            "set `window` under `[sources.{name}]` to one of: {}",
+                            source_schema
+                                .fields()
+                                .iter()
+                                .map(|f| format!("`{}`", f.name()))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    });
+                }
+            }
+            source_plans.push(SourcePlan {
+                table: name.clone(),
+                version,
+                window: spec.window.clone(),
+                lookback: spec.lookback,
+                lookahead: spec.lookahead,
+                reads_target,
+            });
+            sources.push(PlannedSource {
+                name: name.clone(),
+                spec: spec.clone(),
+                table,
+            });
+        }
+
+        let downstream = find_downstream(&project, model.name(), &header.target);
+        let reason = self.reason.or_else(|| header.reason.clone());
+        let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
+        let already_published = snapshot
+            .transaction_version(
+                target.log_store().as_ref(),
+                &format!("{APP_ID_PREFIX}{run_id}"),
+            )
+            .await
+            .map_err(|source| Error::Delta {
+                context: format!(
+                    "cannot read application transactions of `{}`",
+                    target_config.name()
+                ),
+                source: Box::new(source),
+            })?
+            .is_some();
+
+        let totals = partitions.iter().fold(
+            PartitionTotals {
+                files: 0,
+                rows: Some(0),
+                bytes: 0,
+            },
+            |acc, p| PartitionTotals {
+                files: acc.files + p.files,
+                rows: acc.rows.zip(p.rows).map(|(a, b)| a + b),
+                bytes: acc.bytes + p.bytes,
+            },
+        );
+        let report = PlanReport {
+            run_id,
+            model: model.name().to_string(),
+            model_version: model.version().to_string(),
+            fingerprint: model.fingerprint().to_string(),
+            model_file: model.path().display().to_string(),
+            target: target_config.name().to_string(),
+            target_uri: target_config.uri().to_string(),
+            partition_column: header.partition_by.clone(),
+            partition_type,
+            read_version,
+            range,
+            batch_partitions,
+            partitions,
+            totals,
+            sources: source_plans,
+            batches,
+            downstream,
+            reason,
+            allow_spill: self.allow_spill_drop.then(|| "drop".to_string()),
+            already_published,
+        };
+        Ok(BackfillPlan {
+            report,
+            model,
+            target,
+            sources,
+        })
+    }
+}
+
+impl IntoFuture for PlanBuilder {
+    type Output = Result<BackfillPlan>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+/// A plan ready to run: the printable report plus the opened tables.
+#[derive(Debug, Clone)]
+pub struct BackfillPlan {
+    pub(crate) report: PlanReport,
+    pub(crate) model: Model,
+    pub(crate) target: DeltaTable,
+    pub(crate) sources: Vec<PlannedSource>,
+}
+
+impl BackfillPlan {
+    /// Returns the printable, serializable view of the plan.
+    pub fn report(&self) -> &PlanReport {
+        &self.report
+    }
+
+    /// Returns the run id the plan derives from its inputs.
+    pub fn run_id(&self) -> &str {
+        &self.report.run_id
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedSource {
+    pub(crate) name: String,
+    pub(crate) spec: SourceSpec,
+    pub(crate) table: DeltaTable,
+}
+
+/// What a backfill will read and replace.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    /// Run id derived from the inputs (DESIGN §4.1).
+    pub run_id: String,
+    /// Model name.
+    pub model: String,
+    /// Model version (file stem).
+    pub model_version: String,
+    /// SHA-256 of the model file.
+    pub fingerprint: String,
+    /// Path of the model file.
+    pub model_file: String,
+    /// Target table name.
+    pub target: String,
+    /// Target location as configured.
+    pub target_uri: String,
+    /// Target partition column.
+    pub partition_column: String,
+    /// Type of the partition column.
+    pub partition_type: PartitionType,
+    /// Version of the target the run reads and replaces.
+    pub read_version: u64,
+    /// The range, inclusive.
+    pub range: PartitionRange,
+    /// Partitions per batch.
+    pub batch_partitions: usize,
+    /// Affected partitions with their current state.
+    pub partitions: Vec<PartitionState>,
+    /// Sums over the affected partitions.
+    pub totals: PartitionTotals,
+    /// Sources and the versions they are pinned at.
+    pub sources: Vec<SourcePlan>,
+    /// Batches in execution order.
+    pub batches: Vec<BatchPlan>,
+    /// Models that read the target.
+    pub downstream: Vec<DownstreamModel>,
+    /// Reason recorded with the run.
+    pub reason: Option<String>,
+    /// `"drop"` when rows outside the range are dropped on purpose.
+    pub allow_spill: Option<String>,
+    /// Whether the target already holds this run's commit.
+    pub already_published: bool,
+}
+
+/// Current state of one affected partition, from the Delta log.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionState {
+    /// Partition value.
+    pub value: String,
+    /// Data files.
+    pub files: u64,
+    /// Rows, when every file has stats.
+    pub rows: Option<u64>,
+    /// Bytes of the data files.
+    pub bytes: u64,
+}
+
+impl PartitionState {
+    fn empty(value: &str) -> Self {
+        Self {
+            value: value.to_string(),
+            files: 0,
+            rows: Some(0),
+            bytes: 0,
+        }
+    }
+}
+
+/// Sums over the affected partitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionTotals {
+    /// Data files.
+    pub files: u64,
+    /// Rows, when every file has stats.
+    pub rows: Option<u64>,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A source as the plan reads it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourcePlan {
+    /// Table name.
+    pub table: String,
+    /// Pinned version.
+    pub version: u64,
+    /// Window column, if reads are restricted to the batch window.
+    pub window: Option<String>,
+    /// Extra days read before the window.
+    pub lookback: u32,
+    /// Extra days read after the window.
+    pub lookahead: u32,
+    /// Whether the source is the target itself (read at the read version).
+    pub reads_target: bool,
+}
+
+/// One batch of partitions computed by one query.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchPlan {
+    /// Position in the run.
+    pub index: usize,
+    /// First partition value (`$start`).
+    pub start: String,
+    /// Last partition value (`$end`).
+    pub end: String,
+    /// Partitions of the batch.
+    pub partitions: Vec<String>,
+}
+
+/// A model that reads the target.
+#[derive(Debug, Clone, Serialize)]
+pub struct DownstreamModel {
+    /// Model name.
+    pub model: String,
+    /// Its newest version.
+    pub version: String,
+    /// The table it writes.
+    pub target: String,
+}
+
+/// Derives the run id from everything that determines the output (DESIGN §4.1).
+fn run_id(
+    model: &Model,
+    sources: &[SourcePlan],
+    range: &PartitionRange,
+    allow_spill_drop: bool,
+) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"lakefill-run-v1\n");
+    hasher.update(model.name().as_bytes());
+    hasher.update(b"\n");
+    hasher.update(model.fingerprint().as_bytes());
+    for source in sources.iter().filter(|s| !s.reads_target) {
+        hasher.update(format!("\nsource {}={}", source.table, source.version).as_bytes());
+    }
+    hasher.update(format!("\nrange {}..{}", range.from, range.to).as_bytes());
+    hasher.update(format!("\nallow_spill_drop {allow_spill_drop}").as_bytes());
+    let digest = hex::encode(hasher.finalize());
+    let version: String = model
+        .version()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("{}-{}-{}", model.name(), version, &digest[..12])
+}
+
+/// Finds models whose newest version reads `target`. Unreadable models are skipped: they are
+/// reported when someone runs them.
+fn find_downstream(project: &Project, model_name: &str, target: &str) -> Vec<DownstreamModel> {
+    list_models(&project.sql_dir())
+        .into_iter()
+        .filter(|name| name != model_name)
+        .filter_map(|name| Model::load(project, &name, None).ok())
+        .filter(|m| m.header().sources.contains_key(target) && m.header().target != target)
+        .map(|m| DownstreamModel {
+            model: m.name().to_string(),
+            version: m.version().to_string(),
+            target: m.header().target.clone(),
+        })
+        .collect()
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real `lakefill` binary against real Delta tables on local disk.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on any unexpected error"
+)]
+
+mod backfill;
+mod errors;
+mod support;
