@@ -50,8 +50,14 @@ impl Printer {
     /// Prints an error chain and its hint on stderr (always, even under `-q`).
     pub(crate) fn error(&self, error: &anyhow::Error, hint: Option<String>) {
         let mut out = format!("error: {error}\n");
+        // Some errors repeat their source in their own message; print each text once.
+        let mut previous = error.to_string();
         for cause in error.chain().skip(1) {
-            let _ = writeln!(out, "caused by: {cause}");
+            let text = cause.to_string();
+            if !previous.contains(&text) {
+                let _ = writeln!(out, "caused by: {text}");
+            }
+            previous = text;
         }
         if let Some(hint) = hint {
             let _ = write!(out, "\nhint: {hint}\n");

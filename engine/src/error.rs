@@ -290,9 +290,10 @@ impl Error {
             Error::Journal { .. } => {
                 "the run's journal is damaged; discard the run or remove the journal file".into()
             }
-            Error::Delta { .. } | Error::Query { .. } | Error::Storage { .. } | Error::Internal(_) => {
-                return None;
+            Error::Query { .. } | Error::Storage { .. } => {
+                "nothing was published and the table is unchanged; fix the cause above and run the same command again".into()
             }
+            Error::Delta { .. } | Error::Internal(_) => return None,
         })
     }
 }

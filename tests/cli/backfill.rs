@@ -390,3 +390,109 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn a_model_reading_its_own_target_applies_once() {
+    let lake = TestLake::new();
+    std::fs::create_dir_all(lake.path().join("sql/events_cents")).unwrap();
+    std::fs::write(
+        lake.path().join("sql/events_cents/v1.sql"),
+        "/*\ntarget = \"events\"\npartition_by = \"event_date\"\nreason = \"amounts were stored in dollars\"\n\
+         [sources.events]\nwindow = \"event_date\"\n*/\n\
+         SELECT event_id, user_id, country, amount_cents * 100 AS amount_cents, event_ts, event_date FROM events",
+    )
+    .unwrap();
+    let (from, to) = (lake.day(2), lake.day(4));
+    let sums_sql = "SELECT CAST(event_date AS VARCHAR), CAST(SUM(amount_cents) AS VARCHAR) FROM events GROUP BY 1 ORDER BY 1";
+    let before = lake.query(&[("events", lake.open("events"))], sums_sql);
+    let plan = json_ok(&lake.run(&[
+        "plan",
+        "events_cents",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(plan["sources"][0]["reads_target"], true);
+    assert_eq!(plan["sources"][0]["version"], plan["read_version"]);
+
+    json_ok(&lake.run(&[
+        "backfill",
+        "events_cents",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--batch-partitions",
+        "2",
+        "--output-format",
+        "json",
+    ]));
+    let again = json_ok(&lake.run(&[
+        "backfill",
+        "events_cents",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(
+        again["outcome"], "already_published",
+        "the run id ignores the target's own version"
+    );
+
+    let after = lake.query(&[("events", lake.open("events"))], sums_sql);
+    assert_eq!(before.len(), after.len());
+    for (old, new) in before.iter().zip(&after) {
+        let (old_sum, new_sum): (i64, i64) = (old[1].parse().unwrap(), new[1].parse().unwrap());
+        if from <= old[0] && old[0] <= to {
+            assert_eq!(new_sum, old_sum * 100, "{}", old[0]);
+        } else {
+            assert_eq!(new_sum, old_sum, "{}", old[0]);
+        }
+    }
+}
+
+#[test]
+fn sources_are_read_only_inside_the_batch_window() {
+    let lake = TestLake::new();
+    // Corrupt every raw_events file of the last ingest day: only a scan that reaches it fails.
+    let last = lake
+        .table_path("raw_events")
+        .join(format!("ingest_date={}", lake.day(9)));
+    for entry in std::fs::read_dir(&last).unwrap().flatten() {
+        std::fs::write(entry.path(), b"not parquet").unwrap();
+    }
+    // Window of 2..4 with lookahead 1 reads ingest days 2..5.
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(4),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "pruned scan must not touch day 9: {}",
+        stderr(&out)
+    );
+    // Day 8 reads ingest day 9: the corrupt file is reached and the run fails, publishing nothing.
+    let before = lake.version("events");
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(7),
+        "--to",
+        &lake.day(8),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("error: "), "{}", stderr(&out));
+    assert_eq!(lake.version("events"), before);
+}
