@@ -47,8 +47,14 @@ pub(crate) enum Command {
     Demo(DemoArgs),
     /// Show what a backfill would read and replace, without writing anything.
     Plan(PlanArgs),
-    /// Stage a backfill and publish it as one Delta commit.
+    /// Stage, validate and publish a backfill as one Delta commit.
     Backfill(BackfillArgs),
+    /// List runs and their state (planned, staging, staged, failed-validation, published, ...).
+    Runs(RunsArgs),
+    /// Publish a staged run that passed validation (write-audit-publish).
+    Publish(PublishArgs),
+    /// Delete the staged files of a run that was not published.
+    Discard(DiscardArgs),
 }
 
 #[derive(Debug, Args)]
@@ -112,4 +118,37 @@ pub(crate) struct BackfillArgs {
     /// Batches in flight [default: `[defaults] max_parallel`, else the number of cores].
     #[arg(long, value_name = "N")]
     pub(crate) max_parallel: Option<usize>,
+    /// Stop after validation; publish later with `lakefill publish RUN_ID`.
+    #[arg(long)]
+    pub(crate) stage_only: bool,
+    /// Publish even if validation fails; requires `--reason`, which the commit records.
+    #[arg(long, requires = "reason")]
+    pub(crate) force_publish: bool,
+    /// Sample rows per kind of difference in the validation report.
+    #[arg(long, value_name = "N", default_value_t = lakefill::DEFAULT_SAMPLE)]
+    pub(crate) sample: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunsArgs {
+    /// Only runs of this table [default: every table of the project].
+    pub(crate) table: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PublishArgs {
+    /// The run to publish (see `lakefill runs`).
+    pub(crate) run_id: String,
+    /// Publish even if validation failed; requires `--reason`, which the commit records.
+    #[arg(long, requires = "reason")]
+    pub(crate) force_publish: bool,
+    /// Why validation is overridden.
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DiscardArgs {
+    /// The run to discard (see `lakefill runs`).
+    pub(crate) run_id: String,
 }

@@ -51,6 +51,9 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::Demo(args) => commands::demo::run(args, printer).await,
         Command::Plan(args) => commands::plan::run(&cli.global, args, printer).await,
         Command::Backfill(args) => commands::backfill::run(&cli.global, args, printer).await,
+        Command::Runs(args) => commands::runs::list(&cli.global, args, printer).await,
+        Command::Publish(args) => commands::runs::publish(&cli.global, args, printer).await,
+        Command::Discard(args) => commands::runs::discard(&cli.global, args, printer).await,
     }
 }
 

@@ -7,6 +7,7 @@ use std::io::Write as _;
 
 use lakefill::{PlanReport, RunReport};
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::args::OutputFormat;
 
@@ -182,41 +183,47 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
     out
 }
 
-/// Renders a backfill report for people.
+/// Renders a backfill, publish or discard report for people.
 pub(crate) fn run_text(report: &RunReport) -> String {
+    use lakefill::Outcome;
     let mut out = String::new();
-    match (report.outcome, report.published_version) {
-        (lakefill::Outcome::AlreadyPublished, version) => {
-            let version = version
-                .map(|v| format!(" as version {v}"))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "already published: run {} of {}@{} was committed to {}{version}; nothing to do",
-                report.run_id, report.model, report.model_version, report.table
-            );
+    let run = format!("run {} of {}@{}", report.run_id, report.model, report.model_version);
+    match report.outcome {
+        Outcome::AlreadyPublished => {
+            let version = report.published_version.map(|v| format!(" as version {v}")).unwrap_or_default();
+            let _ = writeln!(out, "already published: {run} was committed to {}{version}; nothing to do", report.table);
             return out;
         }
-        (_, Some(version)) => {
+        Outcome::Published => {
             let _ = writeln!(
                 out,
-                "published {} version {version} (read version {}), run {} of {}@{}",
+                "published {} version {} (read version {}), {run}",
                 report.table,
-                report.read_version,
-                report.run_id,
-                report.model,
-                report.model_version
+                report.published_version.map_or_else(|| "?".into(), |v| v.to_string()),
+                report.read_version
             );
         }
-        (_, None) => {
-            let _ = writeln!(out, "run {} is {}", report.run_id, report.state);
+        Outcome::Staged => {
+            let _ = writeln!(
+                out,
+                "staged {run} for {} (read version {}); nothing is visible to readers yet
+                   publish it with `lakefill publish {}` or drop it with `lakefill discard {}`",
+                report.table, report.read_version, report.run_id, report.run_id
+            );
+        }
+        Outcome::ValidationFailed => {
+            let _ = writeln!(
+                out,
+                "validation FAILED for {run} on {}; nothing was published (the run stays staged)",
+                report.table
+            );
+        }
+        Outcome::Discarded => {
+            let _ = writeln!(out, "discarded {run}: its staged files are deleted");
+            return out;
         }
     }
-    let _ = writeln!(
-        out,
-        "  {:<14} {:>10} {:>10} {:>9}",
-        "partition", "old rows", "new rows", "change"
-    );
+    let _ = writeln!(out, "  {:<14} {:>10} {:>10} {:>9}", "partition", "old rows", "new rows", "change");
     let (mut old_total, mut new_total) = (0u64, 0u64);
     for p in &report.partitions {
         let old = p.old_rows.unwrap_or(0);
@@ -243,25 +250,114 @@ pub(crate) fn run_text(report: &RunReport) -> String {
     if report.spill_dropped > 0 {
         let _ = writeln!(
             out,
-            "  dropped {} rows for partitions outside the range (--allow-spill drop): {}",
-            report.spill_dropped,
-            report
-                .spill
-                .iter()
-                .map(|(p, n)| format!("{p} ({n})"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "  dropped {} rows for partitions outside the range (--allow-spill drop)",
+            report.spill_dropped
         );
     }
+    if let Some(validation) = &report.validation {
+        out.push_str(&validation_text(validation));
+    }
+    if let Some(reason) = &report.forced {
+        let _ = writeln!(out, "  validation overridden: {reason}");
+    }
+    let t = &report.timings;
     let _ = writeln!(
         out,
-        "  staged {} files, {} in {:.1}s; commit {:.1}s",
+        "  staged {} files, {} | stage {:.1}s, validate {:.1}s, commit {:.1}s",
         report.files_written,
         bytes(report.bytes_written),
-        report.timings.stage_ms as f64 / 1000.0,
-        report.timings.publish_ms as f64 / 1000.0
+        t.stage_ms as f64 / 1000.0,
+        t.validate_ms as f64 / 1000.0,
+        t.publish_ms as f64 / 1000.0
     );
     out
+}
+
+/// Renders a validation report (the JSON form saved with the run).
+pub(crate) fn validation_text(validation: &Value) -> String {
+    let mut out = String::new();
+    let checks = validation["checks"].as_array().cloned().unwrap_or_default();
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| c["passed"] == Value::Bool(false))
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    if failed.is_empty() {
+        let _ = writeln!(out, "validation: passed ({} checks)", checks.len());
+    } else {
+        let _ = writeln!(out, "validation: FAILED {} of {} checks: {}", failed.len(), checks.len(), failed.join(", "));
+    }
+    for check in &checks {
+        let ok = check["passed"] == Value::Bool(true);
+        let _ = writeln!(out, "  {:<4} {}", if ok { "ok" } else { "FAIL" }, check["name"].as_str().unwrap_or("?"));
+        for failure in check["failures"].as_array().into_iter().flatten().take(10) {
+            let _ = writeln!(out, "         {}", compact(failure));
+        }
+        if !ok {
+            for row in check["sample"].as_array().into_iter().flatten() {
+                let _ = writeln!(out, "         sample: {}", compact(row));
+            }
+        }
+    }
+    out.push_str(&comparison_text(&validation["comparison"]));
+    out
+}
+
+/// Renders the key-level part of a comparison: counts and samples.
+pub(crate) fn comparison_text(comparison: &Value) -> String {
+    let mut out = String::new();
+    let totals = &comparison["totals"];
+    if let Some(measures) = totals["measures"].as_object() {
+        for (name, change) in measures {
+            let (old, new) = (change["old"].as_f64().unwrap_or(0.0), change["new"].as_f64().unwrap_or(0.0));
+            let _ = writeln!(out, "  sum({name}): {} -> {} ({})", number(old), number(new), signed_f(new - old));
+        }
+    }
+    let key = comparison["key"].as_array().map(|k| k.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "));
+    match key {
+        Some(key) if !key.is_empty() => {
+            let _ = writeln!(
+                out,
+                "  rows by key ({key}): {} added, {} removed, {} changed",
+                totals["added"], totals["removed"], totals["changed"]
+            );
+            for kind in ["added", "removed", "changed"] {
+                for sample in comparison["samples"][kind].as_array().into_iter().flatten() {
+                    let _ = writeln!(out, "    {kind:<8} {}", compact(sample));
+                }
+            }
+        }
+        _ => {
+            let _ = writeln!(out, "  rows by key: skipped (no key; set `[validate] key` or pass `--key`)");
+        }
+    }
+    for (label, field) in [("appeared", "appeared"), ("disappeared", "disappeared")] {
+        if let Some(list) = comparison[field].as_array().filter(|l| !l.is_empty()) {
+            let values: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+            let _ = writeln!(out, "  partitions {label}: {}", values.join(", "));
+        }
+    }
+    out
+}
+
+/// One-line JSON without quotes around simple keys, for samples and failures.
+fn compact(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}={}", compact(v))).collect();
+            format!("{{{}}}", parts.join(", "))
+        }
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn number(n: f64) -> String {
+    if n.fract() == 0.0 && n.abs() < 9.0e15 { format!("{}", n as i64) } else { format!("{n:.4}") }
+}
+
+fn signed_f(n: f64) -> String {
+    if n > 0.0 { format!("+{}", number(n)) } else { number(n) }
 }
 
 fn rows(rows: Option<u64>) -> String {

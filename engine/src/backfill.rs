@@ -1,29 +1,42 @@
-//! Running a plan: stage, check, publish, and the report of what happened (DESIGN §4).
+//! Running a plan: stage, validate, publish, and the report of what happened (DESIGN §4).
 //!
 //! This module sequences the phases and keeps the journal current; the phases themselves live in
-//! [`crate::execute`] and [`crate::publish`].
+//! [`crate::execute`], [`crate::validate`] and [`crate::publish`].
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::logical_expr::{Expr, lit};
+use deltalake::datafusion::prelude::SessionContext;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
-use serde::Serialize;
-use serde_json::json;
+use deltalake::{DeltaTable, ObjectStore};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, QueryContext, Result};
 use crate::execute::{StageOptions, stage};
-use crate::journal::{JOURNAL_FORMAT, Journal, RunState, now};
-use crate::partition::PartitionRange;
+use crate::journal::{BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
+use crate::partition::{PartitionRange, PartitionType, partition_literal};
 use crate::plan::BackfillPlan;
 use crate::publish::commit;
+use crate::staged::StagedTable;
+use crate::validate::{CheckResult, ValidationRules, counts_from, validate};
 
-/// Runs a [`BackfillPlan`]: stage, check, publish.
+/// Default number of sample rows per kind of difference.
+pub const DEFAULT_SAMPLE: usize = 5;
+
+/// Runs a [`BackfillPlan`]: stage, validate, publish.
 #[must_use = "a BackfillBuilder does nothing until it is awaited"]
 pub struct BackfillBuilder {
     plan: BackfillPlan,
     max_parallel: Option<usize>,
+    stage_only: bool,
+    force_reason: Option<String>,
+    sample: usize,
 }
 
 impl BackfillBuilder {
@@ -32,6 +45,9 @@ impl BackfillBuilder {
         Self {
             plan,
             max_parallel: None,
+            stage_only: false,
+            force_reason: None,
+            sample: DEFAULT_SAMPLE,
         }
     }
 
@@ -43,9 +59,33 @@ impl BackfillBuilder {
         self
     }
 
+    /// Stops after validation, leaving the run staged for `publish` (write-audit-publish).
+    ///
+    /// By default, a run that passes validation is published.
+    pub fn with_stage_only(mut self, stage_only: bool) -> Self {
+        self.stage_only = stage_only;
+        self
+    }
+
+    /// Publishes even if validation fails, recording `reason` in the commit.
+    ///
+    /// By default, a failed validation publishes nothing.
+    pub fn with_force_publish(mut self, reason: Option<String>) -> Self {
+        self.force_reason = reason;
+        self
+    }
+
+    /// Sets the number of sample rows per kind of difference in the report.
+    ///
+    /// By default, 5.
+    pub fn with_sample(mut self, sample: usize) -> Self {
+        self.sample = sample;
+        self
+    }
+
     #[tracing::instrument(skip_all, fields(table = %self.plan.report.target, model = %self.plan.report.model, version = %self.plan.report.model_version))]
     async fn run(self) -> Result<RunReport> {
-        let plan = self.plan;
+        let plan = &self.plan;
         let report = &plan.report;
         let store = plan.target.object_store();
         let started = Instant::now();
@@ -53,7 +93,13 @@ impl BackfillBuilder {
         if report.already_published {
             let journal = Journal::load(&store, &report.run_id).await?;
             tracing::info!(run_id = %report.run_id, "run already published");
-            return Ok(RunReport::already_published(&plan, journal.as_ref()));
+            return Ok(RunReport::already_published(plan, journal.as_ref()));
+        }
+        // A previous attempt of this run that never published: its staged files are garbage now.
+        if let Some(previous) = Journal::load(&store, &report.run_id).await?
+            && previous.state != RunState::Published
+        {
+            delete_staged(&store, &previous).await;
         }
 
         let mut journal = Journal {
@@ -64,15 +110,16 @@ impl BackfillBuilder {
             model_version: report.model_version.clone(),
             fingerprint: report.fingerprint.clone(),
             target: report.target.clone(),
+            partition_column: report.partition_column.clone(),
             read_version: report.read_version,
             range: report.range.clone(),
-            sources: report
-                .sources
-                .iter()
-                .map(|s| (s.table.clone(), s.version))
-                .collect(),
+            sources: report.sources.iter().map(|s| (s.table.clone(), s.version)).collect(),
             reason: report.reason.clone(),
             batches: Vec::new(),
+            partitions: Vec::new(),
+            spill_dropped: 0,
+            validation: None,
+            forced: None,
             published_version: None,
             error: None,
             created_at: now(),
@@ -85,28 +132,22 @@ impl BackfillBuilder {
             .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
             .unwrap_or(1);
         let options = StageOptions { max_parallel };
-        let staged = {
-            let journal_ref = &mut journal;
-            let store_ref = &store;
-            let mut records = Vec::new();
-            let result = stage(&plan, &options, |record| {
-                records.push(record.clone());
-                journal_ref.batches.push(record);
-                async move { Ok(()) }
-            })
-            .await;
-            // Journal what finished, whatever happened.
-            journal_ref.batches.sort_by_key(|b| b.index);
-            if let Err(error) = result {
-                fail(journal_ref, store_ref, &plan, &error, true).await;
-                return Err(error);
-            }
-            records
-        };
-        let stage_time = started.elapsed();
+        let mut finished: Vec<BatchRecord> = Vec::new();
+        let result = stage(plan, &options, |record| {
+            finished.push(record);
+            async { Ok(()) }
+        })
+        .await;
+        finished.sort_by_key(|b| b.index);
+        journal.batches = finished;
+        if let Err(error) = result {
+            fail(&mut journal, &store, &error, true).await;
+            return Err(error);
+        }
+        let stage_ms = started.elapsed().as_millis() as u64;
 
-        let spill: BTreeMap<String, u64> = staged.iter().flat_map(|b| b.spill.clone()).fold(
-            BTreeMap::new(),
+        let spill = journal.batches.iter().flat_map(|b| b.spill.clone()).fold(
+            BTreeMap::<String, u64>::new(),
             |mut acc, (partition, rows)| {
                 *acc.entry(partition).or_default() += rows;
                 acc
@@ -121,121 +162,81 @@ impl BackfillBuilder {
                 range: format!("{}..={}", report.range.from, report.range.to),
                 partitions: spill.clone().into_iter().collect(),
                 total: spilled,
-                suggested: Box::new((
-                    first.min(report.range.from.clone()),
-                    last.max(report.range.to.clone()),
-                )),
+                suggested: Box::new((first.min(report.range.from.clone()), last.max(report.range.to.clone()))),
             };
-            fail(&mut journal, &store, &plan, &error, true).await;
+            fail(&mut journal, &store, &error, true).await;
             return Err(error);
         }
+        journal.spill_dropped = spilled;
+        journal.partitions = partition_changes(plan, &journal.batches);
         journal.state = RunState::Staged;
         journal.save(&store).await?;
 
-        let mut new_rows: BTreeMap<String, u64> = BTreeMap::new();
-        let mut new_files: BTreeMap<String, u64> = BTreeMap::new();
-        let mut adds = Vec::new();
-        let mut bytes_written = 0u64;
-        for record in &staged {
-            for (partition, rows) in &record.rows {
-                *new_rows.entry(partition.clone()).or_default() += rows;
-            }
-            for add in &record.files {
-                let partition = add
-                    .partition_values
-                    .get(&report.partition_column)
-                    .cloned()
-                    .flatten()
-                    .unwrap_or_default();
-                *new_files.entry(partition).or_default() += 1;
-                bytes_written += u64::try_from(add.size).unwrap_or(0);
-                adds.push(add.clone());
-            }
-        }
-        // Partitions of the plan, plus new string partitions the model produced.
-        let mut partitions: Vec<PartitionChange> = report
-            .partitions
-            .iter()
-            .map(|p| PartitionChange {
-                value: p.value.clone(),
-                old_rows: p.rows,
-                new_rows: new_rows.get(&p.value).copied().unwrap_or(0),
-                old_files: p.files,
-                new_files: new_files.get(&p.value).copied().unwrap_or(0),
-            })
-            .collect();
-        for (value, rows) in &new_rows {
-            if !partitions.iter().any(|p| &p.value == value) {
-                partitions.push(PartitionChange {
-                    value: value.clone(),
-                    old_rows: Some(0),
-                    new_rows: *rows,
-                    old_files: 0,
-                    new_files: new_files.get(value).copied().unwrap_or(0),
-                });
-            }
-        }
-        partitions.sort_by(|a, b| a.value.cmp(&b.value));
-
-        let validation = json!({
-            "passed": true,
-            "checks": [
-                {"name": "schema", "passed": true},
-                {"name": "spill", "passed": true, "rows_outside_range": spilled, "dropped": spilled},
-            ],
-        });
-        let metadata = json!({
-            "run_id": report.run_id,
-            "model": report.model,
-            "model_version": report.model_version,
-            "fingerprint": report.fingerprint,
-            "sources": report.sources.iter().map(|s| (s.table.clone(), s.version)).collect::<BTreeMap<_, _>>(),
-            "range": [report.range.from, report.range.to],
-            "read_version": report.read_version,
-            "reason": report.reason,
-            "partitions": partitions.iter().map(|p| json!({"value": p.value, "old_rows": p.old_rows, "new_rows": p.new_rows})).collect::<Vec<_>>(),
-            "spill_dropped": spilled,
-            "validation": validation,
-        });
-        let publish_started = Instant::now();
-        let published_version = match commit(&plan, adds, metadata).await {
-            Ok(version) => version,
+        // Validate: old rows at the read version against the staged rows.
+        let validate_started = Instant::now();
+        let extra_checks = vec![
+            CheckResult {
+                name: "schema".into(),
+                passed: true,
+                failures: Vec::new(),
+                sample: Vec::new(),
+            },
+            CheckResult {
+                name: "spill".into(),
+                passed: true,
+                failures: if spilled > 0 {
+                    vec![json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill})]
+                } else {
+                    Vec::new()
+                },
+                sample: Vec::new(),
+            },
+        ];
+        let validation = match run_validation(plan, &journal, &plan.rules, self.sample, extra_checks).await {
+            Ok(validation) => validation,
             Err(error) => {
-                // The staged files stay: the run can be re-validated or discarded.
-                let keep_state = matches!(error, Error::Conflict { .. });
-                fail(&mut journal, &store, &plan, &error, !keep_state).await;
+                fail(&mut journal, &store, &error, false).await;
                 return Err(error);
             }
         };
-        journal.state = RunState::Published;
-        journal.published_version = Some(published_version);
-        journal.save(&store).await?;
-        tracing::info!(run_id = %report.run_id, version = published_version, "published");
+        let validate_ms = validate_started.elapsed().as_millis() as u64;
+        let passed = validation["passed"].as_bool().unwrap_or(false);
+        journal.validation = Some(validation);
 
-        Ok(RunReport {
-            run_id: report.run_id.clone(),
-            state: RunState::Published,
-            outcome: Outcome::Published,
-            table: report.target.clone(),
-            model: report.model.clone(),
-            model_version: report.model_version.clone(),
-            fingerprint: report.fingerprint.clone(),
-            read_version: report.read_version,
-            published_version: Some(published_version),
-            range: report.range.clone(),
-            partitions,
-            rows_written: new_rows.values().sum(),
-            files_written: new_files.values().sum(),
-            bytes_written,
-            spill_dropped: spilled,
-            spill: spill.into_iter().collect(),
-            validation,
-            timings: Timings {
-                stage_ms: stage_time.as_millis() as u64,
+        if !passed && self.force_reason.is_none() {
+            journal.state = RunState::FailedValidation;
+            journal.save(&store).await?;
+            return Ok(RunReport::from_journal(
+                &journal,
+                Outcome::ValidationFailed,
+                Timings { stage_ms, validate_ms, publish_ms: 0, total_ms: started.elapsed().as_millis() as u64 },
+            ));
+        }
+        if !passed {
+            journal.forced = self.force_reason.clone();
+        }
+        if self.stage_only {
+            journal.save(&store).await?;
+            return Ok(RunReport::from_journal(
+                &journal,
+                Outcome::Staged,
+                Timings { stage_ms, validate_ms, publish_ms: 0, total_ms: started.elapsed().as_millis() as u64 },
+            ));
+        }
+
+        let publish_started = Instant::now();
+        publish_journal(&plan.target, &mut journal, &store).await?;
+        tracing::info!(run_id = %report.run_id, version = ?journal.published_version, "published");
+        Ok(RunReport::from_journal(
+            &journal,
+            Outcome::Published,
+            Timings {
+                stage_ms,
+                validate_ms,
                 publish_ms: publish_started.elapsed().as_millis() as u64,
                 total_ms: started.elapsed().as_millis() as u64,
             },
-        })
+        ))
     }
 }
 
@@ -248,33 +249,167 @@ impl IntoFuture for BackfillBuilder {
     }
 }
 
-/// Records a failure in the journal and, when `delete_staged`, removes the run's staged files.
-/// Best effort: the original error is what the caller reports.
-async fn fail(
+/// Commits a staged run and records the outcome in its journal. On a conflict the run stays
+/// staged (it can be re-validated or discarded); on other errors too, since nothing changed.
+pub(crate) async fn publish_journal(
+    target_at_read_version: &DeltaTable,
     journal: &mut Journal,
-    store: &std::sync::Arc<dyn deltalake::ObjectStore>,
-    plan: &BackfillPlan,
-    error: &Error,
-    delete_staged: bool,
-) {
-    journal.error = Some(error.to_string());
-    if delete_staged {
-        journal.state = RunState::Failed;
-        for add in journal.staged_files() {
-            let path = deltalake::Path::from(add.path.as_str());
-            if let Err(e) = store.delete(&path).await {
-                tracing::warn!(path = %path, error = %e, "cannot delete a staged file of a failed run; `lakefill gc` will");
-            }
+    store: &Arc<dyn ObjectStore>,
+) -> Result<()> {
+    match commit(target_at_read_version, journal).await {
+        Ok(version) => {
+            journal.state = RunState::Published;
+            journal.published_version = Some(version);
+            journal.error = None;
+            journal.save(store).await
         }
-    } else {
-        journal.state = RunState::Staged;
-    }
-    if let Err(e) = journal.save(store).await {
-        tracing::warn!(run_id = %plan.report.run_id, error = %e, "cannot record the failure in the run journal");
+        Err(error) => {
+            fail(journal, store, &error, false).await;
+            Err(error)
+        }
     }
 }
 
-/// What a backfill did (DESIGN §3 JSON contract).
+/// Registers `previous` (the target at the read version, affected partitions only) and `output`
+/// (the staged files) in a new session and validates them.
+async fn run_validation(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    rules: &ValidationRules,
+    sample: usize,
+    extra_checks: Vec<CheckResult>,
+) -> Result<Value> {
+    let ctx = comparison_session(
+        &plan.target,
+        plan.report.partition_type,
+        &journal.partition_column,
+        &journal.range,
+    )
+    .await?;
+    let adds: Vec<_> = journal.staged_files().cloned().collect();
+    let staged = StagedTable::register_store(&ctx, &plan.target, &journal.partition_column, &adds, &journal.run_id)?;
+    ctx.register_table("output", Arc::new(staged))
+        .query_context(|| "cannot register the staged files".into())?;
+    let old_counts = plan
+        .report
+        .partitions
+        .iter()
+        .map(|p| p.rows.map(|rows| (p.value.clone(), rows)))
+        .collect::<Option<BTreeMap<_, _>>>()
+        .map(|counts| counts.into_iter().filter(|(_, n)| *n > 0).collect());
+    let new_counts = counts_from(journal.batches.iter().flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))));
+    let report = validate(
+        &ctx,
+        &journal.partition_column,
+        rules,
+        sample,
+        old_counts,
+        Some(new_counts),
+        extra_checks,
+    )
+    .await?;
+    serde_json::to_value(&report).map_err(|e| Error::Internal(format!("validation report: {e}")))
+}
+
+/// A session with `previous` registered: `table` restricted to the partitions of `range`.
+pub(crate) async fn comparison_session(
+    table: &DeltaTable,
+    kind: PartitionType,
+    partition_column: &str,
+    range: &PartitionRange,
+) -> Result<SessionContext> {
+    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    let provider = table
+        .table_provider()
+        .await
+        .query_context(|| "cannot scan the target".into())?;
+    let column = Expr::Column(Column::new_unqualified(partition_column));
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| {
+            df.filter(column.between(
+                lit(partition_literal(kind, &range.from).unwrap_or_else(|_| range.from.clone().into())),
+                lit(partition_literal(kind, &range.to).unwrap_or_else(|_| range.to.clone().into())),
+            ))
+        })
+        .query_context(|| "cannot restrict the target to the range".into())?;
+    ctx.register_table("previous", df.into_view())
+        .query_context(|| "cannot register the old rows".into())?;
+    Ok(ctx)
+}
+
+/// Old and new row counts per partition: the plan's partitions plus any the model created.
+fn partition_changes(plan: &BackfillPlan, batches: &[BatchRecord]) -> Vec<PartitionChange> {
+    let column = &plan.report.partition_column;
+    let mut new_rows: BTreeMap<String, u64> = BTreeMap::new();
+    let mut new_files: BTreeMap<String, u64> = BTreeMap::new();
+    for record in batches {
+        for (partition, rows) in &record.rows {
+            *new_rows.entry(partition.clone()).or_default() += rows;
+        }
+        for add in &record.files {
+            let partition = add.partition_values.get(column).cloned().flatten().unwrap_or_default();
+            *new_files.entry(partition).or_default() += 1;
+        }
+    }
+    let mut partitions: Vec<PartitionChange> = plan
+        .report
+        .partitions
+        .iter()
+        .map(|p| PartitionChange {
+            value: p.value.clone(),
+            old_rows: p.rows,
+            new_rows: new_rows.get(&p.value).copied().unwrap_or(0),
+            old_files: p.files,
+            new_files: new_files.get(&p.value).copied().unwrap_or(0),
+        })
+        .collect();
+    for (value, rows) in &new_rows {
+        if !partitions.iter().any(|p| &p.value == value) {
+            partitions.push(PartitionChange {
+                value: value.clone(),
+                old_rows: Some(0),
+                new_rows: *rows,
+                old_files: 0,
+                new_files: new_files.get(value).copied().unwrap_or(0),
+            });
+        }
+    }
+    partitions.sort_by(|a, b| a.value.cmp(&b.value));
+    partitions
+}
+
+/// Deletes the staged files of a run. Best effort: a file left behind is garbage for `gc`, never
+/// visible to readers.
+pub(crate) async fn delete_staged(store: &Arc<dyn ObjectStore>, journal: &Journal) -> u64 {
+    let mut deleted = 0;
+    for add in journal.staged_files() {
+        let path = deltalake::Path::from(add.path.as_str());
+        match store.delete(&path).await {
+            Ok(()) => deleted += 1,
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(path = %path, error = %e, "cannot delete a staged file"),
+        }
+    }
+    deleted
+}
+
+/// Records a failure in the journal and, when `delete_staged_files`, removes the run's staged
+/// files. Best effort: the original error is what the caller reports.
+async fn fail(journal: &mut Journal, store: &Arc<dyn ObjectStore>, error: &Error, delete_staged_files: bool) {
+    journal.error = Some(error.to_string());
+    if delete_staged_files {
+        journal.state = RunState::Failed;
+        delete_staged(store, journal).await;
+    } else if journal.state != RunState::FailedValidation {
+        journal.state = RunState::Staged;
+    }
+    if let Err(e) = journal.save(store).await {
+        tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failure in the run journal");
+    }
+}
+
+/// What a backfill or publish did (DESIGN §3 JSON contract).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
     /// The run id.
@@ -307,26 +442,32 @@ pub struct RunReport {
     pub bytes_written: u64,
     /// Rows for partitions outside the range that were dropped (`--allow-spill drop`).
     pub spill_dropped: u64,
-    /// Those rows per partition.
-    pub spill: Vec<(String, u64)>,
-    /// The checks that ran and their results.
-    pub validation: serde_json::Value,
+    /// The validation report (`passed`, each check with its numbers, the comparison).
+    pub validation: Option<Value>,
+    /// The reason validation was overridden, if it was.
+    pub forced: Option<String>,
     /// Wall time per phase.
     pub timings: Timings,
 }
 
-/// What one invocation of a backfill did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// What one invocation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// A new version was committed.
     Published,
     /// The run had been published before; nothing changed.
     AlreadyPublished,
+    /// Staged and validated; waiting for `publish`.
+    Staged,
+    /// Validation failed; nothing was published.
+    ValidationFailed,
+    /// The run's staged files were deleted.
+    Discarded,
 }
 
 /// Per-partition change.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartitionChange {
     /// Partition value.
     pub value: String,
@@ -341,10 +482,12 @@ pub struct PartitionChange {
 }
 
 /// Wall time per phase, in milliseconds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct Timings {
     /// Running the model and writing staged files.
     pub stage_ms: u64,
+    /// Comparing old and new and running the checks.
+    pub validate_ms: u64,
     /// The commit.
     pub publish_ms: u64,
     /// The whole run.
@@ -352,7 +495,35 @@ pub struct Timings {
 }
 
 impl RunReport {
+    /// Builds the report of a run from its journal.
+    pub(crate) fn from_journal(journal: &Journal, outcome: Outcome, timings: Timings) -> Self {
+        let files = || journal.staged_files();
+        Self {
+            run_id: journal.run_id.clone(),
+            state: journal.state,
+            outcome,
+            table: journal.target.clone(),
+            model: journal.model.clone(),
+            model_version: journal.model_version.clone(),
+            fingerprint: journal.fingerprint.clone(),
+            read_version: journal.read_version,
+            published_version: journal.published_version,
+            range: journal.range.clone(),
+            partitions: journal.partitions.clone(),
+            rows_written: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
+            files_written: files().count() as u64,
+            bytes_written: files().map(|a| u64::try_from(a.size).unwrap_or(0)).sum(),
+            spill_dropped: journal.spill_dropped,
+            validation: journal.validation.clone(),
+            forced: journal.forced.clone(),
+            timings,
+        }
+    }
+
     fn already_published(plan: &BackfillPlan, journal: Option<&Journal>) -> Self {
+        if let Some(journal) = journal {
+            return Self::from_journal(journal, Outcome::AlreadyPublished, Timings::default());
+        }
         let report = &plan.report;
         Self {
             run_id: report.run_id.clone(),
@@ -362,31 +533,32 @@ impl RunReport {
             model: report.model.clone(),
             model_version: report.model_version.clone(),
             fingerprint: report.fingerprint.clone(),
-            read_version: journal.map_or(report.read_version, |j| j.read_version),
-            published_version: journal.and_then(|j| j.published_version),
+            read_version: report.read_version,
+            published_version: None,
             range: report.range.clone(),
-            partitions: report
-                .partitions
-                .iter()
-                .map(|p| PartitionChange {
-                    value: p.value.clone(),
-                    old_rows: p.rows,
-                    new_rows: p.rows.unwrap_or(0),
-                    old_files: p.files,
-                    new_files: p.files,
-                })
-                .collect(),
+            partitions: Vec::new(),
             rows_written: 0,
             files_written: 0,
             bytes_written: 0,
             spill_dropped: 0,
-            spill: Vec::new(),
-            validation: json!({"passed": true, "checks": []}),
-            timings: Timings {
-                stage_ms: 0,
-                publish_ms: 0,
-                total_ms: 0,
-            },
+            validation: None,
+            forced: None,
+            timings: Timings::default(),
         }
+    }
+
+    /// Returns the names of failed validation checks.
+    pub fn failed_checks(&self) -> Vec<String> {
+        self.validation
+            .as_ref()
+            .and_then(|v| v["checks"].as_array())
+            .map(|checks| {
+                checks
+                    .iter()
+                    .filter(|c| c["passed"] == json!(false))
+                    .filter_map(|c| c["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }

@@ -198,6 +198,40 @@ pub enum Error {
         #[source]
         source: deltalake::ObjectStoreError,
     },
+    /// No table of the project has a journal for the run id.
+    #[error("no run `{run_id}` in any table of the project")]
+    UnknownRun {
+        /// The run id.
+        run_id: String,
+        /// Tables whose journals were searched.
+        searched: Vec<String>,
+    },
+    /// The run is not in a state that allows the action.
+    #[error("run `{run_id}` is {state}; it cannot be {action}")]
+    RunState {
+        /// The run id.
+        run_id: String,
+        /// Its state.
+        state: String,
+        /// What was asked, e.g. `published`.
+        action: String,
+    },
+    /// Validation failed; nothing was published.
+    #[error("validation of run `{run_id}` failed ({}); nothing was published", failed.join(", "))]
+    ValidationFailed {
+        /// The run id.
+        run_id: String,
+        /// Names of the failed checks.
+        failed: Vec<String>,
+    },
+    /// Staged files of the run are gone, so it cannot be published.
+    #[error("{missing} staged files of run `{run_id}` are missing")]
+    StagedFilesMissing {
+        /// The run id.
+        run_id: String,
+        /// How many are missing.
+        missing: usize,
+    },
     /// A run journal could not be read or written.
     #[error("run journal `{path}` is unreadable: {message}")]
     Journal {
@@ -233,7 +267,10 @@ impl Error {
             | Error::InvalidOption { .. }
             | Error::Partitioning { .. }
             | Error::SchemaMismatch { .. } => 2,
+            Error::UnknownRun { .. } | Error::RunState { .. } => 2,
+            Error::ValidationFailed { .. } => 3,
             Error::Conflict { .. } => 4,
+            Error::StagedFilesMissing { .. } => 1,
             Error::ReadFile { .. }
             | Error::NotADeltaTable { .. }
             | Error::Spill { .. }
@@ -287,6 +324,20 @@ impl Error {
             Error::Conflict { .. } => {
                 "another writer changed the affected partitions; re-run the same command to recompute against the new version".into()
             }
+            Error::UnknownRun { searched, .. } => format!(
+                "list runs with `lakefill runs`; searched the journals of {}",
+                list_or_none(searched)
+            ),
+            Error::RunState { run_id, state, .. } => match state.as_str() {
+                "published" => format!("to undo it, use `lakefill revert {run_id}`"),
+                _ => "re-run the `lakefill backfill` command to stage the run again".into(),
+            },
+            Error::ValidationFailed { run_id, .. } => format!(
+                "read the report above; fix the model and run the backfill again, or publish anyway with `lakefill publish {run_id} --force-publish --reason TEXT`"
+            ),
+            Error::StagedFilesMissing { run_id, .. } => format!(
+                "discard it with `lakefill discard {run_id}` and run the backfill again"
+            ),
             Error::Journal { .. } => {
                 "the run's journal is damaged; discard the run or remove the journal file".into()
             }

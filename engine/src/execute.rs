@@ -31,7 +31,7 @@ use indexmap::IndexMap;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
 use crate::partition::{
-    PartitionType, date_to_days, days_to_date, hive_directory, parse_partition_date,
+    PartitionType, date_to_days, days_to_date, hive_directory, parse_partition_date, partition_literal,
 };
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
 
@@ -127,9 +127,7 @@ async fn batch_dataframe(
 }
 
 fn date_scalar(value: &str) -> Result<ScalarValue> {
-    let date = parse_partition_date(value)
-        .ok_or_else(|| Error::Internal(format!("batch bound `{value}` is not a date")))?;
-    Ok(ScalarValue::Date32(Some(date_to_days(date))))
+    partition_literal(PartitionType::Date, value)
 }
 
 /// Registers `source` under its name as a view restricted to the batch window.

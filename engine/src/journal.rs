@@ -75,6 +75,8 @@ pub struct Journal {
     pub fingerprint: String,
     /// Target table name.
     pub target: String,
+    /// The target's partition column.
+    pub partition_column: String,
     /// Version of the target the run read.
     pub read_version: u64,
     /// The range.
@@ -85,6 +87,18 @@ pub struct Journal {
     pub reason: Option<String>,
     /// Finished batches.
     pub batches: Vec<BatchRecord>,
+    /// Per partition: old and new row counts, once staged.
+    #[serde(default)]
+    pub partitions: Vec<crate::backfill::PartitionChange>,
+    /// Rows for partitions outside the range that were dropped on purpose.
+    #[serde(default)]
+    pub spill_dropped: u64,
+    /// The validation report, once validated.
+    #[serde(default)]
+    pub validation: Option<serde_json::Value>,
+    /// The reason given to publish despite failed validation.
+    #[serde(default)]
+    pub forced: Option<String>,
     /// The version the run's commit created.
     pub published_version: Option<u64>,
     /// The error that stopped the run, if any.
@@ -165,6 +179,32 @@ impl Journal {
             });
         }
         Ok(Some(journal))
+    }
+
+    /// Returns whether validation ran and passed.
+    pub fn validation_passed(&self) -> Option<bool> {
+        self.validation.as_ref().and_then(|v| v["passed"].as_bool())
+    }
+
+    /// Lists the journals under a table's root, newest first.
+    pub(crate) async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<Self>> {
+        use futures::TryStreamExt;
+        let prefix = Path::from(RUNS_DIR);
+        let objects: Vec<_> = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| Error::Storage { path: prefix.to_string(), source })?;
+        let mut journals = Vec::new();
+        for object in objects {
+            let Some(name) = object.location.filename() else { continue };
+            let Some(run_id) = name.strip_suffix(".json") else { continue };
+            if let Some(journal) = Self::load(store, run_id).await? {
+                journals.push(journal);
+            }
+        }
+        journals.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        Ok(journals)
     }
 
     /// Returns every staged file of the run.

@@ -33,9 +33,16 @@ mod model;
 mod partition;
 mod plan;
 mod publish;
+mod runs;
+mod staged;
 mod storage;
+mod validate;
 
-pub use backfill::{BackfillBuilder, Outcome, PartitionChange, RunReport, Timings};
+pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, RunReport, Timings};
+pub use runs::{RunSummary, discard_run, list_runs, publish_run};
+pub use validate::{
+    CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples, ValidationReport,
+};
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
 pub use journal::{BatchRecord, Journal, RunState};

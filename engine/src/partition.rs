@@ -114,6 +114,20 @@ pub(crate) fn parse_partition_date(value: &str) -> Option<NaiveDate> {
     NaiveDate::parse_from_str(value, "%Y-%m-%d").ok()
 }
 
+/// The partition value as a DataFusion literal of the partition column's type.
+pub(crate) fn partition_literal(
+    kind: PartitionType,
+    value: &str,
+) -> Result<deltalake::datafusion::common::ScalarValue> {
+    use deltalake::datafusion::common::ScalarValue;
+    match kind {
+        PartitionType::Date => parse_partition_date(value)
+            .map(|d| ScalarValue::Date32(Some(date_to_days(d))))
+            .ok_or_else(|| Error::Internal(format!("partition value `{value}` is not a date"))),
+        PartitionType::String => Ok(ScalarValue::Utf8(Some(value.to_string()))),
+    }
+}
+
 /// Percent-encodes a partition value for a hive directory name, as Delta writers do.
 pub(crate) fn hive_directory(column: &str, value: &str) -> String {
     let mut encoded = String::with_capacity(value.len());

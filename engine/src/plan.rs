@@ -17,13 +17,13 @@ use crate::config::Project;
 use crate::error::{Error, Result};
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{PartitionRange, PartitionType};
+use crate::publish::is_published;
 use crate::storage::{loaded_version, open_table};
+use crate::validate::ValidationRules;
 
 /// Default number of partitions per batch.
 pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
 
-/// The Delta application id prefix of lakefill runs (`lakefill:<run_id>`).
-pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
 
 /// Plans a backfill without writing anything.
 #[must_use = "a PlanBuilder does nothing until it is awaited"]
@@ -293,20 +293,9 @@ impl PlanBuilder {
         let downstream = find_downstream(&project, model.name(), &header.target);
         let reason = self.reason.or_else(|| header.reason.clone());
         let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
-        let already_published = snapshot
-            .transaction_version(
-                target.log_store().as_ref(),
-                &format!("{APP_ID_PREFIX}{run_id}"),
-            )
-            .await
-            .map_err(|source| Error::Delta {
-                context: format!(
-                    "cannot read application transactions of `{}`",
-                    target_config.name()
-                ),
-                source: Box::new(source),
-            })?
-            .is_some();
+        let already_published = is_published(&target, &run_id).await?;
+        let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let rules = ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
 
         let totals = partitions.iter().fold(
             PartitionTotals {
@@ -345,6 +334,7 @@ impl PlanBuilder {
         Ok(BackfillPlan {
             report,
             model,
+            rules,
             target,
             sources,
         })
@@ -365,6 +355,7 @@ impl IntoFuture for PlanBuilder {
 pub struct BackfillPlan {
     pub(crate) report: PlanReport,
     pub(crate) model: Model,
+    pub(crate) rules: ValidationRules,
     pub(crate) target: DeltaTable,
     pub(crate) sources: Vec<PlannedSource>,
 }

@@ -6,75 +6,118 @@
 //! elsewhere. It carries the application transaction `lakefill:<run_id>`, which makes a retried
 //! publish detectable, and the run's metadata under `lakefill` (and as `userMetadata` text).
 
+use deltalake::DeltaTable;
 use deltalake::errors::DeltaTableError;
-use deltalake::kernel::transaction::{
-    CommitBuilder, CommitProperties, TableReference, TransactionError,
-};
-use deltalake::kernel::{Action, Add, Transaction};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference, TransactionError};
+use deltalake::kernel::{Action, Transaction};
 use deltalake::protocol::{DeltaOperation, SaveMode};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::error::{DeltaContext, Error, Result};
-use crate::plan::{APP_ID_PREFIX, BackfillPlan};
+use crate::journal::Journal;
 
-/// Commits `adds` in place of the affected partitions; returns the new version.
-pub(crate) async fn commit(plan: &BackfillPlan, adds: Vec<Add>, metadata: Value) -> Result<u64> {
-    let report = &plan.report;
-    let snapshot = plan
-        .target
+/// The Delta application id prefix of lakefill runs (`lakefill:<run_id>`).
+pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
+
+/// Returns the application id of a run.
+pub(crate) fn app_id(run_id: &str) -> String {
+    format!("{APP_ID_PREFIX}{run_id}")
+}
+
+/// Returns whether `table` (at whatever version it is loaded) holds the commit of `run_id`.
+pub(crate) async fn is_published(table: &DeltaTable, run_id: &str) -> Result<bool> {
+    let snapshot = table.snapshot().delta_context(|| "cannot read the table's snapshot".into())?;
+    Ok(snapshot
+        .transaction_version(table.log_store().as_ref(), &app_id(run_id))
+        .await
+        .delta_context(|| "cannot read the table's application transactions".into())?
+        .is_some())
+}
+
+/// The commit metadata of a run (DESIGN §4.4).
+pub(crate) fn commit_metadata(journal: &Journal) -> Value {
+    let validation = journal.validation.as_ref().map(|report| {
+        let mut summary = json!({
+            "passed": report["passed"],
+            "checks": report["checks"].as_array().map(|checks| checks.iter().map(|c| json!({
+                "name": c["name"], "passed": c["passed"],
+                "failures": c["failures"].as_array().map_or(0, Vec::len),
+            })).collect::<Vec<_>>()),
+            "totals": report["comparison"]["totals"],
+        });
+        if let Some(reason) = &journal.forced {
+            summary["forced"] = json!(true);
+            summary["force_reason"] = json!(reason);
+        }
+        summary
+    });
+    json!({
+        "run_id": journal.run_id,
+        "model": journal.model,
+        "model_version": journal.model_version,
+        "fingerprint": journal.fingerprint,
+        "sources": journal.sources,
+        "range": [journal.range.from, journal.range.to],
+        "read_version": journal.read_version,
+        "reason": journal.reason,
+        "partitions": journal.partitions.iter().map(|p| json!({
+            "value": p.value, "old_rows": p.old_rows, "new_rows": p.new_rows,
+        })).collect::<Vec<_>>(),
+        "spill_dropped": journal.spill_dropped,
+        "validation": validation,
+    })
+}
+
+/// Commits the run of `journal` against `target`, loaded at the run's read version; returns the
+/// new version.
+pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64> {
+    let snapshot = target
         .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", report.target))?;
+        .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
     let mut actions: Vec<Action> = snapshot
         .log_data()
         .iter()
         .filter(|file| {
             matches!(
-                file.partition_values_map().get(&report.partition_column),
-                Some(Some(value)) if report.range.contains(value)
+                file.partition_values_map().get(&journal.partition_column),
+                Some(Some(value)) if journal.range.contains(value)
             )
         })
         .map(|file| Action::Remove(file.remove_action(true)))
         .collect();
-    actions.extend(adds.into_iter().map(Action::Add));
+    actions.extend(journal.staged_files().cloned().map(Action::Add));
 
     let operation = DeltaOperation::Write {
         mode: SaveMode::Overwrite,
-        partition_by: Some(vec![report.partition_column.clone()]),
+        partition_by: Some(vec![journal.partition_column.clone()]),
         predicate: Some(range_predicate(
-            &report.partition_column,
-            &report.range.from,
-            &report.range.to,
+            &journal.partition_column,
+            &journal.range.from,
+            &journal.range.to,
         )),
     };
-    let user_metadata =
-        serde_json::to_string(&metadata).map_err(|e| Error::Internal(format!("metadata: {e}")))?;
+    let metadata = commit_metadata(journal);
+    let user_metadata = serde_json::to_string(&metadata).map_err(|e| Error::Internal(format!("metadata: {e}")))?;
     let properties = CommitProperties::default()
         .with_metadata([
             ("lakefill".to_string(), metadata),
             ("userMetadata".to_string(), Value::String(user_metadata)),
         ])
-        .with_application_transaction(Transaction::new(
-            format!("{APP_ID_PREFIX}{}", report.run_id),
-            1,
-        ));
+        .with_application_transaction(Transaction::new(app_id(&journal.run_id), 1));
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
-        .build(
-            Some(snapshot as &dyn TableReference),
-            plan.target.log_store(),
-            operation,
-        )
+        .build(Some(snapshot as &dyn TableReference), target.log_store(), operation)
         .await
         .map_err(|source| match source {
             DeltaTableError::Transaction {
                 source: TransactionError::CommitConflict(_),
             } => Error::Conflict {
-                table: report.target.clone(),
-                read_version: report.read_version,
+                table: journal.target.clone(),
+                read_version: journal.read_version,
                 source: Box::new(source),
             },
             source => Error::Delta {
-                context: format!("cannot commit the backfill to `{}`", report.target),
+                context: format!("cannot commit the backfill to `{}`", journal.target),
                 source: Box::new(source),
             },
         })?;
@@ -84,9 +127,5 @@ pub(crate) async fn commit(plan: &BackfillPlan, adds: Vec<Add>, metadata: Value)
 /// The range as a SQL predicate on the partition column, for the conflict checker.
 fn range_predicate(column: &str, from: &str, to: &str) -> String {
     let quote = |value: &str| value.replace('\'', "''");
-    format!(
-        "{column} >= '{}' AND {column} <= '{}'",
-        quote(from),
-        quote(to)
-    )
+    format!("{column} >= '{}' AND {column} <= '{}'", quote(from), quote(to))
 }

@@ -8,3 +8,4 @@
 mod backfill;
 mod errors;
 mod support;
+mod validation;

@@ -25,11 +25,28 @@ pub(crate) async fn run(
         report.batches.len(),
         report.read_version
     ));
+    let force = args.force_publish.then(|| args.scope.reason.clone()).flatten();
     let run = BackfillBuilder::new(plan)
         .with_max_parallel(settings::max_parallel(&project, args.max_parallel))
+        .with_stage_only(args.stage_only)
+        .with_force_publish(force)
+        .with_sample(args.sample)
         .await?;
     if run.outcome == Outcome::AlreadyPublished {
         printer.status("nothing to do: this run is already published");
     }
-    printer.result(&run_text(&run), &run)
+    finish(printer, &run)
+}
+
+/// Prints a run report; a failed validation becomes exit code 3 after the report is out.
+pub(crate) fn finish(printer: Printer, run: &lakefill::RunReport) -> anyhow::Result<()> {
+    printer.result(&run_text(run), run)?;
+    if run.outcome == Outcome::ValidationFailed {
+        return Err(lakefill::Error::ValidationFailed {
+            run_id: run.run_id.clone(),
+            failed: run.failed_checks(),
+        }
+        .into());
+    }
+    Ok(())
 }

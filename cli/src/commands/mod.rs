@@ -3,3 +3,4 @@
 pub(crate) mod backfill;
 pub(crate) mod demo;
 pub(crate) mod plan;
+pub(crate) mod runs;

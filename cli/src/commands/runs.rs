@@ -1,0 +1,51 @@
+//! `lakefill runs`, `publish` and `discard`: the write-audit-publish workflow after staging.
+
+use std::fmt::Write as _;
+
+use crate::args::{DiscardArgs, GlobalArgs, PublishArgs, RunsArgs};
+use crate::commands::backfill::finish;
+use crate::printer::{Printer, run_text};
+use crate::settings;
+
+pub(crate) async fn list(global: &GlobalArgs, args: &RunsArgs, printer: Printer) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let runs = lakefill::list_runs(&project, args.table.as_deref()).await?;
+    let mut text = String::new();
+    if runs.is_empty() {
+        text.push_str("no runs\n");
+    } else {
+        let _ = writeln!(
+            text,
+            "{:<34} {:<14} {:<18} {:<18} {:<25} {:>5} {:>9}  created",
+            "run", "table", "state", "model", "range", "read", "published"
+        );
+    }
+    for run in &runs {
+        let _ = writeln!(
+            text,
+            "{:<34} {:<14} {:<18} {:<18} {:<25} {:>5} {:>9}  {}",
+            run.run_id,
+            run.table,
+            run.state.to_string(),
+            format!("{}@{}", run.model, run.model_version),
+            format!("{}..={}", run.range.from, run.range.to),
+            run.read_version,
+            run.published_version.map_or_else(|| "-".into(), |v| v.to_string()),
+            run.created_at
+        );
+    }
+    printer.result(&text, &runs)
+}
+
+pub(crate) async fn publish(global: &GlobalArgs, args: &PublishArgs, printer: Printer) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let force = args.force_publish.then(|| args.reason.clone()).flatten();
+    let run = lakefill::publish_run(&project, &args.run_id, force).await?;
+    finish(printer, &run)
+}
+
+pub(crate) async fn discard(global: &GlobalArgs, args: &DiscardArgs, printer: Printer) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let run = lakefill::discard_run(&project, &args.run_id).await?;
+    printer.result(&run_text(&run), &run)
+}
