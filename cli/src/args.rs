@@ -55,6 +55,14 @@ pub(crate) enum Command {
     Publish(PublishArgs),
     /// Delete the staged files of a run that was not published.
     Discard(DiscardArgs),
+    /// Compare two versions of a table, or a version with a staged run.
+    Diff(DiffArgs),
+    /// Show a table's versions with operation, run, model@version, reason and partitions.
+    History(HistoryArgs),
+    /// Show which run, model version, fingerprint and source versions last wrote a partition.
+    Blame(BlameArgs),
+    /// Run a read-only query over the project's tables; `"events@12"` reads version 12.
+    Sql(SqlArgs),
 }
 
 #[derive(Debug, Args)]
@@ -151,4 +159,52 @@ pub(crate) struct PublishArgs {
 pub(crate) struct DiscardArgs {
     /// The run to discard (see `lakefill runs`).
     pub(crate) run_id: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DiffArgs {
+    /// The table.
+    pub(crate) table: String,
+    /// The old version.
+    #[arg(long, value_name = "VERSION")]
+    pub(crate) from_version: u64,
+    /// The new version [default: the latest].
+    #[arg(long, value_name = "VERSION", conflicts_with = "run")]
+    pub(crate) to_version: Option<u64>,
+    /// Compare with a staged run instead of a version.
+    #[arg(long, value_name = "RUN_ID")]
+    pub(crate) run: Option<String>,
+    /// Columns identifying a row, comma separated [default: `[validate] key` of the table's model].
+    #[arg(long, value_name = "COLS", value_delimiter = ',')]
+    pub(crate) key: Option<Vec<String>>,
+    /// Sample rows per kind of difference.
+    #[arg(long, value_name = "N", default_value_t = lakefill::DEFAULT_SAMPLE)]
+    pub(crate) sample: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HistoryArgs {
+    /// The table.
+    pub(crate) table: String,
+    /// Versions to show, newest first.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub(crate) limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BlameArgs {
+    /// The table.
+    pub(crate) table: String,
+    /// The partition value, e.g. `2026-01-31`.
+    #[arg(long, value_name = "VALUE")]
+    pub(crate) partition: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SqlArgs {
+    /// The query (one SELECT).
+    pub(crate) query: String,
+    /// Rows to print at most.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub(crate) max_rows: usize,
 }

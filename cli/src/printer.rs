@@ -187,11 +187,21 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
 pub(crate) fn run_text(report: &RunReport) -> String {
     use lakefill::Outcome;
     let mut out = String::new();
-    let run = format!("run {} of {}@{}", report.run_id, report.model, report.model_version);
+    let run = format!(
+        "run {} of {}@{}",
+        report.run_id, report.model, report.model_version
+    );
     match report.outcome {
         Outcome::AlreadyPublished => {
-            let version = report.published_version.map(|v| format!(" as version {v}")).unwrap_or_default();
-            let _ = writeln!(out, "already published: {run} was committed to {}{version}; nothing to do", report.table);
+            let version = report
+                .published_version
+                .map(|v| format!(" as version {v}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "already published: {run} was committed to {}{version}; nothing to do",
+                report.table
+            );
             return out;
         }
         Outcome::Published => {
@@ -199,7 +209,9 @@ pub(crate) fn run_text(report: &RunReport) -> String {
                 out,
                 "published {} version {} (read version {}), {run}",
                 report.table,
-                report.published_version.map_or_else(|| "?".into(), |v| v.to_string()),
+                report
+                    .published_version
+                    .map_or_else(|| "?".into(), |v| v.to_string()),
                 report.read_version
             );
         }
@@ -223,7 +235,11 @@ pub(crate) fn run_text(report: &RunReport) -> String {
             return out;
         }
     }
-    let _ = writeln!(out, "  {:<14} {:>10} {:>10} {:>9}", "partition", "old rows", "new rows", "change");
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>10} {:>10} {:>9}",
+        "partition", "old rows", "new rows", "change"
+    );
     let (mut old_total, mut new_total) = (0u64, 0u64);
     for p in &report.partitions {
         let old = p.old_rows.unwrap_or(0);
@@ -285,11 +301,22 @@ pub(crate) fn validation_text(validation: &Value) -> String {
     if failed.is_empty() {
         let _ = writeln!(out, "validation: passed ({} checks)", checks.len());
     } else {
-        let _ = writeln!(out, "validation: FAILED {} of {} checks: {}", failed.len(), checks.len(), failed.join(", "));
+        let _ = writeln!(
+            out,
+            "validation: FAILED {} of {} checks: {}",
+            failed.len(),
+            checks.len(),
+            failed.join(", ")
+        );
     }
     for check in &checks {
         let ok = check["passed"] == Value::Bool(true);
-        let _ = writeln!(out, "  {:<4} {}", if ok { "ok" } else { "FAIL" }, check["name"].as_str().unwrap_or("?"));
+        let _ = writeln!(
+            out,
+            "  {:<4} {}",
+            if ok { "ok" } else { "FAIL" },
+            check["name"].as_str().unwrap_or("?")
+        );
         for failure in check["failures"].as_array().into_iter().flatten().take(10) {
             let _ = writeln!(out, "         {}", compact(failure));
         }
@@ -309,11 +336,25 @@ pub(crate) fn comparison_text(comparison: &Value) -> String {
     let totals = &comparison["totals"];
     if let Some(measures) = totals["measures"].as_object() {
         for (name, change) in measures {
-            let (old, new) = (change["old"].as_f64().unwrap_or(0.0), change["new"].as_f64().unwrap_or(0.0));
-            let _ = writeln!(out, "  sum({name}): {} -> {} ({})", number(old), number(new), signed_f(new - old));
+            let (old, new) = (
+                change["old"].as_f64().unwrap_or(0.0),
+                change["new"].as_f64().unwrap_or(0.0),
+            );
+            let _ = writeln!(
+                out,
+                "  sum({name}): {} -> {} ({})",
+                number(old),
+                number(new),
+                signed_f(new - old)
+            );
         }
     }
-    let key = comparison["key"].as_array().map(|k| k.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "));
+    let key = comparison["key"].as_array().map(|k| {
+        k.iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
     match key {
         Some(key) if !key.is_empty() => {
             let _ = writeln!(
@@ -328,7 +369,10 @@ pub(crate) fn comparison_text(comparison: &Value) -> String {
             }
         }
         _ => {
-            let _ = writeln!(out, "  rows by key: skipped (no key; set `[validate] key` or pass `--key`)");
+            let _ = writeln!(
+                out,
+                "  rows by key: skipped (no key; set `[validate] key` or pass `--key`)"
+            );
         }
     }
     for (label, field) in [("appeared", "appeared"), ("disappeared", "disappeared")] {
@@ -344,7 +388,10 @@ pub(crate) fn comparison_text(comparison: &Value) -> String {
 fn compact(value: &Value) -> String {
     match value {
         Value::Object(map) => {
-            let parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}={}", compact(v))).collect();
+            let parts: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{k}={}", compact(v)))
+                .collect();
             format!("{{{}}}", parts.join(", "))
         }
         Value::String(s) => s.clone(),
@@ -353,11 +400,19 @@ fn compact(value: &Value) -> String {
 }
 
 fn number(n: f64) -> String {
-    if n.fract() == 0.0 && n.abs() < 9.0e15 { format!("{}", n as i64) } else { format!("{n:.4}") }
+    if n.fract() == 0.0 && n.abs() < 9.0e15 {
+        format!("{}", n as i64)
+    } else {
+        format!("{n:.4}")
+    }
 }
 
 fn signed_f(n: f64) -> String {
-    if n > 0.0 { format!("+{}", number(n)) } else { number(n) }
+    if n > 0.0 {
+        format!("+{}", number(n))
+    } else {
+        number(n)
+    }
 }
 
 fn rows(rows: Option<u64>) -> String {

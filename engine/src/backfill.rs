@@ -113,7 +113,11 @@ impl BackfillBuilder {
             partition_column: report.partition_column.clone(),
             read_version: report.read_version,
             range: report.range.clone(),
-            sources: report.sources.iter().map(|s| (s.table.clone(), s.version)).collect(),
+            sources: report
+                .sources
+                .iter()
+                .map(|s| (s.table.clone(), s.version))
+                .collect(),
             reason: report.reason.clone(),
             batches: Vec::new(),
             partitions: Vec::new(),
@@ -162,7 +166,10 @@ impl BackfillBuilder {
                 range: format!("{}..={}", report.range.from, report.range.to),
                 partitions: spill.clone().into_iter().collect(),
                 total: spilled,
-                suggested: Box::new((first.min(report.range.from.clone()), last.max(report.range.to.clone()))),
+                suggested: Box::new((
+                    first.min(report.range.from.clone()),
+                    last.max(report.range.to.clone()),
+                )),
             };
             fail(&mut journal, &store, &error, true).await;
             return Err(error);
@@ -185,20 +192,23 @@ impl BackfillBuilder {
                 name: "spill".into(),
                 passed: true,
                 failures: if spilled > 0 {
-                    vec![json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill})]
+                    vec![
+                        json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill}),
+                    ]
                 } else {
                     Vec::new()
                 },
                 sample: Vec::new(),
             },
         ];
-        let validation = match run_validation(plan, &journal, &plan.rules, self.sample, extra_checks).await {
-            Ok(validation) => validation,
-            Err(error) => {
-                fail(&mut journal, &store, &error, false).await;
-                return Err(error);
-            }
-        };
+        let validation =
+            match run_validation(plan, &journal, &plan.rules, self.sample, extra_checks).await {
+                Ok(validation) => validation,
+                Err(error) => {
+                    fail(&mut journal, &store, &error, false).await;
+                    return Err(error);
+                }
+            };
         let validate_ms = validate_started.elapsed().as_millis() as u64;
         let passed = validation["passed"].as_bool().unwrap_or(false);
         journal.validation = Some(validation);
@@ -209,7 +219,12 @@ impl BackfillBuilder {
             return Ok(RunReport::from_journal(
                 &journal,
                 Outcome::ValidationFailed,
-                Timings { stage_ms, validate_ms, publish_ms: 0, total_ms: started.elapsed().as_millis() as u64 },
+                Timings {
+                    stage_ms,
+                    validate_ms,
+                    publish_ms: 0,
+                    total_ms: started.elapsed().as_millis() as u64,
+                },
             ));
         }
         if !passed {
@@ -220,7 +235,12 @@ impl BackfillBuilder {
             return Ok(RunReport::from_journal(
                 &journal,
                 Outcome::Staged,
-                Timings { stage_ms, validate_ms, publish_ms: 0, total_ms: started.elapsed().as_millis() as u64 },
+                Timings {
+                    stage_ms,
+                    validate_ms,
+                    publish_ms: 0,
+                    total_ms: started.elapsed().as_millis() as u64,
+                },
             ));
         }
 
@@ -287,7 +307,13 @@ async fn run_validation(
     )
     .await?;
     let adds: Vec<_> = journal.staged_files().cloned().collect();
-    let staged = StagedTable::register_store(&ctx, &plan.target, &journal.partition_column, &adds, &journal.run_id)?;
+    let staged = StagedTable::register_store(
+        &ctx,
+        &plan.target,
+        &journal.partition_column,
+        &adds,
+        &journal.run_id,
+    )?;
     ctx.register_table("output", Arc::new(staged))
         .query_context(|| "cannot register the staged files".into())?;
     let old_counts = plan
@@ -297,7 +323,12 @@ async fn run_validation(
         .map(|p| p.rows.map(|rows| (p.value.clone(), rows)))
         .collect::<Option<BTreeMap<_, _>>>()
         .map(|counts| counts.into_iter().filter(|(_, n)| *n > 0).collect());
-    let new_counts = counts_from(journal.batches.iter().flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))));
+    let new_counts = counts_from(
+        journal
+            .batches
+            .iter()
+            .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))),
+    );
     let report = validate(
         &ctx,
         &journal.partition_column,
@@ -327,10 +358,14 @@ pub(crate) async fn comparison_session(
     let df = ctx
         .read_table(provider)
         .and_then(|df| {
-            df.filter(column.between(
-                lit(partition_literal(kind, &range.from).unwrap_or_else(|_| range.from.clone().into())),
-                lit(partition_literal(kind, &range.to).unwrap_or_else(|_| range.to.clone().into())),
-            ))
+            df.filter(
+                column.between(
+                    lit(partition_literal(kind, &range.from)
+                        .unwrap_or_else(|_| range.from.clone().into())),
+                    lit(partition_literal(kind, &range.to)
+                        .unwrap_or_else(|_| range.to.clone().into())),
+                ),
+            )
         })
         .query_context(|| "cannot restrict the target to the range".into())?;
     ctx.register_table("previous", df.into_view())
@@ -348,7 +383,12 @@ fn partition_changes(plan: &BackfillPlan, batches: &[BatchRecord]) -> Vec<Partit
             *new_rows.entry(partition.clone()).or_default() += rows;
         }
         for add in &record.files {
-            let partition = add.partition_values.get(column).cloned().flatten().unwrap_or_default();
+            let partition = add
+                .partition_values
+                .get(column)
+                .cloned()
+                .flatten()
+                .unwrap_or_default();
             *new_files.entry(partition).or_default() += 1;
         }
     }
@@ -396,7 +436,12 @@ pub(crate) async fn delete_staged(store: &Arc<dyn ObjectStore>, journal: &Journa
 
 /// Records a failure in the journal and, when `delete_staged_files`, removes the run's staged
 /// files. Best effort: the original error is what the caller reports.
-async fn fail(journal: &mut Journal, store: &Arc<dyn ObjectStore>, error: &Error, delete_staged_files: bool) {
+async fn fail(
+    journal: &mut Journal,
+    store: &Arc<dyn ObjectStore>,
+    error: &Error,
+    delete_staged_files: bool,
+) {
     journal.error = Some(error.to_string());
     if delete_staged_files {
         journal.state = RunState::Failed;

@@ -31,7 +31,8 @@ use indexmap::IndexMap;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
 use crate::partition::{
-    PartitionType, date_to_days, days_to_date, hive_directory, parse_partition_date, partition_literal,
+    PartitionType, date_to_days, days_to_date, hive_directory, parse_partition_date,
+    partition_literal,
 };
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
 

@@ -194,11 +194,18 @@ impl Journal {
             .list(Some(&prefix))
             .try_collect()
             .await
-            .map_err(|source| Error::Storage { path: prefix.to_string(), source })?;
+            .map_err(|source| Error::Storage {
+                path: prefix.to_string(),
+                source,
+            })?;
         let mut journals = Vec::new();
         for object in objects {
-            let Some(name) = object.location.filename() else { continue };
-            let Some(run_id) = name.strip_suffix(".json") else { continue };
+            let Some(name) = object.location.filename() else {
+                continue;
+            };
+            let Some(run_id) = name.strip_suffix(".json") else {
+                continue;
+            };
             if let Some(journal) = Self::load(store, run_id).await? {
                 journals.push(journal);
             }

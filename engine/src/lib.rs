@@ -28,6 +28,7 @@ mod backfill;
 mod config;
 mod error;
 mod execute;
+mod inspect;
 mod journal;
 mod model;
 mod partition;
@@ -39,16 +40,20 @@ mod storage;
 mod validate;
 
 pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, RunReport, Timings};
-pub use runs::{RunSummary, discard_run, list_runs, publish_run};
-pub use validate::{
-    CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples, ValidationReport,
-};
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
+pub use inspect::{
+    BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
+};
 pub use journal::{BatchRecord, Journal, RunState};
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
 pub use partition::{PartitionRange, PartitionType};
 pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DownstreamModel, PartitionState,
     PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
+};
+pub use runs::{RunSummary, discard_run, list_runs, publish_run};
+pub use validate::{
+    CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,
+    ValidationReport,
 };

@@ -24,7 +24,6 @@ use crate::validate::ValidationRules;
 /// Default number of partitions per batch.
 pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
 
-
 /// Plans a backfill without writing anything.
 #[must_use = "a PlanBuilder does nothing until it is awaited"]
 pub struct PlanBuilder {

@@ -8,7 +8,9 @@
 
 use deltalake::DeltaTable;
 use deltalake::errors::DeltaTableError;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference, TransactionError};
+use deltalake::kernel::transaction::{
+    CommitBuilder, CommitProperties, TableReference, TransactionError,
+};
 use deltalake::kernel::{Action, Transaction};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use serde_json::{Value, json};
@@ -26,7 +28,9 @@ pub(crate) fn app_id(run_id: &str) -> String {
 
 /// Returns whether `table` (at whatever version it is loaded) holds the commit of `run_id`.
 pub(crate) async fn is_published(table: &DeltaTable, run_id: &str) -> Result<bool> {
-    let snapshot = table.snapshot().delta_context(|| "cannot read the table's snapshot".into())?;
+    let snapshot = table
+        .snapshot()
+        .delta_context(|| "cannot read the table's snapshot".into())?;
     Ok(snapshot
         .transaction_version(table.log_store().as_ref(), &app_id(run_id))
         .await
@@ -97,7 +101,8 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         )),
     };
     let metadata = commit_metadata(journal);
-    let user_metadata = serde_json::to_string(&metadata).map_err(|e| Error::Internal(format!("metadata: {e}")))?;
+    let user_metadata =
+        serde_json::to_string(&metadata).map_err(|e| Error::Internal(format!("metadata: {e}")))?;
     let properties = CommitProperties::default()
         .with_metadata([
             ("lakefill".to_string(), metadata),
@@ -106,7 +111,11 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .with_application_transaction(Transaction::new(app_id(&journal.run_id), 1));
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
-        .build(Some(snapshot as &dyn TableReference), target.log_store(), operation)
+        .build(
+            Some(snapshot as &dyn TableReference),
+            target.log_store(),
+            operation,
+        )
         .await
         .map_err(|source| match source {
             DeltaTableError::Transaction {
@@ -127,5 +136,9 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
 /// The range as a SQL predicate on the partition column, for the conflict checker.
 fn range_predicate(column: &str, from: &str, to: &str) -> String {
     let quote = |value: &str| value.replace('\'', "''");
-    format!("{column} >= '{}' AND {column} <= '{}'", quote(from), quote(to))
+    format!(
+        "{column} >= '{}' AND {column} <= '{}'",
+        quote(from),
+        quote(to)
+    )
 }

@@ -106,12 +106,20 @@ async fn find_run(project: &Project, run_id: &str) -> Result<(TableConfig, Delta
 /// Publishes a staged run: one commit, conflict-checked against the run's read version.
 ///
 /// A run that failed validation is published only with `force_reason`, which the commit records.
-pub async fn publish_run(project: &Project, run_id: &str, force_reason: Option<String>) -> Result<RunReport> {
+pub async fn publish_run(
+    project: &Project,
+    run_id: &str,
+    force_reason: Option<String>,
+) -> Result<RunReport> {
     let (config, latest, mut journal) = find_run(project, run_id).await?;
     let store = latest.object_store();
     match journal.state {
         RunState::Published => {
-            return Ok(RunReport::from_journal(&journal, Outcome::AlreadyPublished, Timings::default()));
+            return Ok(RunReport::from_journal(
+                &journal,
+                Outcome::AlreadyPublished,
+                Timings::default(),
+            ));
         }
         RunState::Staged => {
             if journal.validation_passed() == Some(false) && force_reason.is_none() {
@@ -129,7 +137,8 @@ pub async fn publish_run(project: &Project, run_id: &str, force_reason: Option<S
                 });
             }
         }
-        state @ (RunState::Planned | RunState::Staging | RunState::Discarded | RunState::Failed) => {
+        state
+        @ (RunState::Planned | RunState::Staging | RunState::Discarded | RunState::Failed) => {
             return Err(Error::RunState {
                 run_id: run_id.to_string(),
                 state: state.to_string(),
@@ -144,11 +153,19 @@ pub async fn publish_run(project: &Project, run_id: &str, force_reason: Option<S
     if is_published(&latest, run_id).await? {
         journal.state = RunState::Published;
         journal.save(&store).await?;
-        return Ok(RunReport::from_journal(&journal, Outcome::AlreadyPublished, Timings::default()));
+        return Ok(RunReport::from_journal(
+            &journal,
+            Outcome::AlreadyPublished,
+            Timings::default(),
+        ));
     }
     let mut missing = 0;
     for add in journal.staged_files() {
-        if store.head(&deltalake::Path::from(add.path.as_str())).await.is_err() {
+        if store
+            .head(&deltalake::Path::from(add.path.as_str()))
+            .await
+            .is_err()
+        {
             missing += 1;
         }
     }
@@ -188,7 +205,11 @@ pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
     tracing::info!(run_id, deleted, "discarded staged files");
     journal.state = RunState::Discarded;
     journal.save(&store).await?;
-    Ok(RunReport::from_journal(&journal, Outcome::Discarded, Timings::default()))
+    Ok(RunReport::from_journal(
+        &journal,
+        Outcome::Discarded,
+        Timings::default(),
+    ))
 }
 
 fn failed_checks(journal: &Journal) -> Vec<String> {

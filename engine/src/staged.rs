@@ -10,11 +10,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::catalog::Session;
+use deltalake::datafusion::catalog::TableProvider;
 use deltalake::datafusion::common::{Result as DfResult, ScalarValue};
 use deltalake::datafusion::datasource::TableType;
 use deltalake::datafusion::datasource::listing::PartitionedFile;
-use deltalake::datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
-use deltalake::datafusion::catalog::TableProvider;
+use deltalake::datafusion::datasource::physical_plan::{
+    FileGroup, FileScanConfigBuilder, ParquetSource,
+};
 use deltalake::datafusion::datasource::source::DataSourceExec;
 use deltalake::datafusion::datasource::table_schema::TableSchema;
 use deltalake::datafusion::execution::object_store::ObjectStoreUrl;
@@ -49,17 +51,19 @@ impl StagedTable {
         adds: &[Add],
         key: &str,
     ) -> Result<Self> {
-        let snapshot = target
-            .snapshot()
-            .map_err(|source| Error::Delta {
-                context: "cannot read the target's snapshot".into(),
-                source: Box::new(source),
-            })?;
+        let snapshot = target.snapshot().map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?;
         let table_schema = snapshot.snapshot().arrow_schema();
         let partition_field = table_schema
             .field_with_name(partition_column)
             .map(|f| Arc::new(f.clone()))
-            .map_err(|_| Error::Internal(format!("partition column `{partition_column}` is not in the schema")))?;
+            .map_err(|_| {
+                Error::Internal(format!(
+                    "partition column `{partition_column}` is not in the schema"
+                ))
+            })?;
         let file_fields: Vec<Arc<Field>> = table_schema
             .fields()
             .iter()
@@ -74,19 +78,32 @@ impl StagedTable {
         // A store per staged set, rooted at the table: `add` paths are relative to the root.
         let host: String = key
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .collect();
         let url = format!("lakefill-staged://{host}/");
-        let store_url = ObjectStoreUrl::parse(&url).map_err(|e| Error::Internal(format!("store url `{url}`: {e}")))?;
+        let store_url = ObjectStoreUrl::parse(&url)
+            .map_err(|e| Error::Internal(format!("store url `{url}`: {e}")))?;
         let store: Arc<dyn ObjectStore> = target.object_store();
         ctx.register_object_store(store_url.as_ref(), store);
 
         let mut files = Vec::with_capacity(adds.len());
         for add in adds {
-            let raw = add.partition_values.get(partition_column).cloned().flatten();
+            let raw = add
+                .partition_values
+                .get(partition_column)
+                .cloned()
+                .flatten();
             let value = partition_scalar(partition_field.data_type(), raw.as_deref())?;
             let size = u64::try_from(add.size).unwrap_or(0);
-            files.push(PartitionedFile::new(add.path.clone(), size).with_partition_values(vec![value]));
+            files.push(
+                PartitionedFile::new(add.path.clone(), size).with_partition_values(vec![value]),
+            );
         }
         Ok(Self {
             schema,
@@ -101,7 +118,8 @@ impl StagedTable {
 fn partition_scalar(data_type: &DataType, value: Option<&str>) -> Result<ScalarValue> {
     Ok(match (data_type, value) {
         (DataType::Date32, Some(text)) => ScalarValue::Date32(Some(date_to_days(
-            parse_partition_date(text).ok_or_else(|| Error::Internal(format!("`{text}` is not a date")))?,
+            parse_partition_date(text)
+                .ok_or_else(|| Error::Internal(format!("`{text}` is not a date")))?,
         ))),
         (DataType::Date32, None) => ScalarValue::Date32(None),
         (_, value) => ScalarValue::Utf8(value.map(str::to_string)),
@@ -141,7 +159,11 @@ impl TableProvider for StagedTable {
         for (i, file) in self.files.iter().enumerate() {
             groups[i % 2].push(file.clone());
         }
-        let groups: Vec<FileGroup> = groups.into_iter().filter(|g| !g.is_empty()).map(FileGroup::new).collect();
+        let groups: Vec<FileGroup> = groups
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(FileGroup::new)
+            .collect();
         let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
             .with_file_groups(groups)
             .with_projection_indices(projection.cloned())?

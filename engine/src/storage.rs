@@ -12,6 +12,30 @@ use crate::error::{Error, Result};
 
 /// Opens `table` at `version`, or at its latest version when `None`.
 pub(crate) async fn open_table(table: &TableConfig, version: Option<u64>) -> Result<DeltaTable> {
+    open_table_at(
+        table,
+        version.map_or(TableVersion::Latest, TableVersion::Version),
+    )
+    .await
+}
+
+/// Which snapshot of a table to open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TableVersion {
+    /// The newest version.
+    Latest,
+    /// A version number.
+    Version(u64),
+    /// The version current at a time (by commit file time, as delta-rs resolves it).
+    Timestamp(chrono::DateTime<chrono::Utc>),
+}
+
+/// Opens `table` at the given snapshot.
+pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<DeltaTable> {
+    let version = match at {
+        TableVersion::Version(v) => Some(v),
+        _ => None,
+    };
     let options: HashMap<String, String> = table
         .storage_options()
         .iter()
@@ -25,8 +49,10 @@ pub(crate) async fn open_table(table: &TableConfig, version: Option<u64>) -> Res
     let mut builder = DeltaTableBuilder::from_url(table.url().clone())
         .map_err(not_a_table)?
         .with_storage_options(options);
-    if let Some(version) = version {
-        builder = builder.with_version(version);
+    match at {
+        TableVersion::Latest => {}
+        TableVersion::Version(version) => builder = builder.with_version(version),
+        TableVersion::Timestamp(time) => builder = builder.with_timestamp(time),
     }
     builder.load().await.map_err(|source| match source {
         DeltaTableError::NotATable(_) | DeltaTableError::InvalidTableLocation(_) => {

@@ -116,20 +116,24 @@ pub(crate) async fn compare(
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;
     let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
     for (value, (rows, sums)) in &old {
-        let entry = partitions.entry(value.clone()).or_insert_with(|| PartitionComparison {
-            value: value.clone(),
-            ..Default::default()
-        });
+        let entry = partitions
+            .entry(value.clone())
+            .or_insert_with(|| PartitionComparison {
+                value: value.clone(),
+                ..Default::default()
+            });
         entry.old_rows = *rows;
         for (measure, sum) in sums {
             entry.measures.entry(measure.clone()).or_default().old = *sum;
         }
     }
     for (value, (rows, sums)) in &new {
-        let entry = partitions.entry(value.clone()).or_insert_with(|| PartitionComparison {
-            value: value.clone(),
-            ..Default::default()
-        });
+        let entry = partitions
+            .entry(value.clone())
+            .or_insert_with(|| PartitionComparison {
+                value: value.clone(),
+                ..Default::default()
+            });
         entry.new_rows = *rows;
         for (measure, sum) in sums {
             entry.measures.entry(measure.clone()).or_default().new = *sum;
@@ -140,10 +144,12 @@ pub(crate) async fn compare(
     if !spec.key.is_empty() {
         let diff = row_diff(ctx, spec).await?;
         for (value, counts) in diff.counts {
-            let entry = partitions.entry(value.clone()).or_insert_with(|| PartitionComparison {
-                value,
-                ..Default::default()
-            });
+            let entry = partitions
+                .entry(value.clone())
+                .or_insert_with(|| PartitionComparison {
+                    value,
+                    ..Default::default()
+                });
             entry.added = counts[0];
             entry.removed = counts[1];
             entry.changed = counts[2];
@@ -189,18 +195,32 @@ type SideAggregates = BTreeMap<String, (u64, BTreeMap<String, f64>)>;
 
 /// Row counts and measure sums per partition of one side. Skips the scan when the counts are
 /// known and there are no measures to sum.
-async fn side_aggregates(ctx: &SessionContext, table: &str, spec: &CompareSpec, known: KnownCounts) -> Result<SideAggregates> {
+async fn side_aggregates(
+    ctx: &SessionContext,
+    table: &str,
+    spec: &CompareSpec,
+    known: KnownCounts,
+) -> Result<SideAggregates> {
     if spec.measures.is_empty()
         && let Some(known) = known
     {
-        return Ok(known.into_iter().map(|(p, n)| (p, (n, BTreeMap::new()))).collect());
+        return Ok(known
+            .into_iter()
+            .map(|(p, n)| (p, (n, BTreeMap::new())))
+            .collect());
     }
     let mut select = vec![
-        format!("CAST({} AS VARCHAR) AS __lf_part", ident(&spec.partition_column)),
+        format!(
+            "CAST({} AS VARCHAR) AS __lf_part",
+            ident(&spec.partition_column)
+        ),
         "COUNT(*) AS __lf_rows".to_string(),
     ];
     for (i, measure) in spec.measures.iter().enumerate() {
-        select.push(format!("CAST(SUM({}) AS DOUBLE) AS __lf_m{i}", ident(measure)));
+        select.push(format!(
+            "CAST(SUM({}) AS DOUBLE) AS __lf_m{i}",
+            ident(measure)
+        ));
     }
     let sql = format!("SELECT {} FROM {table} GROUP BY 1", select.join(", "));
     let mut out = SideAggregates::new();
@@ -209,14 +229,20 @@ async fn side_aggregates(ctx: &SessionContext, table: &str, spec: &CompareSpec, 
         let batch = batch.query_context(|| format!("cannot aggregate `{table}`"))?;
         let parts = text_column(&batch, 0);
         let rows = batch.column(1).as_primitive::<Int64Type>();
-        for row in 0..batch.num_rows() {
+        for (row, part) in parts.into_iter().enumerate() {
             let mut sums = BTreeMap::new();
             for (i, measure) in spec.measures.iter().enumerate() {
-                let column = batch.column(2 + i).as_primitive::<deltalake::arrow::datatypes::Float64Type>();
-                let value = if column.is_null(row) { 0.0 } else { column.value(row) };
+                let column = batch
+                    .column(2 + i)
+                    .as_primitive::<deltalake::arrow::datatypes::Float64Type>();
+                let value = if column.is_null(row) {
+                    0.0
+                } else {
+                    column.value(row)
+                };
                 sums.insert(measure.clone(), value);
             }
-            let part = parts[row].clone().unwrap_or_else(|| "null".into());
+            let part = part.unwrap_or_else(|| "null".into());
             out.insert(part, (u64::try_from(rows.value(row)).unwrap_or(0), sums));
         }
     }
@@ -233,7 +259,11 @@ struct RowDiff {
 async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
     let old_columns = column_names(ctx, "previous").await?;
     let new_columns = column_names(ctx, "output").await?;
-    let common: Vec<String> = old_columns.iter().filter(|c| new_columns.contains(c)).cloned().collect();
+    let common: Vec<String> = old_columns
+        .iter()
+        .filter(|c| new_columns.contains(c))
+        .cloned()
+        .collect();
     let compared: Vec<&String> = common.iter().filter(|c| !spec.key.contains(c)).collect();
     let join = spec
         .key
@@ -255,13 +285,22 @@ async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
             "CAST(COALESCE(n.{0}, o.{0}) AS VARCHAR) AS __lf_part",
             ident(&spec.partition_column)
         ),
-        "CASE WHEN o.__lf_o IS NULL THEN 0 WHEN n.__lf_n IS NULL THEN 1 ELSE 2 END AS __lf_kind".to_string(),
+        "CASE WHEN o.__lf_o IS NULL THEN 0 WHEN n.__lf_n IS NULL THEN 1 ELSE 2 END AS __lf_kind"
+            .to_string(),
     ];
     for c in &common {
-        select.push(format!("o.{} AS {}", ident(c), ident(&format!("__lf_old_{c}"))));
+        select.push(format!(
+            "o.{} AS {}",
+            ident(c),
+            ident(&format!("__lf_old_{c}"))
+        ));
     }
     for c in &common {
-        select.push(format!("n.{} AS {}", ident(c), ident(&format!("__lf_new_{c}"))));
+        select.push(format!(
+            "n.{} AS {}",
+            ident(c),
+            ident(&format!("__lf_new_{c}"))
+        ));
     }
     let sql = format!(
         "SELECT {} FROM (SELECT *, TRUE AS __lf_o FROM previous) o \
@@ -278,9 +317,9 @@ async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
         let parts = text_column(&batch, 0);
         let kinds = batch.column(1).as_primitive::<Int64Type>();
         let mut formatters: Option<Vec<ArrayFormatter>> = None;
-        for row in 0..batch.num_rows() {
+        for (row, part) in parts.into_iter().enumerate() {
             let kind = usize::try_from(kinds.value(row)).unwrap_or(2).min(2);
-            let part = parts[row].clone().unwrap_or_else(|| "null".into());
+            let part = part.unwrap_or_else(|| "null".into());
             counts.entry(part.clone()).or_default()[kind] += 1;
             let bucket = match kind {
                 0 => &mut samples.added,
@@ -354,8 +393,17 @@ impl Threshold {
     fn parse(text: &str) -> Option<Self> {
         let text = text.trim();
         match text.strip_suffix('%') {
-            Some(number) => number.trim().parse::<f64>().ok().filter(|n| *n >= 0.0).map(Threshold::Percent),
-            None => text.parse::<f64>().ok().filter(|n| *n >= 0.0).map(Threshold::Absolute),
+            Some(number) => number
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|n| *n >= 0.0)
+                .map(Threshold::Percent),
+            None => text
+                .parse::<f64>()
+                .ok()
+                .filter(|n| *n >= 0.0)
+                .map(Threshold::Absolute),
         }
     }
 
@@ -383,7 +431,11 @@ impl Threshold {
 
 impl ValidationRules {
     /// Parses `spec`; `columns` are the target's columns. Errors name the model file's field.
-    pub(crate) fn from_spec(spec: Option<&ValidateSpec>, columns: &[String], path: &std::path::Path) -> Result<Self> {
+    pub(crate) fn from_spec(
+        spec: Option<&ValidateSpec>,
+        columns: &[String],
+        path: &std::path::Path,
+    ) -> Result<Self> {
         let Some(spec) = spec else {
             return Ok(Self::default());
         };
@@ -392,12 +444,24 @@ impl ValidationRules {
             message,
             hint,
         };
-        let known = || columns.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ");
-        for (field, names) in [("key", &spec.key), ("measures", &spec.measures), ("conserve", &spec.conserve)] {
+        let known = || {
+            columns
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        for (field, names) in [
+            ("key", &spec.key),
+            ("measures", &spec.measures),
+            ("conserve", &spec.conserve),
+        ] {
             for name in names.iter() {
                 if !columns.contains(name) {
                     return Err(model_error(
-                        format!("`validate.{field}` names `{name}`, which the target does not have"),
+                        format!(
+                            "`validate.{field}` names `{name}`, which the target does not have"
+                        ),
                         format!("use columns of the target: {}", known()),
                     ));
                 }
@@ -515,7 +579,11 @@ impl ValidationReport {
 
     /// Returns the names of the failed checks.
     pub fn failed(&self) -> Vec<String> {
-        self.checks.iter().filter(|c| !c.passed).map(|c| c.name.clone()).collect()
+        self.checks
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| c.name.clone())
+            .collect()
     }
 }
 
@@ -573,23 +641,41 @@ pub(crate) async fn validate(
         checks.push(CheckResult::new("max_measure_change", failures, Vec::new()));
     }
     for measure in &rules.conserve {
-        let total = comparison.totals.measures.get(measure).cloned().unwrap_or_default();
+        let total = comparison
+            .totals
+            .measures
+            .get(measure)
+            .cloned()
+            .unwrap_or_default();
         let tolerance = 1e-9 * total.old.abs().max(1.0);
         let failures = if (total.new - total.old).abs() > tolerance {
-            vec![json!({"measure": measure, "old_total": total.old, "new_total": total.new, "change": total.new - total.old})]
+            vec![
+                json!({"measure": measure, "old_total": total.old, "new_total": total.new, "change": total.new - total.old}),
+            ]
         } else {
             Vec::new()
         };
-        checks.push(CheckResult::new(format!("conserve({measure})"), failures, Vec::new()));
+        checks.push(CheckResult::new(
+            format!("conserve({measure})"),
+            failures,
+            Vec::new(),
+        ));
     }
     for check in &rules.checks {
-        let (rows, sample_rows) = count_and_sample(ctx, &check.sql, sample, &format!("check `{}`", check.name)).await?;
+        let (rows, sample_rows) =
+            count_and_sample(ctx, &check.sql, sample, &format!("check `{}`", check.name)).await?;
         let failures = if rows > 0 {
-            vec![json!({"rows": rows, "message": format!("the check returned {rows} rows; it must return none")})]
+            vec![
+                json!({"rows": rows, "message": format!("the check returned {rows} rows; it must return none")}),
+            ]
         } else {
             Vec::new()
         };
-        checks.push(CheckResult::new(format!("check: {}", check.name), failures, sample_rows));
+        checks.push(CheckResult::new(
+            format!("check: {}", check.name),
+            failures,
+            sample_rows,
+        ));
     }
     let passed = checks.iter().all(|c| c.passed);
     Ok(ValidationReport {
@@ -602,10 +688,14 @@ pub(crate) async fn validate(
 
 async fn key_unique(ctx: &SessionContext, key: &[String], sample: usize) -> Result<CheckResult> {
     let columns = key.iter().map(|k| ident(k)).collect::<Vec<_>>().join(", ");
-    let sql = format!("SELECT {columns}, COUNT(*) AS copies FROM output GROUP BY {columns} HAVING COUNT(*) > 1");
+    let sql = format!(
+        "SELECT {columns}, COUNT(*) AS copies FROM output GROUP BY {columns} HAVING COUNT(*) > 1"
+    );
     let (groups, sample_rows) = count_and_sample(ctx, &sql, sample, "key uniqueness").await?;
     let failures = if groups > 0 {
-        vec![json!({"duplicate_keys": groups, "message": format!("{groups} keys occur more than once in the new rows")})]
+        vec![
+            json!({"duplicate_keys": groups, "message": format!("{groups} keys occur more than once in the new rows")}),
+        ]
     } else {
         Vec::new()
     };
@@ -613,7 +703,11 @@ async fn key_unique(ctx: &SessionContext, key: &[String], sample: usize) -> Resu
 }
 
 async fn key_not_null(ctx: &SessionContext, key: &[String], sample: usize) -> Result<CheckResult> {
-    let condition = key.iter().map(|k| format!("{} IS NULL", ident(k))).collect::<Vec<_>>().join(" OR ");
+    let condition = key
+        .iter()
+        .map(|k| format!("{} IS NULL", ident(k)))
+        .collect::<Vec<_>>()
+        .join(" OR ");
     let sql = format!("SELECT * FROM output WHERE {condition}");
     let (rows, sample_rows) = count_and_sample(ctx, &sql, sample, "NOT NULL keys").await?;
     let failures = if rows > 0 {
@@ -625,7 +719,12 @@ async fn key_not_null(ctx: &SessionContext, key: &[String], sample: usize) -> Re
 }
 
 /// Streams `sql`, counting its rows and keeping the first `sample` as JSON objects.
-pub(crate) async fn count_and_sample(ctx: &SessionContext, sql: &str, sample: usize, what: &str) -> Result<(u64, Vec<Value>)> {
+pub(crate) async fn count_and_sample(
+    ctx: &SessionContext,
+    sql: &str,
+    sample: usize,
+    what: &str,
+) -> Result<(u64, Vec<Value>)> {
     let mut stream = run(ctx, sql, what).await?;
     let mut rows = 0u64;
     let mut sampled = Vec::new();
@@ -682,7 +781,9 @@ async fn run(
         .sql_with_options(sql, options)
         .await
         .query_context(|| format!("cannot plan the query to {what}"))?;
-    df.execute_stream().await.query_context(|| format!("cannot run the query to {what}"))
+    df.execute_stream()
+        .await
+        .query_context(|| format!("cannot run the query to {what}"))
 }
 
 async fn column_names(ctx: &SessionContext, table: &str) -> Result<Vec<String>> {
@@ -690,17 +791,38 @@ async fn column_names(ctx: &SessionContext, table: &str) -> Result<Vec<String>> 
         .table_provider(table)
         .await
         .query_context(|| format!("table `{table}` is not registered"))?;
-    Ok(provider.schema().fields().iter().map(|f| f.name().clone()).collect())
+    Ok(provider
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect())
 }
 
 /// Text values of a column (any string type, or cast through the formatter).
 fn text_column(batch: &RecordBatch, index: usize) -> Vec<Option<String>> {
     let column = batch.column(index);
     match column.data_type() {
-        DataType::Utf8 => column.as_string::<i32>().iter().map(|v| v.map(str::to_string)).collect(),
-        DataType::LargeUtf8 => column.as_string::<i64>().iter().map(|v| v.map(str::to_string)).collect(),
-        DataType::Utf8View => column.as_string_view().iter().map(|v| v.map(str::to_string)).collect(),
-        DataType::UInt64 => column.as_primitive::<UInt64Type>().iter().map(|v| v.map(|n| n.to_string())).collect(),
+        DataType::Utf8 => column
+            .as_string::<i32>()
+            .iter()
+            .map(|v| v.map(str::to_string))
+            .collect(),
+        DataType::LargeUtf8 => column
+            .as_string::<i64>()
+            .iter()
+            .map(|v| v.map(str::to_string))
+            .collect(),
+        DataType::Utf8View => column
+            .as_string_view()
+            .iter()
+            .map(|v| v.map(str::to_string))
+            .collect(),
+        DataType::UInt64 => column
+            .as_primitive::<UInt64Type>()
+            .iter()
+            .map(|v| v.map(|n| n.to_string()))
+            .collect(),
         _ => {
             let options = FormatOptions::default();
             match ArrayFormatter::try_new(column.as_ref(), &options) {
@@ -719,7 +841,9 @@ pub(crate) fn ident(name: &str) -> String {
 }
 
 /// Makes the known-count maps from `(partition, rows)` pairs.
-pub(crate) fn counts_from<'a>(pairs: impl IntoIterator<Item = (&'a String, u64)>) -> BTreeMap<String, u64> {
+pub(crate) fn counts_from<'a>(
+    pairs: impl IntoIterator<Item = (&'a String, u64)>,
+) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for (p, n) in pairs {
         *out.entry(p.clone()).or_default() += n;

@@ -336,8 +336,18 @@ fn spill_outside_the_range_fails_unless_dropped_on_purpose() {
     assert_eq!(dropped["published_version"], before + 1);
     let spilled = dropped["spill_dropped"].as_u64().unwrap();
     assert!(spilled > 0);
-    let spill = dropped["validation"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "spill").unwrap();
-    let sum: u64 = spill["failures"][0]["partitions"].as_object().unwrap().values().map(|n| n.as_u64().unwrap()).sum();
+    let spill = dropped["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "spill")
+        .unwrap();
+    let sum: u64 = spill["failures"][0]["partitions"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
     assert_eq!(sum, spilled);
 }
 

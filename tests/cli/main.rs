@@ -7,5 +7,6 @@
 
 mod backfill;
 mod errors;
+mod inspect;
 mod support;
 mod validation;

@@ -1,6 +1,8 @@
 //! Validation blocks bad publishes; write-audit-publish (stage-only, publish, discard, runs).
 
-use deltalake::arrow::array::{Date32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use deltalake::arrow::array::{
+    Date32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
 use deltalake::protocol::SaveMode;
 use std::sync::Arc;
 
@@ -22,9 +24,19 @@ const V2_SELECT: &str = "SELECT event_id, user_id, country, amount_cents, event_
 fn assert_blocked(lake: &TestLake, check: &str) -> serde_json::Value {
     let before = lake.version("events");
     let files = lake.files("events");
-    let out = lake.run(&["backfill", "events", "--from", &lake.day(2), "--to", &lake.day(5), "--output-format", "json"]);
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(5),
+        "--output-format",
+        "json",
+    ]);
     assert_eq!(out.status.code(), Some(3), "{check}: {}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report is printed");
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the report is printed");
     assert_eq!(report["state"], "failed-validation");
     assert_eq!(report["published_version"], serde_json::Value::Null);
     let failed: Vec<&str> = report["validation"]["checks"]
@@ -35,7 +47,11 @@ fn assert_blocked(lake: &TestLake, check: &str) -> serde_json::Value {
         .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert!(failed.contains(&check), "{check} not in {failed:?}");
-    assert!(stderr(&out).contains(check), "stderr names the check: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains(check),
+        "stderr names the check: {}",
+        stderr(&out)
+    );
     assert!(stderr(&out).contains("hint: "), "{}", stderr(&out));
     assert_eq!(lake.version("events"), before, "{check}: nothing published");
     assert_eq!(lake.files("events"), files, "{check}: files unchanged");
@@ -47,9 +63,18 @@ fn each_check_blocks_the_bug_it_is_for() {
     let lake = TestLake::new();
 
     // Duplicate keys.
-    events_model(&lake, "key = [\"event_id\"]", &format!("{V2_SELECT} UNION ALL SELECT * FROM ({V2_SELECT}) WHERE event_id % 100 = 0"));
+    events_model(
+        &lake,
+        "key = [\"event_id\"]",
+        &format!("{V2_SELECT} UNION ALL SELECT * FROM ({V2_SELECT}) WHERE event_id % 100 = 0"),
+    );
     let report = assert_blocked(&lake, "key_unique");
-    let check = report["validation"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "key_unique").unwrap();
+    let check = report["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "key_unique")
+        .unwrap();
     let expected_dups: u64 = lake.query(
         &[("raw_events", lake.open("raw_events"))],
         &format!(
@@ -64,23 +89,49 @@ fn each_check_blocks_the_bug_it_is_for() {
     events_model(
         &lake,
         "key = [\"event_id\"]",
-        &V2_SELECT.replace("SELECT event_id,", "SELECT CASE WHEN event_id % 50 = 0 THEN NULL ELSE event_id END AS event_id,"),
+        &V2_SELECT.replace(
+            "SELECT event_id,",
+            "SELECT CASE WHEN event_id % 50 = 0 THEN NULL ELSE event_id END AS event_id,",
+        ),
     );
     assert_blocked(&lake, "key_not_null");
 
     // Dropped rows beyond the threshold, with the partition and the numbers.
-    events_model(&lake, "max_row_change = \"5%\"", &format!("SELECT * FROM ({V2_SELECT}) WHERE event_id % 10 <> 0"));
+    events_model(
+        &lake,
+        "max_row_change = \"5%\"",
+        &format!("SELECT * FROM ({V2_SELECT}) WHERE event_id % 10 <> 0"),
+    );
     let report = assert_blocked(&lake, "max_row_change");
-    let check = report["validation"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "max_row_change").unwrap();
+    let check = report["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "max_row_change")
+        .unwrap();
     let failure = &check["failures"][0];
-    assert!(failure["partition"].as_str().unwrap().starts_with("2026-01-0"));
+    assert!(
+        failure["partition"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-01-0")
+    );
     assert!(failure["new_rows"].as_u64().unwrap() < failure["old_rows"].as_u64().unwrap());
     assert_eq!(failure["limit"], "5%");
 
     // Totals not conserved.
-    events_model(&lake, "conserve = [\"amount_cents\"]", &V2_SELECT.replace("amount_cents,", "amount_cents * 2 AS amount_cents,"));
+    events_model(
+        &lake,
+        "conserve = [\"amount_cents\"]",
+        &V2_SELECT.replace("amount_cents,", "amount_cents * 2 AS amount_cents,"),
+    );
     let report = assert_blocked(&lake, "conserve(amount_cents)");
-    let failure = &report["validation"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "conserve(amount_cents)").unwrap()["failures"][0];
+    let failure = &report["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "conserve(amount_cents)")
+        .unwrap()["failures"][0];
     assert!(failure["new_total"].as_f64().unwrap() > failure["old_total"].as_f64().unwrap());
 
     // A user check that finds rows.
@@ -90,7 +141,12 @@ fn each_check_blocks_the_bug_it_is_for() {
         &V2_SELECT.replace("amount_cents,", "amount_cents - 10000 AS amount_cents,"),
     );
     let report = assert_blocked(&lake, "check: amounts are positive");
-    let check = report["validation"]["checks"].as_array().unwrap().iter().find(|c| c["name"] == "check: amounts are positive").unwrap();
+    let check = report["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "check: amounts are positive")
+        .unwrap();
     assert!(check["failures"][0]["rows"].as_u64().unwrap() > 0);
     assert!(!check["sample"].as_array().unwrap().is_empty());
 
@@ -99,37 +155,74 @@ fn each_check_blocks_the_bug_it_is_for() {
         &lake,
         "key = [\"event_id\"]\nmeasures = [\"amount_cents\"]\nmax_row_change = \"0%\"\nmax_measure_change = \"0\"\nconserve = [\"amount_cents\"]\n\
          [[validate.checks]]\nname = \"amounts are positive\"\nsql = \"SELECT * FROM output WHERE amount_cents <= 0\"",
-        &format!(
-            "SELECT event_id, user_id, LOWER(country) AS country, amount_cents, event_ts, event_date FROM events"
-        ),
+        "SELECT event_id, user_id, LOWER(country) AS country, amount_cents, event_ts, event_date FROM events",
     );
-    let text = std::fs::read_to_string(lake.path().join("sql/events/v3.sql")).unwrap()
-        .replace("[sources.raw_events]\nwindow = \"ingest_date\"\nlookahead = 1", "[sources.events]\nwindow = \"event_date\"");
+    let text = std::fs::read_to_string(lake.path().join("sql/events/v3.sql"))
+        .unwrap()
+        .replace(
+            "[sources.raw_events]\nwindow = \"ingest_date\"\nlookahead = 1",
+            "[sources.events]\nwindow = \"event_date\"",
+        );
     std::fs::write(lake.path().join("sql/events/v3.sql"), text).unwrap();
     let before = lake.version("events");
-    let report = json_ok(&lake.run(&["backfill", "events", "--from", &lake.day(2), "--to", &lake.day(5), "--output-format", "json"]));
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(5),
+        "--output-format",
+        "json",
+    ]));
     assert_eq!(report["validation"]["passed"], true, "{report}");
     assert_eq!(report["published_version"], before + 1);
     let totals = &report["validation"]["comparison"]["totals"];
     assert_eq!(totals["added"], 0);
     assert_eq!(totals["removed"], 0);
-    assert_eq!(totals["changed"], totals["old_rows"], "every row's country changed case");
+    assert_eq!(
+        totals["changed"], totals["old_rows"],
+        "every row's country changed case"
+    );
 }
 
 #[test]
 fn force_publish_records_the_override() {
     let lake = TestLake::new();
-    events_model(&lake, "max_row_change = \"5%\"", &format!("SELECT * FROM ({V2_SELECT}) WHERE event_id % 10 <> 0"));
-    let out = lake.run(&["backfill", "events", "--from", &lake.day(2), "--to", &lake.day(3), "--force-publish"]);
+    events_model(
+        &lake,
+        "max_row_change = \"5%\"",
+        &format!("SELECT * FROM ({V2_SELECT}) WHERE event_id % 10 <> 0"),
+    );
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(3),
+        "--force-publish",
+    ]);
     assert_eq!(out.status.code(), Some(2), "--force-publish needs --reason");
     let report = json_ok(&lake.run(&[
-        "backfill", "events", "--from", &lake.day(2), "--to", &lake.day(3),
-        "--force-publish", "--reason", "sampling on purpose", "--output-format", "json",
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(3),
+        "--force-publish",
+        "--reason",
+        "sampling on purpose",
+        "--output-format",
+        "json",
     ]));
     assert_eq!(report["forced"], "sampling on purpose");
     let table = lake.open("events");
     let history: Vec<_> = runtime()
-        .block_on(async { futures::TryStreamExt::try_collect::<Vec<_>>(table.history(Some(1))).await })
+        .block_on(async {
+            futures::TryStreamExt::try_collect::<Vec<_>>(table.history(Some(1))).await
+        })
         .unwrap();
     let validation = &history[0].info["lakefill"]["validation"];
     assert_eq!(validation["passed"], false);
@@ -144,22 +237,58 @@ fn stage_only_then_publish_equals_a_direct_backfill() {
     let (from, to) = (direct.day(1), direct.day(6));
     let all_rows = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, CAST(amount_cents AS VARCHAR) FROM events ORDER BY 1, 2";
 
-    let published = json_ok(&direct.run(&["backfill", "events", "--from", &from, "--to", &to, "--output-format", "json"]));
+    let published = json_ok(&direct.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--output-format",
+        "json",
+    ]));
 
     let before = audited.version("events");
     let before_rows = audited.query(&[("events", audited.open("events"))], all_rows);
-    let staged = json_ok(&audited.run(&["backfill", "events", "--from", &from, "--to", &to, "--stage-only", "--output-format", "json"]));
+    let staged = json_ok(&audited.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
     assert_eq!(staged["state"], "staged");
     assert_eq!(staged["outcome"], "staged");
     assert_eq!(staged["published_version"], serde_json::Value::Null);
     assert_eq!(staged["validation"]["passed"], true);
-    assert_eq!(audited.version("events"), before, "staging publishes nothing");
-    assert_eq!(audited.query(&[("events", audited.open("events"))], all_rows), before_rows, "readers see the old data");
+    assert_eq!(
+        audited.version("events"),
+        before,
+        "staging publishes nothing"
+    );
+    assert_eq!(
+        audited.query(&[("events", audited.open("events"))], all_rows),
+        before_rows,
+        "readers see the old data"
+    );
     let run_id = staged["run_id"].as_str().unwrap().to_string();
-    assert_eq!(run_id, published["run_id"].as_str().unwrap(), "the run id derives from the inputs");
+    assert_eq!(
+        run_id,
+        published["run_id"].as_str().unwrap(),
+        "the run id derives from the inputs"
+    );
 
     let runs = json_ok(&audited.run(&["runs", "events", "--output-format", "json"]));
-    let listed = runs.as_array().unwrap().iter().find(|r| r["run_id"] == run_id.as_str()).expect("listed");
+    let listed = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["run_id"] == run_id.as_str())
+        .expect("listed");
     assert_eq!(listed["state"], "staged");
 
     let report = json_ok(&audited.run(&["publish", &run_id, "--output-format", "json"]));
@@ -176,7 +305,12 @@ fn stage_only_then_publish_equals_a_direct_backfill() {
     );
     assert_eq!(a.len(), d.len());
     let first = a.iter().zip(&d).position(|(x, y)| x != y);
-    assert!(first.is_none(), "first difference: {:?} vs {:?}", first.map(|i| &a[i]), first.map(|i| &d[i]));
+    assert!(
+        first.is_none(),
+        "first difference: {:?} vs {:?}",
+        first.map(|i| &a[i]),
+        first.map(|i| &d[i])
+    );
     let again = json_ok(&audited.run(&["publish", &run_id, "--output-format", "json"]));
     assert_eq!(again["outcome"], "already_published");
     assert_eq!(audited.version("events"), before + 1);
@@ -185,18 +319,44 @@ fn stage_only_then_publish_equals_a_direct_backfill() {
 #[test]
 fn discard_removes_every_staged_file() {
     let lake = TestLake::new();
-    let staged = json_ok(&lake.run(&["backfill", "events", "--from", &lake.day(1), "--to", &lake.day(8), "--stage-only", "--output-format", "json"]));
+    let staged = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(1),
+        "--to",
+        &lake.day(8),
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
     let run_id = staged["run_id"].as_str().unwrap().to_string();
     let marker = format!("lakefill-{run_id}");
-    assert!(!files_containing(&lake.table_path("events"), &marker).is_empty(), "staged files exist");
+    assert!(
+        !files_containing(&lake.table_path("events"), &marker).is_empty(),
+        "staged files exist"
+    );
     let out = lake.run(&["discard", &run_id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("discarded"));
-    assert_eq!(files_containing(&lake.table_path("events"), &marker), Vec::<String>::new());
+    assert_eq!(
+        files_containing(&lake.table_path("events"), &marker),
+        Vec::<String>::new()
+    );
     let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
-    assert!(runs.as_array().unwrap().iter().any(|r| r["run_id"] == run_id.as_str() && r["state"] == "discarded"));
+    assert!(
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["run_id"] == run_id.as_str() && r["state"] == "discarded")
+    );
     let out = lake.run(&["publish", &run_id]);
-    assert_eq!(out.status.code(), Some(2), "a discarded run cannot be published: {}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a discarded run cannot be published: {}",
+        stderr(&out)
+    );
 }
 
 /// Appends one event into `events` with plain delta-rs, as another writer would.
@@ -206,16 +366,39 @@ fn append_event(lake: &TestLake, date: &str, event_id: i64) {
         - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap())
     .num_days() as i32;
     let schema = Arc::new(deltalake::arrow::datatypes::Schema::new(vec![
-        deltalake::arrow::datatypes::Field::new("event_id", deltalake::arrow::datatypes::DataType::Int64, true),
-        deltalake::arrow::datatypes::Field::new("user_id", deltalake::arrow::datatypes::DataType::Int64, true),
-        deltalake::arrow::datatypes::Field::new("country", deltalake::arrow::datatypes::DataType::Utf8, true),
-        deltalake::arrow::datatypes::Field::new("amount_cents", deltalake::arrow::datatypes::DataType::Int64, true),
         deltalake::arrow::datatypes::Field::new(
-            "event_ts",
-            deltalake::arrow::datatypes::DataType::Timestamp(deltalake::arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into())),
+            "event_id",
+            deltalake::arrow::datatypes::DataType::Int64,
             true,
         ),
-        deltalake::arrow::datatypes::Field::new("event_date", deltalake::arrow::datatypes::DataType::Date32, true),
+        deltalake::arrow::datatypes::Field::new(
+            "user_id",
+            deltalake::arrow::datatypes::DataType::Int64,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "country",
+            deltalake::arrow::datatypes::DataType::Utf8,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "amount_cents",
+            deltalake::arrow::datatypes::DataType::Int64,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "event_ts",
+            deltalake::arrow::datatypes::DataType::Timestamp(
+                deltalake::arrow::datatypes::TimeUnit::Microsecond,
+                Some("UTC".into()),
+            ),
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "event_date",
+            deltalake::arrow::datatypes::DataType::Date32,
+            true,
+        ),
     ]));
     let batch = RecordBatch::try_new(
         schema,
@@ -224,46 +407,96 @@ fn append_event(lake: &TestLake, date: &str, event_id: i64) {
             Arc::new(Int64Array::from(vec![1])),
             Arc::new(StringArray::from(vec!["ZZ"])),
             Arc::new(Int64Array::from(vec![1])),
-            Arc::new(TimestampMicrosecondArray::from(vec![i64::from(days) * 86_400_000_000]).with_timezone("UTC")),
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![i64::from(days) * 86_400_000_000])
+                    .with_timezone("UTC"),
+            ),
             Arc::new(Date32Array::from(vec![days])),
         ],
     )
     .unwrap();
     runtime()
-        .block_on(async { table.write(vec![batch]).with_save_mode(SaveMode::Append).await })
+        .block_on(async {
+            table
+                .write(vec![batch])
+                .with_save_mode(SaveMode::Append)
+                .await
+        })
         .expect("append");
 }
 
 #[test]
 fn publish_after_a_conflicting_commit_is_refused() {
     let lake = TestLake::new();
-    let staged = json_ok(&lake.run(&["backfill", "events", "--from", &lake.day(2), "--to", &lake.day(4), "--stage-only", "--output-format", "json"]));
+    let staged = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(4),
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
     let run_id = staged["run_id"].as_str().unwrap().to_string();
 
     // Another writer appends outside the range: the publish keeps its row.
     append_event(&lake, &lake.day(8), 9_000_001);
     let report = json_ok(&lake.run(&["publish", &run_id, "--output-format", "json"]));
     let version = report["published_version"].as_u64().unwrap();
-    let kept = lake.query(&[("events", lake.open("events"))], "SELECT COUNT(*) FROM events WHERE event_id = 9000001");
+    let kept = lake.query(
+        &[("events", lake.open("events"))],
+        "SELECT COUNT(*) FROM events WHERE event_id = 9000001",
+    );
     assert_eq!(kept, vec![vec!["1".to_string()]]);
 
     // Another run staged, then a writer appends inside its range: publish refuses with exit 4.
     let model = std::fs::read_to_string(lake.path().join("sql/events/v2.sql")).unwrap() + "\n";
     std::fs::write(lake.path().join("sql/events/v3.sql"), model).unwrap();
-    let staged = json_ok(&lake.run(&["backfill", "events", "--from", &lake.day(5), "--to", &lake.day(6), "--stage-only", "--output-format", "json"]));
+    let staged = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(5),
+        "--to",
+        &lake.day(6),
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
     let run_id = staged["run_id"].as_str().unwrap().to_string();
     append_event(&lake, &lake.day(6), 9_000_002);
     let after_append = lake.version("events");
     assert_eq!(after_append, version + 1);
     let out = lake.run(&["publish", &run_id]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
-    assert!(stderr(&out).contains("changed in the backfill range"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("changed in the backfill range"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(lake.version("events"), after_append, "nothing published");
-    let kept = lake.query(&[("events", lake.open("events"))], "SELECT COUNT(*) FROM events WHERE event_id = 9000002");
-    assert_eq!(kept, vec![vec!["1".to_string()]], "the concurrent row survives");
+    let kept = lake.query(
+        &[("events", lake.open("events"))],
+        "SELECT COUNT(*) FROM events WHERE event_id = 9000002",
+    );
+    assert_eq!(
+        kept,
+        vec![vec!["1".to_string()]],
+        "the concurrent row survives"
+    );
     let runs = json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
-    let run = runs.as_array().unwrap().iter().find(|r| r["run_id"] == run_id.as_str()).unwrap();
-    assert_eq!(run["state"], "staged", "the run stays staged for re-validation or discard");
+    let run = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["run_id"] == run_id.as_str())
+        .unwrap();
+    assert_eq!(
+        run["state"], "staged",
+        "the run stays staged for re-validation or discard"
+    );
 }
 
 fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
@@ -272,7 +505,9 @@ fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
         let path = entry.path();
         if path.is_dir() {
             out.extend(files_containing(&path, needle));
-        } else if path.display().to_string().contains(needle) && !path.display().to_string().contains("_lakefill") {
+        } else if path.display().to_string().contains(needle)
+            && !path.display().to_string().contains("_lakefill")
+        {
             out.push(path.display().to_string());
         }
     }

@@ -25,7 +25,10 @@ pub(crate) async fn run(
         report.batches.len(),
         report.read_version
     ));
-    let force = args.force_publish.then(|| args.scope.reason.clone()).flatten();
+    let force = args
+        .force_publish
+        .then(|| args.scope.reason.clone())
+        .flatten();
     let run = BackfillBuilder::new(plan)
         .with_max_parallel(settings::max_parallel(&project, args.max_parallel))
         .with_stage_only(args.stage_only)

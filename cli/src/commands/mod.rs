@@ -2,5 +2,6 @@
 
 pub(crate) mod backfill;
 pub(crate) mod demo;
+pub(crate) mod inspect;
 pub(crate) mod plan;
 pub(crate) mod runs;

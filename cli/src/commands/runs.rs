@@ -7,7 +7,11 @@ use crate::commands::backfill::finish;
 use crate::printer::{Printer, run_text};
 use crate::settings;
 
-pub(crate) async fn list(global: &GlobalArgs, args: &RunsArgs, printer: Printer) -> anyhow::Result<()> {
+pub(crate) async fn list(
+    global: &GlobalArgs,
+    args: &RunsArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
     let project = settings::project(global)?;
     let runs = lakefill::list_runs(&project, args.table.as_deref()).await?;
     let mut text = String::new();
@@ -30,21 +34,30 @@ pub(crate) async fn list(global: &GlobalArgs, args: &RunsArgs, printer: Printer)
             format!("{}@{}", run.model, run.model_version),
             format!("{}..={}", run.range.from, run.range.to),
             run.read_version,
-            run.published_version.map_or_else(|| "-".into(), |v| v.to_string()),
+            run.published_version
+                .map_or_else(|| "-".into(), |v| v.to_string()),
             run.created_at
         );
     }
     printer.result(&text, &runs)
 }
 
-pub(crate) async fn publish(global: &GlobalArgs, args: &PublishArgs, printer: Printer) -> anyhow::Result<()> {
+pub(crate) async fn publish(
+    global: &GlobalArgs,
+    args: &PublishArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
     let project = settings::project(global)?;
     let force = args.force_publish.then(|| args.reason.clone()).flatten();
     let run = lakefill::publish_run(&project, &args.run_id, force).await?;
     finish(printer, &run)
 }
 
-pub(crate) async fn discard(global: &GlobalArgs, args: &DiscardArgs, printer: Printer) -> anyhow::Result<()> {
+pub(crate) async fn discard(
+    global: &GlobalArgs,
+    args: &DiscardArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
     let project = settings::project(global)?;
     let run = lakefill::discard_run(&project, &args.run_id).await?;
     printer.result(&run_text(&run), &run)

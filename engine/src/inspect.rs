@@ -1,0 +1,607 @@
+//! Explaining history: `history`, `blame`, `sql` with time travel, and `diff` (DESIGN §3, §5).
+//!
+//! `history` and `blame` read commit files of the Delta log (the run metadata lakefill writes into
+//! each commit), never data. `sql` runs read-only queries over the project's tables at any
+//! version. `diff` compares two versions, or a version and a staged run, with the engine of
+//! [`crate::validate`], scanning only the partitions whose files differ.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use deltalake::DeltaTable;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::logical_expr::{Expr, lit};
+use deltalake::datafusion::prelude::{SQLOptions, SessionContext};
+use deltalake::datafusion::sql::parser::DFParser;
+use deltalake::datafusion::sql::resolve::resolve_table_references;
+use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::Project;
+use crate::error::{DeltaContext, Error, QueryContext, Result};
+use crate::journal::Journal;
+use crate::model::{Model, check_read_only, list_models};
+use crate::partition::{PartitionType, partition_literal};
+use crate::staged::StagedTable;
+use crate::storage::{TableVersion, loaded_version, open_table, open_table_at};
+use crate::validate::{CompareSpec, Comparison, compare};
+
+/// One version of a table, as `lakefill history` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    /// The version.
+    pub version: u64,
+    /// Commit time (RFC 3339), from `commitInfo.timestamp`.
+    pub timestamp: Option<String>,
+    /// The operation (`WRITE`, `CREATE TABLE`, ...).
+    pub operation: Option<String>,
+    /// The lakefill run that made the commit, if any.
+    pub run_id: Option<String>,
+    /// `model@version` of that run.
+    pub model: Option<String>,
+    /// The reason recorded with the run.
+    pub reason: Option<String>,
+    /// The range of the run.
+    pub range: Option<(String, String)>,
+    /// Partition values the commit added or removed files in.
+    pub partitions: Vec<String>,
+    /// Files added.
+    pub files_added: u64,
+    /// Files removed.
+    pub files_removed: u64,
+    /// The run's metadata, as committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lakefill: Option<Value>,
+}
+
+struct Commit {
+    info: Value,
+    partitions: BTreeSet<String>,
+    added: u64,
+    removed: u64,
+}
+
+/// Reads and parses the commit file of `version`; `None` when it is gone (log cleanup).
+async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>> {
+    let Some(bytes) = table
+        .log_store()
+        .read_commit_entry(version)
+        .await
+        .delta_context(|| format!("cannot read commit {version}"))?
+    else {
+        return Ok(None);
+    };
+    let partition_columns: Vec<String> = table
+        .snapshot()
+        .map(|s| s.metadata().partition_columns().to_vec())
+        .unwrap_or_default();
+    let mut commit = Commit {
+        info: Value::Null,
+        partitions: BTreeSet::new(),
+        added: 0,
+        removed: 0,
+    };
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let Ok(action) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        if let Some(info) = action.get("commitInfo") {
+            commit.info = info.clone();
+        }
+        for (kind, counter) in [("add", &mut commit.added), ("remove", &mut commit.removed)] {
+            if let Some(file) = action.get(kind) {
+                *counter += 1;
+                for column in &partition_columns {
+                    if let Some(value) = file["partitionValues"][column].as_str() {
+                        commit.partitions.insert(value.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Ok(Some(commit))
+}
+
+fn entry(version: u64, commit: Commit) -> HistoryEntry {
+    let info = &commit.info;
+    let lakefill = info.get("lakefill").filter(|v| v.is_object()).cloned();
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    HistoryEntry {
+        version,
+        timestamp: info["timestamp"]
+            .as_i64()
+            .and_then(DateTime::<Utc>::from_timestamp_millis)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        operation: text(&info["operation"]),
+        run_id: lakefill.as_ref().and_then(|m| text(&m["run_id"])),
+        model: lakefill.as_ref().and_then(|m| {
+            Some(format!(
+                "{}@{}",
+                m["model"].as_str()?,
+                m["model_version"].as_str()?
+            ))
+        }),
+        reason: lakefill.as_ref().and_then(|m| text(&m["reason"])),
+        range: lakefill
+            .as_ref()
+            .and_then(|m| Some((text(&m["range"][0])?, text(&m["range"][1])?))),
+        partitions: commit.partitions.into_iter().collect(),
+        files_added: commit.added,
+        files_removed: commit.removed,
+        lakefill,
+    }
+}
+
+/// Lists the newest `limit` versions of `table`, newest first.
+pub async fn history(project: &Project, table: &str, limit: usize) -> Result<Vec<HistoryEntry>> {
+    let config = project.table(table, "the command line")?;
+    let opened = open_table(config, None).await?;
+    let latest = loaded_version(&opened)?;
+    let mut entries = Vec::new();
+    for version in (0..=latest).rev().take(limit) {
+        match read_commit(&opened, version).await? {
+            Some(commit) => entries.push(entry(version, commit)),
+            None => break,
+        }
+    }
+    Ok(entries)
+}
+
+/// What last wrote a partition, as `lakefill blame` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BlameReport {
+    /// The table.
+    pub table: String,
+    /// The partition value.
+    pub partition: String,
+    /// Current files of the partition.
+    pub files: u64,
+    /// Current rows, when every file has stats.
+    pub rows: Option<u64>,
+    /// The commit that last added or removed files in the partition; `None` when no retained
+    /// commit did.
+    pub last_write: Option<HistoryEntry>,
+}
+
+/// Finds the commit that last wrote `partition` of `table`, and the run behind it.
+pub async fn blame(project: &Project, table: &str, partition: &str) -> Result<BlameReport> {
+    let config = project.table(table, "the command line")?;
+    let opened = open_table(config, None).await?;
+    let snapshot = opened
+        .snapshot()
+        .delta_context(|| format!("cannot read `{table}`"))?;
+    let Some(column) = snapshot.metadata().partition_columns().first().cloned() else {
+        return Err(Error::Partitioning {
+            message: format!("table `{table}` is not partitioned"),
+            hint: "blame works on partitioned tables; use `lakefill history` instead".into(),
+        });
+    };
+    let (mut files, mut rows) = (0u64, Some(0u64));
+    for file in snapshot.log_data().iter() {
+        if file
+            .partition_values_map()
+            .get(&column)
+            .cloned()
+            .flatten()
+            .as_deref()
+            == Some(partition)
+        {
+            files += 1;
+            rows = rows.zip(file.num_records()).map(|(a, b)| a + b as u64);
+        }
+    }
+    let latest = loaded_version(&opened)?;
+    let mut last_write = None;
+    for version in (0..=latest).rev() {
+        let Some(commit) = read_commit(&opened, version).await? else {
+            break;
+        };
+        if commit.partitions.contains(partition) {
+            last_write = Some(entry(version, commit));
+            break;
+        }
+    }
+    Ok(BlameReport {
+        table: table.to_string(),
+        partition: partition.to_string(),
+        files,
+        rows,
+        last_write,
+    })
+}
+
+/// The result of `lakefill sql`.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryResult {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Rows as text values (`null` for NULL), at most `max_rows`.
+    pub rows: Vec<Vec<Option<String>>>,
+    /// Whether more rows existed than were kept.
+    pub truncated: bool,
+    /// Tables read, with the version each was read at.
+    pub tables: BTreeMap<String, u64>,
+    /// The batches, for rendering (not serialized).
+    #[serde(skip)]
+    pub batches: Vec<RecordBatch>,
+}
+
+impl QueryResult {
+    /// Formats the kept rows as a text table.
+    pub fn to_table(&self) -> Result<String> {
+        deltalake::arrow::util::pretty::pretty_format_batches(&self.batches)
+            .map(|t| t.to_string())
+            .map_err(|e| Error::Internal(format!("cannot format the result: {e}")))
+    }
+}
+
+/// Runs a read-only query over the project's tables. `name@VERSION` and `name@TIMESTAMP`
+/// (RFC 3339) read a table by time travel; quote them: `"events@12"`.
+pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<QueryResult> {
+    let statements = DFParser::parse_sql_with_dialect(query, &GenericDialect {}).map_err(|e| {
+        Error::InvalidOption {
+            option: "QUERY".into(),
+            value: query.to_string(),
+            message: format!("the SQL does not parse: {e}"),
+        }
+    })?;
+    if statements.len() != 1 {
+        return Err(Error::InvalidOption {
+            option: "QUERY".into(),
+            value: query.to_string(),
+            message: "give exactly one SELECT statement".into(),
+        });
+    }
+    let statement = &statements[0];
+    check_read_only(statement).map_err(|kind| Error::InvalidOption {
+        option: "QUERY".into(),
+        value: query.to_string(),
+        message: format!("{kind} statements are not allowed; `lakefill sql` only reads"),
+    })?;
+    let (references, _) =
+        resolve_table_references(statement, false).map_err(|e| Error::InvalidOption {
+            option: "QUERY".into(),
+            value: query.to_string(),
+            message: format!("cannot list the tables it reads: {e}"),
+        })?;
+
+    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    let mut tables = BTreeMap::new();
+    for reference in references {
+        let name = reference.table().to_string();
+        let (base, at) = parse_table_at(&name)?;
+        let config = project.table(base, "the query")?;
+        let opened = open_table_at(config, at).await?;
+        tables.insert(name.clone(), loaded_version(&opened)?);
+        let provider = opened
+            .table_provider()
+            .await
+            .query_context(|| format!("cannot read `{name}`"))?;
+        ctx.register_table(name.as_str(), provider)
+            .query_context(|| format!("cannot register `{name}`"))?;
+    }
+    let options = SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    let df = ctx
+        .sql_with_options(query, options)
+        .await
+        .query_context(|| "cannot plan the query".into())?;
+    let columns: Vec<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let mut stream = df
+        .execute_stream()
+        .await
+        .query_context(|| "cannot run the query".into())?;
+    let mut kept = 0usize;
+    let mut truncated = false;
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| "the query failed".into())?;
+        if kept >= max_rows {
+            truncated |= batch.num_rows() > 0;
+            // Stop reading: nothing more will be shown.
+            break;
+        }
+        let take = batch.num_rows().min(max_rows - kept);
+        truncated |= take < batch.num_rows();
+        kept += take;
+        batches.push(batch.slice(0, take));
+    }
+    let mut rows = Vec::with_capacity(kept);
+    for batch in &batches {
+        for row in crate::validate::batch_to_json(batch, batch.num_rows())? {
+            rows.push(
+                columns
+                    .iter()
+                    .map(|c| row.get(c).and_then(|v| v.as_str().map(str::to_string)))
+                    .collect(),
+            );
+        }
+    }
+    Ok(QueryResult {
+        columns,
+        rows,
+        truncated,
+        tables,
+        batches,
+    })
+}
+
+/// Splits `events@12` or `events@2026-01-31T00:00:00Z` into the table and its version.
+fn parse_table_at(name: &str) -> Result<(&str, TableVersion)> {
+    let Some((base, at)) = name.split_once('@') else {
+        return Ok((name, TableVersion::Latest));
+    };
+    if let Ok(version) = at.parse::<u64>() {
+        return Ok((base, TableVersion::Version(version)));
+    }
+    let time = DateTime::parse_from_rfc3339(at)
+        .map(|t| t.with_timezone(&Utc))
+        .or_else(|_| {
+            chrono::NaiveDate::parse_from_str(at, "%Y-%m-%d").map(|d| {
+                d.and_hms_opt(0, 0, 0)
+                    .expect("midnight exists")
+                    .and_utc()
+            })
+        })
+        .map_err(|_| Error::InvalidOption {
+            option: "QUERY".into(),
+            value: name.to_string(),
+            message: "after `@` give a version number or an RFC 3339 time, e.g. `events@12` or `events@2026-01-31T00:00:00Z`".into(),
+        })?;
+    Ok((base, TableVersion::Timestamp(time)))
+}
+
+/// What `lakefill diff` compares the old version with.
+#[derive(Debug, Clone)]
+pub enum DiffTarget {
+    /// Another version of the table (`None`: the latest).
+    Version(Option<u64>),
+    /// A staged run's files.
+    Run(String),
+}
+
+/// The result of `lakefill diff`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffReport {
+    /// The table.
+    pub table: String,
+    /// The old version.
+    pub from_version: u64,
+    /// The new version, when comparing versions.
+    pub to_version: Option<u64>,
+    /// The staged run, when comparing with one.
+    pub run_id: Option<String>,
+    /// The partition column.
+    pub partition_column: String,
+    /// Partitions whose files differ (only these were scanned).
+    pub changed_partitions: usize,
+    /// Partitions whose files are identical in both.
+    pub unchanged_partitions: usize,
+    /// The measures summed per partition.
+    pub measures: Vec<String>,
+    /// The comparison of the changed partitions.
+    pub comparison: Comparison,
+}
+
+/// Compares `table` at `from_version` with another version or a staged run.
+///
+/// `key` and `measures` default to the `[validate]` section of the newest model writing `table`.
+pub async fn diff(
+    project: &Project,
+    table: &str,
+    from_version: u64,
+    target: DiffTarget,
+    key: Option<Vec<String>>,
+    sample: usize,
+) -> Result<DiffReport> {
+    let config = project.table(table, "the command line")?;
+    let old = open_table(config, Some(from_version)).await?;
+    let old_snapshot = old
+        .snapshot()
+        .delta_context(|| format!("cannot read `{table}`"))?;
+    let Some(column) = old_snapshot.metadata().partition_columns().first().cloned() else {
+        return Err(Error::Partitioning {
+            message: format!("table `{table}` is not partitioned"),
+            hint: "diff compares partitioned tables partition by partition".into(),
+        });
+    };
+    let schema = old_snapshot.snapshot().arrow_schema();
+    let kind = schema
+        .field_with_name(&column)
+        .ok()
+        .and_then(|f| PartitionType::from_arrow(f.data_type()))
+        .unwrap_or(PartitionType::String);
+    let (model_key, measures) = model_defaults(project, table);
+    let key = key.unwrap_or(model_key);
+    for k in &key {
+        if schema.field_with_name(k).is_err() {
+            return Err(Error::InvalidOption {
+                option: "--key".into(),
+                value: k.clone(),
+                message: format!("`{table}` has no column `{k}`"),
+            });
+        }
+    }
+    let measures: Vec<String> = measures
+        .into_iter()
+        .filter(|m| schema.field_with_name(m).is_ok())
+        .collect();
+
+    let old_files = files_by_partition(&old, &column)?;
+    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    let (to_version, run_id, new_counts, changed): (
+        Option<u64>,
+        Option<String>,
+        BTreeMap<String, u64>,
+        Vec<String>,
+    ) = match &target {
+        DiffTarget::Version(version) => {
+            let new = open_table(config, *version).await?;
+            let new_files = files_by_partition(&new, &column)?;
+            let changed: Vec<String> = old_files
+                .keys()
+                .chain(new_files.keys())
+                .filter(|p| old_files.get(*p).map(|f| &f.0) != new_files.get(*p).map(|f| &f.0))
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let counts = new_files.iter().map(|(p, f)| (p.clone(), f.1)).collect();
+            register_filtered(&ctx, "output", &new, kind, &column, &changed).await?;
+            (Some(loaded_version(&new)?), None, counts, changed)
+        }
+        DiffTarget::Run(run_id) => {
+            let latest = open_table(config, None).await?;
+            let journal = Journal::load(&latest.object_store(), run_id)
+                .await?
+                .ok_or_else(|| Error::UnknownRun {
+                    run_id: run_id.clone(),
+                    searched: vec![table.to_string()],
+                })?;
+            let adds: Vec<_> = journal.staged_files().cloned().collect();
+            let staged = StagedTable::register_store(&ctx, &latest, &column, &adds, run_id)?;
+            ctx.register_table("output", Arc::new(staged))
+                .query_context(|| "cannot register the staged files".into())?;
+            let mut counts = BTreeMap::new();
+            for batch in &journal.batches {
+                for (p, n) in &batch.rows {
+                    *counts.entry(p.clone()).or_default() += n;
+                }
+            }
+            let changed: Vec<String> = old_files
+                .keys()
+                .filter(|p| journal.range.contains(p))
+                .chain(counts.keys())
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            (None, Some(run_id.clone()), counts, changed)
+        }
+    };
+    register_filtered(&ctx, "previous", &old, kind, &column, &changed).await?;
+    let old_counts: BTreeMap<String, u64> = old_files
+        .iter()
+        .filter(|(p, _)| changed.contains(p))
+        .map(|(p, f)| (p.clone(), f.1))
+        .collect();
+    let new_counts: BTreeMap<String, u64> = new_counts
+        .into_iter()
+        .filter(|(p, _)| changed.contains(p))
+        .collect();
+    let spec = CompareSpec {
+        partition_column: column.clone(),
+        key,
+        measures: measures.clone(),
+        sample,
+    };
+    let comparison = compare(&ctx, &spec, Some(old_counts), Some(new_counts)).await?;
+    let all: BTreeSet<&String> = old_files.keys().collect();
+    Ok(DiffReport {
+        table: table.to_string(),
+        from_version,
+        to_version,
+        run_id,
+        partition_column: column,
+        changed_partitions: changed.len(),
+        unchanged_partitions: all.iter().filter(|p| !changed.contains(p)).count(),
+        measures,
+        comparison,
+    })
+}
+
+/// Per partition: the set of file paths and the row count (from log stats).
+fn files_by_partition(
+    table: &DeltaTable,
+    column: &str,
+) -> Result<BTreeMap<String, (BTreeSet<String>, u64)>> {
+    let snapshot = table
+        .snapshot()
+        .delta_context(|| "cannot read the snapshot".into())?;
+    let mut out: BTreeMap<String, (BTreeSet<String>, u64)> = BTreeMap::new();
+    for file in snapshot.log_data().iter() {
+        let value = file
+            .partition_values_map()
+            .get(column)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| "null".into());
+        let entry = out.entry(value).or_default();
+        entry.0.insert(file.path().to_string());
+        entry.1 += file.num_records().unwrap_or(0) as u64;
+    }
+    Ok(out)
+}
+
+/// Registers `table` as `name`, restricted to `partitions`.
+async fn register_filtered(
+    ctx: &SessionContext,
+    name: &str,
+    table: &DeltaTable,
+    kind: PartitionType,
+    column: &str,
+    partitions: &[String],
+) -> Result<()> {
+    let provider = table
+        .table_provider()
+        .await
+        .query_context(|| format!("cannot scan `{name}`"))?;
+    let values = partitions
+        .iter()
+        .filter(|p| p.as_str() != "null")
+        .map(|p| partition_literal(kind, p).map(lit))
+        .collect::<Result<Vec<_>>>()?;
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| {
+            df.filter(Expr::Column(Column::new_unqualified(column)).in_list(values, false))
+        })
+        .query_context(|| format!("cannot restrict `{name}` to the changed partitions"))?;
+    ctx.register_table(name, df.into_view())
+        .query_context(|| format!("cannot register `{name}`"))?;
+    Ok(())
+}
+
+/// `[validate] key` and `measures` of the newest model that writes `table`.
+fn model_defaults(project: &Project, table: &str) -> (Vec<String>, Vec<String>) {
+    list_models(&project.sql_dir())
+        .into_iter()
+        .filter_map(|name| Model::load(project, &name, None).ok())
+        .find(|m| m.header().target == table)
+        .and_then(|m| m.header().validate.clone())
+        .map(|v| (v.key, v.measures))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_references_with_versions_and_times() {
+        assert!(matches!(
+            parse_table_at("events"),
+            Ok(("events", TableVersion::Latest))
+        ));
+        assert!(matches!(
+            parse_table_at("events@12"),
+            Ok(("events", TableVersion::Version(12)))
+        ));
+        assert!(matches!(
+            parse_table_at("events@2026-01-31T00:00:00Z"),
+            Ok(("events", TableVersion::Timestamp(_)))
+        ));
+        assert!(parse_table_at("events@yesterday").is_err());
+    }
+}
