@@ -1,11 +1,11 @@
 //! `lakefill demo`: build a lake with a timezone bug and walk through the fix.
 
-use lakefill::{BackfillBuilder, PlanBuilder, Project};
+use lakefill::{BackfillBuilder, DiffTarget, PlanBuilder, Project};
 use lakefill_fixtures::DemoLake;
 use serde_json::json;
 
 use crate::args::{DemoArgs, OutputFormat};
-use crate::printer::{Printer, plan_text, run_text};
+use crate::printer::{Printer, diff_text, history_text, plan_text, run_text};
 use crate::settings::display_path;
 
 pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()> {
@@ -16,6 +16,15 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
     };
     let dir = std::path::absolute(&args.dir)?;
     let shown = display_path(&dir);
+    if std::fs::read_dir(&dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        return Err(lakefill::Error::InvalidOption {
+            option: "--dir".into(),
+            value: shown,
+            message: "the directory exists and is not empty; pass another `--dir` or remove it"
+                .into(),
+        }
+        .into());
+    }
     printer.status(&format!(
         "building the demo lake in {shown}: {} days x {} events, history written by events@v1 (a UTC-8 timezone bug)",
         lake.days, lake.events_per_day
@@ -31,30 +40,54 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         created.raw_rows
     ));
 
-    printer.status("1/3 planning events@v2 (the fix) over the whole history");
+    printer.status("1/5 planning events@v2 (the fix) over the whole history");
     let plan = PlanBuilder::new(&project, "events", &from, &to).await?;
     text.push_str("== 1. plan: events@v2 over the whole history ==\n");
     text.push_str(&plan_text(plan.report()));
     let plan_json = serde_json::to_value(plan.report())?;
 
-    printer.status("2/3 backfilling events@v2");
+    printer.status("2/5 backfilling events@v2: stage, validate, publish");
     let events = BackfillBuilder::new(plan).await?;
     text.push_str("\n== 2. backfill events@v2: rows move to their UTC day ==\n");
     text.push_str(&run_text(&events));
 
+    printer.status("3/5 comparing the two versions of events by time travel");
+    let published = events.published_version.unwrap_or(events.read_version);
+    let diff = lakefill::diff(
+        &project,
+        "events",
+        events.read_version,
+        DiffTarget::Version(Some(published)),
+        None,
+        3,
+    )
+    .await?;
+    text.push_str(&format!(
+        "\n== 3. diff events {} -> {published}: which events moved ==\n",
+        events.read_version
+    ));
+    text.push_str(&diff_text(&diff)?);
+
     printer
-        .status("3/3 backfilling daily_revenue@v1 over the same range, from the corrected events");
+        .status("4/5 backfilling daily_revenue@v1 over the same range, from the corrected events");
     let plan = PlanBuilder::new(&project, "daily_revenue", &from, &to)
         .with_reason(Some("recompute after the events timezone fix".into()))
         .await?;
     let revenue = BackfillBuilder::new(plan).await?;
-    text.push_str("\n== 3. backfill daily_revenue@v1 from the corrected events ==\n");
+    text.push_str("\n== 4. backfill daily_revenue@v1 from the corrected events ==\n");
     text.push_str(&run_text(&revenue));
+
+    printer.status("5/5 reading the history of events");
+    let history = lakefill::history(&project, "events", 10).await?;
+    text.push_str("\n== 5. history of events: every version says why it exists ==\n");
+    text.push_str(&history_text(&history));
 
     text.push_str(&format!(
         "\nexplore the project:\n  cd {shown}\n  lakefill plan events --from {from} --to {to}\n  \
          lakefill backfill events --from {from} --to {to}    # already published: changes nothing\n  \
-         lakefill backfill events --from {from} --to {to} --model-version v1 --reason \"compare\"\n"
+         lakefill blame events --partition {from}\n  \
+         lakefill sql 'SELECT COUNT(*) FROM \"events@1\"'\n  \
+         lakefill diff daily_revenue --from-version 1 --to-version 2\n"
     ));
     let value = json!({
         "dir": dir.display().to_string(),
@@ -62,7 +95,9 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         "range": [from, to],
         "plan": plan_json,
         "events": events,
+        "diff": diff,
         "daily_revenue": revenue,
+        "history": history,
     });
     if printer.format() == OutputFormat::Json {
         printer.result("", &value)
