@@ -24,7 +24,7 @@ use crate::partition::{PartitionRange, PartitionType, partition_literal};
 use crate::plan::BackfillPlan;
 use crate::publish::commit;
 use crate::staged::StagedTable;
-use crate::validate::{CheckResult, ValidationRules, counts_from, validate};
+use crate::validate::{CheckResult, KnownSide, ValidationRules, counts_from, validate};
 
 /// Default number of sample rows per kind of difference.
 pub const DEFAULT_SAMPLE: usize = 5;
@@ -125,6 +125,7 @@ impl BackfillBuilder {
             validation: None,
             forced: None,
             published_version: None,
+            sequence: report.publish_sequence,
             error: None,
             created_at: now(),
             updated_at: now(),
@@ -322,20 +323,43 @@ async fn run_validation(
         .iter()
         .map(|p| p.rows.map(|rows| (p.value.clone(), rows)))
         .collect::<Option<BTreeMap<_, _>>>()
-        .map(|counts| counts.into_iter().filter(|(_, n)| *n > 0).collect());
-    let new_counts = counts_from(
-        journal
-            .batches
-            .iter()
-            .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))),
-    );
+        .map(|counts| KnownSide::rows(counts.into_iter().filter(|(_, n)| *n > 0).collect()));
+    let mut new_side = KnownSide {
+        rows: counts_from(
+            journal
+                .batches
+                .iter()
+                .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))),
+        ),
+        sums: Some(BTreeMap::new()),
+    };
+    for batch in &journal.batches {
+        for (partition, measures) in &batch.sums {
+            let entry = new_side
+                .sums
+                .get_or_insert_with(BTreeMap::new)
+                .entry(partition.clone())
+                .or_default();
+            for (measure, sum) in measures {
+                *entry.entry(measure.clone()).or_default() += sum;
+            }
+        }
+    }
+    // Sums are computed while staging only for measures that are file columns.
+    if rules
+        .summed_measures()
+        .iter()
+        .any(|m| m == &journal.partition_column)
+    {
+        new_side.sums = None;
+    }
     let report = validate(
         &ctx,
         &journal.partition_column,
         rules,
         sample,
         old_counts,
-        Some(new_counts),
+        Some(new_side),
         extra_checks,
     )
     .await?;

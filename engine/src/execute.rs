@@ -340,6 +340,14 @@ async fn stage_batch(
     let mut writers: BTreeMap<RowPartition, PartitionWriter> = BTreeMap::new();
     let mut rows: BTreeMap<String, u64> = BTreeMap::new();
     let mut spill: BTreeMap<String, u64> = BTreeMap::new();
+    let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    // Measures summed while writing, so validation need not scan the staged files for them.
+    let measures: Vec<(String, usize)> = plan
+        .rules
+        .summed_measures()
+        .into_iter()
+        .filter_map(|m| file_schema.index_of(&m).ok().map(|i| (m, i)))
+        .collect();
 
     while let Some(record_batch) = stream.next().await {
         let record_batch = record_batch.query_context(|| {
@@ -378,7 +386,15 @@ async fn stage_batch(
                 message: format!("the output does not fit the table: {e}"),
                 hint: "a column the table declares NOT NULL received NULL; filter or COALESCE it in the model".into(),
             })?;
-            *rows.entry(key.render()).or_default() += part.num_rows() as u64;
+            let rendered = key.render();
+            *rows.entry(rendered.clone()).or_default() += part.num_rows() as u64;
+            if !measures.is_empty() {
+                let partition_sums = sums.entry(rendered).or_default();
+                for (measure, index) in &measures {
+                    *partition_sums.entry(measure.clone()).or_default() +=
+                        column_sum(part.column(*index))?;
+                }
+            }
             let writer = match writers.entry(key.clone()) {
                 std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
                 std::collections::btree_map::Entry::Vacant(entry) => entry.insert(
@@ -412,7 +428,18 @@ async fn stage_batch(
         files,
         rows,
         spill,
+        sums,
     })
+}
+
+/// The sum of a numeric column as `f64`; NULLs count as nothing.
+fn column_sum(column: &deltalake::arrow::array::ArrayRef) -> Result<f64> {
+    let as_float = deltalake::arrow::compute::cast(column, &DataType::Float64)
+        .map_err(|e| Error::Internal(format!("cannot sum a measure: {e}")))?;
+    Ok(deltalake::arrow::compute::sum(
+        as_float.as_primitive::<deltalake::arrow::datatypes::Float64Type>(),
+    )
+    .unwrap_or(0.0))
 }
 
 fn partition_writer(

@@ -28,7 +28,7 @@ use crate::model::{Model, check_read_only, list_models};
 use crate::partition::{PartitionType, partition_literal};
 use crate::staged::StagedTable;
 use crate::storage::{TableVersion, loaded_version, open_table, open_table_at};
-use crate::validate::{CompareSpec, Comparison, compare};
+use crate::validate::{CompareSpec, Comparison, KnownSide, compare};
 
 /// One version of a table, as `lakefill history` shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -104,6 +104,24 @@ async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>>
         }
     }
     Ok(Some(commit))
+}
+
+/// Returns whether a commit after `after` (up to `until`) added or removed files in `range`.
+pub(crate) async fn range_touched_after(
+    table: &DeltaTable,
+    after: u64,
+    range: &crate::partition::PartitionRange,
+    until: u64,
+) -> Result<bool> {
+    for version in after + 1..=until {
+        match read_commit(table, version).await? {
+            Some(commit) if commit.partitions.iter().any(|p| range.contains(p)) => return Ok(true),
+            Some(_) => {}
+            // The commit file is gone (log cleanup): assume it may have touched the range.
+            None => return Ok(true),
+        }
+    }
+    Ok(false)
 }
 
 fn entry(version: u64, commit: Commit) -> HistoryEntry {
@@ -506,7 +524,13 @@ pub async fn diff(
         measures: measures.clone(),
         sample,
     };
-    let comparison = compare(&ctx, &spec, Some(old_counts), Some(new_counts)).await?;
+    let comparison = compare(
+        &ctx,
+        &spec,
+        Some(KnownSide::rows(old_counts)),
+        Some(KnownSide::rows(new_counts)),
+    )
+    .await?;
     let all: BTreeSet<&String> = old_files.keys().collect();
     Ok(DiffReport {
         table: table.to_string(),

@@ -101,6 +101,10 @@ pub struct Journal {
     pub forced: Option<String>,
     /// The version the run's commit created.
     pub published_version: Option<u64>,
+    /// Which publish of this run id this is: 1, or more when the run is re-applied after later
+    /// commits changed its range. It is the version of the commit's application transaction.
+    #[serde(default = "first_sequence")]
+    pub sequence: u64,
     /// The error that stopped the run, if any.
     pub error: Option<String>,
     /// When the run was created (RFC 3339).
@@ -124,6 +128,9 @@ pub struct BatchRecord {
     pub rows: BTreeMap<String, u64>,
     /// Rows produced for partitions outside the range, per partition.
     pub spill: BTreeMap<String, u64>,
+    /// Sums of the model's measures per partition, computed while writing.
+    #[serde(default)]
+    pub sums: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 impl Journal {
@@ -218,6 +225,10 @@ impl Journal {
     pub(crate) fn staged_files(&self) -> impl Iterator<Item = &Add> {
         self.batches.iter().flat_map(|b| b.files.iter())
     }
+}
+
+fn first_sequence() -> u64 {
+    1
 }
 
 /// The current time in RFC 3339, UTC.

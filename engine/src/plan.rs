@@ -15,9 +15,11 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Project;
 use crate::error::{Error, Result};
+use crate::inspect::range_touched_after;
+use crate::journal::Journal;
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{PartitionRange, PartitionType};
-use crate::publish::is_published;
+use crate::publish::published_sequence;
 use crate::storage::{loaded_version, open_table};
 use crate::validate::ValidationRules;
 
@@ -292,7 +294,28 @@ impl PlanBuilder {
         let downstream = find_downstream(&project, model.name(), &header.target);
         let reason = self.reason.or_else(|| header.reason.clone());
         let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
-        let already_published = is_published(&target, &run_id).await?;
+        let (already_published, publish_sequence) =
+            match published_sequence(&target, &run_id).await? {
+                None => (false, 1),
+                Some(sequence) => {
+                    // Published before. If a later commit touched the range, this is a new
+                    // application of the same run; otherwise there is nothing to do.
+                    let published_at = Journal::load(&target.object_store(), &run_id)
+                        .await?
+                        .and_then(|j| j.published_version);
+                    let touched = match published_at {
+                        Some(version) => {
+                            range_touched_after(&target, version, &range, read_version).await?
+                        }
+                        None => false,
+                    };
+                    if touched {
+                        (false, sequence + 1)
+                    } else {
+                        (true, sequence)
+                    }
+                }
+            };
         let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let rules = ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
 
@@ -329,6 +352,7 @@ impl PlanBuilder {
             reason,
             allow_spill: self.allow_spill_drop.then(|| "drop".to_string()),
             already_published,
+            publish_sequence,
         };
         Ok(BackfillPlan {
             report,
@@ -419,8 +443,10 @@ pub struct PlanReport {
     pub reason: Option<String>,
     /// `"drop"` when rows outside the range are dropped on purpose.
     pub allow_spill: Option<String>,
-    /// Whether the target already holds this run's commit.
+    /// Whether the target already holds this run's commit, with no later change to the range.
     pub already_published: bool,
+    /// Which publish of this run id a backfill would make (1 unless it re-applies the run).
+    pub publish_sequence: u64,
 }
 
 /// Current state of one affected partition, from the Delta log.

@@ -26,8 +26,9 @@ pub(crate) fn app_id(run_id: &str) -> String {
     format!("{APP_ID_PREFIX}{run_id}")
 }
 
-/// Returns whether `table` (at whatever version it is loaded) holds the commit of `run_id`.
-pub(crate) async fn is_published(table: &DeltaTable, run_id: &str) -> Result<bool> {
+/// Returns the highest publish sequence of `run_id` recorded in `table` (at whatever version it
+/// is loaded), if the run was ever published.
+pub(crate) async fn published_sequence(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
     let snapshot = table
         .snapshot()
         .delta_context(|| "cannot read the table's snapshot".into())?;
@@ -35,7 +36,7 @@ pub(crate) async fn is_published(table: &DeltaTable, run_id: &str) -> Result<boo
         .transaction_version(table.log_store().as_ref(), &app_id(run_id))
         .await
         .delta_context(|| "cannot read the table's application transactions".into())?
-        .is_some())
+        .map(|v| u64::try_from(v).unwrap_or(0)))
 }
 
 /// The commit metadata of a run (DESIGN §4.4).
@@ -108,7 +109,10 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             ("lakefill".to_string(), metadata),
             ("userMetadata".to_string(), Value::String(user_metadata)),
         ])
-        .with_application_transaction(Transaction::new(app_id(&journal.run_id), 1));
+        .with_application_transaction(Transaction::new(
+            app_id(&journal.run_id),
+            i64::try_from(journal.sequence).unwrap_or(i64::MAX),
+        ));
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
         .build(

@@ -12,7 +12,7 @@ use crate::config::{Project, TableConfig};
 use crate::error::{Error, Result};
 use crate::journal::{Journal, RunState};
 use crate::partition::PartitionRange;
-use crate::publish::is_published;
+use crate::publish::published_sequence;
 use crate::storage::open_table;
 
 /// One line of `lakefill runs`.
@@ -150,7 +150,10 @@ pub async fn publish_run(
         journal.forced = force_reason;
     }
     // A publish retried after an ambiguous failure: the commit is already there.
-    if is_published(&latest, run_id).await? {
+    if published_sequence(&latest, run_id)
+        .await?
+        .is_some_and(|s| s >= journal.sequence)
+    {
         journal.state = RunState::Published;
         journal.save(&store).await?;
         return Ok(RunReport::from_journal(

@@ -102,8 +102,23 @@ pub struct Samples {
     pub changed: Vec<Value>,
 }
 
-/// Row counts per partition of one side, when known without a scan (from the log or staging).
-pub(crate) type KnownCounts = Option<BTreeMap<String, u64>>;
+/// What is known of one side without a scan: rows per partition (from the log or staging) and,
+/// when staging computed them, measure sums per partition.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownSide {
+    pub(crate) rows: BTreeMap<String, u64>,
+    pub(crate) sums: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+}
+
+impl KnownSide {
+    /// Row counts only; measures, if any, need a scan.
+    pub(crate) fn rows(rows: BTreeMap<String, u64>) -> Self {
+        Self { rows, sums: None }
+    }
+}
+
+/// One side's known aggregates, if any.
+pub(crate) type KnownCounts = Option<KnownSide>;
 
 /// Compares `previous` with `output` in `ctx`.
 pub(crate) async fn compare(
@@ -112,8 +127,13 @@ pub(crate) async fn compare(
     old_counts: KnownCounts,
     new_counts: KnownCounts,
 ) -> Result<Comparison> {
+    let started = std::time::Instant::now();
     let old = side_aggregates(ctx, "previous", spec, old_counts).await?;
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;
+    tracing::debug!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "aggregated old and new rows"
+    );
     let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
     for (value, (rows, sums)) in &old {
         let entry = partitions
@@ -142,7 +162,12 @@ pub(crate) async fn compare(
 
     let mut samples = Samples::default();
     if !spec.key.is_empty() {
+        let started = std::time::Instant::now();
         let diff = row_diff(ctx, spec).await?;
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compared rows by key"
+        );
         for (value, counts) in diff.counts {
             let entry = partitions
                 .entry(value.clone())
@@ -201,12 +226,26 @@ async fn side_aggregates(
     spec: &CompareSpec,
     known: KnownCounts,
 ) -> Result<SideAggregates> {
-    if spec.measures.is_empty()
-        && let Some(known) = known
+    if let Some(known) = known
+        && (spec.measures.is_empty() || known.sums.is_some())
     {
+        let sums = known.sums.unwrap_or_default();
         return Ok(known
+            .rows
             .into_iter()
-            .map(|(p, n)| (p, (n, BTreeMap::new())))
+            .map(|(p, n)| {
+                let measures = spec
+                    .measures
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.clone(),
+                            sums.get(&p).and_then(|s| s.get(m)).copied().unwrap_or(0.0),
+                        )
+                    })
+                    .collect();
+                (p, (n, measures))
+            })
             .collect());
     }
     let mut select = vec![
@@ -608,8 +647,14 @@ pub(crate) async fn validate(
     let mut checks = extra_checks;
 
     if !rules.key.is_empty() {
-        checks.push(key_unique(ctx, &rules.key, sample).await?);
-        checks.push(key_not_null(ctx, &rules.key, sample).await?);
+        let started = std::time::Instant::now();
+        let (unique, not_null) = key_checks(ctx, &rules.key, sample).await?;
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checked keys"
+        );
+        checks.push(unique);
+        checks.push(not_null);
     }
     if let Some(limit) = rules.max_row_change {
         let failures = comparison
@@ -686,36 +731,65 @@ pub(crate) async fn validate(
     })
 }
 
-async fn key_unique(ctx: &SessionContext, key: &[String], sample: usize) -> Result<CheckResult> {
+/// Key uniqueness and NOT NULL keys of the new rows, in one aggregation.
+async fn key_checks(
+    ctx: &SessionContext,
+    key: &[String],
+    sample: usize,
+) -> Result<(CheckResult, CheckResult)> {
     let columns = key.iter().map(|k| ident(k)).collect::<Vec<_>>().join(", ");
-    let sql = format!(
-        "SELECT {columns}, COUNT(*) AS copies FROM output GROUP BY {columns} HAVING COUNT(*) > 1"
-    );
-    let (groups, sample_rows) = count_and_sample(ctx, &sql, sample, "key uniqueness").await?;
-    let failures = if groups > 0 {
-        vec![
-            json!({"duplicate_keys": groups, "message": format!("{groups} keys occur more than once in the new rows")}),
-        ]
-    } else {
-        Vec::new()
-    };
-    Ok(CheckResult::new("key_unique", failures, sample_rows))
-}
-
-async fn key_not_null(ctx: &SessionContext, key: &[String], sample: usize) -> Result<CheckResult> {
-    let condition = key
+    let any_null = key
         .iter()
         .map(|k| format!("{} IS NULL", ident(k)))
         .collect::<Vec<_>>()
         .join(" OR ");
-    let sql = format!("SELECT * FROM output WHERE {condition}");
-    let (rows, sample_rows) = count_and_sample(ctx, &sql, sample, "NOT NULL keys").await?;
-    let failures = if rows > 0 {
-        vec![json!({"rows": rows, "message": format!("{rows} new rows have a NULL key column")})]
+    let sql = format!(
+        "SELECT {columns}, COUNT(*) AS copies, ({any_null}) AS __lf_null FROM output \
+         GROUP BY {columns} HAVING COUNT(*) > 1 OR ({any_null})"
+    );
+    let mut stream = run(ctx, &sql, "check keys").await?;
+    let (mut duplicate_keys, mut null_rows) = (0u64, 0u64);
+    let (mut duplicate_sample, mut null_sample) = (Vec::new(), Vec::new());
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| "key checks failed".into())?;
+        let copies = batch.column(key.len()).as_primitive::<Int64Type>();
+        let nulls = batch.column(key.len() + 1).as_boolean();
+        let shown = batch
+            .project(&(0..=key.len()).collect::<Vec<_>>())
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let rows = batch_to_json(&shown, batch.num_rows())?;
+        for (row, value) in rows.into_iter().enumerate() {
+            if nulls.value(row) {
+                null_rows += u64::try_from(copies.value(row)).unwrap_or(0);
+                if null_sample.len() < sample {
+                    null_sample.push(value);
+                }
+            } else {
+                duplicate_keys += 1;
+                if duplicate_sample.len() < sample {
+                    duplicate_sample.push(value);
+                }
+            }
+        }
+    }
+    let unique = if duplicate_keys > 0 {
+        vec![
+            json!({"duplicate_keys": duplicate_keys, "message": format!("{duplicate_keys} keys occur more than once in the new rows")}),
+        ]
     } else {
         Vec::new()
     };
-    Ok(CheckResult::new("key_not_null", failures, sample_rows))
+    let not_null = if null_rows > 0 {
+        vec![
+            json!({"rows": null_rows, "message": format!("{null_rows} new rows have a NULL key column")}),
+        ]
+    } else {
+        Vec::new()
+    };
+    Ok((
+        CheckResult::new("key_unique", unique, duplicate_sample),
+        CheckResult::new("key_not_null", not_null, null_sample),
+    ))
 }
 
 /// Streams `sql`, counting its rows and keeping the first `sample` as JSON objects.

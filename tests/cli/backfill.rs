@@ -502,3 +502,40 @@ fn sources_are_read_only_inside_the_batch_window() {
     assert!(stderr(&out).contains("error: "), "{}", stderr(&out));
     assert_eq!(lake.version("events"), before);
 }
+
+#[test]
+fn a_published_run_reapplies_only_after_its_range_changed() {
+    let lake = TestLake::new();
+    let (from, to) = (lake.day(0), lake.day(9));
+    let args = |version: &str| -> Vec<String> {
+        [
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--model-version",
+            version,
+            "--output-format",
+            "json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let run = |version: &str| {
+        let args = args(version);
+        json_ok(&lake.run(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+    };
+    // The lake's history already holds events@v1 over this range: nothing to do.
+    let v1 = lake.version("events");
+    assert_eq!(run("v1")["outcome"], "already_published");
+    assert_eq!(run("v2")["published_version"], v1 + 1);
+    // v2 changed v1's range since v1 published, so v1 applies again, as a new commit.
+    let again = run("v1");
+    assert_eq!(again["outcome"], "published");
+    assert_eq!(again["published_version"], v1 + 2);
+    assert_eq!(run("v1")["outcome"], "already_published");
+    assert_eq!(lake.version("events"), v1 + 2);
+}
