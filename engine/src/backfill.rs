@@ -3,7 +3,7 @@
 //! This module sequences the phases and keeps the journal current; the phases themselves live in
 //! [`crate::execute`], [`crate::validate`] and [`crate::publish`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, QueryContext, Result};
 use crate::execute::{StageOptions, stage};
+use crate::failpoint;
+use crate::inspect::find_run_commit;
 use crate::journal::{BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
 use crate::partition::{PartitionRange, PartitionType, partition_literal};
 use crate::plan::BackfillPlan;
@@ -91,15 +93,29 @@ impl BackfillBuilder {
         let started = Instant::now();
 
         if report.already_published {
-            let journal = Journal::load(&store, &report.run_id).await?;
+            let mut journal = Journal::load(&store, &report.run_id).await?;
+            // A crash between the commit and the journal update left the journal behind.
+            if let Some(journal) = journal.as_mut()
+                && journal.state != RunState::Published
+            {
+                journal.state = RunState::Published;
+                journal.published_version = find_run_commit(&plan.target, &report.run_id).await?;
+                journal.error = None;
+                journal.save(&store).await?;
+            }
             tracing::info!(run_id = %report.run_id, "run already published");
             return Ok(RunReport::already_published(plan, journal.as_ref()));
         }
-        // A previous attempt of this run that never published: its staged files are garbage now.
-        if let Some(previous) = Journal::load(&store, &report.run_id).await?
-            && previous.state != RunState::Published
-        {
-            delete_staged(&store, &previous).await;
+        failpoint::hit("after-plan");
+        // A previous attempt of this run that did not publish: resume from its finished batches.
+        let resumed = match Journal::load(&store, &report.run_id).await? {
+            Some(previous) if previous.state != RunState::Published => {
+                reusable_batches(plan, &store, previous).await?
+            }
+            _ => Vec::new(),
+        };
+        if !resumed.is_empty() {
+            tracing::info!(run_id = %report.run_id, batches = resumed.len(), "resuming after finished batches");
         }
 
         let mut journal = Journal {
@@ -137,16 +153,25 @@ impl BackfillBuilder {
             .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
             .unwrap_or(1);
         let options = StageOptions { max_parallel };
-        let mut finished: Vec<BatchRecord> = Vec::new();
-        let result = stage(plan, &options, |record| {
-            finished.push(record);
-            async { Ok(()) }
-        })
-        .await;
-        finished.sort_by_key(|b| b.index);
-        journal.batches = finished;
-        if let Err(error) = result {
-            fail(&mut journal, &store, &error, true).await;
+        let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
+        let resumed_batches = resumed.len();
+        journal.batches = resumed;
+        journal.save(&store).await?;
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
+        let staging = stage(plan, &options, &skip, sender);
+        let journaling = async {
+            while let Some(record) = receiver.recv().await {
+                journal.batches.push(record);
+                journal.batches.sort_by_key(|b| b.index);
+                journal.save(&store).await?;
+                failpoint::hit("mid-stage");
+            }
+            Ok::<(), Error>(())
+        };
+        let (staged, journaled) = tokio::join!(staging, journaling);
+        if let Err(error) = staged.and(journaled) {
+            // Finished batches stay staged and journaled: running the same command resumes.
+            fail(&mut journal, &store, &error, false).await;
             return Err(error);
         }
         let stage_ms = started.elapsed().as_millis() as u64;
@@ -179,6 +204,7 @@ impl BackfillBuilder {
         journal.partitions = partition_changes(plan, &journal.batches);
         journal.state = RunState::Staged;
         journal.save(&store).await?;
+        failpoint::hit("after-stage");
 
         // Validate: old rows at the read version against the staged rows.
         let validate_started = Instant::now();
@@ -214,51 +240,103 @@ impl BackfillBuilder {
         let passed = validation["passed"].as_bool().unwrap_or(false);
         journal.validation = Some(validation);
 
-        if !passed && self.force_reason.is_none() {
+        let outcome = if !passed && self.force_reason.is_none() {
             journal.state = RunState::FailedValidation;
             journal.save(&store).await?;
-            return Ok(RunReport::from_journal(
-                &journal,
-                Outcome::ValidationFailed,
-                Timings {
-                    stage_ms,
-                    validate_ms,
-                    publish_ms: 0,
-                    total_ms: started.elapsed().as_millis() as u64,
-                },
-            ));
-        }
-        if !passed {
-            journal.forced = self.force_reason.clone();
-        }
-        if self.stage_only {
-            journal.save(&store).await?;
-            return Ok(RunReport::from_journal(
-                &journal,
-                Outcome::Staged,
-                Timings {
-                    stage_ms,
-                    validate_ms,
-                    publish_ms: 0,
-                    total_ms: started.elapsed().as_millis() as u64,
-                },
-            ));
-        }
-
-        let publish_started = Instant::now();
-        publish_journal(&plan.target, &mut journal, &store).await?;
-        tracing::info!(run_id = %report.run_id, version = ?journal.published_version, "published");
-        Ok(RunReport::from_journal(
+            Outcome::ValidationFailed
+        } else {
+            if !passed {
+                journal.forced = self.force_reason.clone();
+            }
+            if self.stage_only {
+                journal.save(&store).await?;
+                Outcome::Staged
+            } else {
+                publish_journal(&plan.target, &mut journal, &store).await?;
+                tracing::info!(run_id = %report.run_id, version = ?journal.published_version, "published");
+                Outcome::Published
+            }
+        };
+        let total_ms = started.elapsed().as_millis() as u64;
+        let mut run = RunReport::from_journal(
             &journal,
-            Outcome::Published,
+            outcome,
             Timings {
                 stage_ms,
                 validate_ms,
-                publish_ms: publish_started.elapsed().as_millis() as u64,
-                total_ms: started.elapsed().as_millis() as u64,
+                publish_ms: total_ms.saturating_sub(stage_ms + validate_ms),
+                total_ms,
             },
-        ))
+        );
+        run.resumed_batches = resumed_batches;
+        Ok(run)
     }
+}
+
+/// The finished batches of an earlier attempt of this run that can be kept. Everything else the
+/// attempt staged is deleted: batches whose files are gone, and files of unfinished batches.
+async fn reusable_batches(
+    plan: &BackfillPlan,
+    store: &Arc<dyn ObjectStore>,
+    previous: Journal,
+) -> Result<Vec<BatchRecord>> {
+    let report = &plan.report;
+    let reads_target = report.sources.iter().any(|s| s.reads_target);
+    // Output depends on the pinned sources (part of the run id) and, for a model reading its own
+    // target, on the read version.
+    let compatible = previous.state != RunState::Discarded
+        && previous.sequence == report.publish_sequence
+        && (!reads_target || previous.read_version == report.read_version);
+    let mut kept = Vec::new();
+    let mut dropped = previous.clone();
+    dropped.batches.clear();
+    for batch in previous.batches {
+        let same_batch = report
+            .batches
+            .iter()
+            .any(|b| b.index == batch.index && b.start == batch.start && b.end == batch.end);
+        let mut complete = compatible && same_batch;
+        if complete {
+            for add in &batch.files {
+                if store
+                    .head(&deltalake::Path::from(add.path.as_str()))
+                    .await
+                    .is_err()
+                {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        if complete {
+            kept.push(batch);
+        } else {
+            dropped.batches.push(batch);
+        }
+    }
+    delete_staged(store, &dropped).await;
+    // Files of batches that never finished are in the run's staging directories but not in the
+    // journal.
+    let known: BTreeSet<String> = kept
+        .iter()
+        .flat_map(|b| b.files.iter().map(|a| a.path.clone()))
+        .collect();
+    for partition in &report.partitions {
+        let prefix = deltalake::Path::from(format!(
+            "{}/lakefill-{}",
+            crate::partition::hive_directory(&report.partition_column, &partition.value),
+            report.run_id
+        ));
+        let listed: Vec<_> = futures::TryStreamExt::try_collect(store.list(Some(&prefix)))
+            .await
+            .unwrap_or_default();
+        for object in listed {
+            if !known.contains(object.location.as_ref()) {
+                let _ = store.delete(&object.location).await;
+            }
+        }
+    }
+    Ok(kept)
 }
 
 impl IntoFuture for BackfillBuilder {
@@ -277,8 +355,10 @@ pub(crate) async fn publish_journal(
     journal: &mut Journal,
     store: &Arc<dyn ObjectStore>,
 ) -> Result<()> {
+    failpoint::hit("before-commit");
     match commit(target_at_read_version, journal).await {
         Ok(version) => {
+            failpoint::hit("after-commit");
             journal.state = RunState::Published;
             journal.published_version = Some(version);
             journal.error = None;
@@ -511,6 +591,8 @@ pub struct RunReport {
     pub bytes_written: u64,
     /// Rows for partitions outside the range that were dropped (`--allow-spill drop`).
     pub spill_dropped: u64,
+    /// Batches taken over from an earlier, interrupted attempt of the same run.
+    pub resumed_batches: usize,
     /// The validation report (`passed`, each check with its numbers, the comparison).
     pub validation: Option<Value>,
     /// The reason validation was overridden, if it was.
@@ -583,6 +665,7 @@ impl RunReport {
             files_written: files().count() as u64,
             bytes_written: files().map(|a| u64::try_from(a.size).unwrap_or(0)).sum(),
             spill_dropped: journal.spill_dropped,
+            resumed_batches: 0,
             validation: journal.validation.clone(),
             forced: journal.forced.clone(),
             timings,
@@ -610,6 +693,7 @@ impl RunReport {
             files_written: 0,
             bytes_written: 0,
             spill_dropped: 0,
+            resumed_batches: 0,
             validation: None,
             forced: None,
             timings: Timings::default(),

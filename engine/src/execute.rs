@@ -8,7 +8,7 @@
 //! [`crate::publish`] commits them. Nothing is collected in memory: a writer holds at most one
 //! row group per open partition, and a batch has at most `batch_partitions` partitions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use delta_kernel::expressions::Scalar;
@@ -46,19 +46,16 @@ pub(crate) struct StageOptions {
     pub(crate) max_parallel: usize,
 }
 
-/// Checks the model's output schema against the target, then stages every batch.
+/// Checks the model's output schema against the target, then stages every batch not in `skip`.
 ///
-/// `on_batch` is called, in completion order, with each finished batch so the caller can journal
-/// it before the next one finishes.
-pub(crate) async fn stage<F, Fut>(
+/// Each finished batch is sent to `finished`, in completion order, so the caller can journal it
+/// before more finish; the channel's bound keeps staging from running far ahead of the journal.
+pub(crate) async fn stage(
     plan: &BackfillPlan,
     options: &StageOptions,
-    mut on_batch: F,
-) -> Result<()>
-where
-    F: FnMut(BatchRecord) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
+    skip: &BTreeSet<usize>,
+    finished: tokio::sync::mpsc::Sender<BatchRecord>,
+) -> Result<()> {
     let target_schema = target_schema(plan)?;
     // The schema is a property of the SQL, not of the batch: check it once, before writing.
     if let Some(first) = plan.report.batches.first() {
@@ -66,15 +63,25 @@ where
         check_schema(plan, df.schema().as_arrow(), &target_schema)?;
     }
     let target_schema = Arc::new(target_schema);
+    let pending: Vec<BatchPlan> = plan
+        .report
+        .batches
+        .iter()
+        .filter(|b| !skip.contains(&b.index))
+        .cloned()
+        .collect();
     // Owned batches keep the stream's future `Send` (borrowed items trip higher-ranked lifetimes).
-    let mut finished = futures::stream::iter(plan.report.batches.clone())
+    let mut staged = futures::stream::iter(pending)
         .map(|batch| {
             let schema = Arc::clone(&target_schema);
             async move { stage_batch(plan, &batch, schema).await }
         })
         .buffer_unordered(options.max_parallel.max(1));
-    while let Some(record) = finished.try_next().await? {
-        on_batch(record).await?;
+    while let Some(record) = staged.try_next().await? {
+        if finished.send(record).await.is_err() {
+            // The journal stopped listening: it failed, and reports why.
+            break;
+        }
     }
     Ok(())
 }

@@ -106,6 +106,21 @@ async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>>
     Ok(Some(commit))
 }
 
+/// Finds the newest version whose commit was made by `run_id`.
+pub(crate) async fn find_run_commit(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
+    let latest = loaded_version(table)?;
+    for version in (0..=latest).rev() {
+        match read_commit(table, version).await? {
+            Some(commit) if commit.info["lakefill"]["run_id"].as_str() == Some(run_id) => {
+                return Ok(Some(version));
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    Ok(None)
+}
+
 /// Returns whether a commit after `after` (up to `until`) added or removed files in `range`.
 pub(crate) async fn range_touched_after(
     table: &DeltaTable,

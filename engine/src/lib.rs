@@ -28,6 +28,7 @@ mod backfill;
 mod config;
 mod error;
 mod execute;
+mod failpoint;
 mod inspect;
 mod journal;
 mod model;

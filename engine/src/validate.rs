@@ -644,6 +644,7 @@ pub(crate) async fn validate(
         sample,
     };
     let comparison = compare(ctx, &spec, old_counts, new_counts).await?;
+    crate::failpoint::hit("mid-validate");
     let mut checks = extra_checks;
 
     if !rules.key.is_empty() {

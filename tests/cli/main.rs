@@ -7,6 +7,7 @@
 
 mod backfill;
 mod errors;
+mod faults;
 mod inspect;
 mod support;
 mod validation;

@@ -178,3 +178,17 @@ pub(crate) fn json_ok(output: &Output) -> serde_json::Value {
     );
     serde_json::from_slice(&output.stdout).expect("stdout is one JSON document")
 }
+
+/// Every file below `dir`, as full paths.
+pub(crate) fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path.display().to_string());
+        }
+    }
+    out
+}

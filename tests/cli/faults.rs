@@ -1,0 +1,285 @@
+//! Crashes at every phase, a SIGKILL mid-staging, and concurrent lakefill runs: readers see the
+//! old or the new version, never a mix, and running the same command again converges.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lakefill_fixtures::DemoLake;
+
+use crate::support::{TestLake, json_ok, runtime, stderr};
+
+const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, CAST(amount_cents AS VARCHAR) \
+                    FROM events ORDER BY 1, 2";
+
+fn rows(lake: &TestLake) -> Vec<Vec<String>> {
+    lake.query(&[("events", lake.open("events"))], ROWS)
+}
+
+fn backfill_args(lake: &TestLake) -> Vec<String> {
+    [
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(1),
+        "--to",
+        &lake.day(8),
+        "--batch-partitions",
+        "2",
+        "--max-parallel",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn lakefill(lake: &TestLake, args: &[String], failpoint: Option<&str>) -> std::process::Output {
+    let mut command = Command::new(assert_cmd::cargo::cargo_bin("lakefill"));
+    command.current_dir(lake.path()).args(args);
+    match failpoint {
+        Some(point) => command.env("LAKEFILL_FAILPOINTS", point),
+        None => command.env_remove("LAKEFILL_FAILPOINTS"),
+    };
+    command.output().expect("run lakefill")
+}
+
+#[test]
+fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges() {
+    // The uninterrupted result, on an identical lake.
+    let reference = TestLake::new();
+    let old_rows = rows(&reference);
+    let out = lakefill(&reference, &backfill_args(&reference), None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let new_rows = rows(&reference);
+    assert_ne!(old_rows, new_rows);
+
+    for point in [
+        "after-plan",
+        "mid-stage",
+        "after-stage",
+        "mid-validate",
+        "before-commit",
+        "after-commit",
+    ] {
+        let lake = TestLake::new();
+        let before = lake.version("events");
+        let crashed = lakefill(&lake, &backfill_args(&lake), Some(point));
+        assert!(!crashed.status.success(), "{point}: the process must die");
+        assert!(
+            stderr(&crashed).contains(point),
+            "{point}: {}",
+            stderr(&crashed)
+        );
+
+        // Readers see one version or the other, whole.
+        let seen = rows(&lake);
+        if point == "after-commit" {
+            assert_eq!(lake.version("events"), before + 1, "{point}");
+            assert!(seen == new_rows, "{point}: the new version is complete");
+        } else {
+            assert_eq!(lake.version("events"), before, "{point}");
+            assert!(seen == old_rows, "{point}: the old version is untouched");
+        }
+
+        // The same command again finishes the job, exactly once.
+        let mut args = backfill_args(&lake);
+        args.extend(["--output-format".into(), "json".into()]);
+        let report = json_ok(&lakefill(&lake, &args, None));
+        assert_eq!(
+            lake.version("events"),
+            before + 1,
+            "{point}: one commit in all"
+        );
+        assert!(
+            rows(&lake) == new_rows,
+            "{point}: converges to the uninterrupted result"
+        );
+        if point == "after-commit" {
+            assert_eq!(report["outcome"], "already_published", "{point}");
+        } else {
+            assert_eq!(report["outcome"], "published", "{point}");
+        }
+        if point == "mid-stage" {
+            assert_eq!(
+                report["resumed_batches"], 1,
+                "{point}: the journaled batch is kept"
+            );
+        }
+        let runs = json_ok(&lakefill(
+            &lake,
+            &[
+                "runs".into(),
+                "events".into(),
+                "--output-format".into(),
+                "json".into(),
+            ],
+            None,
+        ));
+        let run = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == report["run_id"])
+            .unwrap();
+        assert_eq!(run["state"], "published", "{point}");
+        assert_eq!(run["published_version"], before + 1, "{point}");
+        // No staged file is left behind that no version references.
+        let referenced: std::collections::BTreeSet<String> = lake
+            .files("events")
+            .values()
+            .flat_map(|f| f.keys().cloned())
+            .collect();
+        let run_dir = format!("lakefill-{}", report["run_id"].as_str().unwrap());
+        for staged in crate::support::files_under(&lake.table_path("events"))
+            .into_iter()
+            .filter(|p| p.contains(&run_dir))
+        {
+            let relative = staged
+                .strip_prefix(&format!("{}/", lake.table_path("events").display()))
+                .unwrap()
+                .to_string();
+            assert!(referenced.contains(&relative), "{point}: orphan {relative}");
+        }
+    }
+}
+
+#[test]
+fn sigkill_during_staging_then_resume() {
+    let lake_of = || {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = DemoLake {
+            days: 40,
+            events_per_day: 2_000,
+            days_per_commit: 10,
+            ..DemoLake::default()
+        };
+        runtime().block_on(lake.create(dir.path())).unwrap();
+        TestLake { dir, lake }
+    };
+    let lake = lake_of();
+    let reference = lake_of();
+    let args: Vec<String> = [
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(0),
+        "--to",
+        &lake.day(39),
+        "--batch-partitions",
+        "1",
+        "--max-parallel",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = lakefill(&reference, &args, None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let before = lake.version("events");
+
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("lakefill"))
+        .current_dir(lake.path())
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the journal holds a few finished batches, then kill without warning.
+    let runs = lake.table_path("events").join("_lakefill/runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut journaled = 0;
+    while Instant::now() < deadline {
+        journaled = std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("events-v2-"))
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .map(|j| j["batches"].as_array().map_or(0, Vec::len))
+            .max()
+            .unwrap_or(0);
+        if journaled >= 3 || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "killed before it finished (journaled {journaled} batches)"
+    );
+    assert!(
+        journaled >= 3,
+        "the journal recorded batches before the kill"
+    );
+    assert_eq!(lake.version("events"), before, "nothing published");
+
+    let mut resume = args.clone();
+    resume.extend(["--output-format".into(), "json".into()]);
+    let report = json_ok(&lakefill(&lake, &resume, None));
+    let resumed = report["resumed_batches"].as_u64().unwrap();
+    assert!(
+        resumed >= 3,
+        "resumed after the finished batches: {resumed}"
+    );
+    assert!(resumed < 40);
+    assert_eq!(lake.version("events"), before + 1);
+    assert!(
+        rows(&lake) == rows(&reference),
+        "same table as an uninterrupted run"
+    );
+}
+
+#[test]
+fn overlapping_runs_one_publishes_the_other_conflicts() {
+    let lake = TestLake::new();
+    let v2 = std::fs::read_to_string(lake.path().join("sql/events/v2.sql")).unwrap();
+    std::fs::write(
+        lake.path().join("sql/events/v3.sql"),
+        v2 + "-- v3: same logic, another version\n",
+    )
+    .unwrap();
+    let stage = |version: &str, from: u64, to: u64| {
+        let report = json_ok(&lake.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &lake.day(from),
+            "--to",
+            &lake.day(to),
+            "--model-version",
+            version,
+            "--stage-only",
+            "--output-format",
+            "json",
+        ]));
+        report["run_id"].as_str().unwrap().to_string()
+    };
+    let first = stage("v2", 2, 5);
+    let second = stage("v3", 4, 7);
+    let before = lake.version("events");
+    let out = lake.run(&["publish", &first]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = lake.run(&["publish", &second]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(
+        lake.version("events"),
+        before + 1,
+        "only the first run published"
+    );
+    // Once its input moved, the second run stages again from the new version and publishes.
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(4),
+        "--to",
+        &lake.day(7),
+        "--model-version",
+        "v3",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(lake.version("events"), before + 2);
+}
