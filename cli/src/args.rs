@@ -63,6 +63,8 @@ pub(crate) enum Command {
     Blame(BlameArgs),
     /// Run a read-only query over the project's tables; `"events@12"` reads version 12.
     Sql(SqlArgs),
+    /// Delete staged files of failed, discarded and abandoned runs (never a file a version uses).
+    Gc(GcArgs),
 }
 
 #[derive(Debug, Args)]
@@ -207,4 +209,16 @@ pub(crate) struct SqlArgs {
     /// Rows to print at most.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub(crate) max_rows: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GcArgs {
+    /// The table.
+    pub(crate) table: String,
+    /// List what would be deleted; delete nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// A staging or staged run is abandoned when its journal is older than this (`30m`, `24h`, `7d`).
+    #[arg(long, value_name = "DURATION", default_value = "24h")]
+    pub(crate) older_than: String,
 }

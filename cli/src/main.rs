@@ -58,6 +58,7 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::History(args) => commands::inspect::history(&cli.global, args, printer).await,
         Command::Blame(args) => commands::inspect::blame(&cli.global, args, printer).await,
         Command::Sql(args) => commands::inspect::sql(&cli.global, args, printer).await,
+        Command::Gc(args) => commands::runs::gc(&cli.global, args, printer).await,
     }
 }
 
@@ -78,7 +79,8 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
-        0 => "warn",
+        // The Delta kernel logs every error it creates; lakefill reports the ones that matter.
+        0 => "warn,delta_kernel=off,buoyant_kernel=off",
         1 => "warn,lakefill=debug",
         _ => "info,lakefill=trace",
     };

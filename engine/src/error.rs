@@ -158,6 +158,17 @@ pub enum Error {
         /// The smallest range (from, to) that holds every produced row.
         suggested: Box<(String, String)>,
     },
+    /// Writing a staged file failed.
+    #[error("cannot write staged files for partition `{partition}` of `{table}`")]
+    StagingWrite {
+        /// The target table.
+        table: String,
+        /// The partition being written.
+        partition: String,
+        /// delta-rs's error.
+        #[source]
+        source: Box<DeltaTableError>,
+    },
     /// Another writer committed into an affected partition after the read version.
     #[error(
         "`{table}` changed in the backfill range after version {read_version}; nothing was published"
@@ -272,6 +283,7 @@ impl Error {
             Error::Conflict { .. } => 4,
             Error::StagedFilesMissing { .. } => 1,
             Error::ReadFile { .. }
+            | Error::StagingWrite { .. }
             | Error::NotADeltaTable { .. }
             | Error::Spill { .. }
             | Error::Delta { .. }
@@ -321,6 +333,9 @@ impl Error {
                 "widen the range to `--from {} --to {}`, filter the model's output with `$start`/`$end`, or pass `--allow-spill drop` to drop those rows on purpose",
                 suggested.0, suggested.1
             ),
+            Error::StagingWrite { .. } => {
+                "the table's storage refused a write (permissions, space, or something in the way); nothing was published; fix it and run the same command again to resume".into()
+            }
             Error::Conflict { .. } => {
                 "another writer changed the affected partitions; re-run the same command to recompute against the new version".into()
             }
@@ -338,8 +353,14 @@ impl Error {
             Error::StagedFilesMissing { run_id, .. } => format!(
                 "discard it with `lakefill discard {run_id}` and run the backfill again"
             ),
-            Error::Journal { .. } => {
-                "the run's journal is damaged; discard the run or remove the journal file".into()
+            Error::Journal { message, path } if message.contains("newer lakefill") => format!(
+                "upgrade lakefill to read `{path}`, or run with the version that wrote it"
+            ),
+            Error::Journal { path, .. } => format!(
+                "move the damaged journal `{path}` (under the table's root) out of the way and run the command again; `lakefill gc` then deletes the run's staged files"
+            ),
+            Error::Query { source, .. } if is_missing_file(&source.to_string()) => {
+                "a data file of a pinned version is gone (vacuumed?); pin a newer version with `--source-version TABLE=N`, or check the table's retention".into()
             }
             Error::Query { .. } | Error::Storage { .. } => {
                 "nothing was published and the table is unchanged; fix the cause above and run the same command again".into()
@@ -347,6 +368,12 @@ impl Error {
             Error::Delta { .. } | Error::Internal(_) => return None,
         })
     }
+}
+
+/// Whether an error message says an object was not found.
+fn is_missing_file(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("not found") || message.contains("no such file")
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -408,23 +408,22 @@ async fn stage_batch(
                     partition_writer(plan, &key, partition_column, Arc::clone(&file_schema))?,
                 ),
             };
-            writer.write(&part).await.delta_context(|| {
-                format!(
-                    "cannot stage files for partition `{}` of `{}`",
-                    key.render(),
-                    report.target
-                )
-            })?;
+            writer
+                .write(&part)
+                .await
+                .map_err(|source| Error::StagingWrite {
+                    table: report.target.clone(),
+                    partition: key.render(),
+                    source: Box::new(source),
+                })?;
         }
     }
     let mut files: Vec<Add> = Vec::new();
     for (key, writer) in writers {
-        let adds = writer.close().await.delta_context(|| {
-            format!(
-                "cannot finish staged files for partition `{}` of `{}`",
-                key.render(),
-                report.target
-            )
+        let adds = writer.close().await.map_err(|source| Error::StagingWrite {
+            table: report.target.clone(),
+            partition: key.render(),
+            source: Box::new(source),
         })?;
         files.extend(adds);
     }

@@ -29,6 +29,7 @@ mod config;
 mod error;
 mod execute;
 mod failpoint;
+mod gc;
 mod inspect;
 mod journal;
 mod model;
@@ -43,6 +44,7 @@ mod validate;
 pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, RunReport, Timings};
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
+pub use gc::{GcFile, GcReport, gc, parse_duration};
 pub use inspect::{
     BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
 };

@@ -58,6 +58,12 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
         DeltaTableError::NotATable(_) | DeltaTableError::InvalidTableLocation(_) => {
             not_a_table(source)
         }
+        DeltaTableError::KernelError(_)
+            if source.to_string().contains("Invalid table location")
+                || source.to_string().contains("No files in log segment") =>
+        {
+            not_a_table(source)
+        }
         DeltaTableError::InvalidVersion(_) => Error::InvalidOption {
             option: "version".into(),
             value: version.map(|v| v.to_string()).unwrap_or_default(),

@@ -282,3 +282,222 @@ fn walk_contains(dir: &std::path::Path, needle: &str) -> bool {
             || (path.is_dir() && walk_contains(&path, needle))
     })
 }
+
+/// A bad input prepared on a fresh lake: returns the command to run.
+type Setup = fn(&TestLake) -> Vec<String>;
+
+fn backfill(lake: &TestLake, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(4),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn run_id(lake: &TestLake) -> String {
+    let plan = crate::support::json_ok(&lake.run(&[
+        "plan",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(4),
+        "--output-format",
+        "json",
+    ]));
+    plan["run_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn faulty_inputs_are_refused_and_change_nothing() {
+    let cases: Vec<(&str, Setup, i32, &str)> = vec![
+        (
+            "corrupted parquet in a source partition",
+            |lake| {
+                let partition = lake
+                    .table_path("raw_events")
+                    .join(format!("ingest_date={}", lake.day(3)));
+                for file in std::fs::read_dir(partition).unwrap().flatten() {
+                    std::fs::write(file.path(), b"PAR1 garbage").unwrap();
+                }
+                backfill(lake, &[])
+            },
+            1,
+            "Parquet error",
+        ),
+        (
+            "a source version whose files were vacuumed",
+            |lake| {
+                // daily_revenue reads events; pin events at version 1, then vacuum it away.
+                json_ok_quiet(
+                    lake,
+                    &[
+                        "backfill",
+                        "events",
+                        "--from",
+                        &lake.day(0),
+                        "--to",
+                        &lake.day(9),
+                    ],
+                );
+                let table = lake.open("events");
+                crate::support::runtime()
+                    .block_on(async {
+                        table
+                            .vacuum()
+                            .with_retention_period(chrono::Duration::zero())
+                            .with_enforce_retention_duration(false)
+                            .await
+                    })
+                    .expect("vacuum");
+                [
+                    "backfill",
+                    "daily_revenue",
+                    "--from",
+                    &lake.day(2),
+                    "--to",
+                    &lake.day(4),
+                    "--source-version",
+                    "events=1",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+            },
+            1,
+            "vacuumed",
+        ),
+        (
+            "a target that does not exist",
+            |lake| {
+                let toml = std::fs::read_to_string(lake.path().join("lakefill.toml")).unwrap();
+                std::fs::write(
+                    lake.path().join("lakefill.toml"),
+                    toml.replace("lake/events", "lake/nowhere"),
+                )
+                .unwrap();
+                backfill(lake, &[])
+            },
+            1,
+            "is not a Delta table",
+        ),
+        (
+            "a source whose schema changed",
+            |lake| {
+                let toml = std::fs::read_to_string(lake.path().join("lakefill.toml")).unwrap();
+                // raw_events now points at a table without `amount_cents`.
+                std::fs::write(
+                    lake.path().join("lakefill.toml"),
+                    toml.replace("lake/raw_events", "lake/daily_revenue"),
+                )
+                .unwrap();
+                backfill(lake, &[])
+            },
+            2,
+            "source `raw_events` has no column `ingest_date`",
+        ),
+        (
+            "an empty range",
+            |lake| {
+                let _ = lake;
+                ["plan", "events", "--from", "", "--to", "2026-01-02"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect()
+            },
+            2,
+            "is not a date",
+        ),
+        (
+            "a write error while staging",
+            |lake| {
+                // A file where the run's staging directory must go.
+                let blocker = lake
+                    .table_path("events")
+                    .join(format!("event_date={}", lake.day(3)))
+                    .join(format!("lakefill-{}", run_id(lake)));
+                std::fs::write(blocker, b"in the way").unwrap();
+                backfill(lake, &[])
+            },
+            1,
+            "cannot write staged files for partition",
+        ),
+        (
+            "a truncated journal",
+            |lake| {
+                let journal = lake
+                    .table_path("events")
+                    .join("_lakefill/runs")
+                    .join(format!("{}.json", run_id(lake)));
+                std::fs::write(journal, b"{\"format\": 1, \"run_id\": \"ev").unwrap();
+                backfill(lake, &[])
+            },
+            1,
+            "is unreadable",
+        ),
+        (
+            "a journal written by a newer lakefill",
+            |lake| {
+                let id = run_id(lake);
+                let out = lake.run(&[
+                    "backfill",
+                    "events",
+                    "--from",
+                    &lake.day(2),
+                    "--to",
+                    &lake.day(4),
+                    "--stage-only",
+                ]);
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                let path = lake
+                    .table_path("events")
+                    .join("_lakefill/runs")
+                    .join(format!("{id}.json"));
+                let text = std::fs::read_to_string(&path).unwrap().replacen(
+                    "\"format\": 1",
+                    "\"format\": 99",
+                    1,
+                );
+                std::fs::write(path, text).unwrap();
+                vec!["publish".into(), id]
+            },
+            1,
+            "written by a newer lakefill",
+        ),
+    ];
+    for (name, setup, code, message) in cases {
+        let lake = TestLake::new();
+        let args = setup(&lake);
+        let version = lake.version("events");
+        let files = lake.files("events");
+        let revenue = lake.version("daily_revenue");
+        let out = lake.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{name}: {err}");
+        assert!(
+            err.contains(message),
+            "{name}: expected `{message}` in:\n{err}"
+        );
+        assert!(err.contains("\nhint: "), "{name}: no hint in:\n{err}");
+        assert_eq!(lake.version("events"), version, "{name}: events moved");
+        assert_eq!(lake.files("events"), files, "{name}: events files changed");
+        assert_eq!(
+            lake.version("daily_revenue"),
+            revenue,
+            "{name}: daily_revenue moved"
+        );
+    }
+}
+
+fn json_ok_quiet(lake: &TestLake, args: &[&str]) {
+    let out = lake.run(args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

@@ -8,6 +8,8 @@
 mod backfill;
 mod errors;
 mod faults;
+mod garbage;
 mod inspect;
+mod secrets;
 mod support;
 mod validation;

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::args::{DiscardArgs, GlobalArgs, PublishArgs, RunsArgs};
+use crate::args::{DiscardArgs, GcArgs, GlobalArgs, PublishArgs, RunsArgs};
 use crate::commands::backfill::finish;
 use crate::printer::{Printer, run_text};
 use crate::settings;
@@ -61,4 +61,37 @@ pub(crate) async fn discard(
     let project = settings::project(global)?;
     let run = lakefill::discard_run(&project, &args.run_id).await?;
     printer.result(&run_text(&run), &run)
+}
+
+pub(crate) async fn gc(global: &GlobalArgs, args: &GcArgs, printer: Printer) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let older_than = lakefill::parse_duration(&args.older_than)?;
+    let report = lakefill::gc(&project, &args.table, args.dry_run, older_than).await?;
+    let mut text = String::new();
+    let verb = if report.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    let _ = writeln!(
+        text,
+        "{} {verb} {} staged files ({}); kept {} that may still be published",
+        report.table,
+        report.files.len(),
+        crate::printer::bytes(report.bytes),
+        report.kept
+    );
+    for file in &report.files {
+        let _ = writeln!(
+            text,
+            "  {}  ({}, {})",
+            file.path,
+            crate::printer::bytes(file.size),
+            file.reason
+        );
+    }
+    for run in &report.runs_discarded {
+        let _ = writeln!(text, "  run {run} is now discarded");
+    }
+    printer.result(&text, &report)
 }

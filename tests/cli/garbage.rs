@@ -1,0 +1,171 @@
+//! `lakefill gc`: garbage goes, every retained version still reads.
+
+use std::process::Command;
+
+use crate::support::{TestLake, files_under, json_ok, stderr};
+
+#[test]
+fn gc_deletes_only_what_no_version_or_live_run_needs() {
+    let lake = TestLake::new();
+    let table = lake.table_path("events");
+    let root = format!("{}/", table.display());
+    let relative = |p: &str| p.strip_prefix(&root).unwrap().to_string();
+
+    // A published run replaces v1's files: those stay referenced by version 1.
+    json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(0),
+        "--to",
+        &lake.day(4),
+        "--output-format",
+        "json",
+    ]));
+    // A run that failed validation keeps its staged files.
+    let v2 = std::fs::read_to_string(lake.path().join("sql/events/v2.sql")).unwrap();
+    std::fs::write(
+        lake.path().join("sql/events/v3.sql"),
+        v2.replace("[validate]", "[validate]\nmax_row_change = \"0%\"")
+            .replace(
+                "WHERE CAST(event_ts AS DATE) BETWEEN $start AND $end",
+                "WHERE CAST(event_ts AS DATE) BETWEEN $start AND $end AND event_id % 7 <> 0",
+            ),
+    )
+    .unwrap();
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(5),
+        "--to",
+        &lake.day(6),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    // A run that crashed while staging, just now: it may still be running, so it is kept.
+    std::fs::write(
+        lake.path().join("sql/events/v4.sql"),
+        v2.clone() + "-- v4\n",
+    )
+    .unwrap();
+    let crashed = Command::new(assert_cmd::cargo::cargo_bin("lakefill"))
+        .current_dir(lake.path())
+        .args([
+            "backfill",
+            "events",
+            "--from",
+            &lake.day(7),
+            "--to",
+            &lake.day(9),
+            "--batch-partitions",
+            "1",
+            "--max-parallel",
+            "1",
+        ])
+        .env("LAKEFILL_FAILPOINTS", "mid-stage")
+        .output()
+        .unwrap();
+    assert!(!crashed.status.success());
+    // A stray file in a staging directory with no journal at all.
+    let stray = table.join(format!(
+        "event_date={}/lakefill-nobody/part-0.parquet",
+        lake.day(1)
+    ));
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::write(&stray, b"stray").unwrap();
+
+    let versions = lake.version("events");
+    let read_all = |lake: &TestLake| -> Vec<Vec<Vec<String>>> {
+        (0..=versions)
+            .map(|v| {
+                lake.query(
+                    &[("events", lake.open_version("events", v))],
+                    "SELECT COUNT(*), SUM(amount_cents) FROM events",
+                )
+            })
+            .collect()
+    };
+    let before = read_all(&lake);
+    let staged_before: Vec<String> = files_under(&table)
+        .into_iter()
+        .filter(|p| p.contains("/lakefill-"))
+        .map(|p| relative(&p))
+        .collect();
+
+    let dry = json_ok(&lake.run(&["gc", "events", "--dry-run", "--output-format", "json"]));
+    let listed: Vec<String> = dry["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        listed.iter().any(|p| p.contains("lakefill-nobody")),
+        "{listed:?}"
+    );
+    assert!(
+        listed.iter().any(|p| p.contains("lakefill-events-v3-")),
+        "failed validation: {listed:?}"
+    );
+    assert!(
+        !listed.iter().any(|p| p.contains("lakefill-events-v4-")),
+        "a recent staging run is kept: {listed:?}"
+    );
+    assert!(
+        !listed
+            .iter()
+            .any(|p| p.contains("lakefill-events-v1-") || p.contains("lakefill-events-v2-")),
+        "published files are referenced: {listed:?}"
+    );
+    assert_eq!(
+        files_under(&table)
+            .into_iter()
+            .filter(|p| p.contains("/lakefill-"))
+            .map(|p| relative(&p))
+            .collect::<Vec<_>>(),
+        staged_before,
+        "a dry run deletes nothing"
+    );
+
+    let report = json_ok(&lake.run(&["gc", "events", "--output-format", "json"]));
+    assert_eq!(report["files"], dry["files"]);
+    for path in &listed {
+        assert!(!table.join(path).exists(), "{path} deleted");
+    }
+    assert_eq!(
+        read_all(&lake),
+        before,
+        "every retained version reads the same"
+    );
+
+    // With a zero age, the crashed run counts as abandoned: its files go and it is discarded.
+    let report = json_ok(&lake.run(&[
+        "gc",
+        "events",
+        "--older-than",
+        "0s",
+        "--output-format",
+        "json",
+    ]));
+    assert!(
+        report["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["path"].as_str().unwrap().contains("lakefill-events-v4-"))
+    );
+    assert_eq!(report["runs_discarded"].as_array().unwrap().len(), 1);
+    assert!(
+        files_under(&table)
+            .iter()
+            .all(|p| !p.contains("lakefill-events-v4-") || p.contains("_lakefill"))
+    );
+    assert_eq!(read_all(&lake), before);
+    let runs = json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
+    assert!(
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["model_version"] == "v4" && r["state"] == "discarded")
+    );
+}
