@@ -104,6 +104,14 @@ fn bad_input_is_refused_and_changes_nothing() {
             message: "reads `daily_revenue`, which the header does not declare",
         },
         Case {
+            name: "a path instead of a table",
+            model: Some(leaked(format!("/*\n{HEADER}*/\nSELECT * FROM '/etc/passwd'"))),
+            project: None,
+            args: &["backfill", "events", "--from", "FROM", "--to", "TO"],
+            code: 2,
+            message: "which the header does not declare",
+        },
+        Case {
             name: "missing column",
             model: Some(leaked(format!(
                 "/*\n{HEADER}*/\nSELECT no_such_column FROM raw_events"

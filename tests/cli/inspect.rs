@@ -266,5 +266,11 @@ fn history_blame_and_sql_explain_the_demo_lake() {
             stderr(&out)
         );
     }
+    // Paths are not tables: nothing outside the project's catalog can be read.
+    for query in ["SELECT * FROM '/etc/hosts'", "SELECT * FROM \"file:///etc/hosts\""] {
+        let out = lake.run(&["sql", query]);
+        assert_eq!(out.status.code(), Some(2), "{query}: {}", stderr(&out));
+        assert!(stderr(&out).contains("unknown table"), "{query}: {}", stderr(&out));
+    }
     assert_eq!(lake.version("events"), v1 + 1);
 }
