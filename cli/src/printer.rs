@@ -134,6 +134,21 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
             source.table, source.version
         );
     }
+    if plan.storage.values().any(|options| !options.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\nstorage options (table > [storage] > environment; secrets masked)"
+        );
+        for (table, options) in &plan.storage {
+            for option in options {
+                let _ = writeln!(
+                    out,
+                    "  {:<16} {} = {}  ({})",
+                    table, option.key, option.value, option.from
+                );
+            }
+        }
+    }
     let _ = writeln!(out, "\npartitions now (from the Delta log)");
     let _ = writeln!(
         out,

@@ -20,6 +20,7 @@ pub const PROJECT_FILE: &str = "lakefill.toml";
 #[derive(Debug, Clone)]
 pub struct Project {
     root: PathBuf,
+    storage_keys: Vec<String>,
     tables: BTreeMap<String, TableConfig>,
     defaults: Defaults,
 }
@@ -31,6 +32,7 @@ pub struct TableConfig {
     url: Url,
     uri: String,
     storage_options: BTreeMap<String, String>,
+    table_storage_keys: Vec<String>,
     notify: Vec<String>,
 }
 
@@ -140,12 +142,14 @@ impl Project {
                     url,
                     uri: table.uri,
                     storage_options,
+                    table_storage_keys: table.storage.keys().cloned().collect(),
                     notify: table.notify,
                 },
             );
         }
         Ok(Self {
             root: root.to_path_buf(),
+            storage_keys: raw.storage.keys().cloned().collect(),
             tables,
             defaults: raw.defaults,
         })
@@ -159,6 +163,11 @@ impl Project {
     /// Returns the directory holding the model files.
     pub fn sql_dir(&self) -> PathBuf {
         self.root.join("sql")
+    }
+
+    /// Returns the keys set in `[storage]`.
+    pub(crate) fn storage_keys(&self) -> &[String] {
+        &self.storage_keys
     }
 
     /// Returns the `[defaults]` section.
@@ -204,6 +213,10 @@ impl TableConfig {
 
     pub(crate) fn storage_options(&self) -> &BTreeMap<String, String> {
         &self.storage_options
+    }
+
+    pub(crate) fn table_storage_keys(&self) -> &[String] {
+        &self.table_storage_keys
     }
 }
 

@@ -158,6 +158,14 @@ pub enum Error {
         /// The smallest range (from, to) that holds every produced row.
         suggested: Box<(String, String)>,
     },
+    /// The object store cannot guarantee that two writers never overwrite each other's commit.
+    #[error("refusing to commit to `{table}`: {reason}")]
+    UnsafeStore {
+        /// The table.
+        table: String,
+        /// What the probe found.
+        reason: String,
+    },
     /// Writing a staged file failed.
     #[error("cannot write staged files for partition `{partition}` of `{table}`")]
     StagingWrite {
@@ -277,7 +285,8 @@ impl Error {
             | Error::InvalidRange { .. }
             | Error::InvalidOption { .. }
             | Error::Partitioning { .. }
-            | Error::SchemaMismatch { .. } => 2,
+            | Error::SchemaMismatch { .. }
+            | Error::UnsafeStore { .. } => 2,
             Error::UnknownRun { .. } | Error::RunState { .. } => 2,
             Error::ValidationFailed { .. } => 3,
             Error::Conflict { .. } => 4,
@@ -333,6 +342,9 @@ impl Error {
                 "widen the range to `--from {} --to {}`, filter the model's output with `$start`/`$end`, or pass `--allow-spill drop` to drop those rows on purpose",
                 suggested.0, suggested.1
             ),
+            Error::UnsafeStore { .. } => {
+                "use an S3 endpoint that supports conditional writes (AWS S3, MinIO, moto) and do not set `aws_conditional_put = disabled`".into()
+            }
             Error::StagingWrite { .. } => {
                 "the table's storage refused a write (permissions, space, or something in the way); nothing was published; fix it and run the same command again to resume".into()
             }

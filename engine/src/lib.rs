@@ -56,6 +56,7 @@ pub use plan::{
     PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
 pub use runs::{RunSummary, discard_run, list_runs, publish_run};
+pub use storage::StorageOption;
 pub use validate::{
     CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,
     ValidationReport,

@@ -20,7 +20,7 @@ use crate::journal::Journal;
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{PartitionRange, PartitionType};
 use crate::publish::published_sequence;
-use crate::storage::{loaded_version, open_table};
+use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
 use crate::validate::ValidationRules;
 
 /// Default number of partitions per batch.
@@ -319,6 +319,18 @@ impl PlanBuilder {
         let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let rules = ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
 
+        let mut storage = BTreeMap::new();
+        storage.insert(
+            target_config.name().to_string(),
+            describe_options(&target_config, project.storage_keys()),
+        );
+        for source in header.sources.keys() {
+            let config = project.table(source, "the model header")?;
+            storage.insert(
+                source.clone(),
+                describe_options(config, project.storage_keys()),
+            );
+        }
         let totals = partitions.iter().fold(
             PartitionTotals {
                 files: 0,
@@ -351,6 +363,7 @@ impl PlanBuilder {
             downstream,
             reason,
             allow_spill: self.allow_spill_drop.then(|| "drop".to_string()),
+            storage,
             already_published,
             publish_sequence,
         };
@@ -443,6 +456,8 @@ pub struct PlanReport {
     pub reason: Option<String>,
     /// `"drop"` when rows outside the range are dropped on purpose.
     pub allow_spill: Option<String>,
+    /// Storage options per table (target and sources), secrets masked, with where each came from.
+    pub storage: BTreeMap<String, Vec<StorageOption>>,
     /// Whether the target already holds this run's commit, with no later change to the range.
     pub already_published: bool,
     /// Which publish of this run id a backfill would make (1 unless it re-applies the run).

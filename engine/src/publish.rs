@@ -76,6 +76,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> Value {
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the
 /// new version.
 pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64> {
+    crate::storage::ensure_conditional_writes(target, &journal.target).await?;
     let snapshot = target
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;

@@ -36,11 +36,7 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
         TableVersion::Version(v) => Some(v),
         _ => None,
     };
-    let options: HashMap<String, String> = table
-        .storage_options()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let options = effective_options(table);
     let not_a_table = |source: DeltaTableError| Error::NotADeltaTable {
         table: table.name().to_string(),
         uri: table.uri().to_string(),
@@ -74,6 +70,136 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
             source: Box::new(source),
         },
     })
+}
+
+/// Retry bounds for object stores, unless the project sets its own: a dead endpoint fails in
+/// seconds instead of retrying for minutes.
+const DEFAULT_RETRIES: [(&str, &str); 2] = [("max_retries", "3"), ("retry_timeout", "30s")];
+
+fn is_object_store(table: &TableConfig) -> bool {
+    matches!(table.url().scheme(), "s3" | "s3a")
+}
+
+/// The options passed to delta-rs: the project's (table over `[storage]`), plus bounded retries
+/// for object stores. delta-rs itself fills in `AWS_*` variables from the environment for keys
+/// that are still unset, so the environment comes last.
+fn effective_options(table: &TableConfig) -> HashMap<String, String> {
+    let mut options: HashMap<String, String> = table
+        .storage_options()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if is_object_store(table) {
+        for (key, value) in DEFAULT_RETRIES {
+            if !options.keys().any(|k| k.eq_ignore_ascii_case(key)) {
+                options.insert(key.to_string(), value.to_string());
+            }
+        }
+    }
+    options
+}
+
+/// One storage option as `plan` shows it: secret values masked, and where it came from.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StorageOption {
+    /// The option key.
+    pub key: String,
+    /// Its value, or `****` for secrets.
+    pub value: String,
+    /// `table`, `project`, `environment` or `default`.
+    pub from: String,
+}
+
+/// The storage options that apply to `table`, in precedence order (table, project `[storage]`,
+/// environment), with secret values masked.
+pub(crate) fn describe_options(table: &TableConfig, project_keys: &[String]) -> Vec<StorageOption> {
+    let show = |key: &str, value: &str| {
+        if crate::config::is_secret_option(key) {
+            "****".to_string()
+        } else {
+            value.to_string()
+        }
+    };
+    let mut out: Vec<StorageOption> = Vec::new();
+    for (key, value) in effective_options(table) {
+        let from = if table.storage_options().contains_key(&key) {
+            if project_keys.contains(&key) && !table.table_storage_keys().contains(&key) {
+                "project"
+            } else {
+                "table"
+            }
+        } else {
+            "default"
+        };
+        out.push(StorageOption {
+            value: show(&key, &value),
+            key,
+            from: from.into(),
+        });
+    }
+    if is_object_store(table) {
+        for (key, value) in std::env::vars() {
+            if key.starts_with("AWS_") && !out.iter().any(|o| o.key.eq_ignore_ascii_case(&key)) {
+                out.push(StorageOption {
+                    value: show(&key, &value),
+                    key,
+                    from: "environment".into(),
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// Refuses object stores that do not honour conditional writes: delta-rs commits with
+/// put-if-absent, and a store that ignores it lets two writers overwrite each other's commit.
+pub(crate) async fn ensure_conditional_writes(table: &DeltaTable, name: &str) -> Result<()> {
+    use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+    if !matches!(table.table_url().scheme(), "s3" | "s3a") {
+        return Ok(());
+    }
+    let store = table.object_store();
+    let path = deltalake::Path::from(format!("_lakefill/probe/{}", uuid::Uuid::new_v4()));
+    let create = || PutOptions::from(PutMode::Create);
+    let unsafe_store = |reason: String| Error::UnsafeStore {
+        table: name.to_string(),
+        reason,
+    };
+    match store
+        .put_opts(&path, PutPayload::from_static(b"1"), create())
+        .await
+    {
+        Ok(_) => {}
+        Err(deltalake::ObjectStoreError::NotImplemented { .. }) => {
+            return Err(unsafe_store(
+                "conditional writes are disabled (`aws_conditional_put`)".into(),
+            ));
+        }
+        Err(source) => {
+            return Err(Error::Storage {
+                path: path.to_string(),
+                source,
+            });
+        }
+    }
+    let second = store
+        .put_opts(&path, PutPayload::from_static(b"2"), create())
+        .await;
+    let _ = store.delete(&path).await;
+    match second {
+        Err(
+            deltalake::ObjectStoreError::AlreadyExists { .. }
+            | deltalake::ObjectStoreError::Precondition { .. },
+        ) => Ok(()),
+        Ok(_) => Err(unsafe_store(
+            "the store overwrote an existing object despite `If-None-Match: *`".into(),
+        )),
+        Err(source) => Err(Error::Storage {
+            path: path.to_string(),
+            source,
+        }),
+    }
 }
 
 /// Returns the loaded version of `table`, which every opened table has.

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::support::{TestLake, json_ok, runtime, stderr, stdout};
+use crate::support::{Store, TestLake, json_ok, runtime, stderr, stdout};
 
 /// (event_id, event_date, amount_cents) as text.
 type Row = (String, String, String);
@@ -16,9 +16,8 @@ fn to_set(rows: Vec<Vec<String>>) -> BTreeSet<Row> {
         .collect()
 }
 
-#[test]
-fn plan_reads_the_log_and_writes_nothing() {
-    let lake = TestLake::new();
+fn plan_reads_the_log_and_writes_nothing(store: Store) {
+    let lake = TestLake::on(store);
     let (from, to) = (lake.day(2), lake.day(8));
     let before = lake.version("events");
     let plan = json_ok(&lake.run(&[
@@ -71,16 +70,15 @@ fn plan_reads_the_log_and_writes_nothing() {
     assert_eq!(planned, actual);
 
     assert_eq!(lake.version("events"), before, "plan must not commit");
-    let journal = lake
-        .table_path("events")
-        .join("_lakefill/runs")
-        .join(format!("{}.json", plan["run_id"].as_str().unwrap()));
-    assert!(!journal.exists(), "plan must not write a journal");
+    let journal = format!("_lakefill/runs/{}.json", plan["run_id"].as_str().unwrap());
+    assert!(
+        !lake.objects("events").contains(&journal),
+        "plan must not write a journal"
+    );
 }
 
-#[test]
-fn events_v2_backfill_replaces_exactly_the_range() {
-    let lake = TestLake::new();
+fn events_v2_backfill_replaces_exactly_the_range(store: Store) {
+    let lake = TestLake::on(store);
     let (from, to) = (lake.day(3), lake.day(6));
     let before_version = lake.version("events");
     let before_files = lake.files("events");
@@ -228,19 +226,15 @@ fn events_v2_backfill_replaces_exactly_the_range() {
     assert_eq!(lake.files("events"), after_files);
 
     // The journal records the published run.
-    let journal_path = lake
-        .table_path("events")
-        .join("_lakefill/runs")
-        .join(format!("{}.json", report["run_id"].as_str().unwrap()));
+    let journal_path = format!("_lakefill/runs/{}.json", report["run_id"].as_str().unwrap());
     let journal: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(journal_path).unwrap()).unwrap();
+        serde_json::from_slice(&lake.object_bytes("events", &journal_path)).unwrap();
     assert_eq!(journal["state"], "published");
     assert_eq!(journal["published_version"], before_version + 1);
 }
 
-#[test]
-fn downstream_backfill_follows_corrected_events() {
-    let lake = TestLake::new();
+fn downstream_backfill_follows_corrected_events(store: Store) {
+    let lake = TestLake::on(store);
     let (from, to) = (lake.day(0), lake.day(9));
     json_ok(&lake.run(&[
         "backfill",
@@ -286,9 +280,8 @@ fn downstream_backfill_follows_corrected_events() {
     assert_eq!(events_total, raw_in_range);
 }
 
-#[test]
-fn spill_outside_the_range_fails_unless_dropped_on_purpose() {
-    let lake = TestLake::new();
+fn spill_outside_the_range_fails_unless_dropped_on_purpose(store: Store) {
+    let lake = TestLake::on(store);
     // A model that forgets to filter its output to the batch: late events of the day before
     // and early-ingested context of the day after land outside the range.
     let model = std::fs::read_to_string(lake.path().join("sql/events/v2.sql"))
@@ -312,7 +305,8 @@ fn spill_outside_the_range_fails_unless_dropped_on_purpose() {
     );
     assert!(err.contains("hint:"), "{err}");
     assert_eq!(lake.version("events"), before, "nothing published");
-    let staged: Vec<_> = walk(&lake.table_path("events"))
+    let staged: Vec<_> = lake
+        .objects("events")
         .into_iter()
         .filter(|p| p.contains("lakefill-events-v3"))
         .collect();
@@ -351,9 +345,8 @@ fn spill_outside_the_range_fails_unless_dropped_on_purpose() {
     assert_eq!(sum, spilled);
 }
 
-#[test]
-fn partitions_the_model_leaves_empty_end_up_empty() {
-    let lake = TestLake::new();
+fn partitions_the_model_leaves_empty_end_up_empty(store: Store) {
+    let lake = TestLake::on(store);
     let day = lake.day(4);
     let model = std::fs::read_to_string(lake.path().join("sql/events/v2.sql"))
         .unwrap()
@@ -384,22 +377,8 @@ fn partitions_the_model_leaves_empty_end_up_empty() {
     assert!(lake.files("events").contains_key(&lake.day(3)));
 }
 
-fn walk(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path.display().to_string());
-        }
-    }
-    out
-}
-
-#[test]
-fn a_model_reading_its_own_target_applies_once() {
-    let lake = TestLake::new();
+fn a_model_reading_its_own_target_applies_once(store: Store) {
+    let lake = TestLake::on(store);
     std::fs::create_dir_all(lake.path().join("sql/events_cents")).unwrap();
     std::fs::write(
         lake.path().join("sql/events_cents/v1.sql"),
@@ -503,9 +482,8 @@ fn sources_are_read_only_inside_the_batch_window() {
     assert_eq!(lake.version("events"), before);
 }
 
-#[test]
-fn a_published_run_reapplies_only_after_its_range_changed() {
-    let lake = TestLake::new();
+fn a_published_run_reapplies_only_after_its_range_changed(store: Store) {
+    let lake = TestLake::on(store);
     let (from, to) = (lake.day(0), lake.day(9));
     let args = |version: &str| -> Vec<String> {
         [
@@ -539,3 +517,13 @@ fn a_published_run_reapplies_only_after_its_range_changed() {
     assert_eq!(run("v1")["outcome"], "already_published");
     assert_eq!(lake.version("events"), v1 + 2);
 }
+
+both_stores!(
+    plan_reads_the_log_and_writes_nothing,
+    events_v2_backfill_replaces_exactly_the_range,
+    downstream_backfill_follows_corrected_events,
+    spill_outside_the_range_fails_unless_dropped_on_purpose,
+    partitions_the_model_leaves_empty_end_up_empty,
+    a_model_reading_its_own_target_applies_once,
+    a_published_run_reapplies_only_after_its_range_changed,
+);

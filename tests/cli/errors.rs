@@ -105,7 +105,9 @@ fn bad_input_is_refused_and_changes_nothing() {
         },
         Case {
             name: "a path instead of a table",
-            model: Some(leaked(format!("/*\n{HEADER}*/\nSELECT * FROM '/etc/passwd'"))),
+            model: Some(leaked(format!(
+                "/*\n{HEADER}*/\nSELECT * FROM '/etc/passwd'"
+            ))),
             project: None,
             args: &["backfill", "events", "--from", "FROM", "--to", "TO"],
             code: 2,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lakefill_fixtures::DemoLake;
 
-use crate::support::{TestLake, json_ok, runtime, stderr};
+use crate::support::{Store, TestLake, json_ok, stderr};
 
 const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, CAST(amount_cents AS VARCHAR) \
                     FROM events ORDER BY 1, 2";
@@ -34,8 +34,8 @@ fn backfill_args(lake: &TestLake) -> Vec<String> {
 }
 
 fn lakefill(lake: &TestLake, args: &[String], failpoint: Option<&str>) -> std::process::Output {
-    let mut command = Command::new(assert_cmd::cargo::cargo_bin("lakefill"));
-    command.current_dir(lake.path()).args(args);
+    let mut command = crate::support::lakefill_command(lake.path());
+    command.args(args);
     match failpoint {
         Some(point) => command.env("LAKEFILL_FAILPOINTS", point),
         None => command.env_remove("LAKEFILL_FAILPOINTS"),
@@ -43,10 +43,9 @@ fn lakefill(lake: &TestLake, args: &[String], failpoint: Option<&str>) -> std::p
     command.output().expect("run lakefill")
 }
 
-#[test]
-fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges() {
+fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges(store: Store) {
     // The uninterrupted result, on an identical lake.
-    let reference = TestLake::new();
+    let reference = TestLake::on(store);
     let old_rows = rows(&reference);
     let out = lakefill(&reference, &backfill_args(&reference), None);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -61,7 +60,7 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges() {
         "before-commit",
         "after-commit",
     ] {
-        let lake = TestLake::new();
+        let lake = TestLake::on(store);
         let before = lake.version("events");
         let crashed = lakefill(&lake, &backfill_args(&lake), Some(point));
         assert!(!crashed.status.success(), "{point}: the process must die");
@@ -130,15 +129,12 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges() {
             .flat_map(|f| f.keys().cloned())
             .collect();
         let run_dir = format!("lakefill-{}", report["run_id"].as_str().unwrap());
-        for staged in crate::support::files_under(&lake.table_path("events"))
+        for staged in lake
+            .objects("events")
             .into_iter()
             .filter(|p| p.contains(&run_dir))
         {
-            let relative = staged
-                .strip_prefix(&format!("{}/", lake.table_path("events").display()))
-                .unwrap()
-                .to_string();
-            assert!(referenced.contains(&relative), "{point}: orphan {relative}");
+            assert!(referenced.contains(&staged), "{point}: orphan {staged}");
         }
     }
 }
@@ -146,15 +142,13 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges() {
 #[test]
 fn sigkill_during_staging_then_resume() {
     let lake_of = || {
-        let dir = tempfile::tempdir().unwrap();
         let lake = DemoLake {
             days: 40,
             events_per_day: 2_000,
             days_per_commit: 10,
             ..DemoLake::default()
         };
-        runtime().block_on(lake.create(dir.path())).unwrap();
-        TestLake { dir, lake }
+        TestLake::with(Store::Local, lake)
     };
     let lake = lake_of();
     let reference = lake_of();
@@ -232,9 +226,8 @@ fn sigkill_during_staging_then_resume() {
     );
 }
 
-#[test]
-fn overlapping_runs_one_publishes_the_other_conflicts() {
-    let lake = TestLake::new();
+fn overlapping_runs_one_publishes_the_other_conflicts(store: Store) {
+    let lake = TestLake::on(store);
     let v2 = std::fs::read_to_string(lake.path().join("sql/events/v2.sql")).unwrap();
     std::fs::write(
         lake.path().join("sql/events/v3.sql"),
@@ -283,3 +276,8 @@ fn overlapping_runs_one_publishes_the_other_conflicts() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(lake.version("events"), before + 2);
 }
+
+both_stores!(
+    a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges,
+    overlapping_runs_one_publishes_the_other_conflicts,
+);

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::support::{TestLake, json_ok, stderr};
+use crate::support::{Store, TestLake, json_ok, stderr};
 
 /// event_id -> (event_date, country, amount, user, ts) of `events` at a version, read directly.
 fn rows_at(lake: &TestLake, version: u64) -> BTreeMap<String, Vec<String>> {
@@ -19,9 +19,8 @@ fn rows_at(lake: &TestLake, version: u64) -> BTreeMap<String, Vec<String>> {
     .collect()
 }
 
-#[test]
-fn diff_between_versions_matches_an_independent_comparison() {
-    let lake = TestLake::new();
+fn diff_between_versions_matches_an_independent_comparison(store: Store) {
+    let lake = TestLake::on(store);
     // A full-range fix keeps event ids unique on both sides, so rows compare one to one.
     let (from, to) = (lake.day(0), lake.day(9));
     let before = lake.version("events");
@@ -114,9 +113,8 @@ fn diff_between_versions_matches_an_independent_comparison() {
     assert_eq!(same["unchanged_partitions"], 10);
 }
 
-#[test]
-fn diff_with_a_staged_run_predicts_the_publish() {
-    let lake = TestLake::new();
+fn diff_with_a_staged_run_predicts_the_publish(store: Store) {
+    let lake = TestLake::on(store);
     let (from, to) = (lake.day(2), lake.day(5));
     let before = lake.version("events");
     let staged = json_ok(&lake.run(&[
@@ -164,9 +162,8 @@ fn diff_with_a_staged_run_predicts_the_publish() {
     );
 }
 
-#[test]
-fn history_blame_and_sql_explain_the_demo_lake() {
-    let lake = TestLake::new();
+fn history_blame_and_sql_explain_the_demo_lake(store: Store) {
+    let lake = TestLake::on(store);
     let v1 = lake.version("events");
     let backfill = json_ok(&lake.run(&[
         "backfill",
@@ -267,10 +264,23 @@ fn history_blame_and_sql_explain_the_demo_lake() {
         );
     }
     // Paths are not tables: nothing outside the project's catalog can be read.
-    for query in ["SELECT * FROM '/etc/hosts'", "SELECT * FROM \"file:///etc/hosts\""] {
+    for query in [
+        "SELECT * FROM '/etc/hosts'",
+        "SELECT * FROM \"file:///etc/hosts\"",
+    ] {
         let out = lake.run(&["sql", query]);
         assert_eq!(out.status.code(), Some(2), "{query}: {}", stderr(&out));
-        assert!(stderr(&out).contains("unknown table"), "{query}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("unknown table"),
+            "{query}: {}",
+            stderr(&out)
+        );
     }
     assert_eq!(lake.version("events"), v1 + 1);
 }
+
+both_stores!(
+    diff_between_versions_matches_an_independent_comparison,
+    diff_with_a_staged_run_predicts_the_publish,
+    history_blame_and_sql_explain_the_demo_lake,
+);

@@ -1,9 +1,28 @@
-//! Integration tests: the real `lakefill` binary against real Delta tables on local disk.
+//! Integration tests: the real `lakefill` binary against real Delta tables, on local disk and on
+//! a real S3-compatible server (moto) that the tests start on loopback.
 
 #![expect(
     clippy::unwrap_used,
     reason = "a test fails loudly on any unexpected error"
 )]
+
+/// Runs each named test function, `fn name(store: Store)`, once on local disk and once on S3.
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn local() {
+                    super::$name(crate::support::Store::Local);
+                }
+                #[test]
+                fn s3() {
+                    super::$name(crate::support::Store::S3);
+                }
+            }
+        )*
+    };
+}
 
 mod backfill;
 mod errors;

@@ -1,20 +1,37 @@
 //! A fresh demo lake per test, the binary, and independent readers of the tables.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use deltalake::DeltaTable;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
-use lakefill_fixtures::DemoLake;
+use lakefill_fixtures::{DemoLake, LakeLocation};
 use tempfile::TempDir;
 use url::Url;
 
-/// A small demo lake in its own temporary directory.
+/// Where a test lake's tables live: local disk, or a real S3-compatible server on loopback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    Local,
+    S3,
+}
+
+/// The secret key of the S3 test projects.
+pub(crate) const S3_SECRET: &str = "s3-secret-value-7c1e";
+
+/// A small demo lake in its own temporary directory (tables there, or in a bucket of its own).
 pub(crate) struct TestLake {
     pub(crate) dir: TempDir,
     pub(crate) lake: DemoLake,
+    pub(crate) store: Store,
+    location: LakeLocation,
 }
 
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
@@ -25,20 +42,178 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// A moto S3 server on a free loopback port, started once per test binary. It stops when the
+/// test process exits (a watcher shell kills it).
+pub(crate) struct S3Server {
+    pub(crate) endpoint: String,
+}
+
+static S3_SERVER: OnceLock<S3Server> = OnceLock::new();
+static BUCKETS: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn s3_server() -> &'static S3Server {
+    S3_SERVER.get_or_init(|| {
+        let probe = Command::new("python3").args(["-c", "import moto.server"]).output();
+        assert!(
+            probe.is_ok_and(|o| o.status.success()),
+            "the S3 tests need moto's S3 server: python3 -m pip install -r tests/requirements.txt"
+        );
+        let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let parent = std::process::id();
+        let script = format!(
+            "python3 -m moto.server -H 127.0.0.1 -p {port} >/dev/null 2>&1 & server=$!; \
+             while kill -0 {parent} 2>/dev/null && kill -0 $server 2>/dev/null; do sleep 0.5; done; \
+             kill $server 2>/dev/null"
+        );
+        // The watcher outlives this function on purpose and exits with the test process.
+        #[expect(clippy::zombie_processes, reason = "the watcher exits with the test process")]
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto did not start on port {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        S3Server { endpoint: format!("http://127.0.0.1:{port}") }
+    })
+}
+
+impl S3Server {
+    /// Creates a bucket with a plain HTTP request (moto accepts unsigned bucket creation).
+    pub(crate) fn create_bucket(&self, name: &str) {
+        let host = self.endpoint.trim_start_matches("http://");
+        let mut stream = TcpStream::connect(host).expect("connect to moto");
+        write!(
+            stream,
+            "PUT /{name} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        assert!(
+            response.starts_with("HTTP/1.1 200"),
+            "cannot create bucket {name}: {response}"
+        );
+    }
+
+    /// Storage options reaching this server, as written into `lakefill.toml`.
+    pub(crate) fn project_storage(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL".into(), self.endpoint.clone()),
+            ("AWS_ALLOW_HTTP".into(), "true".into()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID".into(), "lakefill-test".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), S3_SECRET.into()),
+        ]
+    }
+
+    /// The same options, resolved.
+    pub(crate) fn storage(&self) -> HashMap<String, String> {
+        self.project_storage().into_iter().collect()
+    }
+
+    /// A new, empty bucket.
+    pub(crate) fn new_bucket(&self) -> String {
+        let name = format!(
+            "lakefill-{}-{}",
+            std::process::id(),
+            BUCKETS.fetch_add(1, Ordering::SeqCst)
+        );
+        self.create_bucket(&name);
+        name
+    }
+}
+
 impl TestLake {
-    /// 10 days x 300 events, history written by v1.
+    /// 10 days x 300 events on local disk, history written by v1.
     pub(crate) fn new() -> Self {
+        Self::on(Store::Local)
+    }
+
+    /// 10 days x 300 events in `store`, history written by v1.
+    pub(crate) fn on(store: Store) -> Self {
+        Self::with(
+            store,
+            DemoLake {
+                days: 10,
+                events_per_day: 300,
+                days_per_commit: 5,
+                ..DemoLake::default()
+            },
+        )
+    }
+
+    /// `lake` in `store`.
+    pub(crate) fn with(store: Store, lake: DemoLake) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let lake = DemoLake {
-            days: 10,
-            events_per_day: 300,
-            days_per_commit: 5,
-            ..DemoLake::default()
+        let location = match store {
+            Store::Local => LakeLocation::local(),
+            Store::S3 => {
+                let server = s3_server();
+                LakeLocation {
+                    base_uri: Some(format!("s3://{}/lake", server.new_bucket())),
+                    project_storage: server.project_storage(),
+                    storage: server.storage(),
+                }
+            }
         };
         runtime()
-            .block_on(lake.create(dir.path()))
+            .block_on(lake.create_at(dir.path(), &location))
             .expect("demo lake");
-        Self { dir, lake }
+        Self {
+            dir,
+            lake,
+            store,
+            location,
+        }
+    }
+
+    /// The location of `table`.
+    pub(crate) fn table_url(&self, table: &str) -> Url {
+        match &self.location.base_uri {
+            Some(base) => Url::parse(&format!("{base}/{table}/")).expect("url"),
+            None => Url::from_directory_path(self.table_path(table)).expect("absolute path"),
+        }
+    }
+
+    /// Every object under `table`, as paths relative to its root.
+    pub(crate) fn objects(&self, table: &str) -> Vec<String> {
+        let table = self.open(table);
+        runtime().block_on(async move {
+            use futures::TryStreamExt;
+            let mut paths: Vec<String> = table
+                .object_store()
+                .list(None)
+                .map_ok(|o| o.location.to_string())
+                .try_collect()
+                .await
+                .expect("list objects");
+            paths.sort();
+            paths
+        })
+    }
+
+    /// The bytes of an object under `table`.
+    pub(crate) fn object_bytes(&self, table: &str, path: &str) -> Vec<u8> {
+        let table = self.open(table);
+        let path = deltalake::Path::from(path);
+        runtime().block_on(async move {
+            use deltalake::logstore::object_store::ObjectStoreExt as _;
+            table
+                .object_store()
+                .get(&path)
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes")
+                .to_vec()
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -54,16 +229,32 @@ impl TestLake {
         run_in(self.path(), args)
     }
 
+    /// The local directory of `table` (local lakes only).
     pub(crate) fn table_path(&self, table: &str) -> PathBuf {
+        assert_eq!(self.store, Store::Local, "table_path is for local lakes");
         self.path().join("lake").join(table)
     }
 
     pub(crate) fn open(&self, table: &str) -> DeltaTable {
-        open_table(&self.table_path(table), None)
+        self.open_at(table, None)
     }
 
     pub(crate) fn open_version(&self, table: &str, version: u64) -> DeltaTable {
-        open_table(&self.table_path(table), Some(version))
+        self.open_at(table, Some(version))
+    }
+
+    fn open_at(&self, table: &str, version: Option<u64>) -> DeltaTable {
+        let url = self.table_url(table);
+        let storage = self.location.storage.clone();
+        runtime().block_on(async move {
+            let mut builder = deltalake::DeltaTableBuilder::from_url(url)
+                .expect("url")
+                .with_storage_options(storage);
+            if let Some(version) = version {
+                builder = builder.with_version(version);
+            }
+            builder.load().await.expect("open table")
+        })
     }
 
     pub(crate) fn version(&self, table: &str) -> u64 {
@@ -118,23 +309,20 @@ impl TestLake {
 }
 
 pub(crate) fn run_in(dir: &Path, args: &[&str]) -> Output {
-    assert_cmd::Command::cargo_bin("lakefill")
-        .expect("binary")
-        .current_dir(dir)
+    lakefill_command(dir)
         .args(args)
         .output()
         .expect("run lakefill")
 }
 
-pub(crate) fn open_table(path: &Path, version: Option<u64>) -> DeltaTable {
-    let url = Url::from_directory_path(path).expect("absolute path");
-    runtime().block_on(async move {
-        let mut builder = deltalake::DeltaTableBuilder::from_url(url).expect("url");
-        if let Some(version) = version {
-            builder = builder.with_version(version);
-        }
-        builder.load().await.expect("open table")
-    })
+/// The binary, in `dir`, with the environment the test projects expect.
+pub(crate) fn lakefill_command(dir: &Path) -> Command {
+    let mut command = Command::new(assert_cmd::cargo::cargo_bin("lakefill"));
+    command
+        .current_dir(dir)
+        .env_remove("LAKEFILL_FAILPOINTS")
+        .env_remove("AWS_ENDPOINT_URL");
+    command
 }
 
 /// Formats every cell as text, row by row.

@@ -6,7 +6,7 @@ use deltalake::arrow::array::{
 use deltalake::protocol::SaveMode;
 use std::sync::Arc;
 
-use crate::support::{TestLake, json_ok, runtime, stderr, stdout};
+use crate::support::{Store, TestLake, json_ok, runtime, stderr, stdout};
 
 /// Writes `sql/events/v3.sql`: v2's header plus `validate`, and `select` as the query.
 fn events_model(lake: &TestLake, validate: &str, select: &str) {
@@ -186,9 +186,8 @@ fn each_check_blocks_the_bug_it_is_for() {
     );
 }
 
-#[test]
-fn force_publish_records_the_override() {
-    let lake = TestLake::new();
+fn force_publish_records_the_override(store: Store) {
+    let lake = TestLake::on(store);
     events_model(
         &lake,
         "max_row_change = \"5%\"",
@@ -230,10 +229,9 @@ fn force_publish_records_the_override() {
     assert_eq!(validation["force_reason"], "sampling on purpose");
 }
 
-#[test]
-fn stage_only_then_publish_equals_a_direct_backfill() {
-    let direct = TestLake::new();
-    let audited = TestLake::new();
+fn stage_only_then_publish_equals_a_direct_backfill(store: Store) {
+    let direct = TestLake::on(store);
+    let audited = TestLake::on(store);
     let (from, to) = (direct.day(1), direct.day(6));
     let all_rows = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, CAST(amount_cents AS VARCHAR) FROM events ORDER BY 1, 2";
 
@@ -316,9 +314,8 @@ fn stage_only_then_publish_equals_a_direct_backfill() {
     assert_eq!(audited.version("events"), before + 1);
 }
 
-#[test]
-fn discard_removes_every_staged_file() {
-    let lake = TestLake::new();
+fn discard_removes_every_staged_file(store: Store) {
+    let lake = TestLake::on(store);
     let staged = json_ok(&lake.run(&[
         "backfill",
         "events",
@@ -333,16 +330,13 @@ fn discard_removes_every_staged_file() {
     let run_id = staged["run_id"].as_str().unwrap().to_string();
     let marker = format!("lakefill-{run_id}");
     assert!(
-        !files_containing(&lake.table_path("events"), &marker).is_empty(),
+        !staged_objects(&lake, &marker).is_empty(),
         "staged files exist"
     );
     let out = lake.run(&["discard", &run_id]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("discarded"));
-    assert_eq!(
-        files_containing(&lake.table_path("events"), &marker),
-        Vec::<String>::new()
-    );
+    assert_eq!(staged_objects(&lake, &marker), Vec::<String>::new());
     let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
     assert!(
         runs.as_array()
@@ -425,9 +419,8 @@ fn append_event(lake: &TestLake, date: &str, event_id: i64) {
         .expect("append");
 }
 
-#[test]
-fn publish_after_a_conflicting_commit_is_refused() {
-    let lake = TestLake::new();
+fn publish_after_a_conflicting_commit_is_refused(store: Store) {
+    let lake = TestLake::on(store);
     let staged = json_ok(&lake.run(&[
         "backfill",
         "events",
@@ -499,17 +492,16 @@ fn publish_after_a_conflicting_commit_is_refused() {
     );
 }
 
-fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(files_containing(&path, needle));
-        } else if path.display().to_string().contains(needle)
-            && !path.display().to_string().contains("_lakefill")
-        {
-            out.push(path.display().to_string());
-        }
-    }
-    out
+fn staged_objects(lake: &TestLake, marker: &str) -> Vec<String> {
+    lake.objects("events")
+        .into_iter()
+        .filter(|p| p.contains(marker) && !p.starts_with("_lakefill"))
+        .collect()
 }
+
+both_stores!(
+    force_publish_records_the_override,
+    stage_only_then_publish_equals_a_direct_backfill,
+    discard_removes_every_staged_file,
+    publish_after_a_conflicting_commit_is_refused,
+);
