@@ -309,10 +309,12 @@ pub fn is_secret_option(key: &str) -> bool {
         "SECRET",
         "TOKEN",
         "PASSWORD",
-        "ACCESS_KEY",
+        // Conservative: any key naming a key is masked (`AWS_ACCESS_KEY_ID` too).
+        "KEY",
         "SESSION",
         "CREDENTIAL",
         "SAS",
+        "SIGNATURE",
     ]
     .iter()
     .any(|marker| key.contains(marker))
@@ -370,6 +372,8 @@ mod tests {
     fn secret_keys_are_recognised() {
         assert!(is_secret_option("AWS_SECRET_ACCESS_KEY"));
         assert!(is_secret_option("aws_session_token"));
+        assert!(is_secret_option("AZURE_STORAGE_ACCOUNT_KEY"));
         assert!(!is_secret_option("AWS_REGION"));
+        assert!(!is_secret_option("AWS_ENDPOINT_URL"));
     }
 }

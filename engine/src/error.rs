@@ -112,6 +112,17 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A table could not be opened: its store is unreachable, refuses access, or failed.
+    #[error("cannot open table `{table}` at `{uri}`")]
+    OpenTable {
+        /// The table name.
+        table: String,
+        /// Its location.
+        uri: String,
+        /// The error delta-rs reported.
+        #[source]
+        source: Box<DeltaTableError>,
+    },
     /// A table's location does not hold a Delta table.
     #[error("table `{table}` at `{uri}` is not a Delta table")]
     NotADeltaTable {
@@ -292,6 +303,7 @@ impl Error {
             Error::Conflict { .. } => 4,
             Error::StagedFilesMissing { .. } => 1,
             Error::ReadFile { .. }
+            | Error::OpenTable { .. }
             | Error::StagingWrite { .. }
             | Error::NotADeltaTable { .. }
             | Error::Spill { .. }
@@ -332,6 +344,9 @@ impl Error {
                 "pass `--from` and `--to` as partition values with `--from` <= `--to`, e.g. `--from 2026-01-01 --to 2026-01-31`".into()
             }
             Error::InvalidOption { option, .. } => format!("see `lakefill help` for the form of `{option}`"),
+            Error::OpenTable { table, .. } => format!(
+                "check `tables.{table}` in lakefill.toml: the location, and storage options such as the endpoint, region, credentials and `AWS_ALLOW_HTTP` for http endpoints; `lakefill plan` lists the options in effect"
+            ),
             Error::NotADeltaTable { table, .. } => format!(
                 "check `tables.{table}.uri` in lakefill.toml; the location must hold a `_delta_log` directory"
             ),

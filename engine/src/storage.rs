@@ -65,8 +65,9 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
             value: version.map(|v| v.to_string()).unwrap_or_default(),
             message: format!("table `{}` has no such version", table.name()),
         },
-        source => Error::Delta {
-            context: format!("cannot open table `{}` at `{}`", table.name(), table.uri()),
+        source => Error::OpenTable {
+            table: table.name().to_string(),
+            uri: table.uri().to_string(),
             source: Box::new(source),
         },
     })
