@@ -78,6 +78,10 @@ pub(crate) struct DemoArgs {
     /// Events per day to generate.
     #[arg(long, default_value_t = 2000)]
     pub(crate) events_per_day: u32,
+    /// Put the tables on S3 under this location (`s3://bucket/prefix`; the bucket must exist),
+    /// reached with the `AWS_*` variables of the environment (endpoint, region, keys).
+    #[arg(long, value_name = "S3_URI")]
+    pub(crate) s3: Option<String>,
 }
 
 /// What to backfill: the model and the range.

@@ -420,3 +420,55 @@ fn a_secret_key_appears_in_no_output_journal_or_commit() {
         assert!(leaked.is_empty(), "leaked into {table}: {leaked:?}");
     }
 }
+
+#[test]
+fn the_demo_runs_on_s3() {
+    let server = s3_server();
+    let bucket = server.new_bucket();
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = crate::support::lakefill_command(dir.path());
+    for (key, value) in server.storage() {
+        command.env(key, value);
+    }
+    let out = command
+        .args([
+            "demo",
+            "--dir",
+            "demo",
+            "--days",
+            "5",
+            "--events-per-day",
+            "200",
+            "--s3",
+            &format!("s3://{bucket}/demo"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("history of events"),
+        "{}",
+        stdout(&out)
+    );
+    let toml = std::fs::read_to_string(dir.path().join("demo/lakefill.toml")).unwrap();
+    assert!(
+        toml.contains(&format!("uri = \"s3://{bucket}/demo/events\"")),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("AWS_SECRET_ACCESS_KEY = \"${AWS_SECRET_ACCESS_KEY}\""),
+        "{toml}"
+    );
+    assert!(!toml.contains(S3_SECRET), "no secret in the project file");
+    // The tables are on S3: the project works from another directory with the same environment.
+    let mut command = crate::support::lakefill_command(&dir.path().join("demo"));
+    for (key, value) in server.storage() {
+        command.env(key, value);
+    }
+    let history = command
+        .args(["history", "events", "--output-format", "json"])
+        .output()
+        .unwrap();
+    let entries: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    assert_eq!(entries.as_array().unwrap().len(), 3, "create, v1, v2");
+}

@@ -1,7 +1,7 @@
 //! `lakefill demo`: build a lake with a timezone bug and walk through the fix.
 
 use lakefill::{BackfillBuilder, DiffTarget, PlanBuilder, Project};
-use lakefill_fixtures::DemoLake;
+use lakefill_fixtures::{DemoLake, LakeLocation};
 use serde_json::json;
 
 use crate::args::{DemoArgs, OutputFormat};
@@ -29,7 +29,11 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         "building the demo lake in {shown}: {} days x {} events, history written by events@v1 (a UTC-8 timezone bug)",
         lake.days, lake.events_per_day
     ));
-    let created = lake.create(&dir).await?;
+    let location = match &args.s3 {
+        None => LakeLocation::local(),
+        Some(uri) => s3_location(uri)?,
+    };
+    let created = lake.create_at(&dir, &location).await?;
     let project = Project::load(&dir)?;
     let (from, to) = (created.first_day.to_string(), created.last_day.to_string());
 
@@ -104,4 +108,41 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
     } else {
         printer.result(&text, &value)
     }
+}
+
+/// The S3 variables the demo passes on, written into `lakefill.toml` as `${VAR}` references so
+/// that no secret lands in the file.
+const S3_VARIABLES: [&str; 6] = [
+    "AWS_ENDPOINT_URL",
+    "AWS_ALLOW_HTTP",
+    "AWS_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+];
+
+fn s3_location(uri: &str) -> anyhow::Result<LakeLocation> {
+    if !(uri.starts_with("s3://") || uri.starts_with("s3a://"))
+        || uri.trim_end_matches('/').matches('/').count() < 2
+    {
+        return Err(lakefill::Error::InvalidOption {
+            option: "--s3".into(),
+            value: uri.to_string(),
+            message: "expected `s3://bucket/prefix`".into(),
+        }
+        .into());
+    }
+    let mut location = LakeLocation {
+        base_uri: Some(uri.trim_end_matches('/').to_string()),
+        ..LakeLocation::default()
+    };
+    for variable in S3_VARIABLES {
+        if let Ok(value) = std::env::var(variable) {
+            location
+                .project_storage
+                .push((variable.to_string(), format!("${{{variable}}}")));
+            location.storage.insert(variable.to_string(), value);
+        }
+    }
+    Ok(location)
 }
