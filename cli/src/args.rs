@@ -27,7 +27,7 @@ pub(crate) struct GlobalArgs {
     /// Print only results: no status lines on stderr.
     #[arg(short, long, global = true)]
     pub(crate) quiet: bool,
-    /// Log more on stderr (`-v` debug, `-vv` trace); `RUST_LOG` overrides.
+    /// Log more on stderr (`-v` debug, `-vv` trace); `RUST_LOG` overrides. Hides the progress bar.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub(crate) verbose: u8,
 }
@@ -132,6 +132,10 @@ pub(crate) struct BackfillArgs {
     /// Batches in flight [default: `[defaults] max_parallel`, else the number of cores].
     #[arg(long, value_name = "N")]
     pub(crate) max_parallel: Option<usize>,
+    /// Memory for the run's queries, e.g. `2GiB`; beyond it they spill to disk [default:
+    /// `[defaults] memory_limit`, else unlimited].
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) memory_limit: Option<String>,
     /// Stop after validation; publish later with `lakefill publish RUN_ID`.
     #[arg(long)]
     pub(crate) stage_only: bool,

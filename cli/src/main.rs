@@ -15,7 +15,11 @@ use crate::printer::Printer;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let printer = Printer::new(cli.global.output_format, cli.global.quiet);
+    let printer = Printer::new(
+        cli.global.output_format,
+        cli.global.quiet,
+        cli.global.verbose > 0,
+    );
     init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

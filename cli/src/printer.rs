@@ -5,7 +5,10 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-use lakefill::{PlanReport, RunReport};
+use std::io::IsTerminal as _;
+use std::sync::Arc;
+
+use lakefill::{PlanReport, ProgressEvent, ProgressSink, RunReport};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -16,11 +19,31 @@ use crate::args::OutputFormat;
 pub(crate) struct Printer {
     format: OutputFormat,
     quiet: bool,
+    verbose: bool,
 }
 
 impl Printer {
-    pub(crate) fn new(format: OutputFormat, quiet: bool) -> Self {
-        Self { format, quiet }
+    pub(crate) fn new(format: OutputFormat, quiet: bool, verbose: bool) -> Self {
+        Self {
+            format,
+            quiet,
+            verbose,
+        }
+    }
+
+    /// Where a run's progress goes: JSON lines on stderr with `--output-format json`, a bar on
+    /// a terminal, nothing under `-q` (or `-v`, whose logs would garble a bar).
+    pub(crate) fn progress(&self) -> Option<Arc<dyn ProgressSink>> {
+        if self.quiet {
+            return None;
+        }
+        match self.format {
+            OutputFormat::Json => Some(Arc::new(JsonProgress)),
+            OutputFormat::Text if !self.verbose && std::io::stderr().is_terminal() => {
+                Some(Arc::new(BarProgress::new()))
+            }
+            OutputFormat::Text => None,
+        }
     }
 
     pub(crate) fn format(&self) -> OutputFormat {
@@ -551,5 +574,71 @@ fn summarize(partitions: &[String]) -> String {
         [] => "-".into(),
         [one] => one.clone(),
         [first, .., last] => format!("{first}..{last} ({} partitions)", partitions.len()),
+    }
+}
+
+/// Progress as one JSON document per line on stderr, for schedulers.
+struct JsonProgress;
+
+impl ProgressSink for JsonProgress {
+    fn event(&self, event: &ProgressEvent) {
+        if let Ok(line) = serde_json::to_string(event) {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// A progress bar per run on stderr.
+struct BarProgress {
+    bar: indicatif::ProgressBar,
+}
+
+impl BarProgress {
+    fn new() -> Self {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        let style = indicatif::ProgressStyle::with_template(
+            "{spinner} [{bar:28}] {pos}/{len} batches  {msg}  ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        Self { bar }
+    }
+}
+
+impl ProgressSink for BarProgress {
+    fn event(&self, event: &ProgressEvent) {
+        match event {
+            ProgressEvent::Started {
+                batches_total,
+                batches_resumed,
+                ..
+            } => {
+                self.bar.set_length(*batches_total as u64);
+                self.bar.set_position(*batches_resumed as u64);
+                self.bar.set_message("staging");
+                self.bar
+                    .enable_steady_tick(std::time::Duration::from_millis(120));
+            }
+            ProgressEvent::BatchFinished {
+                batches_done,
+                rows_total,
+                bytes_total,
+                elapsed_ms,
+                ..
+            } => {
+                self.bar.set_position(*batches_done as u64);
+                let rate = *rows_total as f64 / (*elapsed_ms as f64 / 1000.0).max(0.001);
+                self.bar.set_message(format!(
+                    "{rows_total} rows ({rate:.0} rows/s), {} written",
+                    bytes(*bytes_total)
+                ));
+            }
+            ProgressEvent::Phase { phase, .. } => self.bar.set_message(phase.clone()),
+            ProgressEvent::Finished { .. } => self.bar.finish_and_clear(),
+        }
     }
 }

@@ -62,3 +62,11 @@ pub(crate) fn display_path(path: &Path) -> String {
         .and_then(|cwd| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
         .unwrap_or_else(|| path.display().to_string())
 }
+
+/// `--memory-limit`, else `[defaults] memory_limit`, in bytes.
+pub(crate) fn memory_limit(project: &Project, flag: Option<&str>) -> anyhow::Result<Option<u64>> {
+    match flag.or(project.defaults().memory_limit.as_deref()) {
+        Some(text) => Ok(Some(lakefill::parse_size(text)?)),
+        None => Ok(None),
+    }
+}

@@ -25,6 +25,7 @@ use crate::journal::{BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
 use crate::partition::{PartitionRange, PartitionType, partition_literal};
 use crate::plan::BackfillPlan;
 use crate::publish::commit;
+use crate::resources::{ProgressEvent, ProgressSink, Resources};
 use crate::staged::StagedTable;
 use crate::validate::{CheckResult, KnownSide, ValidationRules, counts_from, validate};
 
@@ -36,6 +37,8 @@ pub const DEFAULT_SAMPLE: usize = 5;
 pub struct BackfillBuilder {
     plan: BackfillPlan,
     max_parallel: Option<usize>,
+    memory_limit: Option<u64>,
+    progress: Option<Arc<dyn ProgressSink>>,
     stage_only: bool,
     force_reason: Option<String>,
     sample: usize,
@@ -47,6 +50,8 @@ impl BackfillBuilder {
         Self {
             plan,
             max_parallel: None,
+            memory_limit: None,
+            progress: None,
             stage_only: false,
             force_reason: None,
             sample: DEFAULT_SAMPLE,
@@ -59,6 +64,28 @@ impl BackfillBuilder {
     pub fn with_max_parallel(mut self, max_parallel: Option<usize>) -> Self {
         self.max_parallel = max_parallel;
         self
+    }
+
+    /// Bounds the memory of the run's queries; sorts and aggregations spill to disk beyond it.
+    ///
+    /// By default, memory is not limited.
+    pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
+    /// Sends progress events to `sink`.
+    ///
+    /// By default, progress is not reported.
+    pub fn with_progress(mut self, sink: Option<Arc<dyn ProgressSink>>) -> Self {
+        self.progress = sink;
+        self
+    }
+
+    fn emit(&self, event: ProgressEvent) {
+        if let Some(sink) = &self.progress {
+            sink.event(&event);
+        }
     }
 
     /// Stops after validation, leaving the run staged for `publish` (write-audit-publish).
@@ -152,19 +179,44 @@ impl BackfillBuilder {
             .max_parallel
             .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
             .unwrap_or(1);
-        let options = StageOptions { max_parallel };
+        let resources = Resources::new(self.memory_limit);
+        let options = StageOptions {
+            max_parallel,
+            resources: resources.clone(),
+        };
         let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
         let resumed_batches = resumed.len();
         journal.batches = resumed;
         journal.save(&store).await?;
+        let batches_total = report.batches.len();
+        self.emit(ProgressEvent::Started {
+            run_id: report.run_id.clone(),
+            table: report.target.clone(),
+            batches_total,
+            batches_resumed: resumed_batches,
+        });
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
         let staging = stage(plan, &options, &skip, sender);
         let journaling = async {
             while let Some(record) = receiver.recv().await {
+                let (index, rows) = (record.index, record.rows.values().sum::<u64>());
                 journal.batches.push(record);
                 journal.batches.sort_by_key(|b| b.index);
                 journal.save(&store).await?;
                 failpoint::hit("mid-stage");
+                self.emit(ProgressEvent::BatchFinished {
+                    run_id: report.run_id.clone(),
+                    index,
+                    batches_done: journal.batches.len(),
+                    batches_total,
+                    rows,
+                    rows_total: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
+                    bytes_total: journal
+                        .staged_files()
+                        .map(|a| u64::try_from(a.size).unwrap_or(0))
+                        .sum(),
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                });
             }
             Ok::<(), Error>(())
         };
@@ -207,6 +259,10 @@ impl BackfillBuilder {
         failpoint::hit("after-stage");
 
         // Validate: old rows at the read version against the staged rows.
+        self.emit(ProgressEvent::Phase {
+            run_id: report.run_id.clone(),
+            phase: "validating".into(),
+        });
         let validate_started = Instant::now();
         let extra_checks = vec![
             CheckResult {
@@ -228,14 +284,22 @@ impl BackfillBuilder {
                 sample: Vec::new(),
             },
         ];
-        let validation =
-            match run_validation(plan, &journal, &plan.rules, self.sample, extra_checks).await {
-                Ok(validation) => validation,
-                Err(error) => {
-                    fail(&mut journal, &store, &error, false).await;
-                    return Err(error);
-                }
-            };
+        let validation = match run_validation(
+            plan,
+            &journal,
+            &plan.rules,
+            self.sample,
+            extra_checks,
+            &resources,
+        )
+        .await
+        {
+            Ok(validation) => validation,
+            Err(error) => {
+                fail(&mut journal, &store, &error, false).await;
+                return Err(error);
+            }
+        };
         let validate_ms = validate_started.elapsed().as_millis() as u64;
         let passed = validation["passed"].as_bool().unwrap_or(false);
         journal.validation = Some(validation);
@@ -252,6 +316,10 @@ impl BackfillBuilder {
                 journal.save(&store).await?;
                 Outcome::Staged
             } else {
+                self.emit(ProgressEvent::Phase {
+                    run_id: report.run_id.clone(),
+                    phase: "publishing".into(),
+                });
                 publish_journal(&plan.target, &mut journal, &store).await?;
                 tracing::info!(run_id = %report.run_id, version = ?journal.published_version, "published");
                 Outcome::Published
@@ -269,6 +337,15 @@ impl BackfillBuilder {
             },
         );
         run.resumed_batches = resumed_batches;
+        self.emit(ProgressEvent::Finished {
+            run_id: run.run_id.clone(),
+            state: run.state.to_string(),
+            batches_done: journal.batches.len(),
+            rows_written: run.rows_written,
+            files_written: run.files_written,
+            bytes_written: run.bytes_written,
+            elapsed_ms: total_ms,
+        });
         Ok(run)
     }
 }
@@ -379,8 +456,10 @@ async fn run_validation(
     rules: &ValidationRules,
     sample: usize,
     extra_checks: Vec<CheckResult>,
+    resources: &Resources,
 ) -> Result<Value> {
     let ctx = comparison_session(
+        resources.session(),
         &plan.target,
         plan.report.partition_type,
         &journal.partition_column,
@@ -448,12 +527,12 @@ async fn run_validation(
 
 /// A session with `previous` registered: `table` restricted to the partitions of `range`.
 pub(crate) async fn comparison_session(
+    ctx: SessionContext,
     table: &DeltaTable,
     kind: PartitionType,
     partition_column: &str,
     range: &PartitionRange,
 ) -> Result<SessionContext> {
-    let ctx = deltalake::delta_datafusion::create_session().into_inner();
     let provider = table
         .table_provider()
         .await

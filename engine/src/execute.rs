@@ -35,6 +35,7 @@ use crate::partition::{
     partition_literal,
 };
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
+use crate::resources::Resources;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -44,6 +45,8 @@ const ROW_GROUP_ROWS: usize = 128 * 1024;
 pub(crate) struct StageOptions {
     /// Batches in flight.
     pub(crate) max_parallel: usize,
+    /// The runtime (memory pool) every batch's session shares.
+    pub(crate) resources: Resources,
 }
 
 /// Checks the model's output schema against the target, then stages every batch not in `skip`.
@@ -59,7 +62,7 @@ pub(crate) async fn stage(
     let target_schema = target_schema(plan)?;
     // The schema is a property of the SQL, not of the batch: check it once, before writing.
     if let Some(first) = plan.report.batches.first() {
-        let (_ctx, df) = batch_dataframe(plan, first).await?;
+        let (_ctx, df) = batch_dataframe(plan, first, &options.resources).await?;
         check_schema(plan, df.schema().as_arrow(), &target_schema)?;
     }
     let target_schema = Arc::new(target_schema);
@@ -74,7 +77,8 @@ pub(crate) async fn stage(
     let mut staged = futures::stream::iter(pending)
         .map(|batch| {
             let schema = Arc::clone(&target_schema);
-            async move { stage_batch(plan, &batch, schema).await }
+            let resources = options.resources.clone();
+            async move { stage_batch(plan, &batch, schema, &resources).await }
         })
         .buffer_unordered(options.max_parallel.max(1));
     while let Some(record) = staged.try_next().await? {
@@ -98,8 +102,9 @@ fn target_schema(plan: &BackfillPlan) -> Result<Schema> {
 async fn batch_dataframe(
     plan: &BackfillPlan,
     batch: &BatchPlan,
+    resources: &Resources,
 ) -> Result<(SessionContext, DataFrame)> {
-    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    let ctx = resources.session();
     for source in &plan.sources {
         register_source(&ctx, plan, source, batch).await?;
     }
@@ -291,11 +296,12 @@ async fn stage_batch(
     plan: &BackfillPlan,
     batch: &BatchPlan,
     target_schema: SchemaRef,
+    resources: &Resources,
 ) -> Result<BatchRecord> {
     let report = &plan.report;
     let partition_column = report.partition_column.as_str();
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
-    let (_ctx, df) = batch_dataframe(plan, batch).await?;
+    let (_ctx, df) = batch_dataframe(plan, batch, resources).await?;
     // Put the columns in the target's order and types.
     let projection: Vec<Expr> = target_schema
         .fields()

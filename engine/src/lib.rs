@@ -36,6 +36,7 @@ mod model;
 mod partition;
 mod plan;
 mod publish;
+mod resources;
 mod runs;
 mod staged;
 mod storage;
@@ -55,6 +56,7 @@ pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DownstreamModel, PartitionState,
     PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
+pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use runs::{RunSummary, discard_run, list_runs, publish_run};
 pub use storage::StorageOption;
 pub use validate::{

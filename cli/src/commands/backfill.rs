@@ -31,6 +31,11 @@ pub(crate) async fn run(
         .flatten();
     let run = BackfillBuilder::new(plan)
         .with_max_parallel(settings::max_parallel(&project, args.max_parallel))
+        .with_memory_limit(settings::memory_limit(
+            &project,
+            args.memory_limit.as_deref(),
+        )?)
+        .with_progress(printer.progress())
         .with_stage_only(args.stage_only)
         .with_force_publish(force)
         .with_sample(args.sample)

@@ -1,0 +1,175 @@
+//! The resources a backfill may use: a DataFusion memory pool shared by every query of the run,
+//! and progress reporting.
+//!
+//! With a memory limit, every session of a run draws on one [`FairSpillPool`]: sorts and
+//! aggregations spill to disk beyond it, and joins run as sort-merge joins (which spill) instead
+//! of hash joins (which do not). Parquet writers are bounded separately: one row group per open
+//! partition writer, at most `batch_partitions` writers per batch in flight.
+
+use std::sync::Arc;
+
+use deltalake::datafusion::execution::runtime_env::RuntimeEnv;
+use deltalake::datafusion::prelude::SessionContext;
+use deltalake::delta_datafusion::{DeltaRuntimeEnvBuilder, DeltaSessionContext};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Parses sizes like `512MiB`, `4GiB`, `64MB` or a plain number of bytes.
+pub fn parse_size(text: &str) -> Result<u64> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let invalid = || Error::InvalidOption {
+        option: "--memory-limit".into(),
+        value: text.to_string(),
+        message: "expected a size such as `512MiB`, `4GiB` or `64MB`".into(),
+    };
+    let number: f64 = number.parse().map_err(|_| invalid())?;
+    let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(invalid()),
+    };
+    if number <= 0.0 {
+        return Err(invalid());
+    }
+    Ok((number * factor) as u64)
+}
+
+/// The runtime every query of one run shares.
+#[derive(Clone)]
+pub(crate) struct Resources {
+    runtime: Arc<RuntimeEnv>,
+    memory_limit: Option<usize>,
+}
+
+impl Resources {
+    pub(crate) fn new(memory_limit: Option<u64>) -> Self {
+        let memory_limit = memory_limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+        let mut builder = DeltaRuntimeEnvBuilder::new();
+        if let Some(limit) = memory_limit {
+            builder = builder.with_max_spill_size(limit);
+        }
+        Self {
+            runtime: builder.build(),
+            memory_limit,
+        }
+    }
+
+    /// A Delta-aware session on the shared runtime.
+    pub(crate) fn session(&self) -> SessionContext {
+        let ctx = DeltaSessionContext::with_runtime_env(Arc::clone(&self.runtime)).into_inner();
+        if let Some(limit) = self.memory_limit {
+            let state_ref = ctx.state_ref();
+            let mut state = state_ref.write();
+            let options = state.config_mut().options_mut();
+            // Hash joins cannot spill; sort-merge joins can.
+            options.optimizer.prefer_hash_join = false;
+            // The default reservation (10 MB per sort) would exhaust small pools by itself.
+            options.execution.sort_spill_reservation_bytes = (limit / 8).min(10 * 1024 * 1024);
+            // Smaller batches keep the working set of each operator well inside small pools.
+            if limit < 256 * 1024 * 1024 {
+                let _ = options.set("datafusion.execution.batch_size", "1024");
+            }
+        }
+        ctx
+    }
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resources")
+            .field("memory_limit", &self.memory_limit)
+            .finish()
+    }
+}
+
+/// Receives progress events of a run, in order. Implementations must be cheap: they are called
+/// from the run's own task.
+pub trait ProgressSink: Send + Sync {
+    /// Handles one event.
+    fn event(&self, event: &ProgressEvent);
+}
+
+/// What a run reports while it works.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ProgressEvent {
+    /// Staging starts.
+    Started {
+        /// The run.
+        run_id: String,
+        /// The target table.
+        table: String,
+        /// Batches in the run.
+        batches_total: usize,
+        /// Batches taken over from an interrupted attempt.
+        batches_resumed: usize,
+    },
+    /// A batch is staged and journaled.
+    BatchFinished {
+        /// The run.
+        run_id: String,
+        /// The batch.
+        index: usize,
+        /// Batches finished so far (resumed ones included).
+        batches_done: usize,
+        /// Batches in the run.
+        batches_total: usize,
+        /// Rows staged by this batch.
+        rows: u64,
+        /// Rows staged so far.
+        rows_total: u64,
+        /// Bytes staged so far.
+        bytes_total: u64,
+        /// Time since the run started.
+        elapsed_ms: u64,
+    },
+    /// A phase starts: `validating` or `publishing`.
+    Phase {
+        /// The run.
+        run_id: String,
+        /// The phase.
+        phase: String,
+    },
+    /// The run ended (published, staged, or failed validation).
+    Finished {
+        /// The run.
+        run_id: String,
+        /// Its final state.
+        state: String,
+        /// Batches staged (resumed ones included).
+        batches_done: usize,
+        /// Rows staged.
+        rows_written: u64,
+        /// Files staged.
+        files_written: u64,
+        /// Bytes staged.
+        bytes_written: u64,
+        /// Time since the run started.
+        elapsed_ms: u64,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512MiB").expect("valid"), 512 * 1024 * 1024);
+        assert_eq!(parse_size("4GiB").expect("valid"), 4 * 1024 * 1024 * 1024);
+        assert_eq!(parse_size("64MB").expect("valid"), 64_000_000);
+        assert_eq!(parse_size("1000").expect("valid"), 1000);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}
