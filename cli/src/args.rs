@@ -136,6 +136,10 @@ pub(crate) struct BackfillArgs {
     /// `[defaults] memory_limit`, else unlimited].
     #[arg(long, value_name = "SIZE")]
     pub(crate) memory_limit: Option<String>,
+    /// Bound the bytes written per second, e.g. `50MiB/s` (reads follow); use with
+    /// `--max-parallel 1` to keep the load on shared storage smooth [default: unthrottled].
+    #[arg(long, value_name = "RATE")]
+    pub(crate) throttle: Option<String>,
     /// Stop after validation; publish later with `lakefill publish RUN_ID`.
     #[arg(long)]
     pub(crate) stage_only: bool,

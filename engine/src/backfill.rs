@@ -27,6 +27,7 @@ use crate::plan::BackfillPlan;
 use crate::publish::commit;
 use crate::resources::{ProgressEvent, ProgressSink, Resources};
 use crate::staged::StagedTable;
+use crate::throttle::Throttle;
 use crate::validate::{CheckResult, KnownSide, ValidationRules, counts_from, validate};
 
 /// Default number of sample rows per kind of difference.
@@ -38,6 +39,7 @@ pub struct BackfillBuilder {
     plan: BackfillPlan,
     max_parallel: Option<usize>,
     memory_limit: Option<u64>,
+    throttle: Option<u64>,
     progress: Option<Arc<dyn ProgressSink>>,
     stage_only: bool,
     force_reason: Option<String>,
@@ -52,6 +54,7 @@ impl BackfillBuilder {
             plan,
             max_parallel: None,
             memory_limit: None,
+            throttle: None,
             progress: None,
             stage_only: false,
             force_reason: None,
@@ -73,6 +76,15 @@ impl BackfillBuilder {
     /// By default, memory is not limited.
     pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
         self.memory_limit = bytes;
+        self
+    }
+
+    /// Bounds the bytes the run writes per second (reads follow, since the query is pulled only
+    /// as fast as its output is written).
+    ///
+    /// By default, the run is not throttled.
+    pub fn with_throttle(mut self, bytes_per_second: Option<u64>) -> Self {
+        self.throttle = bytes_per_second;
         self
     }
 
@@ -194,6 +206,7 @@ impl BackfillBuilder {
         let options = StageOptions {
             max_parallel,
             resources: resources.clone(),
+            throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
         };
         let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
         let resumed_batches = resumed.len();

@@ -36,6 +36,7 @@ use crate::partition::{
 };
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
 use crate::resources::Resources;
+use crate::throttle::{Throttle, ThrottledStore};
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -47,6 +48,8 @@ pub(crate) struct StageOptions {
     pub(crate) max_parallel: usize,
     /// The runtime (memory pool) every batch's session shares.
     pub(crate) resources: Resources,
+    /// The bound on bytes written per second, if any.
+    pub(crate) throttle: Option<Arc<Throttle>>,
 }
 
 /// Checks the model's output schema against the target, then stages every batch not in `skip`.
@@ -78,7 +81,8 @@ pub(crate) async fn stage(
         .map(|batch| {
             let schema = Arc::clone(&target_schema);
             let resources = options.resources.clone();
-            async move { stage_batch(plan, &batch, schema, &resources).await }
+            let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
+            async move { stage_batch(plan, &batch, schema, &resources, store).await }
         })
         .buffer_unordered(options.max_parallel.max(1));
     while let Some(record) = staged.try_next().await? {
@@ -297,6 +301,7 @@ async fn stage_batch(
     batch: &BatchPlan,
     target_schema: SchemaRef,
     resources: &Resources,
+    store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<BatchRecord> {
     let report = &plan.report;
     let partition_column = report.partition_column.as_str();
@@ -410,9 +415,15 @@ async fn stage_batch(
             }
             let writer = match writers.entry(key.clone()) {
                 std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => entry.insert(
-                    partition_writer(plan, &key, partition_column, Arc::clone(&file_schema))?,
-                ),
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    entry.insert(partition_writer(
+                        plan,
+                        &key,
+                        partition_column,
+                        Arc::clone(&file_schema),
+                        Arc::clone(&store),
+                    )?)
+                }
             };
             writer
                 .write(&part)
@@ -459,6 +470,7 @@ fn partition_writer(
     key: &RowPartition,
     partition_column: &str,
     file_schema: SchemaRef,
+    store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<PartitionWriter> {
     let scalar = match key {
         RowPartition::Date(days) => Scalar::Date(*days),
@@ -491,7 +503,7 @@ fn partition_writer(
     )
     .delta_context(|| "cannot configure the Parquet writer".into())?;
     PartitionWriter::try_with_config(
-        plan.target.object_store(),
+        store,
         config,
         DataSkippingNumIndexedCols::NumColumns(32),
         None,

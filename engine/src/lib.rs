@@ -40,6 +40,7 @@ mod resources;
 mod runs;
 mod staged;
 mod storage;
+mod throttle;
 mod validate;
 
 pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, RunReport, Timings};
@@ -59,6 +60,7 @@ pub use plan::{
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use runs::{RunSummary, discard_run, list_runs, publish_run};
 pub use storage::StorageOption;
+pub use throttle::parse_rate;
 pub use validate::{
     CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,
     ValidationReport,

@@ -149,3 +149,44 @@ fn json_progress_events_end_with_the_report_counts() {
     ]);
     assert!(stderr(&quiet).is_empty(), "{}", stderr(&quiet));
 }
+
+#[test]
+fn throttling_bounds_the_write_rate() {
+    let lake = TestLake::new();
+    let rate = 20 * 1024;
+    let started = std::time::Instant::now();
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(0),
+        "--to",
+        &lake.day(9),
+        "--throttle",
+        "20KiB/s",
+        "--max-parallel",
+        "1",
+        "--output-format",
+        "json",
+    ]));
+    let elapsed = started.elapsed().as_secs_f64();
+    let written = report["bytes_written"].as_f64().unwrap();
+    // The bucket starts with one second of bytes; everything beyond it waits at the rate.
+    let floor = (written - rate as f64) / rate as f64;
+    assert!(floor > 1.0, "enough data to measure: {written} bytes");
+    assert!(
+        elapsed >= floor,
+        "{written} bytes at {rate} B/s took {elapsed:.2}s, less than {floor:.2}s"
+    );
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(0),
+        "--to",
+        &lake.day(1),
+        "--throttle",
+        "fast",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

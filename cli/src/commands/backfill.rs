@@ -35,6 +35,12 @@ pub(crate) async fn run(
             &project,
             args.memory_limit.as_deref(),
         )?)
+        .with_throttle(
+            args.throttle
+                .as_deref()
+                .map(lakefill::parse_rate)
+                .transpose()?,
+        )
         .with_progress(printer.progress())
         .with_stage_only(args.stage_only)
         .with_force_publish(force)
