@@ -811,16 +811,6 @@ impl RunReport {
 
     /// Returns the names of failed validation checks.
     pub fn failed_checks(&self) -> Vec<String> {
-        self.validation
-            .as_ref()
-            .and_then(|v| v["checks"].as_array())
-            .map(|checks| {
-                checks
-                    .iter()
-                    .filter(|c| c["passed"] == json!(false))
-                    .filter_map(|c| c["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        crate::validate::failed_checks(self.validation.as_ref())
     }
 }

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::config::Project;
 use crate::error::{DeltaContext, Error, Result};
+use crate::inspect::read_commit;
 use crate::journal::{Journal, RunState, now};
 use crate::storage::{loaded_version, open_table};
 
@@ -200,25 +201,13 @@ async fn referenced_files(table: &DeltaTable) -> Result<BTreeSet<String>> {
     let latest = loaded_version(table)?;
     let mut oldest = latest;
     for version in (0..=latest).rev() {
-        let Some(bytes) = table
-            .log_store()
-            .read_commit_entry(version)
-            .await
-            .delta_context(|| format!("cannot read commit {version}"))?
-        else {
+        let Some(commit) = read_commit(table, version).await? else {
             break;
         };
         oldest = version;
-        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
-                continue;
-            };
-            for kind in ["add", "remove"] {
-                if let Some(path) = action[kind]["path"].as_str() {
-                    referenced.insert(path.to_string());
-                    referenced.insert(decode(path));
-                }
-            }
+        for path in commit.paths {
+            referenced.insert(decode(&path));
+            referenced.insert(path);
         }
     }
     if oldest > 0 {

@@ -58,15 +58,17 @@ pub struct HistoryEntry {
     pub lakefill: Option<Value>,
 }
 
-struct Commit {
+pub(crate) struct Commit {
     info: Value,
     partitions: BTreeSet<String>,
+    /// Paths of the files added or removed, as written in the log.
+    pub(crate) paths: Vec<String>,
     added: u64,
     removed: u64,
 }
 
 /// Reads and parses the commit file of `version`; `None` when it is gone (log cleanup).
-async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>> {
+pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>> {
     let Some(bytes) = table
         .log_store()
         .read_commit_entry(version)
@@ -82,6 +84,7 @@ async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>>
     let mut commit = Commit {
         info: Value::Null,
         partitions: BTreeSet::new(),
+        paths: Vec::new(),
         added: 0,
         removed: 0,
     };
@@ -95,6 +98,9 @@ async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>>
         for (kind, counter) in [("add", &mut commit.added), ("remove", &mut commit.removed)] {
             if let Some(file) = action.get(kind) {
                 *counter += 1;
+                if let Some(path) = file["path"].as_str() {
+                    commit.paths.push(path.to_string());
+                }
                 for column in &partition_columns {
                     if let Some(value) = file["partitionValues"][column].as_str() {
                         commit.partitions.insert(value.to_string());

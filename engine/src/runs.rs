@@ -125,7 +125,7 @@ pub async fn publish_run(
             if journal.validation_passed() == Some(false) && force_reason.is_none() {
                 return Err(Error::ValidationFailed {
                     run_id: run_id.to_string(),
-                    failed: failed_checks(&journal),
+                    failed: crate::validate::failed_checks(journal.validation.as_ref()),
                 });
             }
         }
@@ -133,7 +133,7 @@ pub async fn publish_run(
             if force_reason.is_none() {
                 return Err(Error::ValidationFailed {
                     run_id: run_id.to_string(),
-                    failed: failed_checks(&journal),
+                    failed: crate::validate::failed_checks(journal.validation.as_ref()),
                 });
             }
         }
@@ -213,19 +213,4 @@ pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
         Outcome::Discarded,
         Timings::default(),
     ))
-}
-
-fn failed_checks(journal: &Journal) -> Vec<String> {
-    journal
-        .validation
-        .as_ref()
-        .and_then(|v| v["checks"].as_array())
-        .map(|checks| {
-            checks
-                .iter()
-                .filter(|c| c["passed"] == serde_json::json!(false))
-                .filter_map(|c| c["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }

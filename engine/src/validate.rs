@@ -793,6 +793,20 @@ async fn key_checks(
     ))
 }
 
+/// Names of the failed checks in a saved validation report.
+pub(crate) fn failed_checks(validation: Option<&Value>) -> Vec<String> {
+    validation
+        .and_then(|v| v["checks"].as_array())
+        .map(|checks| {
+            checks
+                .iter()
+                .filter(|c| c["passed"] == json!(false))
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Streams `sql`, counting its rows and keeping the first `sample` as JSON objects.
 pub(crate) async fn count_and_sample(
     ctx: &SessionContext,
