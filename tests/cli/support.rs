@@ -224,6 +224,23 @@ impl TestLake {
         (self.lake.start + chrono::Days::new(offset)).to_string()
     }
 
+    /// Stages events@v2 (newest) over days `from..=to` with `--stage-only`; returns the run id.
+    pub(crate) fn stage_events(&self, from: u64, to: u64) -> String {
+        let report = json_ok(&self.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &self.day(from),
+            "--to",
+            &self.day(to),
+            "--stage-only",
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(report["state"], "staged", "{report}");
+        report["run_id"].as_str().expect("run id").to_string()
+    }
+
     /// Runs the binary in the project directory.
     pub(crate) fn run(&self, args: &[&str]) -> Output {
         run_in(self.path(), args)
@@ -379,4 +396,12 @@ pub(crate) fn files_under(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// Asserts a refusal: the exit code, `message` on stderr, and a hint.
+pub(crate) fn assert_refused(output: &Output, code: i32, message: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "{err}");
+    assert!(err.contains(message), "expected `{message}` in:\n{err}");
+    assert!(err.contains("\nhint: "), "no hint in:\n{err}");
 }

@@ -316,18 +316,7 @@ fn stage_only_then_publish_equals_a_direct_backfill(store: Store) {
 
 fn discard_removes_every_staged_file(store: Store) {
     let lake = TestLake::on(store);
-    let staged = json_ok(&lake.run(&[
-        "backfill",
-        "events",
-        "--from",
-        &lake.day(1),
-        "--to",
-        &lake.day(8),
-        "--stage-only",
-        "--output-format",
-        "json",
-    ]));
-    let run_id = staged["run_id"].as_str().unwrap().to_string();
+    let run_id = lake.stage_events(1, 8);
     let marker = format!("lakefill-{run_id}");
     assert!(
         !staged_objects(&lake, &marker).is_empty(),
@@ -421,18 +410,7 @@ fn append_event(lake: &TestLake, date: &str, event_id: i64) {
 
 fn publish_after_a_conflicting_commit_is_refused(store: Store) {
     let lake = TestLake::on(store);
-    let staged = json_ok(&lake.run(&[
-        "backfill",
-        "events",
-        "--from",
-        &lake.day(2),
-        "--to",
-        &lake.day(4),
-        "--stage-only",
-        "--output-format",
-        "json",
-    ]));
-    let run_id = staged["run_id"].as_str().unwrap().to_string();
+    let run_id = lake.stage_events(2, 4);
 
     // Another writer appends outside the range: the publish keeps its row.
     append_event(&lake, &lake.day(8), 9_000_001);
@@ -447,18 +425,7 @@ fn publish_after_a_conflicting_commit_is_refused(store: Store) {
     // Another run staged, then a writer appends inside its range: publish refuses with exit 4.
     let model = std::fs::read_to_string(lake.path().join("sql/events/v2.sql")).unwrap() + "\n";
     std::fs::write(lake.path().join("sql/events/v3.sql"), model).unwrap();
-    let staged = json_ok(&lake.run(&[
-        "backfill",
-        "events",
-        "--from",
-        &lake.day(5),
-        "--to",
-        &lake.day(6),
-        "--stage-only",
-        "--output-format",
-        "json",
-    ]));
-    let run_id = staged["run_id"].as_str().unwrap().to_string();
+    let run_id = lake.stage_events(5, 6);
     append_event(&lake, &lake.day(6), 9_000_002);
     let after_append = lake.version("events");
     assert_eq!(after_append, version + 1);
