@@ -99,7 +99,7 @@ pub(crate) struct ScopeArgs {
     #[arg(long, value_name = "VERSION")]
     pub(crate) model_version: Option<String>,
     /// Partitions per batch [default: `[defaults] batch_partitions`, else 7].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub(crate) batch_partitions: Option<usize>,
     /// Read a source at a given version instead of its latest (repeatable), e.g. `raw_events=3`.
     #[arg(long = "source-version", value_name = "TABLE=VERSION")]
@@ -110,6 +110,15 @@ pub(crate) struct ScopeArgs {
     /// Why this backfill runs; recorded in the commit [default: the model header's `reason`].
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+}
+
+/// Parses a count that must be at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
 }
 
 /// What to do with rows for partitions outside the range.
@@ -130,7 +139,7 @@ pub(crate) struct BackfillArgs {
     #[command(flatten)]
     pub(crate) scope: ScopeArgs,
     /// Batches in flight [default: `[defaults] max_parallel`, else the number of cores].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub(crate) max_parallel: Option<usize>,
     /// Memory for the run's queries, e.g. `2GiB`; beyond it they spill to disk [default:
     /// `[defaults] memory_limit`, else unlimited].

@@ -11,7 +11,7 @@ use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command};
-use crate::printer::Printer;
+use crate::printer::{Failure, Printer};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -29,7 +29,10 @@ fn main() -> ExitCode {
         Err(error) => {
             printer.error(
                 &anyhow::Error::new(error).context("cannot start the async runtime"),
-                None,
+                &Failure {
+                    exit_code: 1,
+                    ..Failure::default()
+                },
             );
             return ExitCode::from(1);
         }
@@ -42,10 +45,19 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let engine_error = find_engine_error(&error);
-            let hint = engine_error.and_then(lakefill::Error::hint);
-            let code = engine_error.map_or(1, lakefill::Error::exit_code);
-            printer.error(&error, hint);
-            ExitCode::from(code)
+            let (run_id, state) = engine_error
+                .and_then(lakefill::Error::run_state)
+                .map(|(run, state)| (Some(run.to_string()), Some(state)))
+                .unwrap_or_default();
+            let failure = Failure {
+                hint: engine_error.and_then(lakefill::Error::hint),
+                // Clap's own usage errors exit 2 before this point; anything else is ours.
+                exit_code: engine_error.map_or(1, lakefill::Error::exit_code),
+                run_id,
+                state,
+            };
+            printer.error(&error, &failure);
+            ExitCode::from(failure.exit_code)
         }
     }
 }

@@ -14,6 +14,22 @@ use serde_json::Value;
 
 use crate::args::OutputFormat;
 
+/// Whether a result document went to stdout (so an error after it adds none).
+static RESULT_PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What a failed command tells its caller besides the message.
+#[derive(Debug, Default)]
+pub(crate) struct Failure {
+    /// The next step.
+    pub(crate) hint: Option<String>,
+    /// The process exit code.
+    pub(crate) exit_code: u8,
+    /// The run the error is about.
+    pub(crate) run_id: Option<String>,
+    /// The run's state.
+    pub(crate) state: Option<String>,
+}
+
 /// Writes results and status lines according to the global flags.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Printer {
@@ -52,6 +68,7 @@ impl Printer {
 
     /// Prints a result: `text` for people, or `value` as one JSON document.
     pub(crate) fn result(&self, text: &str, value: &impl Serialize) -> anyhow::Result<()> {
+        RESULT_PRINTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut stdout = std::io::stdout().lock();
         match self.format {
             OutputFormat::Text => stdout.write_all(text.as_bytes())?,
@@ -71,22 +88,42 @@ impl Printer {
         }
     }
 
-    /// Prints an error chain and its hint on stderr (always, even under `-q`).
-    pub(crate) fn error(&self, error: &anyhow::Error, hint: Option<String>) {
+    /// Prints an error chain and its hint on stderr (always, even under `-q`). With
+    /// `--output-format json` it also prints one JSON document on stdout, unless the command
+    /// already printed its result there (a failed validation prints its report first).
+    pub(crate) fn error(&self, error: &anyhow::Error, failure: &Failure) {
         let mut out = format!("error: {error}\n");
         // Some errors repeat their source in their own message; print each text once.
         let mut previous = error.to_string();
+        let mut causes = Vec::new();
         for cause in error.chain().skip(1) {
             let text = cause.to_string();
             if !previous.contains(&text) {
                 let _ = writeln!(out, "caused by: {text}");
+                causes.push(text.clone());
             }
             previous = text;
         }
-        if let Some(hint) = hint {
+        if let Some(hint) = &failure.hint {
             let _ = write!(out, "\nhint: {hint}\n");
         }
         eprint!("{out}");
+        if self.format == OutputFormat::Json
+            && !RESULT_PRINTED.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            let document = serde_json::json!({
+                "error": error.to_string(),
+                "caused_by": causes,
+                "hint": failure.hint,
+                "exit_code": failure.exit_code,
+                "run_id": failure.run_id,
+                "state": failure.state,
+            });
+            let mut stdout = std::io::stdout().lock();
+            let _ = serde_json::to_writer_pretty(&mut stdout, &document);
+            let _ = stdout.write_all(b"\n");
+            let _ = stdout.flush();
+        }
     }
 }
 
@@ -268,6 +305,13 @@ pub(crate) fn run_text(report: &RunReport) -> String {
                 report.table
             );
         }
+        Outcome::UpToDate => {
+            let _ = writeln!(
+                out,
+                "up to date: {run} produces exactly the rows {} holds now (read version {}); nothing was published and nothing stays staged",
+                report.table, report.read_version
+            );
+        }
         Outcome::Discarded => {
             let _ = writeln!(out, "discarded {run}: its staged files are deleted");
             return out;
@@ -308,8 +352,10 @@ pub(crate) fn run_text(report: &RunReport) -> String {
             report.spill_dropped
         );
     }
-    if let Some(validation) = &report.validation {
-        out.push_str(&validation_text(validation));
+    if let Some(validation) = &report.validation
+        && let Ok(validation) = serde_json::to_value(validation)
+    {
+        out.push_str(&validation_text(&validation));
     }
     if let Some(reason) = &report.forced {
         let _ = writeln!(out, "  validation overridden: {reason}");

@@ -15,20 +15,25 @@ use deltalake::datafusion::prelude::SessionContext;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 use deltalake::{DeltaTable, ObjectStore};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::error::{Error, QueryContext, Result};
 use crate::execute::{StageOptions, stage};
 use crate::failpoint;
 use crate::inspect::find_run_commit;
-use crate::journal::{BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
+use crate::journal::{BatchBounds, BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
+use crate::lease::RunLease;
 use crate::partition::{PartitionRange, PartitionType, partition_literal};
 use crate::plan::BackfillPlan;
-use crate::publish::commit;
+use crate::publish::{commit, published_sequence, record_published_model};
 use crate::resources::{ProgressEvent, ProgressSink, Resources};
+use crate::rowhash::RowChecksum;
+use crate::runs::reconcile;
 use crate::staged::StagedTable;
 use crate::throttle::Throttle;
-use crate::validate::{CheckResult, KnownSide, ValidationRules, counts_from, validate};
+use crate::validate::{
+    CheckResult, KnownSide, ValidationReport, ValidationRules, counts_from, validate,
+};
 
 /// Default number of sample rows per kind of difference.
 pub const DEFAULT_SAMPLE: usize = 5;
@@ -45,6 +50,7 @@ pub struct BackfillBuilder {
     force_reason: Option<String>,
     sample: usize,
     validate: bool,
+    interrupt: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl BackfillBuilder {
@@ -60,7 +66,18 @@ impl BackfillBuilder {
             force_reason: None,
             sample: DEFAULT_SAMPLE,
             validate: true,
+            interrupt: None,
         }
+    }
+
+    /// Stops the run cleanly when `interrupt` turns `true` (e.g. on Ctrl-C): finished batches
+    /// stay journaled, the run is marked `failed` and its lease released, so running the same
+    /// command resumes it. The commit itself is never interrupted.
+    ///
+    /// By default, the run is not interruptible.
+    pub fn with_interrupt(mut self, interrupt: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
+        self.interrupt = interrupt;
+        self
     }
 
     /// Sets the number of batches in flight.
@@ -110,7 +127,8 @@ impl BackfillBuilder {
         self
     }
 
-    /// Publishes even if validation fails, recording `reason` in the commit.
+    /// Publishes even if validation fails, recording `reason` in the commit. An empty reason
+    /// is refused when the run starts.
     ///
     /// By default, a failed validation publishes nothing.
     pub fn with_force_publish(mut self, reason: Option<String>) -> Self {
@@ -137,29 +155,60 @@ impl BackfillBuilder {
 
     #[tracing::instrument(skip_all, fields(table = %self.plan.report.target, model = %self.plan.report.model, version = %self.plan.report.model_version))]
     async fn run(self) -> Result<RunReport> {
+        let report = &self.plan.report;
+        let store = self.plan.target.object_store();
+        if self
+            .force_reason
+            .as_deref()
+            .is_some_and(|r| r.trim().is_empty())
+        {
+            return Err(crate::runs::empty_reason());
+        }
+        failpoint::reach("after-plan").await?;
+        let lease =
+            match RunLease::acquire(&store, &report.target, &report.run_id, "backfill").await {
+                Ok(lease) => lease,
+                // The log says it is done: no need to hold the run to say so.
+                Err(Error::RunBusy { .. }) if report.already_published => {
+                    return Ok(RunReport::already_published(&self.plan, None));
+                }
+                Err(error) => return Err(error),
+            };
+        let result = self.run_held(&lease).await;
+        lease.release().await;
+        result
+    }
+
+    /// The run, while this process holds its lease.
+    async fn run_held(&self, lease: &RunLease) -> Result<RunReport> {
         let plan = &self.plan;
         let report = &plan.report;
         let store = plan.target.object_store();
         let started = Instant::now();
 
-        if report.already_published {
-            let mut journal = Journal::load(&store, &report.run_id).await?;
-            // A crash between the commit and the journal update left the journal behind.
-            if let Some(journal) = journal.as_mut()
-                && journal.state != RunState::Published
-            {
-                journal.state = RunState::Published;
-                journal.published_version = find_run_commit(&plan.target, &report.run_id).await?;
-                journal.error = None;
-                journal.save(&store).await?;
-            }
+        // The log is the truth: another process may have published this run since the plan.
+        let latest = crate::runs::latest(&plan.target).await?;
+        let previous = Journal::load(&store, &report.run_id).await?;
+        let logged = published_sequence(&latest, &report.run_id).await?;
+        if report.already_published || logged.is_some_and(|s| s >= report.publish_sequence) {
+            let journal = match previous {
+                Some(mut journal) => {
+                    if reconcile(&latest, &mut journal).await? {
+                        journal.save(&store, lease).await?;
+                    }
+                    record_published_model(&store, &journal).await;
+                    Some(journal)
+                }
+                None => None,
+            };
             tracing::info!(run_id = %report.run_id, "run already published");
             return Ok(RunReport::already_published(plan, journal.as_ref()));
         }
-        failpoint::hit("after-plan");
+
         // A previous attempt of this run that did not publish: resume from its finished batches.
-        let resumed = match Journal::load(&store, &report.run_id).await? {
-            Some(previous) if previous.state != RunState::Published => {
+        let resumed = match previous {
+            Some(mut previous) if previous.sequence == report.publish_sequence => {
+                reconcile(&latest, &mut previous).await?;
                 reusable_batches(plan, &store, previous).await?
             }
             _ => Vec::new(),
@@ -167,37 +216,13 @@ impl BackfillBuilder {
         if !resumed.is_empty() {
             tracing::info!(run_id = %report.run_id, batches = resumed.len(), "resuming after finished batches");
         }
+        let mut journal = new_journal(plan);
+        let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
+        let resumed_batches = resumed.len();
+        journal.batches = resumed;
+        journal.save(&store, lease).await?;
 
-        let mut journal = Journal {
-            format: JOURNAL_FORMAT,
-            run_id: report.run_id.clone(),
-            state: RunState::Staging,
-            model: report.model.clone(),
-            model_version: report.model_version.clone(),
-            fingerprint: report.fingerprint.clone(),
-            target: report.target.clone(),
-            partition_column: report.partition_column.clone(),
-            read_version: report.read_version,
-            range: report.range.clone(),
-            sources: report
-                .sources
-                .iter()
-                .map(|s| (s.table.clone(), s.version))
-                .collect(),
-            reason: report.reason.clone(),
-            batches: Vec::new(),
-            partitions: Vec::new(),
-            spill_dropped: 0,
-            validation: None,
-            forced: None,
-            published_version: None,
-            sequence: report.publish_sequence,
-            error: None,
-            created_at: now(),
-            updated_at: now(),
-        };
-        journal.save(&store).await?;
-
+        // Stage.
         let max_parallel = self
             .max_parallel
             .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
@@ -208,10 +233,6 @@ impl BackfillBuilder {
             resources: resources.clone(),
             throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
         };
-        let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
-        let resumed_batches = resumed.len();
-        journal.batches = resumed;
-        journal.save(&store).await?;
         let batches_total = report.batches.len();
         self.emit(ProgressEvent::Started {
             run_id: report.run_id.clone(),
@@ -219,36 +240,13 @@ impl BackfillBuilder {
             batches_total,
             batches_resumed: resumed_batches,
         });
-        let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
-        let staging = stage(plan, &options, &skip, sender);
-        let journaling = async {
-            while let Some(record) = receiver.recv().await {
-                let (index, rows) = (record.index, record.rows.values().sum::<u64>());
-                journal.batches.push(record);
-                journal.batches.sort_by_key(|b| b.index);
-                journal.save(&store).await?;
-                failpoint::hit("mid-stage");
-                self.emit(ProgressEvent::BatchFinished {
-                    run_id: report.run_id.clone(),
-                    index,
-                    batches_done: journal.batches.len(),
-                    batches_total,
-                    rows,
-                    rows_total: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
-                    bytes_total: journal
-                        .staged_files()
-                        .map(|a| u64::try_from(a.size).unwrap_or(0))
-                        .sum(),
-                    elapsed_ms: started.elapsed().as_millis() as u64,
-                });
-            }
-            Ok::<(), Error>(())
-        };
-        let (staged, journaled) = tokio::join!(staging, journaling);
-        if let Err(error) = staged.and(journaled) {
-            // Finished batches stay staged and journaled: running the same command resumes.
-            fail(&mut journal, &store, &error, false).await;
-            return Err(error);
+        let staged = self
+            .interruptible(self.stage_and_journal(&mut journal, &options, &skip, lease, started))
+            .await;
+        if let Err(error) = staged {
+            return Err(self
+                .stop(&mut journal, lease, "staging", error, false)
+                .await);
         }
         let stage_ms = started.elapsed().as_millis() as u64;
 
@@ -273,20 +271,32 @@ impl BackfillBuilder {
                     last.max(report.range.to.clone()),
                 )),
             };
-            fail(&mut journal, &store, &error, true).await;
-            return Err(error);
+            // Spilled output is wrong for this range: it is not worth resuming.
+            return Err(self.stop(&mut journal, lease, "staging", error, true).await);
+        }
+        if !journal.complete() {
+            let error = Error::Internal(format!(
+                "staging finished with {} of {} batches",
+                journal.batches.len(),
+                journal.planned_batches.len()
+            ));
+            return Err(self
+                .stop(&mut journal, lease, "staging", error, false)
+                .await);
         }
         journal.spill_dropped = spilled;
         journal.partitions = partition_changes(plan, &journal.batches);
-        journal.state = RunState::Staged;
-        journal.save(&store).await?;
-        failpoint::hit("after-stage");
+        journal.transition(RunState::Staged)?;
+        journal.save(&store, lease).await?;
+        failpoint::reach("after-stage").await?;
 
         // Validate: old rows at the read version against the staged rows.
         self.emit(ProgressEvent::Phase {
             run_id: report.run_id.clone(),
             phase: "validating".into(),
         });
+        journal.transition(RunState::Validating)?;
+        journal.save(&store, lease).await?;
         let validate_started = Instant::now();
         let extra_checks = vec![
             CheckResult {
@@ -308,44 +318,59 @@ impl BackfillBuilder {
                 sample: Vec::new(),
             },
         ];
-        let validation = match run_validation(
-            plan,
-            &journal,
-            &plan.rules,
-            self.sample,
-            extra_checks,
-            &resources,
-            self.validate,
-        )
-        .await
-        {
+        let validation = self
+            .interruptible(run_validation(
+                plan,
+                &journal,
+                &plan.rules,
+                self.sample,
+                extra_checks,
+                &resources,
+                self.validate,
+            ))
+            .await;
+        let validation = match validation {
             Ok(validation) => validation,
             Err(error) => {
-                fail(&mut journal, &store, &error, false).await;
-                return Err(error);
+                return Err(self
+                    .stop(&mut journal, lease, "validating", error, false)
+                    .await);
             }
         };
         let validate_ms = validate_started.elapsed().as_millis() as u64;
-        let passed = validation["passed"].as_bool().unwrap_or(false);
+        let passed = validation.passed;
+        let identical = validation.comparison.identical == Some(true);
         journal.validation = Some(validation);
+        journal.validated_files = Some(journal.staged_digest());
 
-        let outcome = if !passed && self.force_reason.is_none() {
-            journal.state = RunState::FailedValidation;
-            journal.save(&store).await?;
+        let outcome = if identical && passed {
+            // Publishing would change nothing: say so, and keep nothing staged.
+            journal.transition(RunState::UpToDate)?;
+            crate::runs::delete_unreferenced(&latest, &journal).await?;
+            journal.save(&store, lease).await?;
+            Outcome::UpToDate
+        } else if !passed && self.force_reason.is_none() {
+            journal.transition(RunState::FailedValidation)?;
+            journal.save(&store, lease).await?;
             Outcome::ValidationFailed
         } else {
-            if !passed {
+            if passed {
+                journal.transition(RunState::Validated)?;
+            } else {
+                journal.transition(RunState::FailedValidation)?;
                 journal.forced = self.force_reason.clone();
             }
+            journal.save(&store, lease).await?;
             if self.stage_only {
-                journal.save(&store).await?;
                 Outcome::Staged
             } else {
                 self.emit(ProgressEvent::Phase {
                     run_id: report.run_id.clone(),
                     phase: "publishing".into(),
                 });
-                publish_journal(&plan.target, &mut journal, &store).await?;
+                publish_journal(&plan.target, &mut journal, &store, lease)
+                    .await
+                    .map_err(|error| stopped(&journal, "publishing", error))?;
                 tracing::info!(run_id = %report.run_id, version = ?journal.published_version, "published");
                 Outcome::Published
             }
@@ -373,10 +398,164 @@ impl BackfillBuilder {
         });
         Ok(run)
     }
+
+    /// Stages every batch not in `skip`, journaling each as it finishes.
+    async fn stage_and_journal(
+        &self,
+        journal: &mut Journal,
+        options: &StageOptions,
+        skip: &BTreeSet<usize>,
+        lease: &RunLease,
+        started: Instant,
+    ) -> Result<()> {
+        let plan = &self.plan;
+        let report = &plan.report;
+        let store = plan.target.object_store();
+        let batches_total = report.batches.len();
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
+        let staging = stage(plan, options, skip, sender);
+        let journaling = async {
+            while let Some(record) = receiver.recv().await {
+                let (index, rows) = (record.index, record.rows.values().sum::<u64>());
+                journal.batches.push(record);
+                journal.batches.sort_by_key(|b| b.index);
+                journal.save(&store, lease).await?;
+                failpoint::reach("mid-stage").await?;
+                self.emit(ProgressEvent::BatchFinished {
+                    run_id: report.run_id.clone(),
+                    index,
+                    batches_done: journal.batches.len(),
+                    batches_total,
+                    rows,
+                    rows_total: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
+                    bytes_total: journal
+                        .staged_files()
+                        .map(|a| u64::try_from(a.size).unwrap_or(0))
+                        .sum(),
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                });
+            }
+            Ok::<(), Error>(())
+        };
+        let (staged, journaled) = tokio::join!(staging, journaling);
+        staged.and(journaled)
+    }
+
+    /// Runs `work` unless the run is interrupted first (then it is dropped where it stands).
+    async fn interruptible<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
+        let Some(interrupt) = &self.interrupt else {
+            return work.await;
+        };
+        let mut interrupt = interrupt.clone();
+        tokio::select! {
+            result = work => result,
+            _ = interrupt.wait_for(|interrupted| *interrupted) => Err(Error::Interrupted),
+        }
+    }
+
+    /// Records that the run stopped while `phase` (its finished batches stay, for a resume,
+    /// unless `drop_staged`) and returns the error to report.
+    async fn stop(
+        &self,
+        journal: &mut Journal,
+        lease: &RunLease,
+        phase: &str,
+        error: Error,
+        drop_staged: bool,
+    ) -> Error {
+        let store = self.plan.target.object_store();
+        journal.error = Some(error.to_string());
+        if let Err(e) = journal.transition(RunState::Failed) {
+            tracing::warn!(run_id = %journal.run_id, error = %e, "cannot mark the run failed");
+        }
+        if drop_staged {
+            match crate::runs::latest(&self.plan.target).await {
+                Ok(latest) => {
+                    if let Err(e) = crate::runs::delete_unreferenced(&latest, journal).await {
+                        tracing::warn!(run_id = %journal.run_id, error = %e, "cannot delete the staged files");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(run_id = %journal.run_id, error = %e, "cannot delete the staged files")
+                }
+            }
+            journal.batches.clear();
+        }
+        if let Err(e) = journal.save(&store, lease).await {
+            tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failure in the run journal");
+        }
+        stopped(journal, phase, error)
+    }
+}
+
+/// Wraps the error that stopped a run with the run's id and state.
+fn stopped(journal: &Journal, phase: &str, error: Error) -> Error {
+    match error {
+        // Already about the run.
+        Error::RunBusy { .. } | Error::LeaseLost { .. } | Error::RunStopped { .. } => error,
+        error => Error::RunStopped {
+            run_id: journal.run_id.clone(),
+            state: journal.state,
+            phase: phase.to_string(),
+            resume: journal.resume_command(),
+            source: Box::new(error),
+        },
+    }
+}
+
+/// A fresh journal for the plan, in `staging`.
+fn new_journal(plan: &BackfillPlan) -> Journal {
+    let report = &plan.report;
+    Journal {
+        format: JOURNAL_FORMAT,
+        run_id: report.run_id.clone(),
+        state: RunState::Staging,
+        model: report.model.clone(),
+        model_version: report.model_version.clone(),
+        fingerprint: report.fingerprint.clone(),
+        target: report.target.clone(),
+        partition_column: report.partition_column.clone(),
+        read_version: report.read_version,
+        range: report.range.clone(),
+        sources: report
+            .sources
+            .iter()
+            .map(|s| (s.table.clone(), s.version))
+            .collect(),
+        self_sources: report
+            .sources
+            .iter()
+            .filter(|s| s.reads_target)
+            .map(|s| s.table.clone())
+            .collect(),
+        allow_spill: report.allow_spill.clone(),
+        reason: report.reason.clone(),
+        planned_batches: report
+            .batches
+            .iter()
+            .map(|b| BatchBounds {
+                index: b.index,
+                start: b.start.clone(),
+                end: b.end.clone(),
+            })
+            .collect(),
+        batches: Vec::new(),
+        partitions: Vec::new(),
+        spill_dropped: 0,
+        validation: None,
+        validated_files: None,
+        forced: None,
+        published_version: None,
+        sequence: report.publish_sequence,
+        error: None,
+        created_at: now(),
+        updated_at: now(),
+    }
 }
 
 /// The finished batches of an earlier attempt of this run that can be kept. Everything else the
-/// attempt staged is deleted: batches whose files are gone, and files of unfinished batches.
+/// attempt staged is deleted (never a file a table version references): batches whose files are
+/// gone, and files of unfinished batches.
 async fn reusable_batches(
     plan: &BackfillPlan,
     store: &Arc<dyn ObjectStore>,
@@ -386,13 +565,13 @@ async fn reusable_batches(
     let reads_target = report.sources.iter().any(|s| s.reads_target);
     // Output depends on the pinned sources (part of the run id) and, for a model reading its own
     // target, on the read version.
-    let compatible = previous.state != RunState::Discarded
-        && previous.sequence == report.publish_sequence
+    let compatible = !matches!(
+        previous.state,
+        RunState::Discarded | RunState::UpToDate | RunState::Published
+    ) && previous.sequence == report.publish_sequence
         && (!reads_target || previous.read_version == report.read_version);
     let mut kept = Vec::new();
-    let mut dropped = previous.clone();
-    dropped.batches.clear();
-    for batch in previous.batches {
+    for batch in &previous.batches {
         let same_batch = report
             .batches
             .iter()
@@ -411,33 +590,14 @@ async fn reusable_batches(
             }
         }
         if complete {
-            kept.push(batch);
-        } else {
-            dropped.batches.push(batch);
+            kept.push(batch.clone());
         }
     }
-    delete_staged(store, &dropped).await;
-    // Files of batches that never finished are in the run's staging directories but not in the
-    // journal.
-    let known: BTreeSet<String> = kept
-        .iter()
-        .flat_map(|b| b.files.iter().map(|a| a.path.clone()))
-        .collect();
-    for partition in &report.partitions {
-        let prefix = deltalake::Path::from(format!(
-            "{}/lakefill-{}",
-            crate::partition::hive_directory(&report.partition_column, &partition.value),
-            report.run_id
-        ));
-        let listed: Vec<_> = futures::TryStreamExt::try_collect(store.list(Some(&prefix)))
-            .await
-            .unwrap_or_default();
-        for object in listed {
-            if !known.contains(object.location.as_ref()) {
-                let _ = store.delete(&object.location).await;
-            }
-        }
-    }
+    // Everything else in the run's staging directories goes: files of dropped batches, and of
+    // batches that never finished (not in the journal).
+    let mut leftover = previous;
+    leftover.batches = kept.clone();
+    crate::runs::delete_unjournaled(&plan.target, &leftover).await?;
     Ok(kept)
 }
 
@@ -450,27 +610,71 @@ impl IntoFuture for BackfillBuilder {
     }
 }
 
-/// Commits a staged run and records the outcome in its journal. On a conflict the run stays
-/// staged (it can be re-validated or discarded); on other errors too, since nothing changed.
+/// Commits a validated run and records the outcome in its journal. After any error from the
+/// commit path the log is read again: if the commit landed after all, the run is published;
+/// otherwise it is back where it was (or `failed`, when the target moved under it).
 pub(crate) async fn publish_journal(
     target_at_read_version: &DeltaTable,
     journal: &mut Journal,
     store: &Arc<dyn ObjectStore>,
+    lease: &RunLease,
 ) -> Result<()> {
-    failpoint::hit("before-commit");
-    match commit(target_at_read_version, journal).await {
+    let before = journal.state;
+    journal.transition(RunState::Publishing)?;
+    journal.save(store, lease).await?;
+    failpoint::reach("before-commit").await?;
+    lease.check()?;
+    let committed = commit(target_at_read_version, journal).await;
+    let error = match committed {
         Ok(version) => {
-            failpoint::hit("after-commit");
-            journal.state = RunState::Published;
-            journal.published_version = Some(version);
-            journal.error = None;
-            journal.save(store).await
+            failpoint::reach("after-commit").await?;
+            return published(journal, store, lease, Some(version)).await;
         }
-        Err(error) => {
-            fail(journal, store, &error, false).await;
-            Err(error)
-        }
+        Err(error) => error,
+    };
+    // Did a version get written anyway (a lost response, a racing retry)?
+    if let Ok(latest) = crate::runs::latest(target_at_read_version).await
+        && published_sequence(&latest, &journal.run_id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s >= journal.sequence)
+    {
+        let version = find_run_commit(&latest, &journal.run_id)
+            .await
+            .ok()
+            .flatten();
+        tracing::warn!(run_id = %journal.run_id, %error, "the commit reported an error but is in the log");
+        return published(journal, store, lease, version).await;
     }
+    journal.error = Some(error.to_string());
+    journal.state = match error {
+        // The read version is stale for the range: validating again needs a new attempt.
+        Error::Conflict { .. } => RunState::Failed,
+        _ => before,
+    };
+    if let Err(e) = journal.save(store, lease).await {
+        tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failed publish");
+    }
+    Err(error)
+}
+
+async fn published(
+    journal: &mut Journal,
+    store: &Arc<dyn ObjectStore>,
+    lease: &RunLease,
+    version: Option<u64>,
+) -> Result<()> {
+    journal.transition(RunState::Published)?;
+    journal.published_version = version;
+    journal.error = None;
+    record_published_model(store, journal).await;
+    // The commit is in the log, which is the truth; a journal that cannot be written now is
+    // repaired by the next command that reads the run.
+    if let Err(error) = journal.save(store, lease).await {
+        tracing::warn!(run_id = %journal.run_id, %error, "published, but cannot update the run journal");
+    }
+    Ok(())
 }
 
 /// Registers `previous` (the target at the read version, affected partitions only) and `output`
@@ -483,10 +687,13 @@ async fn run_validation(
     extra_checks: Vec<CheckResult>,
     resources: &Resources,
     compare_rows: bool,
-) -> Result<Value> {
+) -> Result<ValidationReport> {
     if !compare_rows {
-        let passed = extra_checks.iter().all(|c| c.passed);
-        return Ok(json!({"passed": passed, "skipped": true, "checks": extra_checks}));
+        return Ok(ValidationReport {
+            passed: extra_checks.iter().all(|c| c.passed),
+            checks: extra_checks,
+            ..ValidationReport::default()
+        });
     }
     let ctx = comparison_session(
         resources.session(),
@@ -506,13 +713,15 @@ async fn run_validation(
     )?;
     ctx.register_table("output", Arc::new(staged))
         .query_context(|| "cannot register the staged files".into())?;
-    let old_counts = plan
-        .report
-        .partitions
-        .iter()
-        .map(|p| p.rows.map(|rows| (p.value.clone(), rows)))
-        .collect::<Option<BTreeMap<_, _>>>()
-        .map(|counts| KnownSide::rows(counts.into_iter().filter(|(_, n)| *n > 0).collect()));
+    let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
+    for batch in &journal.batches {
+        for (partition, checksum) in &batch.checksums {
+            checksums
+                .entry(partition.clone())
+                .or_default()
+                .merge(checksum);
+        }
+    }
     let mut new_side = KnownSide {
         rows: counts_from(
             journal
@@ -521,6 +730,7 @@ async fn run_validation(
                 .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))),
         ),
         sums: Some(BTreeMap::new()),
+        checksums: Some(checksums),
     };
     for batch in &journal.batches {
         for (partition, measures) in &batch.sums {
@@ -542,17 +752,31 @@ async fn run_validation(
     {
         new_side.sums = None;
     }
-    let report = validate(
+    // Every column but the partition column, in the table's order: what makes a row.
+    let checksum_columns = plan
+        .target
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| name != &journal.partition_column)
+        .collect();
+    validate(
         &ctx,
         &journal.partition_column,
         rules,
         sample,
-        old_counts,
         Some(new_side),
+        checksum_columns,
         extra_checks,
     )
-    .await?;
-    serde_json::to_value(&report).map_err(|e| Error::Internal(format!("validation report: {e}")))
+    .await
 }
 
 /// A session with `previous` registered: `table` restricted to the partitions of `range`.
@@ -632,41 +856,6 @@ fn partition_changes(plan: &BackfillPlan, batches: &[BatchRecord]) -> Vec<Partit
     partitions
 }
 
-/// Deletes the staged files of a run. Best effort: a file left behind is garbage for `gc`, never
-/// visible to readers.
-pub(crate) async fn delete_staged(store: &Arc<dyn ObjectStore>, journal: &Journal) -> u64 {
-    let mut deleted = 0;
-    for add in journal.staged_files() {
-        let path = deltalake::Path::from(add.path.as_str());
-        match store.delete(&path).await {
-            Ok(()) => deleted += 1,
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
-            Err(e) => tracing::warn!(path = %path, error = %e, "cannot delete a staged file"),
-        }
-    }
-    deleted
-}
-
-/// Records a failure in the journal and, when `delete_staged_files`, removes the run's staged
-/// files. Best effort: the original error is what the caller reports.
-async fn fail(
-    journal: &mut Journal,
-    store: &Arc<dyn ObjectStore>,
-    error: &Error,
-    delete_staged_files: bool,
-) {
-    journal.error = Some(error.to_string());
-    if delete_staged_files {
-        journal.state = RunState::Failed;
-        delete_staged(store, journal).await;
-    } else if journal.state != RunState::FailedValidation {
-        journal.state = RunState::Staged;
-    }
-    if let Err(e) = journal.save(store).await {
-        tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failure in the run journal");
-    }
-}
-
 /// What a backfill or publish did (DESIGN §3 JSON contract).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -703,7 +892,7 @@ pub struct RunReport {
     /// Batches taken over from an earlier, interrupted attempt of the same run.
     pub resumed_batches: usize,
     /// The validation report (`passed`, each check with its numbers, the comparison).
-    pub validation: Option<Value>,
+    pub validation: Option<ValidationReport>,
     /// The reason validation was overridden, if it was.
     pub forced: Option<String>,
     /// Wall time per phase.
@@ -722,6 +911,8 @@ pub enum Outcome {
     Staged,
     /// Validation failed; nothing was published.
     ValidationFailed,
+    /// The staged rows equal the current rows: nothing was published, nothing stays staged.
+    UpToDate,
     /// The run's staged files were deleted.
     Discarded,
 }
@@ -811,6 +1002,9 @@ impl RunReport {
 
     /// Returns the names of failed validation checks.
     pub fn failed_checks(&self) -> Vec<String> {
-        crate::validate::failed_checks(self.validation.as_ref())
+        self.validation
+            .as_ref()
+            .map(ValidationReport::failed)
+            .unwrap_or_default()
     }
 }

@@ -147,6 +147,23 @@ impl Project {
                 },
             );
         }
+        // A table's location must not hold another table: deleting one's staged files could
+        // otherwise reach into the other.
+        let declared: Vec<&TableConfig> = tables.values().collect();
+        for (i, a) in declared.iter().enumerate() {
+            for b in &declared[i + 1..] {
+                if let Some(relation) = overlap(&a.url, &b.url) {
+                    return Err(Error::ConfigValue {
+                        path: path.to_path_buf(),
+                        field: format!("tables.{}.uri", b.name),
+                        message: format!(
+                            "the location of `{}` (`{}`) {relation} the location of `{}` (`{}`); every table needs a location of its own, outside the others",
+                            b.name, b.uri, a.name, a.uri
+                        ),
+                    });
+                }
+            }
+        }
         Ok(Self {
             root: root.to_path_buf(),
             storage_keys: raw.storage.keys().cloned().collect(),
@@ -256,6 +273,37 @@ fn resolve_uri(root: &Path, uri: &str) -> std::result::Result<Url, String> {
         .map_err(|()| format!("`{}` is not a usable path", path.display()))
 }
 
+/// How `b`'s location relates to `a`'s, if they overlap: `is the same as`, `is inside` or
+/// `contains`. Local paths are compared as written and, where they exist, with links resolved.
+fn overlap(a: &Url, b: &Url) -> Option<&'static str> {
+    let forms = |url: &Url| -> Vec<String> {
+        let mut forms = vec![url.as_str().trim_end_matches('/').to_string() + "/"];
+        if url.scheme() == "file"
+            && let Ok(path) = url.to_file_path()
+            && let Ok(real) = std::fs::canonicalize(&path)
+            && let Ok(real) = Url::from_directory_path(real)
+        {
+            forms.push(real.as_str().to_string());
+        }
+        forms
+    };
+    let (a_forms, b_forms) = (forms(a), forms(b));
+    for x in &a_forms {
+        for y in &b_forms {
+            if x == y {
+                return Some("is the same as");
+            }
+            if y.starts_with(x.as_str()) {
+                return Some("is inside");
+            }
+            if x.starts_with(y.as_str()) {
+                return Some("contains");
+            }
+        }
+    }
+    None
+}
+
 fn with_trailing_slash(mut url: Url) -> Url {
     if !url.path().ends_with('/') {
         let path = format!("{}/", url.path());
@@ -358,6 +406,32 @@ mod tests {
             err.to_string(),
             "environment variable `LAKEFILL_SURELY_UNSET_VAR` used by `tables.t.storage.KEY` is not set"
         );
+    }
+
+    #[test]
+    fn nested_or_shared_locations_are_refused() {
+        for (a, b, relation) in [
+            ("lake/events", "lake/events/", "is the same as"),
+            ("lake", "lake/events", "is inside"),
+            (
+                "s3://bucket/lake/events/x",
+                "s3://bucket/lake/events",
+                "contains",
+            ),
+        ] {
+            let text = format!("[tables.a]\nuri = \"{a}\"\n[tables.b]\nuri = \"{b}\"\n");
+            let err = Project::from_toml(Path::new("/p"), Path::new("/p/lakefill.toml"), &text)
+                .expect_err("overlap");
+            assert_eq!(err.exit_code(), 2);
+            let message = err.to_string();
+            assert!(
+                message.contains(relation) && message.contains("`a`"),
+                "{message}"
+            );
+        }
+        let text = "[tables.a]\nuri = \"lake/events\"\n[tables.b]\nuri = \"lake/events_archive\"\n";
+        Project::from_toml(Path::new("/p"), Path::new("/p/lakefill.toml"), text)
+            .expect("siblings with a common prefix are fine");
     }
 
     #[test]

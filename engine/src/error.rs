@@ -245,6 +245,61 @@ pub enum Error {
         state: String,
         /// What was asked, e.g. `published`.
         action: String,
+        /// What the user can do instead.
+        next: String,
+    },
+    /// Another process holds the run's lease.
+    #[error("run `{run_id}` is being worked on by another process ({holder}) since {since}")]
+    RunBusy {
+        /// The run id.
+        run_id: String,
+        /// Who holds it.
+        holder: String,
+        /// Since when.
+        since: String,
+        /// When its lease expires unless renewed.
+        expires: String,
+    },
+    /// This process lost the run's lease to another one and stopped writing.
+    #[error("lost run `{run_id}` to another process; stopped without writing more")]
+    LeaseLost {
+        /// The run id.
+        run_id: String,
+    },
+    /// The run was interrupted (Ctrl-C).
+    #[error("interrupted")]
+    Interrupted,
+    /// A model file was edited after its version was published.
+    #[error(
+        "model file `{}` was edited after `{model}@{version}` was published: it was published with fingerprint {published}, the file now has {current}",
+        path.display()
+    )]
+    ModelEdited {
+        /// The model.
+        model: String,
+        /// The version.
+        version: String,
+        /// The file.
+        path: PathBuf,
+        /// The fingerprint that was published.
+        published: String,
+        /// The file's fingerprint now.
+        current: String,
+    },
+    /// A run stopped before publishing; the cause is the source.
+    #[error("run `{run_id}` stopped while {phase}; it is {state} and nothing was published")]
+    RunStopped {
+        /// The run id.
+        run_id: String,
+        /// Its state now.
+        state: crate::lifecycle::RunState,
+        /// What it was doing, e.g. `staging`.
+        phase: String,
+        /// The command that resumes it.
+        resume: String,
+        /// Why it stopped.
+        #[source]
+        source: Box<Error>,
     },
     /// Validation failed; nothing was published.
     #[error("validation of run `{run_id}` failed ({}); nothing was published", failed.join(", "))]
@@ -298,9 +353,11 @@ impl Error {
             | Error::Partitioning { .. }
             | Error::SchemaMismatch { .. }
             | Error::UnsafeStore { .. } => 2,
-            Error::UnknownRun { .. } | Error::RunState { .. } => 2,
+            Error::UnknownRun { .. } | Error::RunState { .. } | Error::ModelEdited { .. } => 2,
             Error::ValidationFailed { .. } => 3,
-            Error::Conflict { .. } => 4,
+            Error::Conflict { .. } | Error::RunBusy { .. } | Error::LeaseLost { .. } => 4,
+            Error::Interrupted => 130,
+            Error::RunStopped { source, .. } => source.exit_code(),
             Error::StagedFilesMissing { .. } => 1,
             Error::ReadFile { .. }
             | Error::OpenTable { .. }
@@ -370,9 +427,32 @@ impl Error {
                 "list runs with `lakefill runs`; searched the journals of {}",
                 list_or_none(searched)
             ),
-            Error::RunState { run_id, state, .. } => match state.as_str() {
-                "published" => format!("to undo it, use `lakefill revert {run_id}`"),
-                _ => "re-run the `lakefill backfill` command to stage the run again".into(),
+            Error::RunState { next, .. } => next.clone(),
+            Error::RunBusy { expires, .. } => format!(
+                "wait for it to finish, then run the command again (`lakefill runs` shows the run's state); if that process is gone for good, its lease expires at {expires}"
+            ),
+            Error::LeaseLost { .. } => {
+                "another lakefill took the run over after this one stopped renewing its lease; see `lakefill runs`".into()
+            }
+            Error::Interrupted => {
+                "run the same command again to resume where it stopped".into()
+            }
+            Error::ModelEdited { model, path, .. } => format!(
+                "a published model version is never edited: restore `{}` as it was (e.g. with `git checkout`) and put the change into a new version file under `sql/{model}/`",
+                path.display()
+            ),
+            Error::RunStopped { source, resume, run_id, .. } => match source.as_ref() {
+                Error::Spill { .. } | Error::Conflict { .. } | Error::Interrupted => {
+                    source.hint().unwrap_or_default()
+                }
+                other => match other.hint() {
+                    Some(hint) => format!(
+                        "{hint}; the finished batches are kept: `{resume}` resumes the run, `lakefill discard {run_id}` drops it"
+                    ),
+                    None => format!(
+                        "the finished batches are kept: `{resume}` resumes the run, `lakefill discard {run_id}` drops it"
+                    ),
+                },
             },
             Error::ValidationFailed { run_id, .. } => format!(
                 "read the report above; fix the model and run the backfill again, or publish anyway with `lakefill publish {run_id} --force-publish --reason TEXT`"
@@ -394,6 +474,21 @@ impl Error {
             }
             Error::Delta { .. } | Error::Internal(_) => return None,
         })
+    }
+}
+
+impl Error {
+    /// The run id and state an error is about, for the JSON error document.
+    pub fn run_state(&self) -> Option<(&str, String)> {
+        match self {
+            Error::RunStopped { run_id, state, .. } => Some((run_id, state.to_string())),
+            Error::RunState { run_id, state, .. } => Some((run_id, state.clone())),
+            Error::ValidationFailed { run_id, .. } => Some((run_id, "failed-validation".into())),
+            Error::RunBusy { run_id, .. } | Error::LeaseLost { run_id } => {
+                Some((run_id, "busy".into()))
+            }
+            _ => None,
+        }
     }
 }
 

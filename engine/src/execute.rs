@@ -31,11 +31,12 @@ use indexmap::IndexMap;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
 use crate::partition::{
-    PartitionType, date_to_days, days_to_date, hive_directory, parse_partition_date,
-    partition_literal,
+    PartitionType, date_to_days, days_to_date, parse_partition_date, partition_literal,
+    staging_prefix,
 };
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
 use crate::resources::Resources;
+use crate::rowhash::{RowChecksum, hash_rows};
 use crate::throttle::{Throttle, ThrottledStore};
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
@@ -217,8 +218,18 @@ fn window_bounds(
             let end = parse_partition_date(&batch.end).ok_or_else(|| {
                 Error::Internal(format!("batch bound `{}` is not a date", batch.end))
             })?;
-            let low = start - chrono::Days::new(source.spec.lookback.into());
-            let high = end + chrono::Days::new(source.spec.lookahead.into());
+            let out_of_range = || Error::InvalidRange {
+                message: format!(
+                    "the window of source `{}` around {}..{} leaves the calendar",
+                    source.name, batch.start, batch.end
+                ),
+            };
+            let low = start
+                .checked_sub_days(chrono::Days::new(source.spec.lookback.into()))
+                .ok_or_else(out_of_range)?;
+            let high = end
+                .checked_add_days(chrono::Days::new(source.spec.lookahead.into()))
+                .ok_or_else(out_of_range)?;
             Ok((low.to_string(), high.to_string()))
         }
     }
@@ -306,6 +317,7 @@ async fn stage_batch(
     let report = &plan.report;
     let partition_column = report.partition_column.as_str();
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
+    crate::failpoint::reach(&format!("stage-batch-{}", batch.index)).await?;
     let (_ctx, df) = batch_dataframe(plan, batch, resources).await?;
     // Put the columns in the target's order and types.
     let projection: Vec<Expr> = target_schema
@@ -359,6 +371,7 @@ async fn stage_batch(
     let mut rows: BTreeMap<String, u64> = BTreeMap::new();
     let mut spill: BTreeMap<String, u64> = BTreeMap::new();
     let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
     // Measures summed while writing, so validation need not scan the staged files for them.
     let measures: Vec<(String, usize)> = plan
         .rules
@@ -406,6 +419,10 @@ async fn stage_batch(
             })?;
             let rendered = key.render();
             *rows.entry(rendered.clone()).or_default() += part.num_rows() as u64;
+            checksums
+                .entry(rendered.clone())
+                .or_default()
+                .add_hashes(&hash_rows(part.columns(), part.num_rows())?);
             if !measures.is_empty() {
                 let partition_sums = sums.entry(rendered).or_default();
                 for (measure, index) in &measures {
@@ -452,6 +469,7 @@ async fn stage_batch(
         rows,
         spill,
         sums,
+        checksums,
     })
 }
 
@@ -481,11 +499,7 @@ fn partition_writer(
             ));
         }
     };
-    let prefix = format!(
-        "{}/lakefill-{}",
-        hive_directory(partition_column, &key.render()),
-        plan.report.run_id
-    );
+    let prefix = staging_prefix(partition_column, &key.render(), &plan.report.run_id);
     let prefix = Path::parse(&prefix)
         .map_err(|e| Error::Internal(format!("invalid staging path `{prefix}`: {e}")))?;
     let properties = WriterProperties::builder()

@@ -1,23 +1,51 @@
-//! Crash points for fault-injection tests.
+//! Fault points for fault-injection tests.
 //!
-//! With the `failpoints` feature (enabled by the test builds only), [`hit`] aborts the process
-//! when the environment variable `LAKEFILL_FAILPOINTS` lists the point's name, the way a power
-//! cut or a `kill -9` would stop it: no cleanup, no journal update. Without the feature it is a
-//! no-op the compiler removes.
+//! With the `failpoints` feature (enabled by the test builds only), the environment variable
+//! `LAKEFILL_FAILPOINTS` arms points by name, each with an action: `name` or `name=abort` aborts
+//! the process the way a power cut or a `kill -9` would (no cleanup, no journal update),
+//! `name=error` makes the point return an error as a failing store or query would, and
+//! `name=pause` stops there until the process is signalled (for SIGINT and SIGKILL tests).
+//! Without the feature every point is a no-op the compiler removes.
 //!
-//! Points, in the order a backfill reaches them: `after-plan`, `mid-stage` (after the first
-//! batch is journaled), `after-stage`, `mid-validate`, `before-commit`, `after-commit` (the
-//! commit is in the log, the journal does not know yet).
+//! Points, in the order a backfill reaches them: `after-plan`, `stage-batch-<k>` (while staging
+//! batch `k`), `mid-stage` (after the first batch is journaled), `after-stage`, `mid-validate`,
+//! `before-commit`, `after-commit` (the commit is in the log, the journal does not know yet).
 
-/// Aborts the process if the failpoint `name` is armed.
-pub(crate) fn hit(name: &str) {
+use crate::error::Result;
+
+/// Acts on the point `name` if it is armed.
+pub(crate) async fn reach(name: &str) -> Result<()> {
     #[cfg(feature = "failpoints")]
-    if std::env::var("LAKEFILL_FAILPOINTS")
-        .is_ok_and(|armed| armed.split(',').any(|p| p.trim() == name))
-    {
-        tracing::error!(failpoint = name, "failpoint hit: aborting");
-        std::process::abort();
+    if let Some(action) = armed(name) {
+        match action.as_str() {
+            "error" => {
+                return Err(crate::error::Error::Internal(format!(
+                    "injected failure at `{name}`"
+                )));
+            }
+            "pause" => {
+                tracing::error!(failpoint = name, "failpoint hit: pausing");
+                futures::future::pending::<()>().await;
+            }
+            _ => {
+                tracing::error!(failpoint = name, "failpoint hit: aborting");
+                std::process::abort();
+            }
+        }
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
+    Ok(())
+}
+
+#[cfg(feature = "failpoints")]
+fn armed(name: &str) -> Option<String> {
+    let armed = std::env::var("LAKEFILL_FAILPOINTS").ok()?;
+    armed.split(',').find_map(|entry| {
+        let (point, action) = entry
+            .trim()
+            .split_once('=')
+            .unwrap_or((entry.trim(), "abort"));
+        (point == name).then(|| action.to_string())
+    })
 }

@@ -1,24 +1,32 @@
 //! `lakefill gc`: delete staged files nobody will publish, never a file a version references.
 //!
-//! Staged files live in `<partition>/lakefill-<run_id>/` directories. A file there is garbage
-//! when no retained version of the table references it and its run will not publish it: the run
-//! failed, failed validation, was discarded, published without it (an orphan of a crashed
-//! batch), has no journal, or was abandoned (staging or staged with no journal update for longer
-//! than `--older-than`). Vacuum-style retention of replaced files is left to Delta's own VACUUM.
+//! Staged files live in `<partition dir>/lakefill-<run_id>/`. gc walks only those directories:
+//! partition directories of the table's own partition columns, never through a symbolic link,
+//! never into a directory that holds a `_delta_log` of its own (a nested table), never into
+//! `_delta_log` or `_lakefill`. A file there is garbage when no retained version of any table of
+//! the project references it, it lies in its run's range, and its run will not publish it: the
+//! run failed, was discarded, was up to date, published without it (an orphan of a crashed
+//! batch), has no journal and nobody holds it, or was abandoned (not finished, nobody holds it,
+//! and its journal is older than `--older-than`). Runs are reconciled with the Delta log first,
+//! and a run is touched only under its lease. Retention of replaced files is left to Delta's own
+//! VACUUM.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use deltalake::DeltaTable;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
-use futures::TryStreamExt;
+use deltalake::{ObjectStore, Path};
 use serde::Serialize;
+use url::Url;
 
 use crate::config::Project;
 use crate::error::{DeltaContext, Error, Result};
-use crate::inspect::read_commit;
-use crate::journal::{Journal, RunState, now};
-use crate::storage::{loaded_version, open_table};
+use crate::journal::{Journal, RunState, is_run_id, now};
+use crate::lease::{RunLease, holder};
+use crate::references::{ReferencedFiles, decode};
+use crate::runs::reconcile;
+use crate::storage::{is_local_symlink, open_table};
 
 /// What `gc` deleted, or would delete with `--dry-run`.
 #[derive(Debug, Clone, Serialize)]
@@ -50,27 +58,44 @@ pub struct GcFile {
     pub reason: String,
 }
 
-/// Parses durations like `30m`, `24h`, `7d` or `90s`.
+/// The longest age `--older-than` accepts: a hundred years.
+const MAX_AGE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Parses durations like `30m`, `24h`, `7d` or `90s` (at most a hundred years).
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();
-    let invalid = || Error::InvalidOption {
+    let invalid = |message: &str| Error::InvalidOption {
         option: "--older-than".into(),
         value: text.to_string(),
-        message: "expected a number and a unit: s, m, h or d (e.g. `24h`)".into(),
+        message: message.to_string(),
     };
+    let expected = "expected a number and a unit: s, m, h or d (e.g. `24h`)";
     let split = text
         .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(invalid)?;
+        .ok_or_else(|| invalid(expected))?;
     let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| invalid())?;
-    let seconds = match unit {
-        "s" => number,
-        "m" => number * 60,
-        "h" => number * 3600,
-        "d" => number * 86_400,
-        _ => return Err(invalid()),
+    let number: u64 = number.parse().map_err(|_| invalid(expected))?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(invalid(expected)),
     };
+    let seconds = number
+        .checked_mul(factor)
+        .filter(|s| *s <= MAX_AGE.as_secs())
+        .ok_or_else(|| invalid("at most a hundred years (`36500d`)"))?;
     Ok(Duration::from_secs(seconds))
+}
+
+/// A file in a run's staging directory.
+struct Staged {
+    path: Path,
+    size: u64,
+    run_id: String,
+    /// The partition values of the directories above it, decoded.
+    partition: Vec<String>,
 }
 
 /// Deletes (or with `dry_run` lists) the garbage staged files of `table`.
@@ -83,102 +108,118 @@ pub async fn gc(
     let config = project.table(table, "the command line")?;
     let opened = open_table(config, None).await?;
     let store = opened.object_store();
-    let referenced = referenced_files(&opened).await?;
+    let root = opened.table_url().clone();
+    let partition_columns = opened
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{table}`"))?
+        .metadata()
+        .partition_columns()
+        .to_vec();
 
-    let journals: BTreeMap<String, Journal> = Journal::list(&store)
-        .await?
-        .into_iter()
-        .map(|j| (j.run_id.clone(), j))
-        .collect();
+    let mut journals: BTreeMap<String, Journal> = BTreeMap::new();
+    for mut journal in Journal::list(&store).await? {
+        reconcile(&opened, &mut journal).await?;
+        journals.insert(journal.run_id.clone(), journal);
+    }
     let cutoff = chrono::Utc::now()
         - chrono::Duration::from_std(older_than).unwrap_or_else(|_| chrono::Duration::zero());
 
-    let objects: Vec<_> =
-        store
-            .list(None)
-            .try_collect()
-            .await
-            .map_err(|source| Error::Storage {
-                path: "/".into(),
-                source,
-            })?;
-    let mut files = Vec::new();
+    let staged = staged_files(&store, &root, &partition_columns).await?;
+    let referenced = if staged.is_empty() {
+        ReferencedFiles::default()
+    } else {
+        ReferencedFiles::of_project(project, &opened).await?
+    };
+    let mut garbage: BTreeMap<String, Vec<GcFile>> = BTreeMap::new();
     let mut kept = 0u64;
     let mut abandoned = BTreeSet::new();
-    for object in objects {
-        let path = object.location.to_string();
-        if path.starts_with("_delta_log/") || path.starts_with("_lakefill/") {
+    let mut busy: BTreeMap<String, bool> = BTreeMap::new();
+    for file in staged {
+        if referenced.contains(&root, file.path.as_ref()) {
+            // Data of a version: not staged garbage at all.
             continue;
         }
-        let Some(run_id) = path
-            .split('/')
-            .find_map(|segment| segment.strip_prefix("lakefill-"))
-            .map(str::to_string)
-        else {
-            continue;
+        let run_id = file.run_id.clone();
+        let held = match busy.get(&run_id) {
+            Some(held) => *held,
+            None => {
+                let held = holder(&store, &run_id).await?.is_some();
+                busy.insert(run_id.clone(), held);
+                held
+            }
         };
-        let run_id = run_id.as_str();
-        if referenced.contains(&path) || referenced.contains(&decode(&path)) {
-            continue;
-        }
-        let reason = match journals.get(run_id) {
+        let reason = match journals.get(&run_id) {
+            _ if held => None,
             None => Some("no journal".to_string()),
-            Some(journal) => match journal.state {
-                RunState::Failed => Some("run failed".into()),
-                RunState::FailedValidation => Some("run failed validation".into()),
-                RunState::Discarded => Some("run discarded".into()),
-                RunState::Published => Some("not part of the published run".into()),
-                RunState::Planned | RunState::Staging | RunState::Staged => {
-                    let updated = chrono::DateTime::parse_from_rfc3339(&journal.updated_at)
-                        .map(|t| t.with_timezone(&chrono::Utc))
-                        .unwrap_or(cutoff);
-                    if updated < cutoff || older_than.is_zero() {
-                        abandoned.insert(run_id.to_string());
-                        Some(format!(
-                            "run {} since {}",
-                            journal.state, journal.updated_at
-                        ))
-                    } else {
-                        None
+            Some(journal) => {
+                let in_range =
+                    file.partition.len() == 1 && journal.range.contains(&file.partition[0]);
+                if !in_range {
+                    // Not something this run stages: gc deletes only inside a run's own range.
+                    None
+                } else {
+                    match journal.state {
+                        RunState::Failed => Some("run failed".into()),
+                        RunState::Discarded => Some("run discarded".into()),
+                        RunState::UpToDate => Some("run was up to date".into()),
+                        RunState::Published => Some("not part of the published run".into()),
+                        RunState::Planned
+                        | RunState::Staging
+                        | RunState::Staged
+                        | RunState::Validating
+                        | RunState::Validated
+                        | RunState::FailedValidation
+                        | RunState::Publishing => {
+                            let updated = chrono::DateTime::parse_from_rfc3339(&journal.updated_at)
+                                .map(|t| t.with_timezone(&chrono::Utc))
+                                .unwrap_or(cutoff);
+                            if updated < cutoff || older_than.is_zero() {
+                                abandoned.insert(run_id.clone());
+                                Some(format!(
+                                    "run {} since {}",
+                                    journal.state, journal.updated_at
+                                ))
+                            } else {
+                                None
+                            }
+                        }
                     }
                 }
-            },
+            }
         };
         match reason {
-            Some(reason) => files.push(GcFile {
-                path,
-                size: object.size,
-                run_id: run_id.to_string(),
+            Some(reason) => garbage.entry(run_id.clone()).or_default().push(GcFile {
+                path: file.path.to_string(),
+                size: file.size,
+                run_id,
                 reason,
             }),
             None => kept += 1,
         }
     }
 
+    let mut files = Vec::new();
     let mut runs_discarded = Vec::new();
-    if !dry_run {
-        for file in &files {
-            match store.delete(&object_path(&file.path)).await {
-                Ok(()) | Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
-                Err(source) => {
-                    return Err(Error::Storage {
-                        path: file.path.clone(),
-                        source,
-                    });
-                }
-            }
+    for (run_id, run_files) in garbage {
+        if dry_run {
+            files.extend(run_files);
+            continue;
         }
-        for run_id in &abandoned {
-            if let Some(mut journal) = journals.get(run_id).cloned() {
-                journal.state = RunState::Discarded;
-                journal.error = Some(format!(
-                    "staged files deleted by `lakefill gc` at {}",
-                    now()
-                ));
-                journal.save(&store).await?;
-                runs_discarded.push(run_id.clone());
+        // Touch a run only while holding it; one that someone just took is kept.
+        let lease = match RunLease::acquire(&store, table, &run_id, "gc").await {
+            Ok(lease) => lease,
+            Err(Error::RunBusy { .. }) => {
+                kept += run_files.len() as u64;
+                continue;
             }
+            Err(error) => return Err(error),
+        };
+        let result = collect_run(&store, &lease, &run_id, &run_files, &abandoned).await;
+        lease.release().await;
+        if result? {
+            runs_discarded.push(run_id);
         }
+        files.extend(run_files);
     }
     Ok(GcReport {
         table: table.to_string(),
@@ -190,64 +231,137 @@ pub async fn gc(
     })
 }
 
-fn object_path(path: &str) -> deltalake::Path {
-    deltalake::Path::parse(path).unwrap_or_else(|_| deltalake::Path::from(path))
-}
-
-/// Every data file any retained version references: the adds and removes of every retained
-/// commit, plus the snapshot at the oldest retained commit (it may rest on a checkpoint).
-async fn referenced_files(table: &DeltaTable) -> Result<BTreeSet<String>> {
-    let mut referenced = BTreeSet::new();
-    let latest = loaded_version(table)?;
-    let mut oldest = latest;
-    for version in (0..=latest).rev() {
-        let Some(commit) = read_commit(table, version).await? else {
-            break;
-        };
-        oldest = version;
-        for path in commit.paths {
-            referenced.insert(decode(&path));
-            referenced.insert(path);
+/// Deletes one run's garbage under its lease; marks an abandoned run discarded. Returns whether
+/// it did.
+async fn collect_run(
+    store: &Arc<dyn ObjectStore>,
+    lease: &RunLease,
+    run_id: &str,
+    files: &[GcFile],
+    abandoned: &BTreeSet<String>,
+) -> Result<bool> {
+    // Read again under the lease: the run may have moved since the listing.
+    let journal = Journal::load(store, run_id).await?;
+    if let (Some(journal), true) = (&journal, abandoned.contains(run_id))
+        && !matches!(
+            journal.state,
+            RunState::Planned
+                | RunState::Staging
+                | RunState::Staged
+                | RunState::Validating
+                | RunState::Validated
+                | RunState::FailedValidation
+                | RunState::Publishing
+        )
+    {
+        return Ok(false);
+    }
+    for file in files {
+        match store.delete(&Path::from(file.path.as_str())).await {
+            Ok(()) | Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
+            Err(source) => {
+                return Err(Error::Storage {
+                    path: file.path.clone(),
+                    source,
+                });
+            }
         }
     }
-    if oldest > 0 {
-        let mut at_oldest = table.clone();
-        at_oldest
-            .load_version(oldest)
+    match journal {
+        Some(mut journal) if abandoned.contains(run_id) => {
+            journal.error = Some(format!(
+                "staged files deleted by `lakefill gc` at {}",
+                now()
+            ));
+            journal.transition(RunState::Discarded)?;
+            journal.save(store, lease).await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Every file directly inside a `lakefill-<run_id>/` directory at partition depth, found by
+/// walking partition directories only (see the module docs).
+async fn staged_files(
+    store: &Arc<dyn ObjectStore>,
+    root: &Url,
+    partition_columns: &[String],
+) -> Result<Vec<Staged>> {
+    let list = |prefix: Option<Path>| async move {
+        store
+            .list_with_delimiter(prefix.as_ref())
             .await
-            .delta_context(|| format!("cannot load version {oldest}"))?;
-        for file in at_oldest
-            .snapshot()
-            .delta_context(|| "cannot read the snapshot".into())?
-            .log_data()
-            .iter()
-        {
-            referenced.insert(file.path().to_string());
+            .map_err(|source| Error::Storage {
+                path: prefix.map(|p| p.to_string()).unwrap_or_else(|| "/".into()),
+                source,
+            })
+    };
+    // Partition directories, level by level.
+    let mut level: Vec<(Option<Path>, Vec<String>)> = vec![(None, Vec::new())];
+    for column in partition_columns {
+        let marker = format!("{column}=");
+        let mut next = Vec::new();
+        for (prefix, values) in level {
+            let listing = list(prefix.clone()).await?;
+            if prefix.is_some() && holds_a_table(&listing) {
+                continue;
+            }
+            for dir in listing.common_prefixes {
+                let Some(name) = dir.filename() else { continue };
+                let Some(encoded) = name.strip_prefix(&marker) else {
+                    continue;
+                };
+                if is_local_symlink(root, dir.as_ref()) {
+                    continue;
+                }
+                let mut values = values.clone();
+                values.push(decode(encoded));
+                next.push((Some(dir), values));
+            }
         }
+        level = next;
     }
-    Ok(referenced)
-}
-
-/// Percent-decodes a path as Delta writes them in the log.
-fn decode(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(byte) = std::str::from_utf8(&bytes[i + 1..i + 3])
-                .ok()
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        {
-            out.push(byte);
-            i += 3;
+    let mut out = Vec::new();
+    for (prefix, partition) in level {
+        let listing = list(prefix.clone()).await?;
+        if prefix.is_some() && holds_a_table(&listing) {
             continue;
         }
-        out.push(bytes[i]);
-        i += 1;
+        for dir in listing.common_prefixes {
+            let Some(run_id) = dir
+                .filename()
+                .and_then(|name| name.strip_prefix("lakefill-"))
+                .filter(|id| is_run_id(id))
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            if is_local_symlink(root, dir.as_ref()) {
+                continue;
+            }
+            for object in list(Some(dir.clone())).await?.objects {
+                if is_local_symlink(root, object.location.as_ref()) {
+                    continue;
+                }
+                out.push(Staged {
+                    path: object.location,
+                    size: object.size,
+                    run_id: run_id.clone(),
+                    partition: partition.clone(),
+                });
+            }
+        }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    Ok(out)
+}
+
+/// Whether a directory listing shows a Delta table of its own (it has a `_delta_log`).
+fn holds_a_table(listing: &deltalake::logstore::object_store::ListResult) -> bool {
+    listing
+        .common_prefixes
+        .iter()
+        .any(|p| p.filename() == Some("_delta_log"))
 }
 
 #[cfg(test)]
@@ -255,7 +369,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_parse() {
+    fn durations_parse_within_bounds() {
         assert_eq!(
             parse_duration("90s").expect("valid"),
             Duration::from_secs(90)
@@ -270,11 +384,10 @@ mod tests {
         );
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("5y").is_err());
-    }
-
-    #[test]
-    fn paths_decode() {
-        assert_eq!(decode("c=a%2Fb/part.parquet"), "c=a/b/part.parquet");
-        assert_eq!(decode("plain/path"), "plain/path");
+        for huge in ["18446744073709551615d", "99999999999999s", "36501d"] {
+            let err = parse_duration(huge).expect_err(huge);
+            assert_eq!(err.exit_code(), 2);
+        }
+        assert!(parse_duration("36500d").is_ok());
     }
 }

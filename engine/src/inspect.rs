@@ -544,6 +544,7 @@ pub async fn diff(
         key,
         measures: measures.clone(),
         sample,
+        checksum_columns: None,
     };
     let comparison = compare(
         &ctx,

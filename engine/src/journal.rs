@@ -2,8 +2,13 @@
 //!
 //! The journal lives in the table's own object store, so a run can be inspected, published or
 //! resumed from any machine that can reach the table. It records the run's inputs, its state,
-//! and each finished batch with the files it staged. Deciding what to do with a journal is left
-//! to the callers.
+//! the batches it planned and each finished batch with the files it staged. It is a cache: the
+//! Delta log is the truth about whether a run was published (see [`crate::runs`]).
+//!
+//! A journal is checked when it is loaded: its format, its run id, and every staged path, which
+//! must lie in the run's own staging directory of an in-range partition. A journal that fails
+//! is an error naming it; nothing is published or deleted on its word. Only the holder of the
+//! run's lease writes it ([`crate::lease`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,50 +18,20 @@ use deltalake::Path;
 use deltalake::kernel::Add;
 use deltalake::logstore::object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::partition::PartitionRange;
+use crate::lease::RunLease;
+pub(crate) use crate::lifecycle::RunState;
+use crate::partition::{PartitionRange, staging_prefix};
+use crate::rowhash::RowChecksum;
+use crate::validate::ValidationReport;
 
 /// Journal format written by this version of lakefill.
-pub(crate) const JOURNAL_FORMAT: u32 = 1;
+pub(crate) const JOURNAL_FORMAT: u32 = 2;
 
 /// Directory of run journals under a table's root.
 pub(crate) const RUNS_DIR: &str = "_lakefill/runs";
-
-/// The life cycle of a run (DESIGN §3, `lakefill runs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RunState {
-    /// Planned, nothing staged yet.
-    Planned,
-    /// Staging batches.
-    Staging,
-    /// Every batch staged; not published.
-    Staged,
-    /// Validation failed; nothing published.
-    FailedValidation,
-    /// Committed to the target.
-    Published,
-    /// Staged files deleted on request.
-    Discarded,
-    /// Stopped by an error; nothing published.
-    Failed,
-}
-
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = match self {
-            RunState::Planned => "planned",
-            RunState::Staging => "staging",
-            RunState::Staged => "staged",
-            RunState::FailedValidation => "failed-validation",
-            RunState::Published => "published",
-            RunState::Discarded => "discarded",
-            RunState::Failed => "failed",
-        };
-        f.write_str(text)
-    }
-}
 
 /// Everything a run has recorded about itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,8 +58,17 @@ pub struct Journal {
     pub range: PartitionRange,
     /// Pinned source versions.
     pub sources: BTreeMap<String, u64>,
+    /// Sources that are the target itself (read at the read version, not pinned).
+    #[serde(default)]
+    pub self_sources: Vec<String>,
+    /// `drop` when rows outside the range are dropped on purpose.
+    #[serde(default)]
+    pub allow_spill: Option<String>,
     /// Reason given for the run.
     pub reason: Option<String>,
+    /// Every batch of the plan; the run is complete when each has a finished record.
+    #[serde(default)]
+    pub planned_batches: Vec<BatchBounds>,
     /// Finished batches.
     pub batches: Vec<BatchRecord>,
     /// Per partition: old and new row counts, once staged.
@@ -95,7 +79,10 @@ pub struct Journal {
     pub spill_dropped: u64,
     /// The validation report, once validated.
     #[serde(default)]
-    pub validation: Option<serde_json::Value>,
+    pub validation: Option<ValidationReport>,
+    /// Digest of the staged files validation ran on; publish refuses any other set.
+    #[serde(default)]
+    pub validated_files: Option<String>,
     /// The reason given to publish despite failed validation.
     #[serde(default)]
     pub forced: Option<String>,
@@ -111,6 +98,17 @@ pub struct Journal {
     pub created_at: String,
     /// When the journal was last written (RFC 3339).
     pub updated_at: String,
+}
+
+/// The bounds of one planned batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchBounds {
+    /// Position in the run.
+    pub index: usize,
+    /// First partition.
+    pub start: String,
+    /// Last partition.
+    pub end: String,
 }
 
 /// One finished batch.
@@ -131,15 +129,31 @@ pub struct BatchRecord {
     /// Sums of the model's measures per partition, computed while writing.
     #[serde(default)]
     pub sums: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Checksums of the staged rows per partition, computed while writing.
+    #[serde(default)]
+    pub checksums: BTreeMap<String, RowChecksum>,
 }
 
 impl Journal {
-    fn path(run_id: &str) -> Path {
+    pub(crate) fn path(run_id: &str) -> Path {
         Path::from(format!("{RUNS_DIR}/{run_id}.json"))
     }
 
-    /// Writes the journal into the table's store, replacing the previous copy.
-    pub(crate) async fn save(&mut self, store: &Arc<dyn ObjectStore>) -> Result<()> {
+    /// Writes the journal into the table's store, replacing the previous copy. Only the holder
+    /// of the run's lease may.
+    pub(crate) async fn save(
+        &mut self,
+        store: &Arc<dyn ObjectStore>,
+        lease: &RunLease,
+    ) -> Result<()> {
+        if lease.run_id() != self.run_id {
+            return Err(Error::Internal(format!(
+                "the lease of `{}` cannot write the journal of `{}`",
+                lease.run_id(),
+                self.run_id
+            )));
+        }
+        lease.check()?;
         self.updated_at = now();
         let path = Self::path(&self.run_id);
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::Journal {
@@ -156,7 +170,14 @@ impl Journal {
         Ok(())
     }
 
-    /// Reads the journal of `run_id`, if there is one.
+    /// Moves the run to `next`, if the life cycle allows it (see [`crate::lifecycle`]).
+    pub(crate) fn transition(&mut self, next: RunState) -> Result<()> {
+        self.state.check_transition(next, &self.run_id)?;
+        self.state = next;
+        Ok(())
+    }
+
+    /// Reads and checks the journal of `run_id`, if there is one.
     pub(crate) async fn load(store: &Arc<dyn ObjectStore>, run_id: &str) -> Result<Option<Self>> {
         let path = Self::path(run_id);
         let bytes = match store.get(&path).await {
@@ -172,28 +193,67 @@ impl Journal {
                 });
             }
         };
-        let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| Error::Journal {
+        let damaged = |message: String| Error::Journal {
             path: path.to_string(),
-            message: e.to_string(),
-        })?;
-        if journal.format > JOURNAL_FORMAT {
-            return Err(Error::Journal {
-                path: path.to_string(),
-                message: format!(
-                    "written by a newer lakefill (format {}, this one reads {JOURNAL_FORMAT})",
-                    journal.format
-                ),
-            });
+            message,
+        };
+        // The format first, so a newer journal is reported as such and not as damaged.
+        let format = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| damaged(e.to_string()))?
+            .get("format")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| damaged("it has no `format`".into()))?;
+        if format > u64::from(JOURNAL_FORMAT) {
+            return Err(damaged(format!(
+                "written by a newer lakefill (format {format}, this one reads {JOURNAL_FORMAT})"
+            )));
+        }
+        let mut journal: Journal =
+            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
+        journal.check(run_id).map_err(damaged)?;
+        if journal.format < JOURNAL_FORMAT {
+            journal.upgrade();
         }
         Ok(Some(journal))
     }
 
-    /// Returns whether validation ran and passed.
-    pub fn validation_passed(&self) -> Option<bool> {
-        self.validation.as_ref().and_then(|v| v["passed"].as_bool())
+    /// Refuses a journal that does not describe `run_id` or names files outside the run's own
+    /// staging directories of in-range partitions.
+    fn check(&self, run_id: &str) -> std::result::Result<(), String> {
+        if self.run_id != run_id {
+            return Err(format!(
+                "it describes run `{}`, not `{run_id}`",
+                self.run_id
+            ));
+        }
+        if !is_run_id(run_id) {
+            return Err(format!("`{run_id}` is not a run id"));
+        }
+        if self.range.from > self.range.to {
+            return Err("its range is reversed".into());
+        }
+        for add in self.staged_files() {
+            check_staged_path(add, &self.partition_column, &self.range, run_id)?;
+        }
+        Ok(())
     }
 
-    /// Lists the journals under a table's root, newest first.
+    /// Brings a journal of an older format to this one. Format 1 had no record of the planned
+    /// batches or of the files validation saw: such a run must be validated again before it can
+    /// be published.
+    fn upgrade(&mut self) {
+        self.format = JOURNAL_FORMAT;
+        if matches!(
+            self.state,
+            RunState::Staged | RunState::Validated | RunState::FailedValidation
+        ) {
+            self.state = RunState::Staged;
+            self.validation = None;
+            self.validated_files = None;
+        }
+    }
+
+    /// Lists the journals under a table's root, newest first. A damaged journal is an error.
     pub(crate) async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<Self>> {
         use futures::TryStreamExt;
         let prefix = Path::from(RUNS_DIR);
@@ -225,6 +285,107 @@ impl Journal {
     pub(crate) fn staged_files(&self) -> impl Iterator<Item = &Add> {
         self.batches.iter().flat_map(|b| b.files.iter())
     }
+
+    /// Returns whether every planned batch has finished.
+    pub(crate) fn complete(&self) -> bool {
+        !self.planned_batches.is_empty()
+            && self.planned_batches.iter().all(|planned| {
+                self.batches.iter().any(|b| {
+                    b.index == planned.index && b.start == planned.start && b.end == planned.end
+                })
+            })
+            && self.batches.len() == self.planned_batches.len()
+    }
+
+    /// A digest of the staged files (paths and sizes): what validation saw, and publish commits.
+    pub(crate) fn staged_digest(&self) -> String {
+        let mut files: Vec<(&str, i64)> = self
+            .staged_files()
+            .map(|a| (a.path.as_str(), a.size))
+            .collect();
+        files.sort();
+        let mut hasher = Sha256::new();
+        for (path, size) in files {
+            hasher.update(format!("{path}\t{size}\n").as_bytes());
+        }
+        hex::encode(hasher.finalize())
+    }
+
+    /// Returns whether validation ran and passed.
+    pub fn validation_passed(&self) -> Option<bool> {
+        self.validation.as_ref().map(|v| v.passed)
+    }
+
+    /// The `lakefill backfill` command that resumes this run (the same run id: same model file,
+    /// range, pinned sources and spill policy).
+    pub fn resume_command(&self) -> String {
+        let mut command = format!(
+            "lakefill backfill {} --from {} --to {} --model-version {}",
+            self.model, self.range.from, self.range.to, self.model_version
+        );
+        for (table, version) in &self.sources {
+            if !self.self_sources.contains(table) {
+                command.push_str(&format!(" --source-version {table}={version}"));
+            }
+        }
+        if let Some(policy) = &self.allow_spill {
+            command.push_str(&format!(" --allow-spill {policy}"));
+        }
+        command
+    }
+}
+
+/// Whether `text` can be a run id: what lakefill derives (`model-version-hash`), nothing that
+/// could climb out of a directory.
+pub(crate) fn is_run_id(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 200
+        && !text.starts_with('.')
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A staged file must be `<partition dir>/lakefill-<run_id>/<file>.parquet` of an in-range
+/// partition, with that partition as its only partition value.
+fn check_staged_path(
+    add: &Add,
+    partition_column: &str,
+    range: &PartitionRange,
+    run_id: &str,
+) -> std::result::Result<(), String> {
+    let path = add.path.as_str();
+    let bad = |why: &str| format!("staged file `{path}` {why}");
+    if path.is_empty()
+        || path.starts_with('/')
+        || path.contains("://")
+        || path.contains('\\')
+        || path
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err(bad("is not a plain relative path"));
+    }
+    if path.starts_with("_delta_log/") || path.starts_with("_lakefill/") {
+        return Err(bad("is inside a metadata directory"));
+    }
+    let value = match add.partition_values.get(partition_column) {
+        Some(Some(value)) if add.partition_values.len() == 1 => value,
+        _ => return Err(bad("has no single partition value")),
+    };
+    if !range.contains(value) {
+        return Err(bad(&format!(
+            "belongs to partition `{value}`, outside the run's range"
+        )));
+    }
+    let prefix = staging_prefix(partition_column, value, run_id);
+    let Some(file) = path.strip_prefix(&format!("{prefix}/")) else {
+        return Err(bad("is not in the run's staging directory"));
+    };
+    if file.contains('/') || !file.ends_with(".parquet") {
+        return Err(bad("is not a Parquet file of the run's staging directory"));
+    }
+    Ok(())
 }
 
 fn first_sequence() -> u64 {
@@ -234,4 +395,50 @@ fn first_sequence() -> u64 {
 /// The current time in RFC 3339, UTC.
 pub(crate) fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::PartitionType;
+
+    fn add(path: &str, value: &str) -> Add {
+        Add {
+            path: path.into(),
+            partition_values: [("d".to_string(), Some(value.to_string()))].into(),
+            size: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn staged_paths_must_be_the_runs_own_in_range_files() {
+        let range = PartitionRange::parse("2026-01-01", "2026-01-03", PartitionType::Date, "d")
+            .expect("range");
+        let ok = add("d=2026-01-02/lakefill-r1/part-0.parquet", "2026-01-02");
+        check_staged_path(&ok, "d", &range, "r1").expect("own file");
+        for (path, value) in [
+            ("d=2026-01-02/lakefill-r2/part-0.parquet", "2026-01-02"),
+            ("d=2026-01-09/lakefill-r1/part-0.parquet", "2026-01-09"),
+            ("d=2026-01-02/part-0.parquet", "2026-01-02"),
+            ("_delta_log/00000000000000000000.json", "2026-01-02"),
+            (
+                "d=2026-01-02/lakefill-r1/../../_delta_log/0.json",
+                "2026-01-02",
+            ),
+            ("/etc/passwd", "2026-01-02"),
+            (
+                "s3://other/d=2026-01-02/lakefill-r1/part-0.parquet",
+                "2026-01-02",
+            ),
+            ("d=2026-01-03/lakefill-r1/part-0.parquet", "2026-01-02"),
+            ("d=2026-01-02/lakefill-r1/sub/part-0.parquet", "2026-01-02"),
+        ] {
+            let err = check_staged_path(&add(path, value), "d", &range, "r1").expect_err(path);
+            assert!(err.contains(path), "{err}");
+        }
+        assert!(!is_run_id("../x"));
+        assert!(!is_run_id("a/b"));
+        assert!(is_run_id("events-v2-0123abcd"));
+    }
 }

@@ -32,11 +32,15 @@ mod failpoint;
 mod gc;
 mod inspect;
 mod journal;
+mod lease;
+mod lifecycle;
 mod model;
 mod partition;
 mod plan;
 mod publish;
+mod references;
 mod resources;
+mod rowhash;
 mod runs;
 mod staged;
 mod storage;
@@ -50,7 +54,8 @@ pub use gc::{GcFile, GcReport, gc, parse_duration};
 pub use inspect::{
     BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
 };
-pub use journal::{BatchRecord, Journal, RunState};
+pub use journal::{BatchBounds, BatchRecord, Journal};
+pub use lifecycle::RunState;
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
 pub use partition::{PartitionRange, PartitionType};
 pub use plan::{
@@ -58,6 +63,7 @@ pub use plan::{
     PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
+pub use rowhash::RowChecksum;
 pub use runs::{RunSummary, discard_run, list_runs, publish_run};
 pub use storage::StorageOption;
 pub use throttle::parse_rate;

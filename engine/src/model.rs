@@ -100,6 +100,13 @@ pub struct CheckSpec {
 impl Model {
     /// Loads model `name` of `project`: the newest version, or `version` when given.
     pub fn load(project: &Project, name: &str, version: Option<&str>) -> Result<Self> {
+        if !is_model_name(name) {
+            return Err(Error::InvalidOption {
+                option: "MODEL".into(),
+                value: name.to_string(),
+                message: "a model name is a plain identifier (letters, digits, `_` and `-`): the name of a directory under `sql/`".into(),
+            });
+        }
         let sql_dir = project.sql_dir();
         let dir = sql_dir.join(name);
         let versions = list_versions(&dir);
@@ -178,8 +185,18 @@ impl Model {
                 "set `partition_by` to the target table's partition column",
             ));
         }
-        for source in header.sources.keys() {
+        for (source, spec) in &header.sources {
             project.table(source, &used_by)?;
+            for (field, value) in [("lookback", spec.lookback), ("lookahead", spec.lookahead)] {
+                if value > MAX_WINDOW_PARTITIONS {
+                    return Err(model_error(
+                        format!(
+                            "`sources.{source}.{field}` is {value}, more than the {MAX_WINDOW_PARTITIONS} partitions lakefill reads around a batch"
+                        ),
+                        "lookback and lookahead count partitions of the source (days of a daily table): use the context the model needs, e.g. `lookback = 6` for a 7-day window",
+                    ));
+                }
+            }
         }
         check_sql(path, &sql, &header)?;
         Ok(Self {
@@ -221,6 +238,19 @@ impl Model {
     pub fn sql(&self) -> &str {
         &self.sql
     }
+}
+
+/// The most partitions a source's `lookback` or `lookahead` may add around a batch.
+pub(crate) const MAX_WINDOW_PARTITIONS: u32 = 100_000;
+
+/// Whether `name` can be a model: a directory name with no path in it.
+fn is_model_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.len() <= 128
 }
 
 /// Parses `sql` and refuses anything but one query reading declared sources.

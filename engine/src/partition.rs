@@ -128,6 +128,11 @@ pub(crate) fn partition_literal(
     }
 }
 
+/// The directory a run stages a partition's files in: `<partition dir>/lakefill-<run_id>`.
+pub(crate) fn staging_prefix(column: &str, value: &str, run_id: &str) -> String {
+    format!("{}/lakefill-{run_id}", hive_directory(column, value))
+}
+
 /// Percent-encodes a partition value for a hive directory name, as Delta writers do.
 pub(crate) fn hive_directory(column: &str, value: &str) -> String {
     let mut encoded = String::with_capacity(value.len());

@@ -19,7 +19,7 @@ use crate::inspect::range_touched_after;
 use crate::journal::Journal;
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{PartitionRange, PartitionType};
-use crate::publish::published_sequence;
+use crate::publish::{published_fingerprint, published_sequence};
 use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
 use crate::validate::ValidationRules;
 
@@ -134,6 +134,20 @@ impl PlanBuilder {
             .clone();
         let target = open_table(&target_config, None).await?;
         let read_version = loaded_version(&target)?;
+        // A released model file is never edited: its published fingerprint is on record.
+        if let Some(published) =
+            published_fingerprint(&target.object_store(), model.name(), model.version()).await?
+            && published != model.fingerprint()
+        {
+            tracing::warn!(model = %model.name(), version = %model.version(), "the model file was edited after it was published");
+            return Err(Error::ModelEdited {
+                model: model.name().to_string(),
+                version: model.version().to_string(),
+                path: model.path().to_path_buf(),
+                published,
+                current: model.fingerprint().to_string(),
+            });
+        }
         let snapshot = target.snapshot().map_err(|source| Error::Delta {
             context: format!("cannot read the snapshot of `{}`", target_config.name()),
             source: Box::new(source),

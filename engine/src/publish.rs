@@ -6,13 +6,16 @@
 //! elsewhere. It carries the application transaction `lakefill:<run_id>`, which makes a retried
 //! publish detectable, and the run's metadata under `lakefill` (and as `userMetadata` text).
 
-use deltalake::DeltaTable;
+use std::sync::Arc;
+
 use deltalake::errors::DeltaTableError;
 use deltalake::kernel::transaction::{
     CommitBuilder, CommitProperties, TableReference, TransactionError,
 };
 use deltalake::kernel::{Action, Transaction};
+use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::{DeltaTable, ObjectStore, ObjectStoreError};
 use serde_json::{Value, json};
 
 use crate::error::{DeltaContext, Error, Result};
@@ -42,14 +45,7 @@ pub(crate) async fn published_sequence(table: &DeltaTable, run_id: &str) -> Resu
 /// The commit metadata of a run (DESIGN §4.4).
 pub(crate) fn commit_metadata(journal: &Journal) -> Value {
     let validation = journal.validation.as_ref().map(|report| {
-        let mut summary = json!({
-            "passed": report["passed"],
-            "checks": report["checks"].as_array().map(|checks| checks.iter().map(|c| json!({
-                "name": c["name"], "passed": c["passed"],
-                "failures": c["failures"].as_array().map_or(0, Vec::len),
-            })).collect::<Vec<_>>()),
-            "totals": report["comparison"]["totals"],
-        });
+        let mut summary = report.summary();
         if let Some(reason) = &journal.forced {
             summary["forced"] = json!(true);
             summary["force_reason"] = json!(reason);
@@ -71,6 +67,68 @@ pub(crate) fn commit_metadata(journal: &Journal) -> Value {
         "spill_dropped": journal.spill_dropped,
         "validation": validation,
     })
+}
+
+/// Directory of the published model versions under a table's root.
+const MODELS_DIR: &str = "_lakefill/models";
+
+fn model_record_path(model: &str, version: &str) -> deltalake::Path {
+    deltalake::Path::from(MODELS_DIR)
+        .join(model)
+        .join(format!("{version}.json").as_str())
+}
+
+/// Records that `model@version` with its fingerprint was published into the table, the first
+/// time only (a conditional put). Best effort: a record that cannot be written is written by the
+/// next command that reconciles the run.
+pub(crate) async fn record_published_model(store: &Arc<dyn ObjectStore>, journal: &Journal) {
+    let record = json!({
+        "model": journal.model,
+        "version": journal.model_version,
+        "fingerprint": journal.fingerprint,
+        "run_id": journal.run_id,
+        "published_version": journal.published_version,
+    });
+    let path = model_record_path(&journal.model, &journal.model_version);
+    match store
+        .put_opts(
+            &path,
+            PutPayload::from(record.to_string().into_bytes()),
+            PutOptions::from(PutMode::Create),
+        )
+        .await
+    {
+        Ok(_)
+        | Err(ObjectStoreError::AlreadyExists { .. } | ObjectStoreError::Precondition { .. }) => {}
+        Err(error) => {
+            tracing::debug!(path = %path, %error, "cannot record the published model version")
+        }
+    }
+}
+
+/// The fingerprint `model@version` had when it was first published into the table, if it was.
+pub(crate) async fn published_fingerprint(
+    store: &Arc<dyn ObjectStore>,
+    model: &str,
+    version: &str,
+) -> Result<Option<String>> {
+    let path = model_record_path(model, version);
+    let bytes = match store.get(&path).await {
+        Ok(result) => result.bytes().await.map_err(|source| Error::Storage {
+            path: path.to_string(),
+            source,
+        })?,
+        Err(ObjectStoreError::NotFound { .. }) => return Ok(None),
+        Err(source) => {
+            return Err(Error::Storage {
+                path: path.to_string(),
+                source,
+            });
+        }
+    };
+    Ok(serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|record| record["fingerprint"].as_str().map(str::to_string)))
 }
 
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the

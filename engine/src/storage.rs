@@ -212,3 +212,27 @@ pub(crate) fn loaded_version(table: &DeltaTable) -> Result<u64> {
         ))
     })
 }
+
+/// Returns whether `path` (relative to a local table's `root`) is, or passes through, a symbolic
+/// link. Object stores have no links; a local table's links may lead into another table, so
+/// lakefill never follows them when it deletes.
+pub(crate) fn is_local_symlink(root: &url::Url, path: &str) -> bool {
+    if root.scheme() != "file" {
+        return false;
+    }
+    let mut prefix = String::new();
+    for segment in path.split('/').filter(|s| !s.is_empty()) {
+        if !prefix.is_empty() {
+            prefix.push('/');
+        }
+        prefix.push_str(segment);
+        // Not expressible as a path below the root: treat it as foreign.
+        let Some(local) = root.join(&prefix).ok().and_then(|u| u.to_file_path().ok()) else {
+            return true;
+        };
+        if std::fs::symlink_metadata(&local).is_ok_and(|m| m.file_type().is_symlink()) {
+            return true;
+        }
+    }
+    false
+}

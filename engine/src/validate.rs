@@ -14,11 +14,14 @@ use deltalake::arrow::datatypes::{DataType, Int64Type, UInt64Type};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::prelude::{SQLOptions, SessionContext};
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, QueryContext, Result};
 use crate::model::{CheckSpec, ValidateSpec, check_read_only};
+use crate::rowhash::{
+    EMPTY_ROW_HASH, PartitionChecksums, ROW_HASH_FUNCTION, RowChecksum, RowHashUdf,
+};
 
 /// What to compare: the partition column, the row identity and the summed measures.
 #[derive(Debug, Clone, Default)]
@@ -27,10 +30,13 @@ pub(crate) struct CompareSpec {
     pub(crate) key: Vec<String>,
     pub(crate) measures: Vec<String>,
     pub(crate) sample: usize,
+    /// The columns whose values make a row (every column but the partition columns, in the
+    /// table's order): when set, both sides are checksummed to tell whether they are identical.
+    pub(crate) checksum_columns: Option<Vec<String>>,
 }
 
 /// Old versus new, per partition and in total.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Comparison {
     /// Columns identifying a row; empty when the row-level diff was skipped.
     pub key: Vec<String>,
@@ -44,10 +50,14 @@ pub struct Comparison {
     pub disappeared: Vec<String>,
     /// Example rows of each kind of difference.
     pub samples: Samples,
+    /// Whether both sides hold the same rows, row for row (by checksums of every row); `None`
+    /// when not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identical: Option<bool>,
 }
 
 /// One partition, old versus new.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct PartitionComparison {
     /// Partition value.
     pub value: String,
@@ -66,7 +76,7 @@ pub struct PartitionComparison {
 }
 
 /// A measure's sum before and after.
-#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 pub struct MeasureChange {
     /// Sum before.
     pub old: f64,
@@ -75,7 +85,7 @@ pub struct MeasureChange {
 }
 
 /// Sums over all partitions.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct ComparisonTotals {
     /// Rows before.
     pub old_rows: u64,
@@ -92,7 +102,7 @@ pub struct ComparisonTotals {
 }
 
 /// Example rows of each kind of difference.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Samples {
     /// New rows whose key did not exist.
     pub added: Vec<Value>,
@@ -108,12 +118,17 @@ pub struct Samples {
 pub(crate) struct KnownSide {
     pub(crate) rows: BTreeMap<String, u64>,
     pub(crate) sums: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+    pub(crate) checksums: Option<PartitionChecksums>,
 }
 
 impl KnownSide {
-    /// Row counts only; measures, if any, need a scan.
+    /// Row counts only; measures and checksums, if wanted, need a scan.
     pub(crate) fn rows(rows: BTreeMap<String, u64>) -> Self {
-        Self { rows, sums: None }
+        Self {
+            rows,
+            sums: None,
+            checksums: None,
+        }
     }
 }
 
@@ -128,40 +143,54 @@ pub(crate) async fn compare(
     new_counts: KnownCounts,
 ) -> Result<Comparison> {
     let started = std::time::Instant::now();
+    if spec.checksum_columns.is_some() {
+        ctx.register_udf(RowHashUdf::udf());
+    }
     let old = side_aggregates(ctx, "previous", spec, old_counts).await?;
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;
     tracing::debug!(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "aggregated old and new rows"
     );
+    let identical = spec.checksum_columns.as_ref().map(|_| {
+        let checksum = |side: &SideAggregates, p: &String| {
+            side.get(p)
+                .and_then(|totals| totals.checksum)
+                .unwrap_or_default()
+        };
+        old.keys()
+            .chain(new.keys())
+            .all(|p| checksum(&old, p) == checksum(&new, p))
+    });
     let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
-    for (value, (rows, sums)) in &old {
+    for (value, totals) in &old {
         let entry = partitions
             .entry(value.clone())
             .or_insert_with(|| PartitionComparison {
                 value: value.clone(),
                 ..Default::default()
             });
-        entry.old_rows = *rows;
-        for (measure, sum) in sums {
+        entry.old_rows = totals.rows;
+        for (measure, sum) in &totals.sums {
             entry.measures.entry(measure.clone()).or_default().old = *sum;
         }
     }
-    for (value, (rows, sums)) in &new {
+    for (value, totals) in &new {
         let entry = partitions
             .entry(value.clone())
             .or_insert_with(|| PartitionComparison {
                 value: value.clone(),
                 ..Default::default()
             });
-        entry.new_rows = *rows;
-        for (measure, sum) in sums {
+        entry.new_rows = totals.rows;
+        for (measure, sum) in &totals.sums {
             entry.measures.entry(measure.clone()).or_default().new = *sum;
         }
     }
 
     let mut samples = Samples::default();
-    if !spec.key.is_empty() {
+    // Identical sides have no row differences: the join would only confirm it.
+    if !spec.key.is_empty() && identical != Some(true) {
         let started = std::time::Instant::now();
         let diff = row_diff(ctx, spec).await?;
         tracing::debug!(
@@ -213,13 +242,22 @@ pub(crate) async fn compare(
         appeared,
         disappeared,
         samples,
+        identical,
     })
 }
 
-type SideAggregates = BTreeMap<String, (u64, BTreeMap<String, f64>)>;
+/// What one side holds in one partition.
+#[derive(Debug, Clone, Default)]
+struct SideTotals {
+    rows: u64,
+    sums: BTreeMap<String, f64>,
+    checksum: Option<RowChecksum>,
+}
 
-/// Row counts and measure sums per partition of one side. Skips the scan when the counts are
-/// known and there are no measures to sum.
+type SideAggregates = BTreeMap<String, SideTotals>;
+
+/// Row counts, measure sums and (when the spec asks) row checksums per partition of one side.
+/// Skips the scan when what is known already answers.
 async fn side_aggregates(
     ctx: &SessionContext,
     table: &str,
@@ -228,12 +266,14 @@ async fn side_aggregates(
 ) -> Result<SideAggregates> {
     if let Some(known) = known
         && (spec.measures.is_empty() || known.sums.is_some())
+        && (spec.checksum_columns.is_none() || known.checksums.is_some())
     {
         let sums = known.sums.unwrap_or_default();
+        let checksums = known.checksums;
         return Ok(known
             .rows
             .into_iter()
-            .map(|(p, n)| {
+            .map(|(p, rows)| {
                 let measures = spec
                     .measures
                     .iter()
@@ -244,7 +284,17 @@ async fn side_aggregates(
                         )
                     })
                     .collect();
-                (p, (n, measures))
+                let checksum = checksums
+                    .as_ref()
+                    .map(|c| c.get(&p).copied().unwrap_or_default());
+                (
+                    p,
+                    SideTotals {
+                        rows,
+                        sums: measures,
+                        checksum,
+                    },
+                )
             })
             .collect());
     }
@@ -261,6 +311,22 @@ async fn side_aggregates(
             ident(measure)
         ));
     }
+    if let Some(columns) = &spec.checksum_columns {
+        // The exact sum of 64-bit hashes: DECIMAL(38, 0) holds 2^64 x 2^60 rows.
+        let hash = if columns.is_empty() {
+            EMPTY_ROW_HASH.to_string()
+        } else {
+            format!(
+                "{ROW_HASH_FUNCTION}({})",
+                columns
+                    .iter()
+                    .map(|c| ident(c))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        select.push(format!("SUM(CAST({hash} AS DECIMAL(38, 0))) AS __lf_hash"));
+    }
     let sql = format!("SELECT {} FROM {table} GROUP BY 1", select.join(", "));
     let mut out = SideAggregates::new();
     let mut stream = run(ctx, &sql, "aggregate rows per partition").await?;
@@ -268,6 +334,11 @@ async fn side_aggregates(
         let batch = batch.query_context(|| format!("cannot aggregate `{table}`"))?;
         let parts = text_column(&batch, 0);
         let rows = batch.column(1).as_primitive::<Int64Type>();
+        let hashes = spec.checksum_columns.as_ref().map(|_| {
+            batch
+                .column(2 + spec.measures.len())
+                .as_primitive::<deltalake::arrow::datatypes::Decimal128Type>()
+        });
         for (row, part) in parts.into_iter().enumerate() {
             let mut sums = BTreeMap::new();
             for (i, measure) in spec.measures.iter().enumerate() {
@@ -281,8 +352,20 @@ async fn side_aggregates(
                 };
                 sums.insert(measure.clone(), value);
             }
+            let rows = u64::try_from(rows.value(row)).unwrap_or(0);
+            let checksum = hashes.map(|column| RowChecksum {
+                rows,
+                sum: u128::try_from(column.value(row)).unwrap_or(0),
+            });
             let part = part.unwrap_or_else(|| "null".into());
-            out.insert(part, (u64::try_from(rows.value(row)).unwrap_or(0), sums));
+            out.insert(
+                part,
+                SideTotals {
+                    rows,
+                    sums,
+                    checksum,
+                },
+            );
         }
     }
     Ok(out)
@@ -560,7 +643,7 @@ impl ValidationRules {
 }
 
 /// The outcome of validation, saved with the run and summarised into the commit.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct ValidationReport {
     /// Whether every check passed.
     pub passed: bool,
@@ -573,7 +656,7 @@ pub struct ValidationReport {
 }
 
 /// One check and its outcome.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckResult {
     /// Name of the check.
     pub name: String,
@@ -612,7 +695,9 @@ impl ValidationReport {
                 "added": self.comparison.totals.added,
                 "removed": self.comparison.totals.removed,
                 "changed": self.comparison.totals.changed,
+                "measures": self.comparison.totals.measures,
             },
+            "identical": self.comparison.identical,
         })
     }
 
@@ -632,8 +717,8 @@ pub(crate) async fn validate(
     partition_column: &str,
     rules: &ValidationRules,
     sample: usize,
-    old_counts: KnownCounts,
     new_counts: KnownCounts,
+    checksum_columns: Vec<String>,
     extra_checks: Vec<CheckResult>,
 ) -> Result<ValidationReport> {
     let started = std::time::Instant::now();
@@ -642,9 +727,12 @@ pub(crate) async fn validate(
         key: rules.key.clone(),
         measures: rules.summed_measures(),
         sample,
+        checksum_columns: Some(checksum_columns),
     };
-    let comparison = compare(ctx, &spec, old_counts, new_counts).await?;
-    crate::failpoint::hit("mid-validate");
+    // The old side is always scanned: its counts then honour deletion vectors, which the log's
+    // statistics do not.
+    let comparison = compare(ctx, &spec, None, new_counts).await?;
+    crate::failpoint::reach("mid-validate").await?;
     let mut checks = extra_checks;
 
     if !rules.key.is_empty() {
@@ -791,20 +879,6 @@ async fn key_checks(
         CheckResult::new("key_unique", unique, duplicate_sample),
         CheckResult::new("key_not_null", not_null, null_sample),
     ))
-}
-
-/// Names of the failed checks in a saved validation report.
-pub(crate) fn failed_checks(validation: Option<&Value>) -> Vec<String> {
-    validation
-        .and_then(|v| v["checks"].as_array())
-        .map(|checks| {
-            checks
-                .iter()
-                .filter(|c| c["passed"] == json!(false))
-                .filter_map(|c| c["name"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Streams `sql`, counting its rows and keeping the first `sample` as JSON objects.

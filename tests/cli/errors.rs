@@ -403,10 +403,15 @@ fn faulty_inputs_are_refused_and_change_nothing() {
             "a source whose schema changed",
             |lake| {
                 let toml = std::fs::read_to_string(lake.path().join("lakefill.toml")).unwrap();
-                // raw_events now points at a table without `amount_cents`.
+                // raw_events now points at a table without `amount_cents` (a copy: two tables
+                // never share a location).
+                copy_dir(
+                    &lake.path().join("lake/daily_revenue"),
+                    &lake.path().join("lake/revenue_copy"),
+                );
                 std::fs::write(
                     lake.path().join("lakefill.toml"),
-                    toml.replace("lake/raw_events", "lake/daily_revenue"),
+                    toml.replace("lake/raw_events", "lake/revenue_copy"),
                 )
                 .unwrap();
                 backfill(lake, &[])
@@ -471,12 +476,10 @@ fn faulty_inputs_are_refused_and_change_nothing() {
                     .table_path("events")
                     .join("_lakefill/runs")
                     .join(format!("{id}.json"));
-                let text = std::fs::read_to_string(&path).unwrap().replacen(
-                    "\"format\": 1",
-                    "\"format\": 99",
-                    1,
-                );
-                std::fs::write(path, text).unwrap();
+                let mut journal: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                journal["format"] = 99.into();
+                std::fs::write(path, serde_json::to_vec(&journal).unwrap()).unwrap();
                 vec!["publish".into(), id]
             },
             1,
@@ -510,4 +513,17 @@ fn faulty_inputs_are_refused_and_change_nothing() {
 fn json_ok_quiet(lake: &TestLake, args: &[&str]) {
     let out = lake.run(args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }

@@ -237,7 +237,7 @@ impl TestLake {
             "--output-format",
             "json",
         ]));
-        assert_eq!(report["state"], "staged", "{report}");
+        assert_eq!(report["state"], "validated", "{report}");
         report["run_id"].as_str().expect("run id").to_string()
     }
 

@@ -259,7 +259,7 @@ fn stage_only_then_publish_equals_a_direct_backfill(store: Store) {
         "--output-format",
         "json",
     ]));
-    assert_eq!(staged["state"], "staged");
+    assert_eq!(staged["state"], "validated");
     assert_eq!(staged["outcome"], "staged");
     assert_eq!(staged["published_version"], serde_json::Value::Null);
     assert_eq!(staged["validation"]["passed"], true);
@@ -287,7 +287,7 @@ fn stage_only_then_publish_equals_a_direct_backfill(store: Store) {
         .iter()
         .find(|r| r["run_id"] == run_id.as_str())
         .expect("listed");
-    assert_eq!(listed["state"], "staged");
+    assert_eq!(listed["state"], "validated");
 
     let report = json_ok(&audited.run(&["publish", &run_id, "--output-format", "json"]));
     assert_eq!(report["state"], "published");
@@ -454,8 +454,16 @@ fn publish_after_a_conflicting_commit_is_refused(store: Store) {
         .find(|r| r["run_id"] == run_id.as_str())
         .unwrap();
     assert_eq!(
-        run["state"], "staged",
-        "the run stays staged for re-validation or discard"
+        run["state"], "failed",
+        "a run whose read version went stale in its range must be staged and validated again"
+    );
+    // And publishing it again is refused with the way forward, not retried blindly.
+    let out = lake.run(&["publish", &run_id]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("lakefill backfill events"),
+        "{}",
+        stderr(&out)
     );
 }
 

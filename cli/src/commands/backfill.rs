@@ -30,6 +30,7 @@ pub(crate) async fn run(
         .then(|| args.scope.reason.clone())
         .flatten();
     let run = BackfillBuilder::new(plan)
+        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
         .with_max_parallel(settings::max_parallel(&project, args.max_parallel))
         .with_memory_limit(settings::memory_limit(
             &project,
@@ -50,6 +51,33 @@ pub(crate) async fn run(
         printer.status("nothing to do: this run is already published");
     }
     finish(printer, &run)
+}
+
+/// The first Ctrl-C asks the run to stop cleanly (journal kept, lease released, resumable); a
+/// second one stops the process at once.
+fn interrupt_on_ctrl_c(printer: Printer) -> tokio::sync::watch::Receiver<bool> {
+    let (sender, receiver) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        printer.status(
+            "interrupted: stopping the run and recording where it stopped (Ctrl-C again to quit at once)",
+        );
+        let _ = sender.send(true);
+        if tokio::signal::ctrl_c().await.is_ok() {
+            quit_now();
+        }
+    });
+    receiver
+}
+
+#[expect(
+    clippy::exit,
+    reason = "a second Ctrl-C must end the process even if the run does not stop"
+)]
+fn quit_now() {
+    std::process::exit(130);
 }
 
 /// Prints a run report; a failed validation becomes exit code 3 after the report is out.

@@ -1,0 +1,237 @@
+//! Order-independent checksums of a partition's rows, to tell "the same rows" without joining.
+//!
+//! Each row gets a 64-bit hash of its values (every column but the partition columns, in the
+//! target's column order); a partition's [`RowChecksum`] is its row count and the exact sum of
+//! those hashes. Two partitions with equal checksums hold the same multiset of rows, but for a
+//! chance of about 2⁻⁶⁴. The staging side computes the checksum while writing
+//! ([`hash_rows`]), the old side in SQL through the `lakefill_row_hash` function
+//! ([`RowHashUdf`]); both run the same code, so identical rows hash alike whatever Arrow flavour
+//! (`Utf8` or `Utf8View`, dictionary or not) each side reads them in.
+//!
+//! Deciding what "up to date" means is left to [`crate::validate`].
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher as _;
+use std::sync::Arc;
+
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, UInt64Array};
+use deltalake::arrow::compute::cast;
+use deltalake::arrow::datatypes::DataType;
+use deltalake::datafusion::common::hash_utils::{RandomState, create_hashes};
+use deltalake::datafusion::common::{DataFusionError, Result as DfResult};
+use deltalake::datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The SQL name of the row hash function.
+pub(crate) const ROW_HASH_FUNCTION: &str = "lakefill_row_hash";
+
+/// The fixed hash state: the same seed in every process, so checksums stored in a journal can be
+/// compared with ones computed later.
+const STATE: RandomState = RandomState::with_seed(0x6c61_6b65_6669_6c6c);
+/// What a NULL contributes (never the hash of a value, but for a 2⁻⁶⁴ chance).
+const NULL_HASH: u64 = 0x9e37_79b9_7f4a_7c15;
+/// The hash of a row with no columns to hash.
+pub(crate) const EMPTY_ROW_HASH: u64 = 0x2545_f491_4f6c_dd1d;
+
+/// Row count and sum of row hashes of one partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowChecksum {
+    /// Rows.
+    pub rows: u64,
+    /// Sum of the rows' 64-bit hashes, exact (no wrap-around), as a decimal string in JSON.
+    #[serde(with = "u128_text")]
+    pub sum: u128,
+}
+
+impl RowChecksum {
+    /// Adds rows with the given hashes.
+    pub(crate) fn add_hashes(&mut self, hashes: &[u64]) {
+        self.rows += hashes.len() as u64;
+        self.sum += hashes.iter().map(|h| u128::from(*h)).sum::<u128>();
+    }
+
+    /// Adds another checksum (of other rows of the same partition).
+    pub(crate) fn merge(&mut self, other: &RowChecksum) {
+        self.rows += other.rows;
+        self.sum += other.sum;
+    }
+}
+
+/// Checksums per partition value.
+pub(crate) type PartitionChecksums = BTreeMap<String, RowChecksum>;
+
+mod u128_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &u128, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&value.to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<u128, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Hashes every row of `columns` (all of length `rows`).
+pub(crate) fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
+    let mut hashes = vec![EMPTY_ROW_HASH; rows];
+    let mut column_hashes = vec![0u64; rows];
+    for (index, column) in columns.iter().enumerate() {
+        column_value_hashes(column, &mut column_hashes)?;
+        let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        for (row, (hash, value)) in hashes.iter_mut().zip(column_hashes.iter()).enumerate() {
+            let value = if column.is_null(row) {
+                NULL_HASH
+            } else {
+                *value
+            };
+            *hash = mix(hash.rotate_left(23) ^ value ^ salt);
+        }
+    }
+    Ok(hashes)
+}
+
+/// SplitMix64's finalizer: spreads every input bit over the output.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Hashes the values of one column (NULL rows are overwritten by the caller).
+fn column_value_hashes(column: &ArrayRef, out: &mut [u64]) -> Result<()> {
+    // Strings and bytes are hashed as bytes, whatever their Arrow flavour.
+    fn bytes<'a>(values: impl Iterator<Item = Option<&'a [u8]>>, out: &mut [u64]) {
+        for (slot, value) in out.iter_mut().zip(values) {
+            *slot = value.map_or(NULL_HASH, |v| STATE.hash_one(v));
+        }
+    }
+    match column.data_type() {
+        DataType::Utf8 => bytes(
+            column
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map(str::as_bytes)),
+            out,
+        ),
+        DataType::LargeUtf8 => bytes(
+            column
+                .as_string::<i64>()
+                .iter()
+                .map(|v| v.map(str::as_bytes)),
+            out,
+        ),
+        DataType::Utf8View => bytes(
+            column.as_string_view().iter().map(|v| v.map(str::as_bytes)),
+            out,
+        ),
+        DataType::Binary => bytes(column.as_binary::<i32>().iter(), out),
+        DataType::LargeBinary => bytes(column.as_binary::<i64>().iter(), out),
+        DataType::BinaryView => bytes(column.as_binary_view().iter(), out),
+        DataType::Dictionary(_, value_type) => {
+            let values = cast(column, value_type)
+                .map_err(|e| Error::Internal(format!("cannot hash a dictionary column: {e}")))?;
+            column_value_hashes(&values, out)?;
+        }
+        _ => {
+            out.fill(0);
+            create_hashes([Arc::clone(column)], &STATE, out)
+                .map_err(|e| Error::Internal(format!("cannot hash a column: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// `lakefill_row_hash(col, ...)`: the row hash of [`hash_rows`] as a `UInt64`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RowHashUdf {
+    signature: Signature,
+}
+
+impl RowHashUdf {
+    /// The function, ready to register in a session.
+    pub(crate) fn udf() -> ScalarUDF {
+        ScalarUDF::from(Self {
+            signature: Signature::variadic_any(Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for RowHashUdf {
+    fn name(&self) -> &str {
+        ROW_HASH_FUNCTION
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::UInt64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let rows = args.number_rows;
+        let columns = ColumnarValue::values_to_arrays(&args.args)?;
+        let hashes =
+            hash_rows(&columns, rows).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(ColumnarValue::Array(Arc::new(UInt64Array::from(hashes))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int64Array, StringArray, StringViewArray};
+
+    fn strings(values: &[Option<&str>]) -> ArrayRef {
+        Arc::new(StringArray::from(values.to_vec()))
+    }
+
+    #[test]
+    fn string_flavours_hash_alike_and_nulls_and_positions_matter() {
+        let utf8 = strings(&[Some("a"), None, Some("")]);
+        let view: ArrayRef = Arc::new(StringViewArray::from(vec![Some("a"), None, Some("")]));
+        let numbers: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), Some(1), None]));
+        let a = hash_rows(&[Arc::clone(&utf8), Arc::clone(&numbers)], 3).expect("hash");
+        let b = hash_rows(&[view, Arc::clone(&numbers)], 3).expect("hash");
+        assert_eq!(a, b);
+        // NULL and the empty string differ; so do swapped columns.
+        assert_ne!(a[1], a[2]);
+        let x = strings(&[Some("x")]);
+        let y = strings(&[Some("y")]);
+        let xy = hash_rows(&[Arc::clone(&x), Arc::clone(&y)], 1).expect("hash");
+        let yx = hash_rows(&[y, x], 1).expect("hash");
+        assert_ne!(xy, yx);
+        // (NULL, 5) and (5, NULL) differ.
+        let five: ArrayRef = Arc::new(Int64Array::from(vec![Some(5)]));
+        let null: ArrayRef = Arc::new(Int64Array::from(vec![None::<i64>]));
+        assert_ne!(
+            hash_rows(&[Arc::clone(&null), Arc::clone(&five)], 1).expect("hash"),
+            hash_rows(&[five, null], 1).expect("hash")
+        );
+    }
+
+    #[test]
+    fn checksums_ignore_order_and_roundtrip_as_json() {
+        let column = strings(&[Some("a"), Some("b"), Some("c")]);
+        let reversed = strings(&[Some("c"), Some("b"), Some("a")]);
+        let mut forward = RowChecksum::default();
+        forward.add_hashes(&hash_rows(&[column], 3).expect("hash"));
+        let mut backward = RowChecksum::default();
+        backward.add_hashes(&hash_rows(&[reversed], 3).expect("hash"));
+        assert_eq!(forward, backward);
+        let json = serde_json::to_string(&forward).expect("json");
+        assert_eq!(
+            serde_json::from_str::<RowChecksum>(&json).expect("parse"),
+            forward
+        );
+    }
+}
