@@ -29,6 +29,7 @@ mod errors;
 mod faults;
 mod garbage;
 mod inspect;
+mod lifecycle;
 mod resources;
 mod s3;
 mod secrets;
