@@ -194,6 +194,21 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
             source.table, source.version
         );
     }
+    let protocol = &plan.protocol;
+    let _ = writeln!(
+        out,
+        "\nprotocol of {} (reader {}, writer {})",
+        plan.target, protocol.min_reader_version, protocol.min_writer_version
+    );
+    if protocol.features.is_empty() {
+        let _ = writeln!(out, "  no table features");
+    }
+    for feature in &protocol.features {
+        let _ = writeln!(out, "  {:<22} {}", feature.name, feature.handling);
+    }
+    for rule in &protocol.rules {
+        let _ = writeln!(out, "  enforced: {}", rule.name);
+    }
     if plan.storage.values().any(|options| !options.is_empty()) {
         let _ = writeln!(
             out,

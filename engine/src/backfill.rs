@@ -298,25 +298,15 @@ impl BackfillBuilder {
         journal.transition(RunState::Validating)?;
         journal.save(&store, lease).await?;
         let validate_started = Instant::now();
+        let mut spill_check = CheckResult::new("spill", Vec::new(), Vec::new());
+        if spilled > 0 {
+            // Dropped on purpose (`--allow-spill drop`): reported, not failed.
+            spill_check.failures =
+                vec![json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill})];
+        }
         let extra_checks = vec![
-            CheckResult {
-                name: "schema".into(),
-                passed: true,
-                failures: Vec::new(),
-                sample: Vec::new(),
-            },
-            CheckResult {
-                name: "spill".into(),
-                passed: true,
-                failures: if spilled > 0 {
-                    vec![
-                        json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill}),
-                    ]
-                } else {
-                    Vec::new()
-                },
-                sample: Vec::new(),
-            },
+            CheckResult::new("schema", Vec::new(), Vec::new()),
+            spill_check,
         ];
         let validation = self
             .interruptible(run_validation(
@@ -349,7 +339,9 @@ impl BackfillBuilder {
             crate::runs::delete_unreferenced(&latest, &journal).await?;
             journal.save(&store, lease).await?;
             Outcome::UpToDate
-        } else if !passed && self.force_reason.is_none() {
+        } else if !passed
+            && (self.force_reason.is_none() || !journal_violations(&journal).is_empty())
+        {
             journal.transition(RunState::FailedValidation)?;
             journal.save(&store, lease).await?;
             Outcome::ValidationFailed
@@ -486,6 +478,15 @@ impl BackfillBuilder {
         }
         stopped(journal, phase, error)
     }
+}
+
+/// The failed checks of the run's validation that come from the table's protocol.
+fn journal_violations(journal: &Journal) -> Vec<String> {
+    journal
+        .validation
+        .as_ref()
+        .map(ValidationReport::protocol_violations)
+        .unwrap_or_default()
 }
 
 /// Wraps the error that stopped a run with the run's id and state.

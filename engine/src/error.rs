@@ -308,6 +308,21 @@ pub enum Error {
         run_id: String,
         /// Names of the failed checks.
         failed: Vec<String>,
+        /// Whether `--force-publish` may override them: not when rows break the table's
+        /// protocol (constraints, NOT NULL, invariants, generated columns).
+        forceable: bool,
+    },
+    /// The target has a Delta table feature lakefill cannot honour.
+    #[error("cannot backfill `{table}`: it uses the Delta table feature `{feature}`; {why}")]
+    UnsupportedFeature {
+        /// The table.
+        table: String,
+        /// The feature's protocol name.
+        feature: String,
+        /// Why lakefill refuses it.
+        why: String,
+        /// What to do instead.
+        hint: String,
     },
     /// Staged files of the run are gone, so it cannot be published.
     #[error("{missing} staged files of run `{run_id}` are missing")]
@@ -353,7 +368,10 @@ impl Error {
             | Error::Partitioning { .. }
             | Error::SchemaMismatch { .. }
             | Error::UnsafeStore { .. } => 2,
-            Error::UnknownRun { .. } | Error::RunState { .. } | Error::ModelEdited { .. } => 2,
+            Error::UnknownRun { .. }
+            | Error::RunState { .. }
+            | Error::ModelEdited { .. }
+            | Error::UnsupportedFeature { .. } => 2,
             Error::ValidationFailed { .. } => 3,
             Error::Conflict { .. } | Error::RunBusy { .. } | Error::LeaseLost { .. } => 4,
             Error::Interrupted => 130,
@@ -454,9 +472,17 @@ impl Error {
                     ),
                 },
             },
-            Error::ValidationFailed { run_id, .. } => format!(
+            Error::ValidationFailed {
+                run_id,
+                forceable: true,
+                ..
+            } => format!(
                 "read the report above; fix the model and run the backfill again, or publish anyway with `lakefill publish {run_id} --force-publish --reason TEXT`"
             ),
+            Error::ValidationFailed { .. } => {
+                "read the report above: rows break the table's own rules (constraints, NOT NULL, invariants or generated columns), which Delta's writers refuse and `--force-publish` cannot override; fix the model and run the backfill again".into()
+            }
+            Error::UnsupportedFeature { hint, .. } => hint.clone(),
             Error::StagedFilesMissing { run_id, .. } => format!(
                 "discard it with `lakefill discard {run_id}` and run the backfill again"
             ),

@@ -351,12 +351,14 @@ async fn stage_batch(
             "partition column `{partition_column}` is not in the target schema"
         ))
     })?;
+    // Nullable on purpose: a NULL in a NOT NULL column must reach validation, which names the
+    // column, the partition and the rows, instead of stopping the write.
     let file_fields: Vec<_> = target_schema
         .fields()
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != partition_index)
-        .map(|(_, f)| Arc::clone(f))
+        .map(|(_, f)| Arc::new(f.as_ref().clone().with_nullable(true)))
         .collect();
     let file_schema: SchemaRef = Arc::new(Schema::new(file_fields));
 

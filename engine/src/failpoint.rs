@@ -9,7 +9,8 @@
 //!
 //! Points, in the order a backfill reaches them: `after-plan`, `stage-batch-<k>` (while staging
 //! batch `k`), `mid-stage` (after the first batch is journaled), `after-stage`, `mid-validate`,
-//! `before-commit`, `after-commit` (the commit is in the log, the journal does not know yet).
+//! `before-commit`, `lost-commit-response` (error only: the commit lands but reports a failure),
+//! `after-commit` (the commit is in the log, the journal does not know yet).
 
 use crate::error::Result;
 
@@ -36,6 +37,17 @@ pub(crate) async fn reach(name: &str) -> Result<()> {
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
     Ok(())
+}
+
+/// Returns whether the point `name` is armed with `error` (for points inside synchronous code).
+pub(crate) fn armed_error(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    return armed(name).is_some_and(|action| action == "error");
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
 }
 
 #[cfg(feature = "failpoints")]

@@ -107,7 +107,7 @@ fn lease_path(run_id: &str, generation: u64) -> Path {
 /// Who holds a run, as `lakefill runs` and refusals describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LeaseHolder {
-    /// The holder, e.g. `pid 4242 on host-a (backfill)`.
+    /// The holder, e.g. `` `backfill` by pid 4242 on host-a``.
     pub(crate) description: String,
     /// When it took the lease (RFC 3339).
     pub(crate) since: String,
@@ -363,8 +363,8 @@ fn live_holder(record: &LeaseRecord) -> Option<LeaseHolder> {
     };
     alive.then(|| LeaseHolder {
         description: format!(
-            "pid {} on {} ({})",
-            record.holder.pid, record.holder.host, record.command
+            "`{}` by pid {} on {}",
+            record.command, record.holder.pid, record.holder.host
         ),
         since: record.acquired_at.clone(),
         expires: chrono::DateTime::from_timestamp_millis(renewed.saturating_add(ttl_ms))

@@ -37,6 +37,7 @@ mod lifecycle;
 mod model;
 mod partition;
 mod plan;
+mod protocol;
 mod publish;
 mod references;
 mod resources;
@@ -62,6 +63,7 @@ pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DownstreamModel, PartitionState,
     PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
+pub use protocol::{FeatureSupport, RowRule, TableProtocol};
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
 pub use runs::{RunSummary, discard_run, list_runs, publish_run};

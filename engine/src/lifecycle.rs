@@ -119,6 +119,7 @@ impl RunState {
         forced: Option<&str>,
         resume: &str,
         failed_checks: Vec<String>,
+        protocol_violations: Vec<String>,
     ) -> Result<Publishable> {
         let refuse = |next: String| Error::RunState {
             run_id: run_id.to_string(),
@@ -129,9 +130,10 @@ impl RunState {
         match self {
             RunState::Validated => Ok(Publishable::Commit),
             RunState::FailedValidation => match forced {
-                Some(_) => Ok(Publishable::Commit),
-                None => Err(Error::ValidationFailed {
+                Some(_) if protocol_violations.is_empty() => Ok(Publishable::Commit),
+                _ => Err(Error::ValidationFailed {
                     run_id: run_id.to_string(),
+                    forceable: protocol_violations.is_empty(),
                     failed: failed_checks,
                 }),
             },
@@ -189,8 +191,14 @@ mod tests {
     #[test]
     fn only_validated_or_forced_failed_validation_runs_publish() {
         for state in RunState::ALL {
-            let plain = state.publishable("r", None, "lakefill backfill m", Vec::new());
-            let forced = state.publishable("r", Some("because"), "lakefill backfill m", Vec::new());
+            let plain = state.publishable("r", None, "lakefill backfill m", Vec::new(), Vec::new());
+            let forced = state.publishable(
+                "r",
+                Some("because"),
+                "lakefill backfill m",
+                Vec::new(),
+                Vec::new(),
+            );
             match state {
                 RunState::Validated => {
                     assert_eq!(plain.expect("validated"), Publishable::Commit);
@@ -198,6 +206,14 @@ mod tests {
                 RunState::FailedValidation => {
                     assert_eq!(plain.expect_err("not forced").exit_code(), 3);
                     assert_eq!(forced.expect("forced"), Publishable::Commit);
+                    let broken = state.publishable(
+                        "r",
+                        Some("because"),
+                        "lakefill backfill m",
+                        vec!["constraint c".into()],
+                        vec!["constraint c".into()],
+                    );
+                    assert_eq!(broken.expect_err("protocol").exit_code(), 3);
                 }
                 RunState::Published => {
                     assert_eq!(plain.expect("done"), Publishable::AlreadyPublished)

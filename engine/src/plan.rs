@@ -19,6 +19,7 @@ use crate::inspect::range_touched_after;
 use crate::journal::Journal;
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{PartitionRange, PartitionType};
+use crate::protocol::TableProtocol;
 use crate::publish::{published_fingerprint, published_sequence};
 use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
 use crate::validate::ValidationRules;
@@ -148,6 +149,8 @@ impl PlanBuilder {
                 current: model.fingerprint().to_string(),
             });
         }
+        // Before anything else: a feature lakefill cannot honour is refused by name.
+        let protocol = TableProtocol::read(&target, target_config.name())?;
         let snapshot = target.snapshot().map_err(|source| Error::Delta {
             context: format!("cannot read the snapshot of `{}`", target_config.name()),
             source: Box::new(source),
@@ -202,8 +205,12 @@ impl PlanBuilder {
                 .or_insert_with(|| PartitionState::empty(&value));
             entry.files += 1;
             entry.bytes += u64::try_from(file.size()).unwrap_or(0);
+            // Rows a deletion vector removed are not rows of the table.
+            let deleted = file
+                .deletion_vector_descriptor()
+                .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
             entry.rows = match (entry.rows, file.num_records()) {
-                (Some(rows), Some(n)) => Some(rows + n as u64),
+                (Some(rows), Some(n)) => Some(rows + (n as u64).saturating_sub(deleted)),
                 _ => None,
             };
         }
@@ -331,7 +338,9 @@ impl PlanBuilder {
                 }
             };
         let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-        let rules = ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
+        let mut rules =
+            ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
+        rules.protocol = protocol.rules.clone();
 
         let mut storage = BTreeMap::new();
         storage.insert(
@@ -380,6 +389,7 @@ impl PlanBuilder {
             storage,
             already_published,
             publish_sequence,
+            protocol,
         };
         Ok(BackfillPlan {
             report,
@@ -476,6 +486,8 @@ pub struct PlanReport {
     pub already_published: bool,
     /// Which publish of this run id a backfill would make (1 unless it re-applies the run).
     pub publish_sequence: u64,
+    /// The target's protocol: its features and the rules staged rows must satisfy.
+    pub protocol: TableProtocol,
 }
 
 /// Current state of one affected partition, from the Delta log.

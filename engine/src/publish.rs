@@ -180,6 +180,15 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             operation,
         )
         .await
+        .and_then(|finalized| {
+            // Test builds can lose the response of a commit that landed.
+            if crate::failpoint::armed_error("lost-commit-response") {
+                return Err(DeltaTableError::Generic(
+                    "injected: the commit's response was lost".into(),
+                ));
+            }
+            Ok(finalized)
+        })
         .map_err(|source| match source {
             DeltaTableError::Transaction {
                 source: TransactionError::CommitConflict(_),

@@ -251,16 +251,17 @@ pub async fn publish_run(
     }
     with_run(project, run_id, "publish", async |config, latest, journal, lease| {
         let store = latest.object_store();
-        let failed = journal
+        let (failed, violations) = journal
             .validation
             .as_ref()
-            .map(|v| v.failed())
+            .map(|v| (v.failed(), v.protocol_violations()))
             .unwrap_or_default();
         match journal.state.publishable(
             run_id,
             force_reason.as_deref(),
             &journal.resume_command(),
             failed,
+            violations,
         )? {
             Publishable::AlreadyPublished => {
                 return Ok(RunReport::from_journal(

@@ -64,11 +64,12 @@ impl StagedTable {
                     "partition column `{partition_column}` is not in the schema"
                 ))
             })?;
+        // Nullable, as staging writes them: validation finds NULLs in NOT NULL columns.
         let file_fields: Vec<Arc<Field>> = table_schema
             .fields()
             .iter()
             .filter(|f| f.name() != partition_column)
-            .map(Arc::clone)
+            .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
             .collect();
         let file_schema = Arc::new(Schema::new(file_fields.clone()));
         let mut all_fields = file_fields;

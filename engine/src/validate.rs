@@ -19,6 +19,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, QueryContext, Result};
 use crate::model::{CheckSpec, ValidateSpec, check_read_only};
+use crate::protocol::RowRule;
 use crate::rowhash::{
     EMPTY_ROW_HASH, PartitionChecksums, ROW_HASH_FUNCTION, RowChecksum, RowHashUdf,
 };
@@ -502,6 +503,8 @@ pub(crate) struct ValidationRules {
     pub(crate) max_measure_change: Option<Threshold>,
     pub(crate) conserve: Vec<String>,
     pub(crate) checks: Vec<CheckSpec>,
+    /// Rules of the target's protocol (constraints, NOT NULL, invariants, generated columns).
+    pub(crate) protocol: Vec<RowRule>,
 }
 
 /// A limit on a change: a percentage of the old value, or an absolute amount.
@@ -627,6 +630,7 @@ impl ValidationRules {
             max_measure_change: threshold("max_measure_change", &spec.max_measure_change)?,
             conserve: spec.conserve.clone(),
             checks: spec.checks.clone(),
+            protocol: Vec::new(),
         })
     }
 
@@ -666,15 +670,19 @@ pub struct CheckResult {
     pub failures: Vec<Value>,
     /// Example offending rows.
     pub sample: Vec<Value>,
+    /// Whether the check comes from the table's protocol: its failure cannot be forced.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub protocol: bool,
 }
 
 impl CheckResult {
-    fn new(name: impl Into<String>, failures: Vec<Value>, sample: Vec<Value>) -> Self {
+    pub(crate) fn new(name: impl Into<String>, failures: Vec<Value>, sample: Vec<Value>) -> Self {
         Self {
             name: name.into(),
             passed: failures.is_empty(),
             failures,
             sample,
+            protocol: false,
         }
     }
 }
@@ -699,6 +707,15 @@ impl ValidationReport {
             },
             "identical": self.comparison.identical,
         })
+    }
+
+    /// Returns the names of the failed checks that come from the table's protocol.
+    pub fn protocol_violations(&self) -> Vec<String> {
+        self.checks
+            .iter()
+            .filter(|c| !c.passed && c.protocol)
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     /// Returns the names of the failed checks.
@@ -811,6 +828,7 @@ pub(crate) async fn validate(
             sample_rows,
         ));
     }
+    checks.extend(protocol_checks(ctx, partition_column, &rules.protocol, sample).await?);
     let passed = checks.iter().all(|c| c.passed);
     Ok(ValidationReport {
         passed,
@@ -818,6 +836,83 @@ pub(crate) async fn validate(
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// The table's protocol rules over the new rows: one scan counts every rule's violations per
+/// partition, then a few rows of each broken rule are fetched as a sample.
+async fn protocol_checks(
+    ctx: &SessionContext,
+    partition_column: &str,
+    rules: &[RowRule],
+    sample: usize,
+) -> Result<Vec<CheckResult>> {
+    if rules.is_empty() {
+        return Ok(Vec::new());
+    }
+    let counts = rules
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            format!(
+                "SUM(CASE WHEN {} THEN 1 ELSE 0 END) AS __lf_r{i}",
+                rule.violation
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT CAST({} AS VARCHAR) AS __lf_part, {counts} FROM output GROUP BY 1",
+        ident(partition_column)
+    );
+    let mut violations: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); rules.len()];
+    let mut stream = run(ctx, &sql, "check the table's constraints").await?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| "cannot check the table's constraints".into())?;
+        let parts = text_column(&batch, 0);
+        for (i, found) in violations.iter_mut().enumerate() {
+            let column = batch.column(1 + i).as_primitive::<Int64Type>();
+            for (row, part) in parts.iter().enumerate() {
+                let n = if column.is_null(row) {
+                    0
+                } else {
+                    column.value(row)
+                };
+                if n > 0 {
+                    *found
+                        .entry(part.clone().unwrap_or_else(|| "null".into()))
+                        .or_default() += u64::try_from(n).unwrap_or(0);
+                }
+            }
+        }
+    }
+    let mut checks = Vec::new();
+    for (rule, found) in rules.iter().zip(violations) {
+        let failures: Vec<Value> = found
+            .iter()
+            .map(|(partition, rows)| {
+                json!({"partition": partition, "rows": rows, "message": format!("{rows} staged rows break `{}`", rule.name)})
+            })
+            .collect();
+        let rows = if failures.is_empty() || sample == 0 {
+            Vec::new()
+        } else {
+            count_and_sample(
+                ctx,
+                &format!(
+                    "SELECT * FROM output WHERE {} LIMIT {sample}",
+                    rule.violation
+                ),
+                sample,
+                &format!("sample the rows that break `{}`", rule.name),
+            )
+            .await?
+            .1
+        };
+        let mut check = CheckResult::new(rule.name.clone(), failures, rows);
+        check.protocol = true;
+        checks.push(check);
+    }
+    Ok(checks)
 }
 
 /// Key uniqueness and NOT NULL keys of the new rows, in one aggregation.

@@ -30,6 +30,7 @@ mod faults;
 mod garbage;
 mod inspect;
 mod lifecycle;
+mod protocol;
 mod resources;
 mod s3;
 mod secrets;

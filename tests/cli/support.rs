@@ -405,3 +405,23 @@ pub(crate) fn assert_refused(output: &Output, code: i32, message: &str) {
     assert!(err.contains(message), "expected `{message}` in:\n{err}");
     assert!(err.contains("\nhint: "), "no hint in:\n{err}");
 }
+
+/// Percent-decodes a path as Delta writes them in the log.
+pub(crate) fn decoded(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(byte) = u8::from_str_radix(&path[i + 1..i + 3], 16)
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

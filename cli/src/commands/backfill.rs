@@ -86,6 +86,10 @@ pub(crate) fn finish(printer: Printer, run: &lakefill::RunReport) -> anyhow::Res
     if run.outcome == Outcome::ValidationFailed {
         return Err(lakefill::Error::ValidationFailed {
             run_id: run.run_id.clone(),
+            forceable: run
+                .validation
+                .as_ref()
+                .is_none_or(|v| v.protocol_violations().is_empty()),
             failed: run.failed_checks(),
         }
         .into());

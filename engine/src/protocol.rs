@@ -1,0 +1,256 @@
+//! The target's Delta protocol: which table features lakefill honours, and the rules they put on
+//! the rows it writes (DESIGN §2, §5 "every commit is one Delta's own writers would accept").
+//!
+//! [`TableProtocol::read`] looks at the protocol and table properties of the target when a plan
+//! is made, before anything is staged. Every reader and writer feature the table has is either
+//! supported (and what it asks of a writer is done) or refused by name. The row rules it yields
+//! (NOT NULL columns, column invariants, CHECK constraints, generated columns) are enforced on the
+//! staged rows by [`crate::validate`]; a violation fails validation and cannot be forced, since
+//! Delta's own writers would refuse the same rows.
+
+use std::collections::BTreeMap;
+
+use deltalake::DeltaTable;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{DeltaContext, Error, Result};
+use crate::validate::ident;
+
+/// What lakefill knows about a table's protocol.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct TableProtocol {
+    /// Minimum reader version.
+    pub min_reader_version: i32,
+    /// Minimum writer version.
+    pub min_writer_version: i32,
+    /// Every feature the table has (named, or implied by the legacy protocol versions that are in
+    /// use), each with what lakefill does about it.
+    pub features: Vec<FeatureSupport>,
+    /// The rules staged rows must satisfy.
+    pub rules: Vec<RowRule>,
+}
+
+/// One table feature and how lakefill handles it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FeatureSupport {
+    /// The feature's protocol name, e.g. `checkConstraints`.
+    pub name: String,
+    /// What lakefill does about it.
+    pub handling: String,
+}
+
+/// A rule on staged rows that comes from the table's protocol.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RowRule {
+    /// Name shown in reports, e.g. `constraint amount_positive`.
+    pub name: String,
+    /// A SQL condition over `output` that is true for every row that breaks the rule.
+    pub violation: String,
+}
+
+/// Features lakefill supports, with what it does for each.
+fn supported(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "appendOnly" => "honoured: refused when `delta.appendOnly` is true",
+        "invariants" => "enforced on staged rows",
+        "checkConstraints" => "enforced on staged rows",
+        "generatedColumns" => "verified on staged rows",
+        "changeDataFeed" => "supported: changes are read from the commit's add and remove actions",
+        "deletionVectors" => {
+            "supported: deleted rows are never read, files with them are removed whole"
+        }
+        "timestampNtz" | "timestampWithoutTimezone" => "supported",
+        "typeWidening" | "typeWidening-preview" => "supported: reads at the current types",
+        "v2Checkpoint" => "supported",
+        "vacuumProtocolCheck" => "supported",
+        "checkpointProtection" => {
+            "supported: lakefill never rewrites checkpoints or cleans the log"
+        }
+        "domainMetadata" => "supported: lakefill leaves domain metadata as it is",
+        "clustering" => "supported: staged files are written unclustered",
+        "allowColumnDefaults" => "supported: the model writes every column",
+        "columnMapping" => "supported while `delta.columnMapping.mode` is `none`",
+        _ => return None,
+    })
+}
+
+impl TableProtocol {
+    /// Reads the protocol of `table` (named `name` in the project) and refuses any feature
+    /// lakefill cannot honour.
+    pub(crate) fn read(table: &DeltaTable, name: &str) -> Result<Self> {
+        let snapshot = table
+            .snapshot()
+            .delta_context(|| format!("cannot read the snapshot of `{name}`"))?;
+        let protocol = snapshot.protocol();
+        let metadata = snapshot.metadata();
+        let config = metadata.configuration();
+        let schema: Value = serde_json::from_str(metadata.schema_string())
+            .map_err(|e| Error::Internal(format!("the schema of `{name}` is not JSON: {e}")))?;
+        let fields = schema["fields"].as_array().cloned().unwrap_or_default();
+        let has_field_metadata = |key: &str| {
+            fields
+                .iter()
+                .any(|f| f["metadata"].get(key).is_some_and(|v| !v.is_null()))
+        };
+
+        // Named features (writer version 7, reader version 3), plus the features the legacy
+        // versions imply where the table uses them.
+        let mut names: Vec<String> = protocol
+            .reader_features()
+            .into_iter()
+            .flatten()
+            .chain(protocol.writer_features().into_iter().flatten())
+            .map(|f| f.to_string())
+            .collect();
+        let writer = protocol.min_writer_version();
+        let reader = protocol.min_reader_version();
+        if writer < 7 {
+            let legacy: [(i32, &str, bool); 7] = [
+                (2, "appendOnly", true),
+                (2, "invariants", has_field_metadata("delta.invariants")),
+                (
+                    3,
+                    "checkConstraints",
+                    config.keys().any(|k| k.starts_with("delta.constraints.")),
+                ),
+                (
+                    4,
+                    "changeDataFeed",
+                    config
+                        .get("delta.enableChangeDataFeed")
+                        .is_some_and(|v| v == "true"),
+                ),
+                (
+                    4,
+                    "generatedColumns",
+                    has_field_metadata("delta.generationExpression"),
+                ),
+                (5, "columnMapping", true),
+                (
+                    6,
+                    "identityColumns",
+                    has_field_metadata("delta.identity.start"),
+                ),
+            ];
+            for (version, feature, used) in legacy {
+                if writer >= version && used {
+                    names.push(feature.to_string());
+                }
+            }
+        }
+        if reader == 2 {
+            names.push("columnMapping".into());
+        }
+        names.sort();
+        names.dedup();
+
+        let refuse = |feature: &str, why: &str, hint: &str| Error::UnsupportedFeature {
+            table: name.to_string(),
+            feature: feature.to_string(),
+            why: why.to_string(),
+            hint: hint.to_string(),
+        };
+        let mut features = Vec::new();
+        for feature in &names {
+            match feature.as_str() {
+                "appendOnly" if config.get("delta.appendOnly").is_some_and(|v| v == "true") => {
+                    return Err(refuse(
+                        "appendOnly",
+                        "`delta.appendOnly` is true: the table may only be appended to, and a backfill removes the files it replaces",
+                        "publishing a correction as adjustment rows appended to the table is planned (issue #17); until then, backfill a copy of the table",
+                    ));
+                }
+                "columnMapping"
+                    if config
+                        .get("delta.columnMapping.mode")
+                        .is_some_and(|mode| mode != "none") =>
+                {
+                    return Err(refuse(
+                        "columnMapping",
+                        "the table maps logical column names to physical ones (`delta.columnMapping.mode`), and lakefill's staged files would carry logical names that readers of the table cannot find",
+                        "backfill a copy of the table without column mapping; writing column-mapped tables is not supported yet",
+                    ));
+                }
+                "identityColumns" => {
+                    return Err(refuse(
+                        "identityColumns",
+                        "the table has identity columns, whose values only Delta's writer may assign",
+                        "backfill a table without identity columns",
+                    ));
+                }
+                other => match supported(other) {
+                    Some(handling) => features.push(FeatureSupport {
+                        name: other.to_string(),
+                        handling: handling.to_string(),
+                    }),
+                    None => {
+                        return Err(refuse(
+                            other,
+                            "lakefill does not know what this feature asks of a writer, so it cannot promise a commit the table's other writers would accept",
+                            "the README lists the table features lakefill supports",
+                        ));
+                    }
+                },
+            }
+        }
+
+        let mut rules = Vec::new();
+        for field in &fields {
+            let Some(column) = field["name"].as_str() else {
+                continue;
+            };
+            if field["nullable"] == Value::Bool(false) {
+                rules.push(RowRule {
+                    name: format!("not null {column}"),
+                    violation: format!("{} IS NULL", ident(column)),
+                });
+            }
+            if let Some(invariant) = invariant_expression(&field["metadata"]) {
+                rules.push(RowRule {
+                    name: format!("invariant {column}"),
+                    violation: format!("NOT COALESCE(({invariant}), FALSE)"),
+                });
+            }
+            if let Some(expression) = field["metadata"]["delta.generationExpression"].as_str() {
+                rules.push(RowRule {
+                    name: format!("generated column {column}"),
+                    violation: format!(
+                        "NOT ({} IS NOT DISTINCT FROM ({expression}))",
+                        ident(column)
+                    ),
+                });
+            }
+        }
+        let constraints: BTreeMap<&String, &String> = config
+            .iter()
+            .filter(|(k, _)| k.starts_with("delta.constraints."))
+            .collect();
+        for (key, expression) in constraints {
+            let constraint = key.trim_start_matches("delta.constraints.");
+            rules.push(RowRule {
+                name: format!("constraint {constraint}"),
+                violation: format!("NOT COALESCE(({expression}), FALSE)"),
+            });
+        }
+        Ok(Self {
+            min_reader_version: reader,
+            min_writer_version: writer,
+            features,
+            rules,
+        })
+    }
+}
+
+/// The SQL of a column invariant: `{"expression": {"expression": "x > 3"}}` in the field's
+/// `delta.invariants` metadata (a JSON string).
+fn invariant_expression(metadata: &Value) -> Option<String> {
+    let raw = metadata.get("delta.invariants")?;
+    let parsed: Value = match raw {
+        Value::String(text) => serde_json::from_str(text).ok()?,
+        other => other.clone(),
+    };
+    parsed["expression"]["expression"]
+        .as_str()
+        .map(str::to_string)
+}
