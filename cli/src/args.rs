@@ -107,6 +107,10 @@ pub(crate) struct ScopeArgs {
     /// Drop rows the model produces for partitions outside the range, instead of failing.
     #[arg(long, value_enum, value_name = "POLICY")]
     pub(crate) allow_spill: Option<SpillPolicy>,
+    /// Also replace the partition whose time is NULL (computed by one more batch over the whole
+    /// range, keeping only the rows with a NULL time) [default: it is left untouched].
+    #[arg(long)]
+    pub(crate) include_null: bool,
     /// Why this backfill runs; recorded in the commit [default: the model header's `reason`].
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,

@@ -141,17 +141,25 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
         crate::settings::display_path(std::path::Path::new(&plan.model_file))
     );
     let _ = writeln!(out, "  fingerprint   sha256:{}", plan.fingerprint);
+    let layout = &plan.layout;
+    let others = layout.other_columns();
     let _ = writeln!(
         out,
-        "  target        {} at version {} ({}), partitioned by {} ({})",
+        "  target        {} at version {} ({}), partitioned by {}{}",
         plan.target,
         plan.read_version,
         plan.target_uri,
-        plan.partition_column,
-        match plan.partition_type {
-            lakefill::PartitionType::Date => "date",
-            lakefill::PartitionType::String => "string",
+        layout.time.encoding.describe(),
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(" and {}", others.join(", "))
         }
+    );
+    let _ = writeln!(
+        out,
+        "  grain         {} ({})",
+        layout.time.grain, layout.time.grain_reason
     );
     let _ = writeln!(
         out,
@@ -162,6 +170,15 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
         plan.batches.len(),
         plan.batch_partitions
     );
+    for note in &plan.range_notes {
+        let _ = writeln!(out, "  rounded       {note}");
+    }
+    if plan.range.include_null {
+        let _ = writeln!(
+            out,
+            "  null          the partition whose time is NULL is replaced too"
+        );
+    }
     if let Some(reason) = &plan.reason {
         let _ = writeln!(out, "  reason        {reason}");
     }
@@ -176,12 +193,15 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
     }
     let _ = writeln!(out, "\nsources (pinned)");
     for source in &plan.sources {
-        let window = match &source.window {
-            Some(column) => format!(
-                "window {column} -{}/+{} days",
-                source.lookback, source.lookahead
+        let window = match (&source.window, &source.window_time) {
+            (Some(column), Some(time)) => format!(
+                "window {column} -{}/+{} {}s ({})",
+                source.lookback, source.lookahead, time.grain, time.grain_reason
             ),
-            None => "whole table".into(),
+            (Some(column), None) => {
+                format!("window {column} -{}/+{}", source.lookback, source.lookahead)
+            }
+            (None, _) => "whole table".into(),
         };
         let note = if source.reads_target {
             "  (the target, at the read version)"

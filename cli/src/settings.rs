@@ -30,6 +30,7 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
             .with_batch_partitions(scope.batch_partitions)
             .with_source_versions(versions)
             .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
+            .with_include_null(scope.include_null)
             .with_reason(scope.reason.clone()),
     )
 }

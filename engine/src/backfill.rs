@@ -9,8 +9,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use deltalake::datafusion::common::Column;
-use deltalake::datafusion::logical_expr::{Expr, lit};
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 use deltalake::{DeltaTable, ObjectStore};
@@ -23,7 +21,7 @@ use crate::failpoint;
 use crate::inspect::find_run_commit;
 use crate::journal::{BatchBounds, BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
 use crate::lease::RunLease;
-use crate::partition::{PartitionRange, PartitionType, partition_literal};
+use crate::partition::{Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of};
 use crate::plan::BackfillPlan;
 use crate::publish::{commit, published_sequence, record_published_model};
 use crate::resources::{ProgressEvent, ProgressSink, Resources};
@@ -32,7 +30,7 @@ use crate::runs::reconcile;
 use crate::staged::StagedTable;
 use crate::throttle::Throttle;
 use crate::validate::{
-    CheckResult, KnownSide, ValidationReport, ValidationRules, counts_from, validate,
+    CheckResult, KnownSide, PartitionKey, ValidationReport, ValidationRules, counts_from, validate,
 };
 
 /// Default number of sample rows per kind of difference.
@@ -259,15 +257,21 @@ impl BackfillBuilder {
         );
         let spilled: u64 = spill.values().sum();
         if spilled > 0 && report.allow_spill.is_none() {
-            let first = spill.keys().next().cloned().unwrap_or_default();
-            let last = spill.keys().last().cloned().unwrap_or_default();
+            // Labels of one grain sort like time; the NULL partition is no bound.
+            let timed = || spill.keys().filter(|p| p.as_str() != NULL_LABEL);
+            let first = timed().next().cloned().unwrap_or_default();
+            let last = timed().next_back().cloned().unwrap_or_default();
             let error = Error::Spill {
                 model: report.model.clone(),
                 range: format!("{}..={}", report.range.from, report.range.to),
                 partitions: spill.clone().into_iter().collect(),
                 total: spilled,
                 suggested: Box::new((
-                    first.min(report.range.from.clone()),
+                    if first.is_empty() {
+                        report.range.from.clone()
+                    } else {
+                        first.min(report.range.from.clone())
+                    },
                     last.max(report.range.to.clone()),
                 )),
             };
@@ -515,7 +519,8 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         model_version: report.model_version.clone(),
         fingerprint: report.fingerprint.clone(),
         target: report.target.clone(),
-        partition_column: report.partition_column.clone(),
+        layout: report.layout.clone(),
+        partition_column: None,
         read_version: report.read_version,
         range: report.range.clone(),
         sources: report
@@ -581,7 +586,7 @@ async fn reusable_batches(
         if complete {
             for add in &batch.files {
                 if store
-                    .head(&deltalake::Path::from(add.path.as_str()))
+                    .head(&crate::storage::object_path(&add.path))
                     .await
                     .is_err()
                 {
@@ -696,19 +701,13 @@ async fn run_validation(
             ..ValidationReport::default()
         });
     }
-    let ctx = comparison_session(
-        resources.session(),
-        &plan.target,
-        plan.report.partition_type,
-        &journal.partition_column,
-        &journal.range,
-    )
-    .await?;
+    let layout = &journal.layout;
+    let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
     let adds: Vec<_> = journal.staged_files().cloned().collect();
     let staged = StagedTable::register_store(
         &ctx,
         &plan.target,
-        &journal.partition_column,
+        &layout.partition_columns,
         &adds,
         &journal.run_id,
     )?;
@@ -749,11 +748,11 @@ async fn run_validation(
     if rules
         .summed_measures()
         .iter()
-        .any(|m| m == &journal.partition_column)
+        .any(|m| layout.partition_columns.contains(m))
     {
         new_side.sums = None;
     }
-    // Every column but the partition column, in the table's order: what makes a row.
+    // Every column but the partition columns, in the table's order: what makes a row.
     let checksum_columns = plan
         .target
         .snapshot()
@@ -766,11 +765,11 @@ async fn run_validation(
         .fields()
         .iter()
         .map(|f| f.name().clone())
-        .filter(|name| name != &journal.partition_column)
+        .filter(|name| !layout.partition_columns.contains(name))
         .collect();
     validate(
         &ctx,
-        &journal.partition_column,
+        &PartitionKey::Time(layout.clone()),
         rules,
         sample,
         Some(new_side),
@@ -784,27 +783,25 @@ async fn run_validation(
 pub(crate) async fn comparison_session(
     ctx: SessionContext,
     table: &DeltaTable,
-    kind: PartitionType,
-    partition_column: &str,
+    layout: &Layout,
     range: &PartitionRange,
 ) -> Result<SessionContext> {
+    let schema = table
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema();
+    let predicate = layout.range_predicate(range, &schema)?;
     let provider = table
         .table_provider()
         .await
         .query_context(|| "cannot scan the target".into())?;
-    let column = Expr::Column(Column::new_unqualified(partition_column));
     let df = ctx
         .read_table(provider)
-        .and_then(|df| {
-            df.filter(
-                column.between(
-                    lit(partition_literal(kind, &range.from)
-                        .unwrap_or_else(|_| range.from.clone().into())),
-                    lit(partition_literal(kind, &range.to)
-                        .unwrap_or_else(|_| range.to.clone().into())),
-                ),
-            )
-        })
+        .and_then(|df| df.filter(predicate))
         .query_context(|| "cannot restrict the target to the range".into())?;
     ctx.register_table("previous", df.into_view())
         .query_context(|| "cannot register the old rows".into())?;
@@ -813,7 +810,7 @@ pub(crate) async fn comparison_session(
 
 /// Old and new row counts per partition: the plan's partitions plus any the model created.
 fn partition_changes(plan: &BackfillPlan, batches: &[BatchRecord]) -> Vec<PartitionChange> {
-    let column = &plan.report.partition_column;
+    let layout = &plan.report.layout;
     let mut new_rows: BTreeMap<String, u64> = BTreeMap::new();
     let mut new_files: BTreeMap<String, u64> = BTreeMap::new();
     for record in batches {
@@ -821,13 +818,12 @@ fn partition_changes(plan: &BackfillPlan, batches: &[BatchRecord]) -> Vec<Partit
             *new_rows.entry(partition.clone()).or_default() += rows;
         }
         for add in &record.files {
-            let partition = add
+            let values: PartitionValues = add
                 .partition_values
-                .get(column)
-                .cloned()
-                .flatten()
-                .unwrap_or_default();
-            *new_files.entry(partition).or_default() += 1;
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            *new_files.entry(label_of(layout, &values)).or_default() += 1;
         }
     }
     let mut partitions: Vec<PartitionChange> = plan

@@ -169,6 +169,19 @@ pub enum Error {
         /// The smallest range (from, to) that holds every produced row.
         suggested: Box<(String, String)>,
     },
+    /// The model wrote time values that are not partitions of the table's grain.
+    #[error(
+        "model `{model}` wrote time values that are not {grain}s: {}",
+        values.iter().map(|(v, n)| format!("{v} ({n} rows)")).collect::<Vec<_>>().join("; ")
+    )]
+    OffGrain {
+        /// The model.
+        model: String,
+        /// The grain of the table's partitions.
+        grain: crate::time::Grain,
+        /// Each problem with its row count.
+        values: Vec<(String, u64)>,
+    },
     /// The object store cannot guarantee that two writers never overwrite each other's commit.
     #[error("refusing to commit to `{table}`: {reason}")]
     UnsafeStore {
@@ -382,6 +395,7 @@ impl Error {
             | Error::StagingWrite { .. }
             | Error::NotADeltaTable { .. }
             | Error::Spill { .. }
+            | Error::OffGrain { .. }
             | Error::Delta { .. }
             | Error::Query { .. }
             | Error::Storage { .. }
@@ -428,9 +442,32 @@ impl Error {
             Error::SchemaMismatch { .. } => {
                 "change the model's SELECT (names, types, e.g. with CAST) so that it produces the target's columns".into()
             }
-            Error::Spill { suggested, .. } => format!(
-                "widen the range to `--from {} --to {}`, filter the model's output with `$start`/`$end`, or pass `--allow-spill drop` to drop those rows on purpose",
-                suggested.0, suggested.1
+            Error::Spill {
+                suggested,
+                partitions,
+                ..
+            } => {
+                let nulls = partitions
+                    .iter()
+                    .any(|(p, _)| p == crate::partition::NULL_LABEL);
+                let widen = (partitions.len() > usize::from(nulls)).then(|| {
+                    format!("widen the range to `--from {} --to {}`", suggested.0, suggested.1)
+                });
+                let null = nulls.then(|| {
+                    "pass `--include-null` to replace the partition whose time is NULL too".to_string()
+                });
+                let steps: Vec<String> = widen
+                    .into_iter()
+                    .chain(null)
+                    .chain([
+                        "filter the model's output with `$start`/`$end`".to_string(),
+                        "pass `--allow-spill drop` to drop those rows on purpose".to_string(),
+                    ])
+                    .collect();
+                steps.join(", or ")
+            }
+            Error::OffGrain { grain, .. } => format!(
+                "write each row's partition value as the first instant of its {grain} (e.g. `date_trunc('{grain}', ts)`, or `CAST(date_trunc('{grain}', d) AS DATE)`), or declare the table's real `grain` in the model header"
             ),
             Error::UnsafeStore { .. } => {
                 "use an S3 endpoint that supports conditional writes (AWS S3, MinIO, moto) and do not set `aws_conditional_put = disabled`".into()

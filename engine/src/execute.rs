@@ -2,11 +2,15 @@
 //!
 //! Each batch gets its own DataFusion session in which every source is registered as a view over
 //! the table at its pinned version, filtered to the batch window widened by lookback/lookahead
-//! (so the Delta scan prunes partitions). The SELECT runs with `$start`/`$end` bound, and its
-//! output streams, record batch by record batch, into one Parquet writer per partition under
+//! periods of the source's own grain (so the Delta scan prunes partitions). The SELECT runs with
+//! `$start`, `$end` and `$next` bound, and its output streams, record batch by record batch, into
+//! one Parquet writer per partition (every partition column of the target) under
 //! `<partition dir>/lakefill-<run_id>/`. Those files are not in the Delta log until
 //! [`crate::publish`] commits them. Nothing is collected in memory: a writer holds at most one
-//! row group per open partition, and a batch has at most `batch_partitions` partitions.
+//! row group per open partition, and a batch has at most `batch_partitions` periods.
+//!
+//! [`check_model`] plans the model once when the plan is made, so what `plan` accepts,
+//! `backfill` runs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -17,12 +21,14 @@ use deltalake::Path;
 use deltalake::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use deltalake::arrow::compute::take;
 use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
 use deltalake::datafusion::common::{Column, ScalarValue};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
-use deltalake::datafusion::logical_expr::{Expr, cast, lit};
+use deltalake::datafusion::logical_expr::{Expr, cast};
 use deltalake::datafusion::prelude::{DataFrame, SQLOptions, SessionContext};
 use deltalake::kernel::Add;
+use deltalake::kernel::scalars::ScalarExt as _;
 use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::WriterProperties;
 use futures::{StreamExt, TryStreamExt};
@@ -30,14 +36,12 @@ use indexmap::IndexMap;
 
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
-use crate::partition::{
-    PartitionType, date_to_days, days_to_date, parse_partition_date, partition_literal,
-    staging_prefix,
-};
+use crate::partition::{NULL_LABEL, PartitionValues, TimeEncoding};
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
 use crate::resources::Resources;
 use crate::rowhash::{RowChecksum, hash_rows};
 use crate::throttle::{Throttle, ThrottledStore};
+use crate::time::Period;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -53,7 +57,17 @@ pub(crate) struct StageOptions {
     pub(crate) throttle: Option<Arc<Throttle>>,
 }
 
-/// Checks the model's output schema against the target, then stages every batch not in `skip`.
+/// Plans the model for the first batch and checks its output against the target's schema:
+/// names every column that differs. Reads no data.
+pub(crate) async fn check_model(plan: &BackfillPlan) -> Result<()> {
+    let Some(first) = plan.report.batches.first() else {
+        return Ok(());
+    };
+    let (_ctx, df) = batch_dataframe(plan, first, &Resources::new(None)).await?;
+    check_schema(plan, df.schema().as_arrow(), &target_schema(plan)?)
+}
+
+/// Stages every batch not in `skip`.
 ///
 /// Each finished batch is sent to `finished`, in completion order, so the caller can journal it
 /// before more finish; the channel's bound keeps staging from running far ahead of the journal.
@@ -63,13 +77,7 @@ pub(crate) async fn stage(
     skip: &BTreeSet<usize>,
     finished: tokio::sync::mpsc::Sender<BatchRecord>,
 ) -> Result<()> {
-    let target_schema = target_schema(plan)?;
-    // The schema is a property of the SQL, not of the batch: check it once, before writing.
-    if let Some(first) = plan.report.batches.first() {
-        let (_ctx, df) = batch_dataframe(plan, first, &options.resources).await?;
-        check_schema(plan, df.schema().as_arrow(), &target_schema)?;
-    }
-    let target_schema = Arc::new(target_schema);
+    let target_schema = Arc::new(target_schema(plan)?);
     let pending: Vec<BatchPlan> = plan
         .report
         .batches
@@ -103,6 +111,51 @@ fn target_schema(plan: &BackfillPlan) -> Result<Schema> {
     Ok(snapshot.snapshot().arrow_schema().as_ref().clone())
 }
 
+/// The periods a batch computes: its first and last (for the NULL batch, the whole range's).
+fn batch_periods(plan: &BackfillPlan, batch: &BatchPlan) -> Result<(Period, Period)> {
+    let grain = plan.report.range.grain;
+    let parse = |label: &str| {
+        Period::from_label(grain, label)
+            .ok_or_else(|| Error::Internal(format!("batch bound `{label}` is not a {grain}")))
+    };
+    Ok((parse(&batch.start)?, parse(&batch.end)?))
+}
+
+/// `$start`, `$end` and `$next` of a batch: for day, month and year partitions the batch's first
+/// day, last day and the day after it (DATE); for hours the batch's first hour, last hour and the
+/// hour after it (TIMESTAMP).
+fn batch_parameters(
+    plan: &BackfillPlan,
+    batch: &BatchPlan,
+) -> Result<Vec<(&'static str, ScalarValue)>> {
+    let (first, last) = batch_periods(plan, batch)?;
+    if first.grain().is_calendar() {
+        let date = |d: chrono::NaiveDate| {
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch is a date");
+            ScalarValue::Date32(Some(
+                i32::try_from((d - epoch).num_days()).unwrap_or(i32::MAX),
+            ))
+        };
+        return Ok(vec![
+            ("start", date(first.first_day())),
+            ("end", date(last.last_day())),
+            ("next", date(last.end().date())),
+        ]);
+    }
+    let timezone: Option<Arc<str>> = match &plan.report.layout.time.encoding {
+        TimeEncoding::Timestamp { timezone, .. } => timezone.as_deref().map(Into::into),
+        _ => Some("UTC".into()),
+    };
+    let micros = |t: chrono::NaiveDateTime| {
+        ScalarValue::TimestampMicrosecond(Some(t.and_utc().timestamp_micros()), timezone.clone())
+    };
+    Ok(vec![
+        ("start", micros(first.start())),
+        ("end", micros(last.start())),
+        ("next", micros(last.end())),
+    ])
+}
+
 /// Builds the session and the model's DataFrame for one batch.
 async fn batch_dataframe(
     plan: &BackfillPlan,
@@ -127,25 +180,14 @@ async fn batch_dataframe(
             hint: "check column and table names (they are case-sensitive) against the sources"
                 .into(),
         })?;
-    let (start, end) = match plan.report.partition_type {
-        PartitionType::Date => (date_scalar(&batch.start)?, date_scalar(&batch.end)?),
-        PartitionType::String => (
-            ScalarValue::Utf8(Some(batch.start.clone())),
-            ScalarValue::Utf8(Some(batch.end.clone())),
-        ),
-    };
     let df = df
-        .with_param_values(vec![("start", start), ("end", end)])
+        .with_param_values(batch_parameters(plan, batch)?)
         .map_err(|source| Error::Model {
             path: model.path().to_path_buf(),
-            message: format!("cannot bind `$start`/`$end`: {source}"),
-            hint: "only `$start` and `$end` may be used as parameters".into(),
+            message: format!("cannot bind `$start`/`$end`/`$next`: {source}"),
+            hint: "only `$start`, `$end` and `$next` may be used as parameters".into(),
         })?;
     Ok((ctx, df))
-}
-
-fn date_scalar(value: &str) -> Result<ScalarValue> {
-    partition_literal(PartitionType::Date, value)
 }
 
 /// Registers `source` under its name as a view restricted to the batch window.
@@ -163,39 +205,20 @@ async fn register_source(
     let mut df = ctx
         .read_table(provider)
         .query_context(|| format!("cannot read source `{}`", source.name))?;
-    if let Some(window) = &source.spec.window {
-        let (low, high) = window_bounds(plan, source, batch)?;
-        let field_type = df
-            .schema()
-            .as_arrow()
-            .field_with_name(window)
-            .map(|f| f.data_type().clone())
-            .map_err(|_| {
-                Error::Internal(format!(
-                    "window column `{window}` vanished from `{}`",
-                    source.name
-                ))
-            })?;
-        let column = Expr::Column(Column::new_unqualified(window));
-        let (low, high) = match (&field_type, plan.report.partition_type) {
-            (DataType::Date32, PartitionType::Date) => (date_scalar(&low)?, date_scalar(&high)?),
-            (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, _) => {
-                (ScalarValue::Utf8(Some(low)), ScalarValue::Utf8(Some(high)))
+    if let Some(window) = &source.window {
+        let (low, high) = window_periods(plan, source, batch)?;
+        let mut predicate =
+            window
+                .time
+                .predicate(low, high, window.partition_column, &window.data_type)?;
+        if batch.null {
+            // The NULL partition is computed from the rows whose time is unknown.
+            for column in window.time.encoding.columns() {
+                predicate = predicate.or(Expr::Column(Column::new_unqualified(column)).is_null());
             }
-            (other, _) => {
-                return Err(Error::Model {
-                    path: plan.model.path().to_path_buf(),
-                    message: format!(
-                        "window column `{window}` of source `{}` has type {other}, which cannot be compared with the `{}` partitions",
-                        source.name, plan.report.partition_column
-                    ),
-                    hint: "use a DATE (or a string holding dates) partition column as the window"
-                        .into(),
-                });
-            }
-        };
+        }
         df = df
-            .filter(column.between(lit(low), lit(high)))
+            .filter(predicate)
             .query_context(|| format!("cannot restrict source `{}` to its window", source.name))?;
     }
     ctx.register_table(source.name.as_str(), df.into_view())
@@ -203,36 +226,35 @@ async fn register_source(
     Ok(())
 }
 
-/// The batch window of a source, widened by its lookback and lookahead (in days).
-fn window_bounds(
+/// The periods (of the source's grain) a source is read over for a batch: those the batch's
+/// time touches, widened by the source's lookback and lookahead.
+fn window_periods(
     plan: &BackfillPlan,
     source: &PlannedSource,
     batch: &BatchPlan,
-) -> Result<(String, String)> {
-    match plan.report.partition_type {
-        PartitionType::String => Ok((batch.start.clone(), batch.end.clone())),
-        PartitionType::Date => {
-            let start = parse_partition_date(&batch.start).ok_or_else(|| {
-                Error::Internal(format!("batch bound `{}` is not a date", batch.start))
-            })?;
-            let end = parse_partition_date(&batch.end).ok_or_else(|| {
-                Error::Internal(format!("batch bound `{}` is not a date", batch.end))
-            })?;
-            let out_of_range = || Error::InvalidRange {
-                message: format!(
-                    "the window of source `{}` around {}..{} leaves the calendar",
-                    source.name, batch.start, batch.end
-                ),
-            };
-            let low = start
-                .checked_sub_days(chrono::Days::new(source.spec.lookback.into()))
-                .ok_or_else(out_of_range)?;
-            let high = end
-                .checked_add_days(chrono::Days::new(source.spec.lookahead.into()))
-                .ok_or_else(out_of_range)?;
-            Ok((low.to_string(), high.to_string()))
-        }
-    }
+) -> Result<(Period, Period)> {
+    let Some(window) = &source.window else {
+        return Err(Error::Internal(format!(
+            "source `{}` has no window",
+            source.name
+        )));
+    };
+    let (first, last) = batch_periods(plan, batch)?;
+    let grain = window.time.grain;
+    let out_of_range = || Error::InvalidRange {
+        message: format!(
+            "the window of source `{}` around {}..{} leaves the calendar",
+            source.name, batch.start, batch.end
+        ),
+    };
+    let low = Period::containing(grain, first.start())
+        .and_then(|p| p.offset(-i64::from(source.spec.lookback)))
+        .ok_or_else(out_of_range)?;
+    let last_instant = last.end() - chrono::TimeDelta::microseconds(1);
+    let high = Period::containing(grain, last_instant)
+        .and_then(|p| p.offset(i64::from(source.spec.lookahead)))
+        .ok_or_else(out_of_range)?;
+    Ok((low, high))
 }
 
 /// Compares the model's output with the target schema; names every column that differs.
@@ -286,24 +308,22 @@ fn normalize(data_type: &DataType) -> DataType {
     }
 }
 
-/// A partition value as the row router sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum RowPartition {
-    Date(i32),
-    Text(String),
-    Null,
+/// Where the rows of one partition go.
+enum Placement {
+    /// Written by this batch.
+    Batch,
+    /// Produced again, and kept, by the batch that owns the partition.
+    OtherBatch,
+    /// Outside the range: counted as spill under this label.
+    Outside(String),
+    /// Not a value of the grain (e.g. the 15th in a monthly table).
+    OffGrain(String),
 }
 
-impl RowPartition {
-    fn render(&self) -> String {
-        match self {
-            RowPartition::Date(days) => days_to_date(*days)
-                .map(|d| d.to_string())
-                .unwrap_or_else(|| days.to_string()),
-            RowPartition::Text(text) => text.clone(),
-            RowPartition::Null => "null".into(),
-        }
-    }
+/// A partition being written: its typed values, its label, and its writer.
+struct OpenPartition {
+    label: String,
+    writer: PartitionWriter,
 }
 
 /// Runs one batch and writes its partitions; returns what it staged.
@@ -315,7 +335,7 @@ async fn stage_batch(
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<BatchRecord> {
     let report = &plan.report;
-    let partition_column = report.partition_column.as_str();
+    let layout = &report.layout;
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
     crate::failpoint::reach(&format!("stage-batch-{}", batch.index)).await?;
     let (_ctx, df) = batch_dataframe(plan, batch, resources).await?;
@@ -346,32 +366,41 @@ async fn stage_batch(
         )
     })?;
 
-    let partition_index = target_schema.index_of(partition_column).map_err(|_| {
-        Error::Internal(format!(
-            "partition column `{partition_column}` is not in the target schema"
-        ))
-    })?;
+    let partition_indices: Vec<usize> = layout
+        .partition_columns
+        .iter()
+        .map(|c| {
+            target_schema.index_of(c).map_err(|_| {
+                Error::Internal(format!(
+                    "partition column `{c}` is not in the target schema"
+                ))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let file_indices: Vec<usize> = (0..target_schema.fields().len())
+        .filter(|i| !partition_indices.contains(i))
+        .collect();
     // Nullable on purpose: a NULL in a NOT NULL column must reach validation, which names the
     // column, the partition and the rows, instead of stopping the write.
-    let file_fields: Vec<_> = target_schema
-        .fields()
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != partition_index)
-        .map(|(_, f)| Arc::new(f.as_ref().clone().with_nullable(true)))
-        .collect();
-    let file_schema: SchemaRef = Arc::new(Schema::new(file_fields));
+    let file_schema: SchemaRef = Arc::new(Schema::new(
+        file_indices
+            .iter()
+            .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
+            .collect::<Vec<_>>(),
+    ));
+    let converter = RowConverter::new(
+        partition_indices
+            .iter()
+            .map(|i| SortField::new(target_schema.field(*i).data_type().clone()))
+            .collect(),
+    )
+    .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+    let (first, last) = batch_periods(plan, batch)?;
 
-    let bounds = Bounds::new(
-        report.partition_type,
-        &batch.start,
-        &batch.end,
-        &report.range.from,
-        &report.range.to,
-    )?;
-    let mut writers: BTreeMap<RowPartition, PartitionWriter> = BTreeMap::new();
+    let mut writers: BTreeMap<Vec<Option<String>>, OpenPartition> = BTreeMap::new();
     let mut rows: BTreeMap<String, u64> = BTreeMap::new();
     let mut spill: BTreeMap<String, u64> = BTreeMap::new();
+    let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
     let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
     // Measures summed while writing, so validation need not scan the staged files for them.
@@ -394,73 +423,145 @@ async fn stage_batch(
         if record_batch.num_rows() == 0 {
             continue;
         }
-        let keys = row_partitions(record_batch.column(partition_index).as_ref())?;
-        let mut groups: HashMap<RowPartition, Vec<u32>> = HashMap::new();
-        for (row, key) in keys.into_iter().enumerate() {
-            match bounds.classify(&key) {
-                Placement::Batch => groups.entry(key).or_default().push(row as u32),
-                // Produced again, and kept, by the batch that owns the partition.
-                Placement::OtherBatch => {}
-                Placement::OutsideRange => *spill.entry(key.render()).or_default() += 1,
-            }
+        // Group the rows by their partition values, compared as Arrow rows (cheap), and decide
+        // once per group where it goes.
+        let partition_arrays: Vec<_> = partition_indices
+            .iter()
+            .map(|i| Arc::clone(record_batch.column(*i)))
+            .collect();
+        let keys = converter
+            .convert_columns(&partition_arrays)
+            .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+        let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut groups: Vec<Vec<u32>> = Vec::new();
+        for row in 0..record_batch.num_rows() {
+            let key = keys.row(row);
+            let group = match group_of.get(key.as_ref()) {
+                Some(group) => *group,
+                None => {
+                    group_of.insert(key.as_ref().to_vec(), groups.len());
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                }
+            };
+            groups[group].push(row as u32);
         }
-        for (key, indices) in groups {
-            let indices = UInt32Array::from(indices);
-            let columns = record_batch
-                .columns()
+        for indices in groups {
+            let first_row = indices[0] as usize;
+            let scalars: Vec<Scalar> = partition_arrays
                 .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != partition_index)
-                .map(|(_, column)| take(column.as_ref(), &indices, None))
+                .map(|array| {
+                    Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "cannot read a partition value of type {}",
+                            array.data_type()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let values: PartitionValues = layout
+                .partition_columns
+                .iter()
+                .zip(&scalars)
+                .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
+                .collect();
+            let placement = match layout.time.period_of(&values) {
+                Err(message) => Placement::OffGrain(message),
+                Ok(None) if batch.null => Placement::Batch,
+                Ok(None) if report.range.include_null => Placement::OtherBatch,
+                Ok(None) => Placement::Outside(NULL_LABEL.to_string()),
+                Ok(Some(_)) if batch.null => Placement::OtherBatch,
+                Ok(Some(period)) if first <= period && period <= last => Placement::Batch,
+                Ok(Some(period)) if report.range.contains(&period) => Placement::OtherBatch,
+                Ok(Some(period)) => Placement::Outside(period.label()),
+            };
+            let count = indices.len() as u64;
+            match placement {
+                Placement::Batch => {}
+                Placement::OtherBatch => continue,
+                Placement::Outside(label) => {
+                    *spill.entry(label).or_default() += count;
+                    continue;
+                }
+                Placement::OffGrain(message) => {
+                    *off_grain.entry(message).or_default() += count;
+                    continue;
+                }
+            }
+            let indices = UInt32Array::from(indices);
+            let columns = file_indices
+                .iter()
+                .map(|i| take(record_batch.column(*i).as_ref(), &indices, None))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| Error::Internal(format!("cannot split a batch by partition: {e}")))?;
-            let part = RecordBatch::try_new(Arc::clone(&file_schema), columns).map_err(|e| Error::Model {
-                path: plan.model.path().to_path_buf(),
-                message: format!("the output does not fit the table: {e}"),
-                hint: "a column the table declares NOT NULL received NULL; filter or COALESCE it in the model".into(),
+            let part = RecordBatch::try_new(Arc::clone(&file_schema), columns).map_err(|e| {
+                Error::Internal(format!("the output does not fit the staged files: {e}"))
             })?;
-            let rendered = key.render();
-            *rows.entry(rendered.clone()).or_default() += part.num_rows() as u64;
+            let key: Vec<Option<String>> = layout
+                .partition_columns
+                .iter()
+                .map(|c| values.get(c).cloned().flatten())
+                .collect();
+            let open = match writers.entry(key) {
+                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    let label = match layout.time.period_of(&values) {
+                        Ok(Some(period)) => period.label(),
+                        _ => NULL_LABEL.to_string(),
+                    };
+                    entry.insert(OpenPartition {
+                        label,
+                        writer: partition_writer(
+                            plan,
+                            &scalars,
+                            &values,
+                            Arc::clone(&file_schema),
+                            Arc::clone(&store),
+                        )?,
+                    })
+                }
+            };
+            let label = open.label.clone();
+            *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
             checksums
-                .entry(rendered.clone())
+                .entry(label.clone())
                 .or_default()
                 .add_hashes(&hash_rows(part.columns(), part.num_rows())?);
             if !measures.is_empty() {
-                let partition_sums = sums.entry(rendered).or_default();
+                let partition_sums = sums.entry(label.clone()).or_default();
                 for (measure, index) in &measures {
                     *partition_sums.entry(measure.clone()).or_default() +=
                         column_sum(part.column(*index))?;
                 }
             }
-            let writer = match writers.entry(key.clone()) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => {
-                    entry.insert(partition_writer(
-                        plan,
-                        &key,
-                        partition_column,
-                        Arc::clone(&file_schema),
-                        Arc::clone(&store),
-                    )?)
-                }
-            };
-            writer
+            open.writer
                 .write(&part)
                 .await
                 .map_err(|source| Error::StagingWrite {
                     table: report.target.clone(),
-                    partition: key.render(),
+                    partition: label,
                     source: Box::new(source),
                 })?;
         }
     }
+    if !off_grain.is_empty() {
+        return Err(Error::OffGrain {
+            model: format!("{}@{}", plan.model.name(), plan.model.version()),
+            grain: layout.time.grain,
+            values: off_grain.into_iter().collect(),
+        });
+    }
     let mut files: Vec<Add> = Vec::new();
-    for (key, writer) in writers {
-        let adds = writer.close().await.map_err(|source| Error::StagingWrite {
-            table: report.target.clone(),
-            partition: key.render(),
-            source: Box::new(source),
-        })?;
+    for (_, open) in writers {
+        let adds = open
+            .writer
+            .close()
+            .await
+            .map_err(|source| Error::StagingWrite {
+                table: report.target.clone(),
+                partition: open.label.clone(),
+                source: Box::new(source),
+            })?;
         files.extend(adds);
     }
     Ok(BatchRecord {
@@ -487,30 +588,28 @@ fn column_sum(column: &deltalake::arrow::array::ArrayRef) -> Result<f64> {
 
 fn partition_writer(
     plan: &BackfillPlan,
-    key: &RowPartition,
-    partition_column: &str,
+    scalars: &[Scalar],
+    values: &PartitionValues,
     file_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<PartitionWriter> {
-    let scalar = match key {
-        RowPartition::Date(days) => Scalar::Date(*days),
-        RowPartition::Text(text) => Scalar::String(text.clone()),
-        RowPartition::Null => {
-            return Err(Error::Internal(
-                "null partition routed into the batch".into(),
-            ));
-        }
-    };
-    let prefix = staging_prefix(partition_column, &key.render(), &plan.report.run_id);
+    let layout = &plan.report.layout;
+    let prefix = layout.staging_prefix(values, &plan.report.run_id);
     let prefix = Path::parse(&prefix)
         .map_err(|e| Error::Internal(format!("invalid staging path `{prefix}`: {e}")))?;
     let properties = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .build();
+    let partition_values: IndexMap<String, Scalar> = layout
+        .partition_columns
+        .iter()
+        .cloned()
+        .zip(scalars.iter().cloned())
+        .collect();
     let config = PartitionWriterConfig::try_new(
         file_schema,
-        IndexMap::from([(partition_column.to_string(), scalar)]),
+        partition_values,
         Some(properties),
         None,
         None,
@@ -525,64 +624,4 @@ fn partition_writer(
         None,
     )
     .delta_context(|| "cannot create the Parquet writer".into())
-}
-
-fn row_partitions(array: &dyn Array) -> Result<Vec<RowPartition>> {
-    match array.data_type() {
-        DataType::Date32 => Ok(array
-            .as_primitive::<deltalake::arrow::datatypes::Date32Type>()
-            .iter()
-            .map(|v| v.map_or(RowPartition::Null, RowPartition::Date))
-            .collect()),
-        DataType::Utf8 => Ok(array
-            .as_string::<i32>()
-            .iter()
-            .map(|v| v.map_or(RowPartition::Null, |s| RowPartition::Text(s.to_string())))
-            .collect()),
-        other => Err(Error::Internal(format!(
-            "unsupported partition column type {other}"
-        ))),
-    }
-}
-
-enum Placement {
-    Batch,
-    OtherBatch,
-    OutsideRange,
-}
-
-/// Batch and range bounds in the partition column's own representation.
-struct Bounds {
-    batch: (RowPartition, RowPartition),
-    range: (RowPartition, RowPartition),
-}
-
-impl Bounds {
-    fn new(kind: PartitionType, start: &str, end: &str, from: &str, to: &str) -> Result<Self> {
-        let value = |text: &str| -> Result<RowPartition> {
-            match kind {
-                PartitionType::Date => parse_partition_date(text)
-                    .map(|d| RowPartition::Date(date_to_days(d)))
-                    .ok_or_else(|| Error::Internal(format!("`{text}` is not a date"))),
-                PartitionType::String => Ok(RowPartition::Text(text.to_string())),
-            }
-        };
-        Ok(Self {
-            batch: (value(start)?, value(end)?),
-            range: (value(from)?, value(to)?),
-        })
-    }
-
-    fn classify(&self, key: &RowPartition) -> Placement {
-        if *key == RowPartition::Null {
-            return Placement::OutsideRange;
-        }
-        if self.batch.0 <= *key && *key <= self.batch.1 {
-            Placement::Batch
-        } else if self.range.0 <= *key && *key <= self.range.1 {
-            Placement::OtherBatch
-        } else {
-            Placement::OutsideRange
-        }
-    }
 }

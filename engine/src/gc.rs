@@ -24,6 +24,7 @@ use crate::config::Project;
 use crate::error::{DeltaContext, Error, Result};
 use crate::journal::{Journal, RunState, is_run_id, now};
 use crate::lease::{RunLease, holder};
+use crate::partition::{NULL_PARTITION_DIR, PartitionValues};
 use crate::references::{ReferencedFiles, decode};
 use crate::runs::reconcile;
 use crate::storage::{is_local_symlink, open_table};
@@ -95,7 +96,7 @@ struct Staged {
     size: u64,
     run_id: String,
     /// The partition values of the directories above it, decoded.
-    partition: Vec<String>,
+    partition: PartitionValues,
 }
 
 /// Deletes (or with `dry_run` lists) the garbage staged files of `table`.
@@ -152,8 +153,10 @@ pub async fn gc(
             _ if held => None,
             None => Some("no journal".to_string()),
             Some(journal) => {
-                let in_range =
-                    file.partition.len() == 1 && journal.range.contains(&file.partition[0]);
+                let in_range = journal
+                    .layout
+                    .label_in(&journal.range, &file.partition)
+                    .is_some();
                 if !in_range {
                     // Not something this run stages: gc deletes only inside a run's own range.
                     None
@@ -257,7 +260,7 @@ async fn collect_run(
         return Ok(false);
     }
     for file in files {
-        match store.delete(&Path::from(file.path.as_str())).await {
+        match store.delete(&crate::storage::object_path(&file.path)).await {
             Ok(()) | Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
             Err(source) => {
                 return Err(Error::Storage {
@@ -281,30 +284,22 @@ async fn collect_run(
     }
 }
 
-/// Every file directly inside a `lakefill-<run_id>/` directory at partition depth, found by
-/// walking partition directories only (see the module docs).
-async fn staged_files(
+/// Every partition directory of the table (`a=1/b=2/`), with the partition values it names,
+/// found by walking the partition columns level by level: never through a symbolic link, never
+/// into a directory that holds a table of its own, never into anything but `column=value`
+/// directories. An unpartitioned table has one: its root.
+pub(crate) async fn partition_dirs(
     store: &Arc<dyn ObjectStore>,
     root: &Url,
     partition_columns: &[String],
-) -> Result<Vec<Staged>> {
-    let list = |prefix: Option<Path>| async move {
-        store
-            .list_with_delimiter(prefix.as_ref())
-            .await
-            .map_err(|source| Error::Storage {
-                path: prefix.map(|p| p.to_string()).unwrap_or_else(|| "/".into()),
-                source,
-            })
-    };
-    // Partition directories, level by level.
-    let mut level: Vec<(Option<Path>, Vec<String>)> = vec![(None, Vec::new())];
+) -> Result<Vec<(Path, PartitionValues)>> {
+    let mut level: Vec<(Path, PartitionValues)> = vec![(Path::default(), PartitionValues::new())];
     for column in partition_columns {
         let marker = format!("{column}=");
         let mut next = Vec::new();
         for (prefix, values) in level {
-            let listing = list(prefix.clone()).await?;
-            if prefix.is_some() && holds_a_table(&listing) {
+            let listing = list(store, &prefix).await?;
+            if !prefix.as_ref().is_empty() && holds_a_table(&listing) {
                 continue;
             }
             for dir in listing.common_prefixes {
@@ -315,17 +310,45 @@ async fn staged_files(
                 if is_local_symlink(root, dir.as_ref()) {
                     continue;
                 }
+                let value = (encoded != NULL_PARTITION_DIR).then(|| decode(encoded));
                 let mut values = values.clone();
-                values.push(decode(encoded));
-                next.push((Some(dir), values));
+                values.insert(column.clone(), value);
+                next.push((dir, values));
             }
         }
         level = next;
     }
+    Ok(level)
+}
+
+async fn list(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<deltalake::logstore::object_store::ListResult> {
+    let at = (!prefix.as_ref().is_empty()).then_some(prefix);
+    store
+        .list_with_delimiter(at)
+        .await
+        .map_err(|source| Error::Storage {
+            path: if prefix.as_ref().is_empty() {
+                "/".into()
+            } else {
+                prefix.to_string()
+            },
+            source,
+        })
+}
+
+/// Every file directly inside a `lakefill-<run_id>/` directory of a partition directory.
+async fn staged_files(
+    store: &Arc<dyn ObjectStore>,
+    root: &Url,
+    partition_columns: &[String],
+) -> Result<Vec<Staged>> {
     let mut out = Vec::new();
-    for (prefix, partition) in level {
-        let listing = list(prefix.clone()).await?;
-        if prefix.is_some() && holds_a_table(&listing) {
+    for (prefix, partition) in partition_dirs(store, root, partition_columns).await? {
+        let listing = list(store, &prefix).await?;
+        if !prefix.as_ref().is_empty() && holds_a_table(&listing) {
             continue;
         }
         for dir in listing.common_prefixes {
@@ -340,7 +363,7 @@ async fn staged_files(
             if is_local_symlink(root, dir.as_ref()) {
                 continue;
             }
-            for object in list(Some(dir.clone())).await?.objects {
+            for object in list(store, &dir).await?.objects {
                 if is_local_symlink(root, object.location.as_ref()) {
                     continue;
                 }

@@ -25,10 +25,11 @@ use crate::config::Project;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::Journal;
 use crate::model::{Model, check_read_only, list_models};
-use crate::partition::{PartitionType, partition_literal};
+use crate::partition::{Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of};
 use crate::staged::StagedTable;
 use crate::storage::{TableVersion, loaded_version, open_table, open_table_at};
-use crate::validate::{CompareSpec, Comparison, KnownSide, compare};
+use crate::time::Period;
+use crate::validate::{CompareSpec, Comparison, KnownSide, PartitionKey, compare};
 
 /// One version of a table, as `lakefill history` shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -60,7 +61,8 @@ pub struct HistoryEntry {
 
 pub(crate) struct Commit {
     info: Value,
-    partitions: BTreeSet<String>,
+    /// The partition values of each file added or removed.
+    partitions: Vec<PartitionValues>,
     /// Paths of the files added or removed, as written in the log.
     pub(crate) paths: Vec<String>,
     added: u64,
@@ -77,13 +79,9 @@ pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Opti
     else {
         return Ok(None);
     };
-    let partition_columns: Vec<String> = table
-        .snapshot()
-        .map(|s| s.metadata().partition_columns().to_vec())
-        .unwrap_or_default();
     let mut commit = Commit {
         info: Value::Null,
-        partitions: BTreeSet::new(),
+        partitions: Vec::new(),
         paths: Vec::new(),
         added: 0,
         removed: 0,
@@ -101,10 +99,13 @@ pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Opti
                 if let Some(path) = file["path"].as_str() {
                     commit.paths.push(path.to_string());
                 }
-                for column in &partition_columns {
-                    if let Some(value) = file["partitionValues"][column].as_str() {
-                        commit.partitions.insert(value.to_string());
-                    }
+                if let Some(values) = file["partitionValues"].as_object() {
+                    commit.partitions.push(
+                        values
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
+                            .collect(),
+                    );
                 }
             }
         }
@@ -131,12 +132,20 @@ pub(crate) async fn find_run_commit(table: &DeltaTable, run_id: &str) -> Result<
 pub(crate) async fn range_touched_after(
     table: &DeltaTable,
     after: u64,
+    layout: &Layout,
     range: &crate::partition::PartitionRange,
     until: u64,
 ) -> Result<bool> {
     for version in after + 1..=until {
         match read_commit(table, version).await? {
-            Some(commit) if commit.partitions.iter().any(|p| range.contains(p)) => return Ok(true),
+            Some(commit)
+                if commit
+                    .partitions
+                    .iter()
+                    .any(|values| layout.label_in(range, values).is_some()) =>
+            {
+                return Ok(true);
+            }
             Some(_) => {}
             // The commit file is gone (log cleanup): assume it may have touched the range.
             None => return Ok(true),
@@ -145,7 +154,29 @@ pub(crate) async fn range_touched_after(
     Ok(false)
 }
 
-fn entry(version: u64, commit: Commit) -> HistoryEntry {
+/// The labels of the partitions a commit touched: periods when the layout is known, else the
+/// raw values.
+fn labels(layout: Option<&Layout>, commit: &Commit) -> BTreeSet<String> {
+    commit
+        .partitions
+        .iter()
+        .map(|values| match layout {
+            Some(layout) => label_of(layout, values),
+            None => {
+                let mut pairs: Vec<_> = values.iter().collect();
+                pairs.sort();
+                pairs
+                    .iter()
+                    .map(|(_, v)| (*v).clone().unwrap_or_else(|| NULL_LABEL.to_string()))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            }
+        })
+        .collect()
+}
+
+fn entry(version: u64, commit: Commit, layout: Option<&Layout>) -> HistoryEntry {
+    let partitions = labels(layout, &commit);
     let info = &commit.info;
     let lakefill = info.get("lakefill").filter(|v| v.is_object()).cloned();
     let text = |v: &Value| v.as_str().map(str::to_string);
@@ -168,7 +199,7 @@ fn entry(version: u64, commit: Commit) -> HistoryEntry {
         range: lakefill
             .as_ref()
             .and_then(|m| Some((text(&m["range"][0])?, text(&m["range"][1])?))),
-        partitions: commit.partitions.into_iter().collect(),
+        partitions: partitions.into_iter().collect(),
         files_added: commit.added,
         files_removed: commit.removed,
         lakefill,
@@ -179,11 +210,12 @@ fn entry(version: u64, commit: Commit) -> HistoryEntry {
 pub async fn history(project: &Project, table: &str, limit: usize) -> Result<Vec<HistoryEntry>> {
     let config = project.table(table, "the command line")?;
     let opened = open_table(config, None).await?;
+    let layout = table_layout(project, table, &opened);
     let latest = loaded_version(&opened)?;
     let mut entries = Vec::new();
     for version in (0..=latest).rev().take(limit) {
         match read_commit(&opened, version).await? {
-            Some(commit) => entries.push(entry(version, commit)),
+            Some(commit) => entries.push(entry(version, commit, layout.as_ref())),
             None => break,
         }
     }
@@ -207,30 +239,45 @@ pub struct BlameReport {
 }
 
 /// Finds the commit that last wrote `partition` of `table`, and the run behind it.
+///
+/// `partition` is a period (`2026-01-05`, `2026-01`, `2026-01-05T13`, or the table's own
+/// spelling of one), or `null` for the partition whose time is NULL; every sub-partition under
+/// it counts.
 pub async fn blame(project: &Project, table: &str, partition: &str) -> Result<BlameReport> {
     let config = project.table(table, "the command line")?;
     let opened = open_table(config, None).await?;
     let snapshot = opened
         .snapshot()
         .delta_context(|| format!("cannot read `{table}`"))?;
-    let Some(column) = snapshot.metadata().partition_columns().first().cloned() else {
+    if snapshot.metadata().partition_columns().is_empty() {
         return Err(Error::Partitioning {
             message: format!("table `{table}` is not partitioned"),
             hint: "blame works on partitioned tables; use `lakefill history` instead".into(),
         });
+    }
+    let layout = table_layout(project, table, &opened);
+    // What the user wrote, as the label reports use.
+    let wanted = match &layout {
+        Some(layout) if partition.eq_ignore_ascii_case("null") => NULL_LABEL.to_string(),
+        Some(layout) => PartitionRange::parse(partition, partition, &layout.time, false)
+            .map(|(range, _)| range.from)
+            .unwrap_or_else(|_| partition.to_string()),
+        None => partition.to_string(),
+    };
+    let matches = |values: &PartitionValues| match &layout {
+        Some(layout) => label_of(layout, values) == wanted,
+        None => values.values().any(|v| v.as_deref() == Some(partition)),
     };
     let (mut files, mut rows) = (0u64, Some(0u64));
     for file in snapshot.log_data().iter() {
-        if file
-            .partition_values_map()
-            .get(&column)
-            .cloned()
-            .flatten()
-            .as_deref()
-            == Some(partition)
-        {
+        if matches(&file.partition_values_map()) {
             files += 1;
-            rows = rows.zip(file.num_records()).map(|(a, b)| a + b as u64);
+            let deleted = file
+                .deletion_vector_descriptor()
+                .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
+            rows = rows
+                .zip(file.num_records())
+                .map(|(a, b)| a + (b as u64).saturating_sub(deleted));
         }
     }
     let latest = loaded_version(&opened)?;
@@ -239,18 +286,68 @@ pub async fn blame(project: &Project, table: &str, partition: &str) -> Result<Bl
         let Some(commit) = read_commit(&opened, version).await? else {
             break;
         };
-        if commit.partitions.contains(partition) {
-            last_write = Some(entry(version, commit));
+        if commit.partitions.iter().any(&matches) {
+            last_write = Some(entry(version, commit, layout.as_ref()));
             break;
         }
     }
     Ok(BlameReport {
         table: table.to_string(),
-        partition: partition.to_string(),
+        partition: wanted,
         files,
         rows,
         last_write,
     })
+}
+
+/// How `table` is partitioned, as the newest model writing it declares it, or as its log shows
+/// it; `None` when its time cannot be told.
+pub(crate) fn table_layout(project: &Project, name: &str, table: &DeltaTable) -> Option<Layout> {
+    let snapshot = table.snapshot().ok()?;
+    let partition_columns = snapshot.metadata().partition_columns().to_vec();
+    if partition_columns.is_empty() {
+        return None;
+    }
+    let mut values: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in snapshot.log_data().iter() {
+        for (column, value) in file.partition_values_map() {
+            if let Some(value) = value {
+                values.entry(column).or_default().insert(value);
+            }
+        }
+    }
+    let values: BTreeMap<String, Vec<String>> = values
+        .into_iter()
+        .map(|(c, v)| (c, v.into_iter().collect()))
+        .collect();
+    let schema = snapshot.snapshot().arrow_schema();
+    let model = list_models(&project.sql_dir())
+        .into_iter()
+        .filter_map(|m| Model::load(project, &m, None).ok())
+        .find(|m| m.header().target == name);
+    if let Some(model) = &model
+        && let Ok(layout) = Layout::detect(
+            name,
+            &partition_columns,
+            &schema,
+            &values,
+            &model.header().partition_by,
+            model.grain(),
+            model.header().format.as_deref(),
+        )
+    {
+        return Some(layout);
+    }
+    Layout::detect(
+        name,
+        &partition_columns,
+        &schema,
+        &values,
+        &partition_columns,
+        None,
+        None,
+    )
+    .ok()
 }
 
 /// The result of `lakefill sql`.
@@ -449,18 +546,17 @@ pub async fn diff(
     let old_snapshot = old
         .snapshot()
         .delta_context(|| format!("cannot read `{table}`"))?;
-    let Some(column) = old_snapshot.metadata().partition_columns().first().cloned() else {
+    let Some(first_column) = old_snapshot.metadata().partition_columns().first().cloned() else {
         return Err(Error::Partitioning {
             message: format!("table `{table}` is not partitioned"),
             hint: "diff compares partitioned tables partition by partition".into(),
         });
     };
+    let partitions = match table_layout(project, table, &old) {
+        Some(layout) => PartitionKey::Time(layout),
+        None => PartitionKey::Column(first_column),
+    };
     let schema = old_snapshot.snapshot().arrow_schema();
-    let kind = schema
-        .field_with_name(&column)
-        .ok()
-        .and_then(|f| PartitionType::from_arrow(f.data_type()))
-        .unwrap_or(PartitionType::String);
     let (model_key, measures) = model_defaults(project, table);
     let key = key.unwrap_or(model_key);
     for k in &key {
@@ -477,7 +573,7 @@ pub async fn diff(
         .filter(|m| schema.field_with_name(m).is_ok())
         .collect();
 
-    let old_files = files_by_partition(&old, &column)?;
+    let old_files = files_by_partition(&old, &partitions)?;
     let ctx = deltalake::delta_datafusion::create_session().into_inner();
     let (to_version, run_id, new_counts, changed): (
         Option<u64>,
@@ -487,7 +583,7 @@ pub async fn diff(
     ) = match &target {
         DiffTarget::Version(version) => {
             let new = open_table(config, *version).await?;
-            let new_files = files_by_partition(&new, &column)?;
+            let new_files = files_by_partition(&new, &partitions)?;
             let changed: Vec<String> = old_files
                 .keys()
                 .chain(new_files.keys())
@@ -497,7 +593,7 @@ pub async fn diff(
                 .into_iter()
                 .collect();
             let counts = new_files.iter().map(|(p, f)| (p.clone(), f.1)).collect();
-            register_filtered(&ctx, "output", &new, kind, &column, &changed).await?;
+            register_filtered(&ctx, "output", &new, &partitions, &changed).await?;
             (Some(loaded_version(&new)?), None, counts, changed)
         }
         DiffTarget::Run(run_id) => {
@@ -509,7 +605,13 @@ pub async fn diff(
                     searched: vec![table.to_string()],
                 })?;
             let adds: Vec<_> = journal.staged_files().cloned().collect();
-            let staged = StagedTable::register_store(&ctx, &latest, &column, &adds, run_id)?;
+            let staged = StagedTable::register_store(
+                &ctx,
+                &latest,
+                &journal.layout.partition_columns,
+                &adds,
+                run_id,
+            )?;
             ctx.register_table("output", Arc::new(staged))
                 .query_context(|| "cannot register the staged files".into())?;
             let mut counts = BTreeMap::new();
@@ -518,9 +620,13 @@ pub async fn diff(
                     *counts.entry(p.clone()).or_default() += n;
                 }
             }
+            let in_range = |label: &str| {
+                journal.range.contains_label(label)
+                    || (journal.range.include_null && label == NULL_LABEL)
+            };
             let changed: Vec<String> = old_files
                 .keys()
-                .filter(|p| journal.range.contains(p))
+                .filter(|p| in_range(p))
                 .chain(counts.keys())
                 .cloned()
                 .collect::<BTreeSet<_>>()
@@ -529,7 +635,7 @@ pub async fn diff(
             (None, Some(run_id.clone()), counts, changed)
         }
     };
-    register_filtered(&ctx, "previous", &old, kind, &column, &changed).await?;
+    register_filtered(&ctx, "previous", &old, &partitions, &changed).await?;
     let old_counts: BTreeMap<String, u64> = old_files
         .iter()
         .filter(|(p, _)| changed.contains(p))
@@ -540,7 +646,7 @@ pub async fn diff(
         .filter(|(p, _)| changed.contains(p))
         .collect();
     let spec = CompareSpec {
-        partition_column: column.clone(),
+        partitions: partitions.clone(),
         key,
         measures: measures.clone(),
         sample,
@@ -559,7 +665,7 @@ pub async fn diff(
         from_version,
         to_version,
         run_id,
-        partition_column: column,
+        partition_column: partitions.columns().join(", "),
         changed_partitions: changed.len(),
         unchanged_partitions: all.iter().filter(|p| !changed.contains(p)).count(),
         measures,
@@ -567,52 +673,101 @@ pub async fn diff(
     })
 }
 
-/// Per partition: the set of file paths and the row count (from log stats).
+/// Per partition label: the set of file paths and the live row count (from the log).
 fn files_by_partition(
     table: &DeltaTable,
-    column: &str,
+    partitions: &PartitionKey,
 ) -> Result<BTreeMap<String, (BTreeSet<String>, u64)>> {
     let snapshot = table
         .snapshot()
         .delta_context(|| "cannot read the snapshot".into())?;
     let mut out: BTreeMap<String, (BTreeSet<String>, u64)> = BTreeMap::new();
     for file in snapshot.log_data().iter() {
-        let value = file
-            .partition_values_map()
-            .get(column)
-            .cloned()
-            .flatten()
-            .unwrap_or_else(|| "null".into());
-        let entry = out.entry(value).or_default();
+        let values = file.partition_values_map();
+        let label = match partitions {
+            PartitionKey::Time(layout) => label_of(layout, &values),
+            PartitionKey::Column(column) => values
+                .get(column)
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| NULL_LABEL.to_string()),
+        };
+        let deleted = file
+            .deletion_vector_descriptor()
+            .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
+        let entry = out.entry(label).or_default();
         entry.0.insert(file.path().to_string());
-        entry.1 += file.num_records().unwrap_or(0) as u64;
+        entry.1 += (file.num_records().unwrap_or(0) as u64).saturating_sub(deleted);
     }
     Ok(out)
 }
 
-/// Registers `table` as `name`, restricted to `partitions`.
+/// Registers `table` as `name`, restricted to the partitions labelled `labels`.
 async fn register_filtered(
     ctx: &SessionContext,
     name: &str,
     table: &DeltaTable,
-    kind: PartitionType,
-    column: &str,
-    partitions: &[String],
+    partitions: &PartitionKey,
+    labels: &[String],
 ) -> Result<()> {
     let provider = table
         .table_provider()
         .await
         .query_context(|| format!("cannot scan `{name}`"))?;
-    let values = partitions
-        .iter()
-        .filter(|p| p.as_str() != "null")
-        .map(|p| partition_literal(kind, p).map(lit))
-        .collect::<Result<Vec<_>>>()?;
+    let predicate = match partitions {
+        PartitionKey::Time(layout) => {
+            let schema = table
+                .snapshot()
+                .delta_context(|| "cannot read the snapshot".into())?
+                .snapshot()
+                .arrow_schema();
+            let time_column = layout.time.encoding.columns()[0].to_string();
+            let data_type = schema
+                .field_with_name(&time_column)
+                .map(|f| f.data_type().clone())
+                .map_err(|_| Error::Internal(format!("`{time_column}` is not in the schema")))?;
+            let mut periods: Vec<Period> = labels
+                .iter()
+                .filter_map(|l| Period::from_label(layout.time.grain, l))
+                .collect();
+            periods.sort();
+            // Consecutive periods become one range comparison.
+            let mut runs: Vec<(Period, Period)> = Vec::new();
+            for period in periods {
+                match runs.last_mut() {
+                    Some((_, last)) if last.next() == Some(period) => *last = period,
+                    _ => runs.push((period, period)),
+                }
+            }
+            let mut predicate = lit(false);
+            for (from, to) in runs {
+                predicate = predicate.or(layout.time.predicate(from, to, true, &data_type)?);
+            }
+            if labels.iter().any(|l| l == NULL_LABEL) {
+                for column in layout.time.encoding.columns() {
+                    predicate =
+                        predicate.or(Expr::Column(Column::new_unqualified(column)).is_null());
+                }
+            }
+            predicate
+        }
+        PartitionKey::Column(column) => {
+            let column = Expr::Column(Column::new_unqualified(column));
+            let values = labels
+                .iter()
+                .filter(|l| l.as_str() != NULL_LABEL)
+                .map(|l| lit(l.clone()))
+                .collect::<Vec<_>>();
+            let mut predicate = column.clone().in_list(values, false);
+            if labels.iter().any(|l| l == NULL_LABEL) {
+                predicate = predicate.or(column.is_null());
+            }
+            predicate
+        }
+    };
     let df = ctx
         .read_table(provider)
-        .and_then(|df| {
-            df.filter(Expr::Column(Column::new_unqualified(column)).in_list(values, false))
-        })
+        .and_then(|df| df.filter(predicate))
         .query_context(|| format!("cannot restrict `{name}` to the changed partitions"))?;
     ctx.register_table(name, df.into_view())
         .query_context(|| format!("cannot register `{name}`"))?;

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::lease::RunLease;
 pub(crate) use crate::lifecycle::RunState;
-use crate::partition::{PartitionRange, staging_prefix};
+use crate::partition::{Layout, PartitionRange, PartitionValues};
 use crate::rowhash::RowChecksum;
 use crate::validate::ValidationReport;
 
@@ -50,8 +50,12 @@ pub struct Journal {
     pub fingerprint: String,
     /// Target table name.
     pub target: String,
-    /// The target's partition column.
-    pub partition_column: String,
+    /// How the target is partitioned (its partition columns and time column).
+    #[serde(default = "Layout::unknown")]
+    pub layout: Layout,
+    /// The partition column, as format 1 recorded it (read only to upgrade).
+    #[serde(default, skip_serializing)]
+    pub partition_column: Option<String>,
     /// Version of the target the run read.
     pub read_version: u64,
     /// The range.
@@ -210,10 +214,10 @@ impl Journal {
         }
         let mut journal: Journal =
             serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
-        journal.check(run_id).map_err(damaged)?;
         if journal.format < JOURNAL_FORMAT {
             journal.upgrade();
         }
+        journal.check(run_id).map_err(damaged)?;
         Ok(Some(journal))
     }
 
@@ -232,8 +236,11 @@ impl Journal {
         if self.range.from > self.range.to {
             return Err("its range is reversed".into());
         }
+        if self.layout.partition_columns.is_empty() {
+            return Err("it does not say how the table is partitioned".into());
+        }
         for add in self.staged_files() {
-            check_staged_path(add, &self.partition_column, &self.range, run_id)?;
+            check_staged_path(add, &self.layout, &self.range, run_id)?;
         }
         Ok(())
     }
@@ -243,6 +250,11 @@ impl Journal {
     /// be published.
     fn upgrade(&mut self) {
         self.format = JOURNAL_FORMAT;
+        if self.layout.partition_columns.is_empty()
+            && let Some(column) = &self.partition_column
+        {
+            self.layout = Layout::legacy(column, false);
+        }
         if matches!(
             self.state,
             RunState::Staged | RunState::Validated | RunState::FailedValidation
@@ -331,6 +343,9 @@ impl Journal {
         if let Some(policy) = &self.allow_spill {
             command.push_str(&format!(" --allow-spill {policy}"));
         }
+        if self.range.include_null {
+            command.push_str(" --include-null");
+        }
         command
     }
 }
@@ -347,10 +362,10 @@ pub(crate) fn is_run_id(text: &str) -> bool {
 }
 
 /// A staged file must be `<partition dir>/lakefill-<run_id>/<file>.parquet` of an in-range
-/// partition, with that partition as its only partition value.
+/// partition, where the partition directory is the one its partition values name.
 fn check_staged_path(
     add: &Add,
-    partition_column: &str,
+    layout: &Layout,
     range: &PartitionRange,
     run_id: &str,
 ) -> std::result::Result<(), String> {
@@ -369,16 +384,30 @@ fn check_staged_path(
     if path.starts_with("_delta_log/") || path.starts_with("_lakefill/") {
         return Err(bad("is inside a metadata directory"));
     }
-    let value = match add.partition_values.get(partition_column) {
-        Some(Some(value)) if add.partition_values.len() == 1 => value,
-        _ => return Err(bad("has no single partition value")),
-    };
-    if !range.contains(value) {
-        return Err(bad(&format!(
-            "belongs to partition `{value}`, outside the run's range"
-        )));
+    if add.partition_values.len() != layout.partition_columns.len()
+        || !layout
+            .partition_columns
+            .iter()
+            .all(|c| add.partition_values.contains_key(c))
+    {
+        return Err(bad("does not have the table's partition values"));
     }
-    let prefix = staging_prefix(partition_column, value, run_id);
+    let values: PartitionValues = add
+        .partition_values
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match layout.time.period_of(&values) {
+        Ok(Some(period)) if range.contains(&period) => {}
+        Ok(None) if range.include_null => {}
+        Ok(_) => return Err(bad("belongs to a partition outside the run's range")),
+        Err(message) => {
+            return Err(bad(&format!(
+                "has a partition value off the grain: {message}"
+            )));
+        }
+    }
+    let prefix = layout.staging_prefix(&values, run_id);
     let Some(file) = path.strip_prefix(&format!("{prefix}/")) else {
         return Err(bad("is not in the run's staging directory"));
     };
@@ -400,7 +429,6 @@ pub(crate) fn now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::PartitionType;
 
     fn add(path: &str, value: &str) -> Add {
         Add {
@@ -413,10 +441,11 @@ mod tests {
 
     #[test]
     fn staged_paths_must_be_the_runs_own_in_range_files() {
-        let range = PartitionRange::parse("2026-01-01", "2026-01-03", PartitionType::Date, "d")
-            .expect("range");
+        let layout = Layout::legacy("d", false);
+        let (range, _) =
+            PartitionRange::parse("2026-01-01", "2026-01-03", &layout.time, false).expect("range");
         let ok = add("d=2026-01-02/lakefill-r1/part-0.parquet", "2026-01-02");
-        check_staged_path(&ok, "d", &range, "r1").expect("own file");
+        check_staged_path(&ok, &layout, &range, "r1").expect("own file");
         for (path, value) in [
             ("d=2026-01-02/lakefill-r2/part-0.parquet", "2026-01-02"),
             ("d=2026-01-09/lakefill-r1/part-0.parquet", "2026-01-09"),
@@ -434,7 +463,7 @@ mod tests {
             ("d=2026-01-03/lakefill-r1/part-0.parquet", "2026-01-02"),
             ("d=2026-01-02/lakefill-r1/sub/part-0.parquet", "2026-01-02"),
         ] {
-            let err = check_staged_path(&add(path, value), "d", &range, "r1").expect_err(path);
+            let err = check_staged_path(&add(path, value), &layout, &range, "r1").expect_err(path);
             assert!(err.contains(path), "{err}");
         }
         assert!(!is_run_id("../x"));

@@ -46,6 +46,7 @@ mod runs;
 mod staged;
 mod storage;
 mod throttle;
+mod time;
 mod validate;
 
 pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, RunReport, Timings};
@@ -58,7 +59,7 @@ pub use inspect::{
 pub use journal::{BatchBounds, BatchRecord, Journal};
 pub use lifecycle::RunState;
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
-pub use partition::{PartitionRange, PartitionType};
+pub use partition::{Layout, NULL_LABEL, PartitionRange, TimeColumn, TimeEncoding};
 pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DownstreamModel, PartitionState,
     PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
@@ -69,6 +70,7 @@ pub use rowhash::RowChecksum;
 pub use runs::{RunSummary, discard_run, list_runs, publish_run};
 pub use storage::StorageOption;
 pub use throttle::parse_rate;
+pub use time::{Grain, Period};
 pub use validate::{
     CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,
     ValidationReport,

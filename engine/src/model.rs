@@ -35,8 +35,18 @@ pub struct Model {
 pub struct ModelHeader {
     /// The table the model writes, from `lakefill.toml`.
     pub target: String,
-    /// The target's partition column.
-    pub partition_by: String,
+    /// The target's partition columns: one name, or a list (`["event_date", "country"]`,
+    /// `["year", "month"]`).
+    #[serde(deserialize_with = "one_or_many")]
+    pub partition_by: Vec<String>,
+    /// The grain of the time partition column (`hour`, `day`, `month`, `year`); inferred from
+    /// the Delta log when absent.
+    #[serde(default)]
+    pub grain: Option<String>,
+    /// The format of a string time partition column (chrono syntax, e.g. `%Y%m%d`); inferred
+    /// from the values when absent.
+    #[serde(default)]
+    pub format: Option<String>,
     /// Default reason recorded with each backfill.
     #[serde(default)]
     pub reason: Option<String>,
@@ -52,15 +62,46 @@ pub struct ModelHeader {
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSpec {
-    /// Column restricting reads to the batch window; without it the whole source is read.
-    #[serde(default)]
-    pub window: Option<String>,
+    /// Column restricting reads to the batch window (or integer parts: `["year", "month"]`);
+    /// without it the whole source is read.
+    #[serde(default, deserialize_with = "optional_one_or_many")]
+    pub window: Option<Vec<String>>,
     /// Extra partitions (days) read before the window.
     #[serde(default)]
     pub lookback: u32,
     /// Extra partitions (days) read after the window.
     #[serde(default)]
     pub lookahead: u32,
+    /// The grain of the window column (inferred from the source's log when it is a partition
+    /// column, else a day for DATE and an hour for TIMESTAMP columns).
+    #[serde(default)]
+    pub grain: Option<String>,
+    /// The format of a string window column.
+    #[serde(default)]
+    pub format: Option<String>,
+}
+
+/// Accepts no value, `"a"` or `["a", "b"]`.
+fn optional_one_or_many<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<Vec<String>>, D::Error> {
+    one_or_many(deserializer).map(Some)
+}
+
+/// Accepts `"a"` or `["a", "b"]`.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(one) => vec![one],
+        OneOrMany::Many(many) => many,
+    })
 }
 
 /// The `[validate]` section of a model header.
@@ -179,11 +220,31 @@ impl Model {
         })?;
         let used_by = format!("the header of `{}`", path.display());
         project.table(&header.target, &used_by)?;
-        if header.partition_by.trim().is_empty() {
+        if header.partition_by.is_empty() || header.partition_by.iter().any(|c| c.trim().is_empty())
+        {
             return Err(model_error(
                 "`partition_by` is empty".into(),
-                "set `partition_by` to the target table's partition column",
+                "set `partition_by` to the target table's partition column, or a list of them",
             ));
+        }
+        let grain_hint = "write `grain = \"hour\"`, `\"day\"`, `\"month\"` or `\"year\"`";
+        if let Some(grain) = &header.grain
+            && crate::time::Grain::parse(grain).is_none()
+        {
+            return Err(model_error(
+                format!("`grain = \"{grain}\"` is not a grain"),
+                grain_hint,
+            ));
+        }
+        for (source, spec) in &header.sources {
+            if let Some(grain) = &spec.grain
+                && crate::time::Grain::parse(grain).is_none()
+            {
+                return Err(model_error(
+                    format!("`sources.{source}.grain = \"{grain}\"` is not a grain"),
+                    grain_hint,
+                ));
+            }
         }
         for (source, spec) in &header.sources {
             project.table(source, &used_by)?;
@@ -237,6 +298,14 @@ impl Model {
     /// Returns the SELECT statement.
     pub fn sql(&self) -> &str {
         &self.sql
+    }
+
+    /// Returns the declared grain of the target's time partitions, if any.
+    pub(crate) fn grain(&self) -> Option<crate::time::Grain> {
+        self.header
+            .grain
+            .as_deref()
+            .and_then(crate::time::Grain::parse)
     }
 }
 

@@ -18,11 +18,15 @@ use crate::error::{Error, Result};
 use crate::inspect::range_touched_after;
 use crate::journal::Journal;
 use crate::model::{Model, SourceSpec, list_models};
-use crate::partition::{PartitionRange, PartitionType};
+use crate::partition::{
+    ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn, parts_time,
+    time_column,
+};
 use crate::protocol::TableProtocol;
 use crate::publish::{published_fingerprint, published_sequence};
 use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
 use crate::validate::ValidationRules;
+use deltalake::arrow::datatypes::DataType;
 
 /// Default number of partitions per batch.
 pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
@@ -38,6 +42,7 @@ pub struct PlanBuilder {
     batch_partitions: Option<usize>,
     source_versions: BTreeMap<String, u64>,
     allow_spill_drop: bool,
+    include_null: bool,
     reason: Option<String>,
 }
 
@@ -58,8 +63,19 @@ impl PlanBuilder {
             batch_partitions: None,
             source_versions: BTreeMap::new(),
             allow_spill_drop: false,
+            include_null: false,
             reason: None,
         }
+    }
+
+    /// Replaces the partition whose time is NULL too: it is computed by one more batch over
+    /// the whole range, which keeps only the model's rows with a NULL time.
+    ///
+    /// By default, the NULL partition is left untouched and rows the model produces for it fail
+    /// the run like any row outside the range.
+    pub fn with_include_null(mut self, include: bool) -> Self {
+        self.include_null = include;
+        self
     }
 
     /// Pins the model version.
@@ -156,96 +172,111 @@ impl PlanBuilder {
             source: Box::new(source),
         })?;
         let partition_columns = snapshot.metadata().partition_columns().to_vec();
-        if partition_columns != [header.partition_by.clone()] {
-            return Err(Error::Partitioning {
-                message: format!(
-                    "model `{}` says `{}` is partitioned by `{}`, but the table is partitioned by [{}]",
-                    model.name(),
-                    target_config.name(),
-                    header.partition_by,
-                    partition_columns.join(", ")
-                ),
-                hint: format!(
-                    "set `partition_by` in `{}` to the table's partition column; lakefill backfills tables partitioned by one date or string column",
-                    model.path().display()
-                ),
-            });
-        }
         let schema = snapshot.snapshot().arrow_schema();
-        let partition_type = schema
-            .field_with_name(&header.partition_by)
-            .ok()
-            .and_then(|field| PartitionType::from_arrow(field.data_type()))
-            .ok_or_else(|| Error::Partitioning {
-                message: format!(
-                    "partition column `{}` of `{}` is neither a date nor a string",
-                    header.partition_by,
-                    target_config.name()
-                ),
-                hint: "lakefill backfills tables partitioned by one DATE or STRING column".into(),
-            })?;
-        let range =
-            PartitionRange::parse(&self.from, &self.to, partition_type, &header.partition_by)?;
-
-        // Current state of the affected partitions, from the log only.
-        let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
-        for file in snapshot.log_data().iter() {
-            let Some(Some(value)) = file
-                .partition_values_map()
-                .get(&header.partition_by)
-                .cloned()
-            else {
-                continue;
-            };
-            if !range.contains(&value) {
-                continue;
-            }
-            let entry = current
-                .entry(value.clone())
-                .or_insert_with(|| PartitionState::empty(&value));
-            entry.files += 1;
-            entry.bytes += u64::try_from(file.size()).unwrap_or(0);
-            // Rows a deletion vector removed are not rows of the table.
-            let deleted = file
-                .deletion_vector_descriptor()
-                .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
-            entry.rows = match (entry.rows, file.num_records()) {
-                (Some(rows), Some(n)) => Some(rows + (n as u64).saturating_sub(deleted)),
-                _ => None,
-            };
-        }
-        let partition_values: Vec<String> = match range.dates() {
-            Some(dates) => dates.iter().map(|d| d.to_string()).collect(),
-            None => current.keys().cloned().collect(),
-        };
-        let partitions: Vec<PartitionState> = partition_values
+        // Every file of the target from the log (no data scan): its partition values, size and
+        // live rows.
+        let files: Vec<LogFile> = snapshot
+            .log_data()
             .iter()
-            .map(|value| {
-                current
-                    .remove(value)
-                    .unwrap_or_else(|| PartitionState::empty(value))
+            .map(|file| {
+                let deleted = file
+                    .deletion_vector_descriptor()
+                    .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
+                LogFile {
+                    values: file.partition_values_map(),
+                    bytes: u64::try_from(file.size()).unwrap_or(0),
+                    // Rows a deletion vector removed are not rows of the table.
+                    rows: file
+                        .num_records()
+                        .map(|n| (n as u64).saturating_sub(deleted)),
+                }
             })
             .collect();
+        let layout = Layout::detect(
+            target_config.name(),
+            &partition_columns,
+            &schema,
+            &distinct_values(files.iter().map(|f| &f.values)),
+            &header.partition_by,
+            model.grain(),
+            header.format.as_deref(),
+        )
+        .map_err(|message| Error::Partitioning {
+            message,
+            hint: format!(
+                "set `partition_by` (and `grain` or `format` if needed) in `{}` to match the table: its partition columns are [{}]",
+                model.path().display(),
+                partition_columns.join(", ")
+            ),
+        })?;
+        let (range, range_notes) =
+            PartitionRange::parse(&self.from, &self.to, &layout.time, self.include_null)?;
 
-        let batches = match partition_type {
-            PartitionType::Date => partition_values
-                .chunks(batch_partitions)
-                .enumerate()
-                .map(|(index, chunk)| BatchPlan {
-                    index,
-                    start: chunk.first().cloned().unwrap_or_default(),
-                    end: chunk.last().cloned().unwrap_or_default(),
-                    partitions: chunk.to_vec(),
-                })
-                .collect(),
-            // String partitions cannot be enumerated ahead of time: one batch covers the range.
-            PartitionType::String => vec![BatchPlan {
-                index: 0,
+        // Current state of the affected partitions, from the log only. A value that is not a
+        // time of the grain is refused: it could belong to the range or not.
+        let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
+        for file in &files {
+            let label = match layout.time.period_of(&file.values) {
+                Ok(Some(period)) if range.contains(&period) => period.label(),
+                Ok(None) if range.include_null => NULL_LABEL.to_string(),
+                Ok(_) => continue,
+                Err(message) => {
+                    return Err(Error::Partitioning {
+                        message: format!(
+                            "`{}` holds a partition that is not a {} of {}: {message}",
+                            target_config.name(),
+                            layout.time.grain,
+                            layout.time.encoding.describe()
+                        ),
+                        hint: "declare the right `grain` (or `format`) in the model header, or repair the partition".into(),
+                    });
+                }
+            };
+            let entry = current
+                .entry(label.clone())
+                .or_insert_with(|| PartitionState::empty(&label));
+            entry.files += 1;
+            entry.bytes += file.bytes;
+            entry.rows = entry.rows.zip(file.rows).map(|(a, b)| a + b);
+        }
+        let periods = range.periods();
+        let mut partitions: Vec<PartitionState> = periods
+            .iter()
+            .map(|period| {
+                let label = period.label();
+                current
+                    .remove(&label)
+                    .unwrap_or_else(|| PartitionState::empty(&label))
+            })
+            .collect();
+        if range.include_null {
+            partitions.push(
+                current
+                    .remove(NULL_LABEL)
+                    .unwrap_or_else(|| PartitionState::empty(NULL_LABEL)),
+            );
+        }
+        let mut batches: Vec<BatchPlan> = periods
+            .chunks(batch_partitions)
+            .enumerate()
+            .map(|(index, chunk)| BatchPlan {
+                index,
+                start: chunk.first().map(|p| p.label()).unwrap_or_default(),
+                end: chunk.last().map(|p| p.label()).unwrap_or_default(),
+                partitions: chunk.iter().map(|p| p.label()).collect(),
+                null: false,
+            })
+            .collect();
+        if range.include_null {
+            // One more batch over the whole range keeps only the rows whose time is NULL.
+            batches.push(BatchPlan {
+                index: batches.len(),
                 start: range.from.clone(),
                 end: range.to.clone(),
-                partitions: partition_values.clone(),
-            }],
-        };
+                partitions: vec![NULL_LABEL.to_string()],
+                null: true,
+            });
+        }
 
         // Sources at their pinned versions; the target itself is read at the read version.
         let mut sources = Vec::new();
@@ -272,35 +303,94 @@ impl PlanBuilder {
                 open_table(&config, self.source_versions.get(name).copied()).await?
             };
             let version = loaded_version(&table)?;
-            if let Some(window) = &spec.window {
-                let source_schema = table
-                    .snapshot()
-                    .map_err(|source| Error::Delta {
-                        context: format!("cannot read the snapshot of `{name}`"),
-                        source: Box::new(source),
-                    })?
-                    .snapshot()
-                    .arrow_schema();
-                if source_schema.field_with_name(window).is_err() {
-                    return Err(Error::Model {
-                        path: model.path().to_path_buf(),
-                        message: format!("source `{name}` has no column `{window}` (its `window`)"),
-                        hint: format!(
-                            "set `window` under `[sources.{name}]` to one of: {}",
-                            source_schema
-                                .fields()
-                                .iter()
-                                .map(|f| format!("`{}`", f.name()))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    });
+            let mut window_time = None;
+            if let Some(columns) = &spec.window {
+                let source_snapshot = table.snapshot().map_err(|source| Error::Delta {
+                    context: format!("cannot read the snapshot of `{name}`"),
+                    source: Box::new(source),
+                })?;
+                let source_schema = source_snapshot.snapshot().arrow_schema();
+                let known = || {
+                    source_schema
+                        .fields()
+                        .iter()
+                        .map(|f| format!("`{}` ({})", f.name(), f.data_type()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let window_error = |message: String| Error::Model {
+                    path: model.path().to_path_buf(),
+                    message: format!(
+                        "the window of source `{name}` cannot select times: {message}"
+                    ),
+                    hint: format!(
+                        "a window is a column holding times, e.g. `window = \"event_date\"` (a DATE), a TIMESTAMP, a string of dates (with `format = \"%Y%m%d\"` if it is not a partition column), or integer parts `window = [\"year\", \"month\"]`; columns of `{name}`: {}",
+                        known()
+                    ),
+                };
+                for column in columns {
+                    if source_schema.field_with_name(column).is_err() {
+                        return Err(Error::Model {
+                            path: model.path().to_path_buf(),
+                            message: format!(
+                                "source `{name}` has no column `{column}` (its `window`)"
+                            ),
+                            hint: format!(
+                                "set `window` under `[sources.{name}]` to one of: {}",
+                                known()
+                            ),
+                        });
+                    }
                 }
+                let is_integer = |c: &String| {
+                    source_schema
+                        .field_with_name(c)
+                        .is_ok_and(|f| f.data_type().is_integer())
+                };
+                let (time, is_partition, data_type) =
+                    if columns.len() > 1 || columns.iter().all(is_integer) {
+                        let time = parts_time(columns, &source_schema).map_err(window_error)?;
+                        (time, true, DataType::Int64)
+                    } else {
+                        let window = &columns[0];
+                        let field = source_schema
+                            .field_with_name(window)
+                            .map_err(|_| Error::Internal(format!("`{window}` vanished")))?;
+                        let is_partition = source_snapshot
+                            .metadata()
+                            .partition_columns()
+                            .contains(window);
+                        let values = is_partition.then(|| {
+                            let values: Vec<PartitionValues> = source_snapshot
+                                .log_data()
+                                .iter()
+                                .map(|f| f.partition_values_map())
+                                .collect();
+                            distinct_values(values.iter())
+                                .remove(window)
+                                .unwrap_or_default()
+                        });
+                        let facts = ColumnFacts {
+                            column: window,
+                            data_type: field.data_type(),
+                            values,
+                            grain: spec.grain.as_deref().and_then(crate::time::Grain::parse),
+                            format: spec.format.as_deref(),
+                        };
+                        let time = time_column(&facts).map_err(window_error)?;
+                        (time, is_partition, field.data_type().clone())
+                    };
+                window_time = Some(SourceWindow {
+                    time,
+                    partition_column: is_partition,
+                    data_type,
+                });
             }
             source_plans.push(SourcePlan {
                 table: name.clone(),
                 version,
-                window: spec.window.clone(),
+                window: spec.window.as_ref().map(|w| w.join(", ")),
+                window_time: window_time.as_ref().map(|w| w.time.clone()),
                 lookback: spec.lookback,
                 lookahead: spec.lookahead,
                 reads_target,
@@ -309,34 +399,36 @@ impl PlanBuilder {
                 name: name.clone(),
                 spec: spec.clone(),
                 table,
+                window: window_time,
             });
         }
 
         let downstream = find_downstream(&project, model.name(), &header.target);
         let reason = self.reason.or_else(|| header.reason.clone());
         let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
-        let (already_published, publish_sequence) =
-            match published_sequence(&target, &run_id).await? {
-                None => (false, 1),
-                Some(sequence) => {
-                    // Published before. If a later commit touched the range, this is a new
-                    // application of the same run; otherwise there is nothing to do.
-                    let published_at = Journal::load(&target.object_store(), &run_id)
-                        .await?
-                        .and_then(|j| j.published_version);
-                    let touched = match published_at {
-                        Some(version) => {
-                            range_touched_after(&target, version, &range, read_version).await?
-                        }
-                        None => false,
-                    };
-                    if touched {
-                        (false, sequence + 1)
-                    } else {
-                        (true, sequence)
+        let (already_published, publish_sequence) = match published_sequence(&target, &run_id)
+            .await?
+        {
+            None => (false, 1),
+            Some(sequence) => {
+                // Published before. If a later commit touched the range, this is a new
+                // application of the same run; otherwise there is nothing to do.
+                let published_at = Journal::load(&target.object_store(), &run_id)
+                    .await?
+                    .and_then(|j| j.published_version);
+                let touched = match published_at {
+                    Some(version) => {
+                        range_touched_after(&target, version, &layout, &range, read_version).await?
                     }
+                    None => false,
+                };
+                if touched {
+                    (false, sequence + 1)
+                } else {
+                    (true, sequence)
                 }
-            };
+            }
+        };
         let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let mut rules =
             ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
@@ -374,10 +466,11 @@ impl PlanBuilder {
             model_file: model.path().display().to_string(),
             target: target_config.name().to_string(),
             target_uri: target_config.uri().to_string(),
-            partition_column: header.partition_by.clone(),
-            partition_type,
+            partition_column: layout.time.encoding.columns().join(", "),
+            layout,
             read_version,
             range,
+            range_notes,
             batch_partitions,
             partitions,
             totals,
@@ -391,13 +484,16 @@ impl PlanBuilder {
             publish_sequence,
             protocol,
         };
-        Ok(BackfillPlan {
+        let plan = BackfillPlan {
             report,
             model,
             rules,
             target,
             sources,
-        })
+        };
+        // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
+        crate::execute::check_model(&plan).await?;
+        Ok(plan)
     }
 }
 
@@ -437,6 +533,40 @@ pub(crate) struct PlannedSource {
     pub(crate) name: String,
     pub(crate) spec: SourceSpec,
     pub(crate) table: DeltaTable,
+    pub(crate) window: Option<SourceWindow>,
+}
+
+/// How a source's window column holds time.
+#[derive(Debug, Clone)]
+pub(crate) struct SourceWindow {
+    pub(crate) time: TimeColumn,
+    /// Whether it is a partition column of the source (so it holds only period values).
+    pub(crate) partition_column: bool,
+    pub(crate) data_type: deltalake::arrow::datatypes::DataType,
+}
+
+/// One file of the target as the log describes it.
+struct LogFile {
+    values: PartitionValues,
+    bytes: u64,
+    rows: Option<u64>,
+}
+
+/// The distinct non-NULL values of each partition column.
+fn distinct_values<'a>(
+    files: impl Iterator<Item = &'a PartitionValues>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for values in files {
+        for (column, value) in values {
+            if let Some(value) = value {
+                out.entry(column.clone()).or_default().insert(value.clone());
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(c, v)| (c, v.into_iter().collect()))
+        .collect()
 }
 
 /// What a backfill will read and replace.
@@ -456,14 +586,16 @@ pub struct PlanReport {
     pub target: String,
     /// Target location as configured.
     pub target_uri: String,
-    /// Target partition column.
+    /// The target's time partition column(s), comma separated.
     pub partition_column: String,
-    /// Type of the partition column.
-    pub partition_type: PartitionType,
+    /// How the target is partitioned: every partition column, and the time column's grain.
+    pub layout: Layout,
     /// Version of the target the run reads and replaces.
     pub read_version: u64,
-    /// The range, inclusive.
+    /// The range, inclusive, in periods of the time column's grain.
     pub range: PartitionRange,
+    /// How `--from`/`--to` were rounded to whole periods, if they were.
+    pub range_notes: Vec<String>,
     /// Partitions per batch.
     pub batch_partitions: usize,
     /// Affected partitions with their current state.
@@ -534,9 +666,11 @@ pub struct SourcePlan {
     pub version: u64,
     /// Window column, if reads are restricted to the batch window.
     pub window: Option<String>,
-    /// Extra days read before the window.
+    /// How the window column holds time.
+    pub window_time: Option<TimeColumn>,
+    /// Extra partitions of the window column's grain read before the window.
     pub lookback: u32,
-    /// Extra days read after the window.
+    /// Extra partitions of the window column's grain read after the window.
     pub lookahead: u32,
     /// Whether the source is the target itself (read at the read version).
     pub reads_target: bool,
@@ -553,6 +687,9 @@ pub struct BatchPlan {
     pub end: String,
     /// Partitions of the batch.
     pub partitions: Vec<String>,
+    /// Whether this is the batch that computes the partition whose time is NULL.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub null: bool,
 }
 
 /// A model that reads the target.
@@ -582,6 +719,9 @@ fn run_id(
         hasher.update(format!("\nsource {}={}", source.table, source.version).as_bytes());
     }
     hasher.update(format!("\nrange {}..{}", range.from, range.to).as_bytes());
+    if range.include_null {
+        hasher.update(b"\ninclude_null");
+    }
     hasher.update(format!("\nallow_spill_drop {allow_spill_drop}").as_bytes());
     let digest = hex::encode(hasher.finalize());
     let version: String = model

@@ -138,27 +138,30 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
     let snapshot = target
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
+    let layout = &journal.layout;
+    // Every file of the range's partitions (all their sub-partitions) at the read version.
     let mut actions: Vec<Action> = snapshot
         .log_data()
         .iter()
         .filter(|file| {
-            matches!(
-                file.partition_values_map().get(&journal.partition_column),
-                Some(Some(value)) if journal.range.contains(value)
-            )
+            layout
+                .label_in(&journal.range, &file.partition_values_map())
+                .is_some()
         })
         .map(|file| Action::Remove(file.remove_action(true)))
         .collect();
     actions.extend(journal.staged_files().cloned().map(Action::Add));
 
+    // The range as the operation's predicate, so the conflict checker fails the commit when a
+    // concurrent one touched the range (and keeps commits elsewhere).
+    let predicate = layout.range_predicate(&journal.range, &snapshot.snapshot().arrow_schema())?;
+    let predicate = deltalake::datafusion::sql::unparser::expr_to_sql(&predicate)
+        .map_err(|e| Error::Internal(format!("cannot write the range as SQL: {e}")))?
+        .to_string();
     let operation = DeltaOperation::Write {
         mode: SaveMode::Overwrite,
-        partition_by: Some(vec![journal.partition_column.clone()]),
-        predicate: Some(range_predicate(
-            &journal.partition_column,
-            &journal.range.from,
-            &journal.range.to,
-        )),
+        partition_by: Some(layout.partition_columns.clone()),
+        predicate: Some(predicate),
     };
     let metadata = commit_metadata(journal);
     let user_metadata =
@@ -203,14 +206,4 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             },
         })?;
     Ok(finalized.version())
-}
-
-/// The range as a SQL predicate on the partition column, for the conflict checker.
-fn range_predicate(column: &str, from: &str, to: &str) -> String {
-    let quote = |value: &str| value.replace('\'', "''");
-    format!(
-        "{column} >= '{}' AND {column} <= '{}'",
-        quote(from),
-        quote(to)
-    )
 }

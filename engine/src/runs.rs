@@ -302,7 +302,7 @@ pub async fn publish_run(
         let mut missing = 0;
         for add in journal.staged_files() {
             if store
-                .head(&deltalake::Path::from(add.path.as_str()))
+                .head(&crate::storage::object_path(&add.path))
                 .await
                 .is_err()
             {
@@ -418,7 +418,7 @@ async fn delete_staging(
     } else {
         journaled
             .iter()
-            .map(|p| deltalake::Path::from(p.as_str()))
+            .map(|p| crate::storage::object_path(p))
             .collect()
     };
     for prefix in staging_dirs(&store, &root, journal).await? {
@@ -471,37 +471,19 @@ async fn delete_staging(
 }
 
 /// The run's staging directories of the in-range partitions that exist (never through a
-/// symbolic link).
+/// symbolic link, never inside a nested table).
 pub(crate) async fn staging_dirs(
     store: &Arc<dyn ObjectStore>,
     root: &url::Url,
     journal: &Journal,
 ) -> Result<Vec<deltalake::Path>> {
-    let column = &journal.partition_column;
-    let listing = store
-        .list_with_delimiter(None)
-        .await
-        .map_err(|source| Error::Storage {
-            path: "/".into(),
-            source,
-        })?;
+    let layout = &journal.layout;
     let mut dirs = Vec::new();
-    let marker = format!("{column}=");
-    for prefix in listing.common_prefixes {
-        let Some(name) = prefix.filename() else {
-            continue;
-        };
-        let Some(encoded) = name.strip_prefix(&marker) else {
-            continue;
-        };
-        if !journal.range.contains(&crate::references::decode(encoded))
-            || crate::storage::is_local_symlink(root, prefix.as_ref())
-        {
+    for (dir, values) in crate::gc::partition_dirs(store, root, &layout.partition_columns).await? {
+        if layout.label_in(&journal.range, &values).is_none() {
             continue;
         }
-        let dir = prefix
-            .clone()
-            .join(format!("lakefill-{}", journal.run_id).as_str());
+        let dir = dir.join(format!("lakefill-{}", journal.run_id).as_str());
         if !crate::storage::is_local_symlink(root, dir.as_ref()) {
             dirs.push(dir);
         }

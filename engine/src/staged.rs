@@ -25,29 +25,30 @@ use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::physical_plan::empty::EmptyExec;
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::kernel::Add;
+use deltalake::logstore::object_store::ObjectMeta;
 use deltalake::{DeltaTable, ObjectStore};
 
 use crate::error::{Error, Result};
-use crate::partition::{date_to_days, parse_partition_date};
 
 /// Scans a set of staged files as one table with the target's schema.
 #[derive(Debug)]
 pub(crate) struct StagedTable {
     schema: SchemaRef,
     file_schema: SchemaRef,
-    partition_field: Arc<Field>,
+    partition_fields: Vec<Arc<Field>>,
     store_url: ObjectStoreUrl,
     files: Vec<PartitionedFile>,
 }
 
 impl StagedTable {
-    /// Builds the table over `adds` of `target` and registers the store it reads from in `ctx`.
+    /// Builds the table over `adds` of `target` (partitioned by `partition_columns`) and
+    /// registers the store it reads from in `ctx`.
     ///
     /// `key` names the staged set (a run id); it must be unique within `ctx`.
     pub(crate) fn register_store(
         ctx: &SessionContext,
         target: &DeltaTable,
-        partition_column: &str,
+        partition_columns: &[String],
         adds: &[Add],
         key: &str,
     ) -> Result<Self> {
@@ -56,24 +57,28 @@ impl StagedTable {
             source: Box::new(source),
         })?;
         let table_schema = snapshot.snapshot().arrow_schema();
-        let partition_field = table_schema
-            .field_with_name(partition_column)
-            .map(|f| Arc::new(f.clone()))
-            .map_err(|_| {
-                Error::Internal(format!(
-                    "partition column `{partition_column}` is not in the schema"
-                ))
-            })?;
         // Nullable, as staging writes them: validation finds NULLs in NOT NULL columns.
+        let nullable = |f: &Field| Arc::new(f.clone().with_nullable(true));
+        let partition_fields: Vec<Arc<Field>> = partition_columns
+            .iter()
+            .map(|column| {
+                table_schema
+                    .field_with_name(column)
+                    .map(nullable)
+                    .map_err(|_| {
+                        Error::Internal(format!("partition column `{column}` is not in the schema"))
+                    })
+            })
+            .collect::<Result<_>>()?;
         let file_fields: Vec<Arc<Field>> = table_schema
             .fields()
             .iter()
-            .filter(|f| f.name() != partition_column)
-            .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
+            .filter(|f| !partition_columns.contains(f.name()))
+            .map(|f| nullable(f))
             .collect();
         let file_schema = Arc::new(Schema::new(file_fields.clone()));
         let mut all_fields = file_fields;
-        all_fields.push(Arc::clone(&partition_field));
+        all_fields.extend(partition_fields.iter().map(Arc::clone));
         let schema = Arc::new(Schema::new(all_fields));
 
         // A store per staged set, rooted at the table: `add` paths are relative to the root.
@@ -95,36 +100,52 @@ impl StagedTable {
 
         let mut files = Vec::with_capacity(adds.len());
         for add in adds {
-            let raw = add
-                .partition_values
-                .get(partition_column)
-                .cloned()
-                .flatten();
-            let value = partition_scalar(partition_field.data_type(), raw.as_deref())?;
-            let size = u64::try_from(add.size).unwrap_or(0);
-            files.push(
-                PartitionedFile::new(add.path.clone(), size).with_partition_values(vec![value]),
-            );
+            let values = partition_fields
+                .iter()
+                .map(|field| {
+                    let raw = add.partition_values.get(field.name()).cloned().flatten();
+                    partition_scalar(field.data_type(), raw.as_deref())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // The path as the object store names it: already encoded, never encoded again.
+            let meta = ObjectMeta {
+                location: crate::storage::object_path(&add.path),
+                last_modified: chrono::DateTime::<chrono::Utc>::from_timestamp_millis(
+                    add.modification_time,
+                )
+                .unwrap_or_default(),
+                size: u64::try_from(add.size).unwrap_or(0),
+                e_tag: None,
+                version: None,
+            };
+            files.push(PartitionedFile::new_from_meta(meta).with_partition_values(values));
         }
         Ok(Self {
             schema,
             file_schema,
-            partition_field,
+            partition_fields,
             store_url,
             files,
         })
     }
 }
 
+/// A partition value as the log writes it, as a scalar of the column's type.
 fn partition_scalar(data_type: &DataType, value: Option<&str>) -> Result<ScalarValue> {
-    Ok(match (data_type, value) {
-        (DataType::Date32, Some(text)) => ScalarValue::Date32(Some(date_to_days(
-            parse_partition_date(text)
-                .ok_or_else(|| Error::Internal(format!("`{text}` is not a date")))?,
-        ))),
-        (DataType::Date32, None) => ScalarValue::Date32(None),
-        (_, value) => ScalarValue::Utf8(value.map(str::to_string)),
-    })
+    let null = || {
+        ScalarValue::try_from(data_type)
+            .map_err(|e| Error::Internal(format!("no NULL of type {data_type}: {e}")))
+    };
+    match value {
+        None => null(),
+        Some(text) => ScalarValue::Utf8(Some(text.to_string()))
+            .cast_to(data_type)
+            .map_err(|e| {
+                Error::Internal(format!(
+                    "partition value `{text}` is not a {data_type}: {e}"
+                ))
+            }),
+    }
 }
 
 #[async_trait]
@@ -152,7 +173,7 @@ impl TableProvider for StagedTable {
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
         let table_schema = TableSchema::builder(Arc::clone(&self.file_schema))
-            .with_table_partition_cols(vec![Arc::clone(&self.partition_field)])
+            .with_table_partition_cols(self.partition_fields.clone())
             .build();
         let source = Arc::new(ParquetSource::new(table_schema));
         // Two groups let two cores decode at once; order does not matter to any reader.

@@ -236,3 +236,10 @@ pub(crate) fn is_local_symlink(root: &url::Url, path: &str) -> bool {
     }
     false
 }
+
+/// The object-store path of a file an `add` action names (relative to the table root). The
+/// path is already encoded as the store names objects; encoding it again would name another
+/// object.
+pub(crate) fn object_path(path: &str) -> deltalake::Path {
+    deltalake::Path::parse(path).unwrap_or_else(|_| deltalake::Path::from(path))
+}

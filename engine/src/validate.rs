@@ -19,15 +19,82 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, QueryContext, Result};
 use crate::model::{CheckSpec, ValidateSpec, check_read_only};
+use crate::partition::{Layout, NULL_LABEL, PartitionValues, label_of};
 use crate::protocol::RowRule;
 use crate::rowhash::{
     EMPTY_ROW_HASH, PartitionChecksums, ROW_HASH_FUNCTION, RowChecksum, RowHashUdf,
 };
 
-/// What to compare: the partition column, the row identity and the summed measures.
-#[derive(Debug, Clone, Default)]
+/// How rows are grouped into the partitions reports name.
+#[derive(Debug, Clone)]
+pub(crate) enum PartitionKey {
+    /// By the period of the layout's time column (its label, or `(null)`).
+    Time(Layout),
+    /// By the raw values of one column, for tables whose time lakefill cannot tell.
+    Column(String),
+}
+
+impl PartitionKey {
+    /// The columns the key reads.
+    pub(crate) fn columns(&self) -> Vec<String> {
+        match self {
+            PartitionKey::Time(layout) => layout
+                .time
+                .encoding
+                .columns()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            PartitionKey::Column(column) => vec![column.clone()],
+        }
+    }
+
+    /// `CAST(<column> AS VARCHAR) AS __lf_t<i>` for each key column, reading `qualify(column)`.
+    fn select(&self, qualify: impl Fn(&str) -> String) -> Vec<String> {
+        self.columns()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("CAST({} AS VARCHAR) AS __lf_t{i}", qualify(c)))
+            .collect()
+    }
+
+    /// The partition label of a row, from the text values of the key columns.
+    fn label(&self, texts: &[Option<String>]) -> String {
+        match self {
+            PartitionKey::Time(layout) => {
+                let values: PartitionValues = self
+                    .columns()
+                    .into_iter()
+                    .zip(texts.iter().cloned())
+                    .collect();
+                label_of(layout, &values)
+            }
+            PartitionKey::Column(_) => texts
+                .first()
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| NULL_LABEL.to_string()),
+        }
+    }
+
+    /// The labels of every row of `batch`, whose key columns start at `first`.
+    fn labels(&self, batch: &RecordBatch, first: usize) -> Vec<String> {
+        let columns: Vec<Vec<Option<String>>> = (0..self.columns().len())
+            .map(|i| text_column(batch, first + i))
+            .collect();
+        (0..batch.num_rows())
+            .map(|row| {
+                let texts: Vec<Option<String>> = columns.iter().map(|c| c[row].clone()).collect();
+                self.label(&texts)
+            })
+            .collect()
+    }
+}
+
+/// What to compare: the partitions, the row identity and the summed measures.
+#[derive(Debug, Clone)]
 pub(crate) struct CompareSpec {
-    pub(crate) partition_column: String,
+    pub(crate) partitions: PartitionKey,
     pub(crate) key: Vec<String>,
     pub(crate) measures: Vec<String>,
     pub(crate) sample: usize,
@@ -299,13 +366,9 @@ async fn side_aggregates(
             })
             .collect());
     }
-    let mut select = vec![
-        format!(
-            "CAST({} AS VARCHAR) AS __lf_part",
-            ident(&spec.partition_column)
-        ),
-        "COUNT(*) AS __lf_rows".to_string(),
-    ];
+    let keys = spec.partitions.columns().len();
+    let mut select = spec.partitions.select(ident);
+    select.push("COUNT(*) AS __lf_rows".to_string());
     for (i, measure) in spec.measures.iter().enumerate() {
         select.push(format!(
             "CAST(SUM({}) AS DOUBLE) AS __lf_m{i}",
@@ -328,45 +391,49 @@ async fn side_aggregates(
         };
         select.push(format!("SUM(CAST({hash} AS DECIMAL(38, 0))) AS __lf_hash"));
     }
-    let sql = format!("SELECT {} FROM {table} GROUP BY 1", select.join(", "));
+    let group_by = (1..=keys)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT {} FROM {table} GROUP BY {group_by}",
+        select.join(", ")
+    );
     let mut out = SideAggregates::new();
     let mut stream = run(ctx, &sql, "aggregate rows per partition").await?;
     while let Some(batch) = stream.next().await {
         let batch = batch.query_context(|| format!("cannot aggregate `{table}`"))?;
-        let parts = text_column(&batch, 0);
-        let rows = batch.column(1).as_primitive::<Int64Type>();
+        let labels = spec.partitions.labels(&batch, 0);
+        let rows = batch.column(keys).as_primitive::<Int64Type>();
         let hashes = spec.checksum_columns.as_ref().map(|_| {
             batch
-                .column(2 + spec.measures.len())
+                .column(keys + 1 + spec.measures.len())
                 .as_primitive::<deltalake::arrow::datatypes::Decimal128Type>()
         });
-        for (row, part) in parts.into_iter().enumerate() {
-            let mut sums = BTreeMap::new();
+        for (row, label) in labels.into_iter().enumerate() {
+            // Several groups may name one partition (its sub-partitions): add them up.
+            let totals = out.entry(label).or_default();
             for (i, measure) in spec.measures.iter().enumerate() {
                 let column = batch
-                    .column(2 + i)
+                    .column(keys + 1 + i)
                     .as_primitive::<deltalake::arrow::datatypes::Float64Type>();
-                let value = if column.is_null(row) {
-                    0.0
+                if !column.is_null(row) {
+                    *totals.sums.entry(measure.clone()).or_default() += column.value(row);
                 } else {
-                    column.value(row)
-                };
-                sums.insert(measure.clone(), value);
+                    totals.sums.entry(measure.clone()).or_default();
+                }
             }
-            let rows = u64::try_from(rows.value(row)).unwrap_or(0);
-            let checksum = hashes.map(|column| RowChecksum {
-                rows,
-                sum: u128::try_from(column.value(row)).unwrap_or(0),
-            });
-            let part = part.unwrap_or_else(|| "null".into());
-            out.insert(
-                part,
-                SideTotals {
-                    rows,
-                    sums,
-                    checksum,
-                },
-            );
+            let group_rows = u64::try_from(rows.value(row)).unwrap_or(0);
+            totals.rows += group_rows;
+            if let Some(column) = hashes {
+                totals
+                    .checksum
+                    .get_or_insert_with(RowChecksum::default)
+                    .merge(&RowChecksum {
+                        rows: group_rows,
+                        sum: u128::try_from(column.value(row)).unwrap_or(0),
+                    });
+            }
         }
     }
     Ok(out)
@@ -403,14 +470,14 @@ async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
             .collect::<Vec<_>>()
             .join(" OR ")
     };
-    let mut select = vec![
-        format!(
-            "CAST(COALESCE(n.{0}, o.{0}) AS VARCHAR) AS __lf_part",
-            ident(&spec.partition_column)
-        ),
+    let keys = spec.partitions.columns().len();
+    let mut select = spec
+        .partitions
+        .select(|c| format!("COALESCE(n.{0}, o.{0})", ident(c)));
+    select.push(
         "CASE WHEN o.__lf_o IS NULL THEN 0 WHEN n.__lf_n IS NULL THEN 1 ELSE 2 END AS __lf_kind"
             .to_string(),
-    ];
+    );
     for c in &common {
         select.push(format!(
             "o.{} AS {}",
@@ -437,12 +504,11 @@ async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
     let width = common.len();
     while let Some(batch) = stream.next().await {
         let batch = batch.query_context(|| "cannot compare rows by key".into())?;
-        let parts = text_column(&batch, 0);
-        let kinds = batch.column(1).as_primitive::<Int64Type>();
+        let parts = spec.partitions.labels(&batch, 0);
+        let kinds = batch.column(keys).as_primitive::<Int64Type>();
         let mut formatters: Option<Vec<ArrayFormatter>> = None;
         for (row, part) in parts.into_iter().enumerate() {
             let kind = usize::try_from(kinds.value(row)).unwrap_or(2).min(2);
-            let part = part.unwrap_or_else(|| "null".into());
             counts.entry(part.clone()).or_default()[kind] += 1;
             let bucket = match kind {
                 0 => &mut samples.added,
@@ -465,7 +531,11 @@ async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
             };
             let sample = match kind {
                 0 | 1 => {
-                    let offset = if kind == 0 { 2 + width } else { 2 };
+                    let offset = if kind == 0 {
+                        keys + 1 + width
+                    } else {
+                        keys + 1
+                    };
                     let mut values = Map::new();
                     for (i, c) in common.iter().enumerate() {
                         values.insert(c.clone(), cell(offset + i));
@@ -477,7 +547,7 @@ async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
                     let mut old = Map::new();
                     let mut new = Map::new();
                     for (i, c) in common.iter().enumerate() {
-                        let (o, n) = (cell(2 + i), cell(2 + width + i));
+                        let (o, n) = (cell(keys + 1 + i), cell(keys + 1 + width + i));
                         if spec.key.contains(c) {
                             key.insert(c.clone(), n);
                         } else if o != n {
@@ -731,7 +801,7 @@ impl ValidationReport {
 /// Runs every check of `rules` over `previous` and `output` in `ctx`.
 pub(crate) async fn validate(
     ctx: &SessionContext,
-    partition_column: &str,
+    partitions: &PartitionKey,
     rules: &ValidationRules,
     sample: usize,
     new_counts: KnownCounts,
@@ -740,7 +810,7 @@ pub(crate) async fn validate(
 ) -> Result<ValidationReport> {
     let started = std::time::Instant::now();
     let spec = CompareSpec {
-        partition_column: partition_column.to_string(),
+        partitions: partitions.clone(),
         key: rules.key.clone(),
         measures: rules.summed_measures(),
         sample,
@@ -828,7 +898,7 @@ pub(crate) async fn validate(
             sample_rows,
         ));
     }
-    checks.extend(protocol_checks(ctx, partition_column, &rules.protocol, sample).await?);
+    checks.extend(protocol_checks(ctx, partitions, &rules.protocol, sample).await?);
     let passed = checks.iter().all(|c| c.passed);
     Ok(ValidationReport {
         passed,
@@ -842,7 +912,7 @@ pub(crate) async fn validate(
 /// partition, then a few rows of each broken rule are fetched as a sample.
 async fn protocol_checks(
     ctx: &SessionContext,
-    partition_column: &str,
+    partitions: &PartitionKey,
     rules: &[RowRule],
     sample: usize,
 ) -> Result<Vec<CheckResult>> {
@@ -860,17 +930,22 @@ async fn protocol_checks(
         })
         .collect::<Vec<_>>()
         .join(", ");
+    let keys = partitions.columns().len();
+    let group_by = (1..=keys)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let sql = format!(
-        "SELECT CAST({} AS VARCHAR) AS __lf_part, {counts} FROM output GROUP BY 1",
-        ident(partition_column)
+        "SELECT {}, {counts} FROM output GROUP BY {group_by}",
+        partitions.select(ident).join(", ")
     );
     let mut violations: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); rules.len()];
     let mut stream = run(ctx, &sql, "check the table's constraints").await?;
     while let Some(batch) = stream.next().await {
         let batch = batch.query_context(|| "cannot check the table's constraints".into())?;
-        let parts = text_column(&batch, 0);
+        let parts = partitions.labels(&batch, 0);
         for (i, found) in violations.iter_mut().enumerate() {
-            let column = batch.column(1 + i).as_primitive::<Int64Type>();
+            let column = batch.column(keys + i).as_primitive::<Int64Type>();
             for (row, part) in parts.iter().enumerate() {
                 let n = if column.is_null(row) {
                     0
@@ -878,9 +953,7 @@ async fn protocol_checks(
                     column.value(row)
                 };
                 if n > 0 {
-                    *found
-                        .entry(part.clone().unwrap_or_else(|| "null".into()))
-                        .or_default() += u64::try_from(n).unwrap_or(0);
+                    *found.entry(part.clone()).or_default() += u64::try_from(n).unwrap_or(0);
                 }
             }
         }

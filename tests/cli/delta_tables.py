@@ -3,6 +3,8 @@
     python3 delta_tables.py create KIND PATH   # a table with the feature KIND at PATH
     python3 delta_tables.py rows PATH          # its rows as JSON, sorted by event_id
     python3 delta_tables.py protocol PATH      # its protocol as JSON
+    python3 delta_tables.py shape SHAPE URI    # a table partitioned as SHAPE (see `shapes`)
+    python3 delta_tables.py all_rows URI       # every row as JSON, any schema, sorted
 
 Every table has event_id (long), amount_cents (long) and event_date (date, the partition column),
 3 days x 4 rows; KIND adds what the feature needs.
@@ -66,6 +68,105 @@ def create(kind, path):
         DeltaTable(path).alter.add_constraint({"amount_positive": "amount_cents > 0"})
 
 
+def storage_options():
+    keys = ["AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    options = {k: os.environ[k] for k in keys if k in os.environ}
+    if "AWS_ENDPOINT_URL" in options:
+        options["conditional_put"] = "etag"
+    return options or None
+
+
+TAGS = ["x/y", "o'k", "50%", "k=v", "Côte", "a#b?c\\d", "plain"]
+
+
+def shape_rows(shape):
+    """Rows (id, amount, ts) spread over the shape's partitions, and the partition columns."""
+    utc = datetime.timezone.utc
+    base = datetime.datetime(2026, 1, 1, tzinfo=utc)
+    rows = []
+    if shape == "month":
+        for m in range(8):
+            start = datetime.date(2025, 6 + m, 1) if m < 7 else datetime.date(2026, 1, 1)
+            for i in range(3 + m):
+                rows.append({"id": 1000 * m + i, "amount": 10 * m + i, "event_month": start})
+        return rows, ["event_month"], {"event_month": pa.date32()}
+    if shape == "hour":
+        for h in range(30):
+            hour = base + datetime.timedelta(hours=h)
+            for i in range(3):
+                rows.append({"id": 100 * h + i, "amount": h + i, "event_hour": hour})
+        return rows, ["event_hour"], {"event_hour": pa.timestamp("us", tz="UTC")}
+    if shape in ("ds", "ds_compact", "ds_hour"):
+        fmt = {"ds": "%Y-%m-%d", "ds_compact": "%Y%m%d", "ds_hour": "%Y-%m-%d-%H"}[shape]
+        step = datetime.timedelta(hours=1) if shape == "ds_hour" else datetime.timedelta(days=1)
+        for n in range(12):
+            t = base + n * step
+            for i in range(2 + n % 3):
+                rows.append({"id": 100 * n + i, "amount": n + i, "ds": t.strftime(fmt)})
+        return rows, ["ds"], {"ds": pa.string()}
+    if shape in ("two", "two_reversed", "escaped"):
+        tags = TAGS if shape == "escaped" else ["DE", "FR", "US"]
+        column = "tag" if shape == "escaped" else "country"
+        for d in range(6):
+            day = datetime.date(2026, 1, 1) + datetime.timedelta(days=d)
+            for t, tag in enumerate(tags):
+                for i in range(1 + (d + t) % 3):
+                    rows.append({"id": 1000 * d + 10 * t + i, "amount": d + t + i, "event_date": day, column: tag})
+        columns = [column, "event_date"] if shape == "two_reversed" else ["event_date", column]
+        return rows, columns, {"event_date": pa.date32(), column: pa.string()}
+    if shape == "parts":
+        n = 0
+        for year, month in [(2025, 10), (2025, 11), (2025, 12), (2026, 1), (2026, 2), (2026, 3)]:
+            for i in range(2 + month % 3):
+                rows.append({"id": 100 * n + i, "amount": month + i, "year": year, "month": month})
+            n += 1
+        return rows, ["year", "month"], {"year": pa.int32(), "month": pa.int32()}
+    if shape == "nulls":
+        for d in range(6):
+            day = datetime.date(2026, 1, 1) + datetime.timedelta(days=d)
+            for i in range(3):
+                rows.append({"id": 100 * d + i, "amount": d + i, "event_date": day})
+        for i in range(4):
+            rows.append({"id": 9000 + i, "amount": 50 + i, "event_date": None})
+        return rows, ["event_date"], {"event_date": pa.date32()}
+    if shape in ("totals_day", "totals_month", "ma_day", "ma_month"):
+        column = "day" if shape.endswith("day") else "month"
+        for i in range(20 if column == "day" else 12):
+            if column == "day":
+                period = datetime.date(2026, 1, 1) + datetime.timedelta(days=i)
+            else:
+                period = datetime.date(2025, 1 + i, 1)
+            if shape.startswith("totals"):
+                rows.append({column: period, "total": (i * 37) % 11 + i})
+            else:
+                rows.append({column: period, "ma": 0.0})
+        value = ("total", pa.int64()) if shape.startswith("totals") else ("ma", pa.float64())
+        return rows, [column], {column: pa.date32(), value[0]: value[1]}
+    raise SystemExit(f"unknown shape {shape}")
+
+
+def shape(name, uri):
+    rows, partition_by, types = shape_rows(name)
+    fields = [] if name.startswith(("totals", "ma_")) else [pa.field("id", pa.int64()), pa.field("amount", pa.int64())]
+    fields += [pa.field(c, t) for c, t in types.items()]
+    schema = pa.schema(fields)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    write_deltalake(uri, table, partition_by=partition_by, storage_options=storage_options())
+
+
+def all_rows(uri):
+    table = DeltaTable(uri, storage_options=storage_options()).to_pyarrow_table().to_pylist()
+    def text(v):
+        if isinstance(v, datetime.datetime):
+            return v.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        if isinstance(v, datetime.date):
+            return v.isoformat()
+        return v
+    out = [{k: text(v) for k, v in row.items()} for row in table]
+    out.sort(key=lambda r: json.dumps(r, sort_keys=True))
+    print(json.dumps(out, sort_keys=True))
+
+
 def read_rows(path):
     table = DeltaTable(path).to_pyarrow_table().to_pylist()
     out = []
@@ -96,6 +197,10 @@ if __name__ == "__main__":
         read_rows(sys.argv[2])
     elif command == "protocol":
         protocol(sys.argv[2])
+    elif command == "shape":
+        shape(sys.argv[2], sys.argv[3])
+    elif command == "all_rows":
+        all_rows(sys.argv[2])
     else:
         raise SystemExit(f"unknown command {command}")
     # deltalake's runtime threads can abort the interpreter's shutdown; the work is done.

@@ -34,5 +34,6 @@ mod protocol;
 mod resources;
 mod s3;
 mod secrets;
+mod shapes;
 mod support;
 mod validation;
