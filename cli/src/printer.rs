@@ -143,19 +143,35 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
     let _ = writeln!(out, "  fingerprint   sha256:{}", plan.fingerprint);
     let layout = &plan.layout;
     let others = layout.other_columns();
-    let _ = writeln!(
-        out,
-        "  target        {} at version {} ({}), partitioned by {}{}",
-        plan.target,
-        plan.read_version,
-        plan.target_uri,
-        layout.time.encoding.describe(),
-        if others.is_empty() {
-            String::new()
-        } else {
-            format!(" and {}", others.join(", "))
-        }
-    );
+    if layout.by_rows {
+        let _ = writeln!(
+            out,
+            "  target        {} at version {} ({}), {}; the range replaces rows by {}",
+            plan.target,
+            plan.read_version,
+            plan.target_uri,
+            if layout.partition_columns.is_empty() {
+                "not partitioned".to_string()
+            } else {
+                format!("partitioned by {}", layout.partition_columns.join(", "))
+            },
+            layout.time.encoding.describe()
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "  target        {} at version {} ({}), partitioned by {}{}",
+            plan.target,
+            plan.read_version,
+            plan.target_uri,
+            layout.time.encoding.describe(),
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!(" and {}", others.join(", "))
+            }
+        );
+    }
     let _ = writeln!(
         out,
         "  grain         {} ({})",
@@ -243,6 +259,15 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
                 );
             }
         }
+    }
+    if layout.by_rows {
+        let _ = writeln!(
+            out,
+            "\nfiles the range may touch (by their statistics; the rest are kept as they are)\n  {} files, {} rows, {}; rows of the range are counted when validating",
+            plan.totals.files,
+            rows(plan.totals.rows),
+            bytes(plan.totals.bytes)
+        );
     }
     let _ = writeln!(out, "\npartitions now (from the Delta log)");
     let _ = writeln!(

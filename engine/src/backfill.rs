@@ -21,7 +21,9 @@ use crate::failpoint;
 use crate::inspect::find_run_commit;
 use crate::journal::{BatchBounds, BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
 use crate::lease::RunLease;
-use crate::partition::{Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of};
+use crate::partition::{
+    CARRIED_LABEL, Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of,
+};
 use crate::plan::BackfillPlan;
 use crate::publish::{commit, published_sequence, record_published_model};
 use crate::resources::{ProgressEvent, ProgressSink, Resources};
@@ -332,6 +334,19 @@ impl BackfillBuilder {
             }
         };
         let validate_ms = validate_started.elapsed().as_millis() as u64;
+        if report.layout.by_rows {
+            // The log cannot count a range's rows in shared files; validation did.
+            for change in &mut journal.partitions {
+                change.old_rows = Some(
+                    validation
+                        .comparison
+                        .partitions
+                        .iter()
+                        .find(|p| p.value == change.value)
+                        .map_or(0, |p| p.old_rows),
+                );
+            }
+        }
         let passed = validation.passed;
         let identical = validation.comparison.identical == Some(true);
         journal.validation = Some(validation);
@@ -536,6 +551,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
             .collect(),
         allow_spill: report.allow_spill.clone(),
         reason: report.reason.clone(),
+        affected_files: report.affected_files.clone(),
         planned_batches: report
             .batches
             .iter()
@@ -711,8 +727,32 @@ async fn run_validation(
         &adds,
         &journal.run_id,
     )?;
-    ctx.register_table("output", Arc::new(staged))
-        .query_context(|| "cannot register the staged files".into())?;
+    let target_schema = plan
+        .target
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema();
+    if layout.by_rows {
+        // Staged files hold the range's new rows and the rows carried over: `output` is the
+        // range's.
+        ctx.register_table("staged", Arc::new(staged))
+            .query_context(|| "cannot register the staged files".into())?;
+        let in_range = layout.range_predicate(&journal.range, &target_schema)?;
+        let output = ctx
+            .table("staged")
+            .await
+            .and_then(|df| df.filter(in_range))
+            .query_context(|| "cannot restrict the staged rows to the range".into())?;
+        ctx.register_table("output", output.into_view())
+            .query_context(|| "cannot register the staged rows".into())?;
+    } else {
+        ctx.register_table("output", Arc::new(staged))
+            .query_context(|| "cannot register the staged files".into())?;
+    }
     let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
     for batch in &journal.batches {
         for (partition, checksum) in &batch.checksums {
@@ -722,18 +762,24 @@ async fn run_validation(
                 .merge(checksum);
         }
     }
+    let carried = checksums.remove(CARRIED_LABEL);
     let mut new_side = KnownSide {
         rows: counts_from(
             journal
                 .batches
                 .iter()
-                .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n))),
+                .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n)))
+                .filter(|(p, _)| p.as_str() != CARRIED_LABEL),
         ),
         sums: Some(BTreeMap::new()),
         checksums: Some(checksums),
     };
     for batch in &journal.batches {
-        for (partition, measures) in &batch.sums {
+        for (partition, measures) in batch
+            .sums
+            .iter()
+            .filter(|(p, _)| p.as_str() != CARRIED_LABEL)
+        {
             let entry = new_side
                 .sums
                 .get_or_insert_with(BTreeMap::new)
@@ -753,20 +799,25 @@ async fn run_validation(
         new_side.sums = None;
     }
     // Every column but the partition columns, in the table's order: what makes a row.
-    let checksum_columns = plan
-        .target
-        .snapshot()
-        .map_err(|source| Error::Delta {
-            context: "cannot read the target's snapshot".into(),
-            source: Box::new(source),
-        })?
-        .snapshot()
-        .arrow_schema()
+    let checksum_columns: Vec<String> = target_schema
         .fields()
         .iter()
         .map(|f| f.name().clone())
         .filter(|name| !layout.partition_columns.contains(name))
         .collect();
+    let mut extra_checks = extra_checks;
+    if layout.by_rows && !journal.affected_files.is_empty() {
+        extra_checks.push(
+            carried_check(
+                plan,
+                journal,
+                &ctx,
+                &checksum_columns,
+                carried.unwrap_or_default(),
+            )
+            .await?,
+        );
+    }
     validate(
         &ctx,
         &PartitionKey::Time(layout.clone()),
@@ -777,6 +828,59 @@ async fn run_validation(
         extra_checks,
     )
     .await
+}
+
+/// By rows: the rows of the rewritten files outside the range must be staged again exactly as
+/// they were. Compares the checksum of what staging carried with the old rows, read again.
+async fn carried_check(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    ctx: &SessionContext,
+    columns: &[String],
+    carried: RowChecksum,
+) -> Result<CheckResult> {
+    let provider = plan
+        .target
+        .table_provider()
+        .with_file_paths(journal.affected_files.iter().cloned())
+        .await
+        .query_context(|| "cannot scan the files the backfill rewrites".into())?;
+    let schema = plan
+        .target
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema();
+    let outside = journal
+        .layout
+        .range_predicate(&journal.range, &schema)?
+        .is_not_true();
+    let old = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(outside))
+        .query_context(|| "cannot select the rows outside the range".into())?;
+    ctx.register_table("__lf_carried_old", old.into_view())
+        .query_context(|| "cannot register the rows outside the range".into())?;
+    let expected = crate::validate::checksum_of(ctx, "__lf_carried_old", columns).await?;
+    let mut check = CheckResult::new(
+        "carried rows unchanged",
+        if expected == carried {
+            Vec::new()
+        } else {
+            vec![json!({
+                "old_rows": expected.rows,
+                "carried_rows": carried.rows,
+                "message": "the rows outside the range of the rewritten files were not carried over exactly",
+            })]
+        },
+        Vec::new(),
+    );
+    // A rewrite that changes rows outside the range is never published, forced or not.
+    check.protocol = true;
+    Ok(check)
 }
 
 /// A session with `previous` registered: `table` restricted to the partitions of `range`.
@@ -814,10 +918,14 @@ fn partition_changes(plan: &BackfillPlan, batches: &[BatchRecord]) -> Vec<Partit
     let mut new_rows: BTreeMap<String, u64> = BTreeMap::new();
     let mut new_files: BTreeMap<String, u64> = BTreeMap::new();
     for record in batches {
-        for (partition, rows) in &record.rows {
+        for (partition, rows) in record
+            .rows
+            .iter()
+            .filter(|(p, _)| p.as_str() != CARRIED_LABEL)
+        {
             *new_rows.entry(partition.clone()).or_default() += rows;
         }
-        for add in &record.files {
+        for add in record.files.iter().filter(|_| !layout.by_rows) {
             let values: PartitionValues = add
                 .partition_values
                 .iter()

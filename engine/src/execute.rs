@@ -36,7 +36,7 @@ use indexmap::IndexMap;
 
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
-use crate::partition::{NULL_LABEL, PartitionValues, TimeEncoding};
+use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues, TimeEncoding};
 use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
 use crate::resources::Resources;
 use crate::rowhash::{RowChecksum, hash_rows};
@@ -338,7 +338,11 @@ async fn stage_batch(
     let layout = &report.layout;
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
     crate::failpoint::reach(&format!("stage-batch-{}", batch.index)).await?;
-    let (_ctx, df) = batch_dataframe(plan, batch, resources).await?;
+    let (_ctx, df) = if batch.carry {
+        carried_dataframe(plan, resources).await?
+    } else {
+        batch_dataframe(plan, batch, resources).await?
+    };
     // Put the columns in the target's order and types.
     let projection: Vec<Expr> = target_schema
         .fields()
@@ -396,6 +400,18 @@ async fn stage_batch(
     )
     .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
     let (first, last) = batch_periods(plan, batch)?;
+    // By rows, a row's period comes from its time column, which is not a partition column.
+    let time_index = match (layout.by_rows, batch.carry) {
+        (true, false) => {
+            let column = layout.time.encoding.columns()[0];
+            Some(target_schema.index_of(column).map_err(|_| {
+                Error::Internal(format!(
+                    "range column `{column}` is not in the target schema"
+                ))
+            })?)
+        }
+        _ => None,
+    };
 
     let mut writers: BTreeMap<Vec<Option<String>>, OpenPartition> = BTreeMap::new();
     let mut rows: BTreeMap<String, u64> = BTreeMap::new();
@@ -429,17 +445,39 @@ async fn stage_batch(
             .iter()
             .map(|i| Arc::clone(record_batch.column(*i)))
             .collect();
-        let keys = converter
-            .convert_columns(&partition_arrays)
-            .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+        // An unpartitioned table has one partition: no key to compare.
+        let keys =
+            if partition_arrays.is_empty() {
+                None
+            } else {
+                Some(converter.convert_columns(&partition_arrays).map_err(|e| {
+                    Error::Internal(format!("cannot compare partition values: {e}"))
+                })?)
+            };
+        let row_times = match time_index {
+            Some(index) => Some(row_periods(record_batch.column(index), &layout.time)?),
+            None => None,
+        };
         let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
         let mut groups: Vec<Vec<u32>> = Vec::new();
+        let mut key_bytes = Vec::new();
         for row in 0..record_batch.num_rows() {
-            let key = keys.row(row);
-            let group = match group_of.get(key.as_ref()) {
+            key_bytes.clear();
+            if let Some(keys) = &keys {
+                key_bytes.extend_from_slice(keys.row(row).as_ref());
+            }
+            if let Some(times) = &row_times {
+                match &times[row] {
+                    Ok(Some(period)) => key_bytes.extend_from_slice(period.label().as_bytes()),
+                    Ok(None) => key_bytes.push(0),
+                    Err(message) => key_bytes.extend_from_slice(message.as_bytes()),
+                }
+                key_bytes.push(0xff);
+            }
+            let group = match group_of.get(key_bytes.as_slice()) {
                 Some(group) => *group,
                 None => {
-                    group_of.insert(key.as_ref().to_vec(), groups.len());
+                    group_of.insert(key_bytes.clone(), groups.len());
                     groups.push(Vec::new());
                     groups.len() - 1
                 }
@@ -465,7 +503,13 @@ async fn stage_batch(
                 .zip(&scalars)
                 .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
                 .collect();
-            let placement = match layout.time.period_of(&values) {
+            let period = match &row_times {
+                Some(times) => times[first_row].clone(),
+                None if batch.carry => Ok(None),
+                None => layout.time.period_of(&values),
+            };
+            let placement = match period.clone() {
+                _ if batch.carry => Placement::Batch,
                 Err(message) => Placement::OffGrain(message),
                 Ok(None) if batch.null => Placement::Batch,
                 Ok(None) if report.range.include_null => Placement::OtherBatch,
@@ -502,26 +546,26 @@ async fn stage_batch(
                 .iter()
                 .map(|c| values.get(c).cloned().flatten())
                 .collect();
+            // The partition a row's counts belong to: its period (by rows, several periods may
+            // share one file's directory), or the rows carried over unchanged.
+            let label = match &period {
+                _ if batch.carry => CARRIED_LABEL.to_string(),
+                Ok(Some(period)) => period.label(),
+                _ => NULL_LABEL.to_string(),
+            };
             let open = match writers.entry(key) {
                 std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => {
-                    let label = match layout.time.period_of(&values) {
-                        Ok(Some(period)) => period.label(),
-                        _ => NULL_LABEL.to_string(),
-                    };
-                    entry.insert(OpenPartition {
-                        label,
-                        writer: partition_writer(
-                            plan,
-                            &scalars,
-                            &values,
-                            Arc::clone(&file_schema),
-                            Arc::clone(&store),
-                        )?,
-                    })
-                }
+                std::collections::btree_map::Entry::Vacant(entry) => entry.insert(OpenPartition {
+                    label: label.clone(),
+                    writer: partition_writer(
+                        plan,
+                        &scalars,
+                        &values,
+                        Arc::clone(&file_schema),
+                        Arc::clone(&store),
+                    )?,
+                }),
             };
-            let label = open.label.clone();
             *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
             checksums
                 .entry(label.clone())
@@ -573,6 +617,96 @@ async fn stage_batch(
         spill,
         sums,
         checksums,
+    })
+}
+
+/// The rows of the files a by-rows backfill rewrites that lie outside its range (and, unless the
+/// range takes the NULL partition, those whose time is NULL), read at the read version: they are
+/// written again unchanged.
+async fn carried_dataframe(
+    plan: &BackfillPlan,
+    resources: &Resources,
+) -> Result<(SessionContext, DataFrame)> {
+    let report = &plan.report;
+    let layout = &report.layout;
+    let ctx = resources.session();
+    let provider = plan
+        .target
+        .table_provider()
+        .with_file_paths(report.affected_files.iter().cloned())
+        .await
+        .query_context(|| "cannot scan the files the backfill rewrites".into())?;
+    let schema = target_schema(plan)?;
+    let in_range = layout.range_predicate(&report.range, &schema)?;
+    // NULL comparisons are not false: rows with a NULL time are outside unless they are in.
+    let outside = in_range.is_not_true();
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(outside))
+        .query_context(|| "cannot select the rows to carry over".into())?;
+    Ok((ctx, df))
+}
+
+/// The period of each row's time value, for a time column that is not a partition column.
+fn row_periods(
+    array: &deltalake::arrow::array::ArrayRef,
+    time: &crate::partition::TimeColumn,
+) -> Result<Vec<std::result::Result<Option<Period>, String>>> {
+    use deltalake::arrow::datatypes::{Date32Type, TimeUnit, TimestampMicrosecondType};
+    let grain = time.grain;
+    let out_of_range = |what: String| Err(format!("{what} is out of range"));
+    Ok(match array.data_type() {
+        DataType::Date32 => array
+            .as_primitive::<Date32Type>()
+            .iter()
+            .map(|days| match days {
+                None => Ok(None),
+                Some(days) => match chrono::NaiveDate::from_ymd_opt(1970, 1, 1).and_then(|epoch| {
+                    epoch.checked_add_signed(chrono::TimeDelta::days(i64::from(days)))
+                }) {
+                    Some(date) => Ok(Period::of_date(grain, date)),
+                    None => out_of_range(format!("day {days}")),
+                },
+            })
+            .collect(),
+        DataType::Timestamp(_, _) => {
+            let micros = deltalake::arrow::compute::cast(
+                array,
+                &DataType::Timestamp(TimeUnit::Microsecond, None),
+            )
+            .map_err(|e| Error::Internal(format!("cannot read a timestamp: {e}")))?;
+            micros
+                .as_primitive::<TimestampMicrosecondType>()
+                .iter()
+                .map(|value| match value {
+                    None => Ok(None),
+                    Some(micros) => match chrono::DateTime::from_timestamp_micros(micros) {
+                        Some(instant) => Ok(Period::containing(grain, instant.naive_utc())),
+                        None => out_of_range(format!("timestamp {micros}")),
+                    },
+                })
+                .collect()
+        }
+        _ => {
+            let text = deltalake::arrow::compute::cast(array, &DataType::Utf8).map_err(|e| {
+                Error::Internal(format!("cannot read the time column as text: {e}"))
+            })?;
+            let crate::partition::TimeEncoding::Text { column, format } = &time.encoding else {
+                return Err(Error::Internal(format!(
+                    "the range column has type {}, which holds no times",
+                    array.data_type()
+                )));
+            };
+            text.as_string::<i32>()
+                .iter()
+                .map(|value| match value {
+                    None => Ok(None),
+                    Some(value) => crate::partition::parse_with_format(value, format)
+                        .map(|instant| Period::containing(grain, instant))
+                        .ok_or_else(|| format!("`{column}` = `{value}` is not written `{format}`")),
+                })
+                .collect()
+        }
     })
 }
 

@@ -70,6 +70,10 @@ pub struct Journal {
     pub allow_spill: Option<String>,
     /// Reason given for the run.
     pub reason: Option<String>,
+    /// By rows (`range_column`): the files the publish removes (their other rows are carried
+    /// into the staged files).
+    #[serde(default)]
+    pub affected_files: Vec<String>,
     /// Every batch of the plan; the run is complete when each has a finished record.
     #[serde(default)]
     pub planned_batches: Vec<BatchBounds>,
@@ -236,7 +240,14 @@ impl Journal {
         if self.range.from > self.range.to {
             return Err("its range is reversed".into());
         }
-        if self.layout.partition_columns.is_empty() {
+        if self
+            .layout
+            .time
+            .encoding
+            .columns()
+            .iter()
+            .all(|c| c.is_empty())
+        {
             return Err("it does not say how the table is partitioned".into());
         }
         for add in self.staged_files() {
@@ -250,7 +261,13 @@ impl Journal {
     /// be published.
     fn upgrade(&mut self) {
         self.format = JOURNAL_FORMAT;
-        if self.layout.partition_columns.is_empty()
+        if self
+            .layout
+            .time
+            .encoding
+            .columns()
+            .iter()
+            .all(|c| c.is_empty())
             && let Some(column) = &self.partition_column
         {
             self.layout = Layout::legacy(column, false);
@@ -398,6 +415,8 @@ fn check_staged_path(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     match layout.time.period_of(&values) {
+        // By rows, staged files go to the partitions of the files they replace: any.
+        _ if layout.by_rows => {}
         Ok(Some(period)) if range.contains(&period) => {}
         Ok(None) if range.include_null => {}
         Ok(_) => return Err(bad("belongs to a partition outside the run's range")),

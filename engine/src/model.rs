@@ -36,8 +36,8 @@ pub struct ModelHeader {
     /// The table the model writes, from `lakefill.toml`.
     pub target: String,
     /// The target's partition columns: one name, or a list (`["event_date", "country"]`,
-    /// `["year", "month"]`).
-    #[serde(deserialize_with = "one_or_many")]
+    /// `["year", "month"]`); `[]` (or absent) for an unpartitioned table with `range_column`.
+    #[serde(default, deserialize_with = "one_or_many")]
     pub partition_by: Vec<String>,
     /// The grain of the time partition column (`hour`, `day`, `month`, `year`); inferred from
     /// the Delta log when absent.
@@ -47,6 +47,11 @@ pub struct ModelHeader {
     /// from the values when absent.
     #[serde(default)]
     pub format: Option<String>,
+    /// For an unpartitioned table, or one partitioned coarser than the range: the time column
+    /// whose rows the range replaces (files overlapping the range are rewritten, their other
+    /// rows carried over).
+    #[serde(default)]
+    pub range_column: Option<String>,
     /// Default reason recorded with each backfill.
     #[serde(default)]
     pub reason: Option<String>,
@@ -220,10 +225,15 @@ impl Model {
         })?;
         let used_by = format!("the header of `{}`", path.display());
         project.table(&header.target, &used_by)?;
-        if header.partition_by.is_empty() || header.partition_by.iter().any(|c| c.trim().is_empty())
-        {
+        if header.partition_by.is_empty() && header.range_column.is_none() {
             return Err(model_error(
-                "`partition_by` is empty".into(),
+                "the header sets no `partition_by` (nor `range_column`)".into(),
+                "set `partition_by` to the target table's partition column (or a list of them), or `range_column` for an unpartitioned table",
+            ));
+        }
+        if header.partition_by.iter().any(|c| c.trim().is_empty()) {
+            return Err(model_error(
+                "`partition_by` names an empty column".into(),
                 "set `partition_by` to the target table's partition column, or a list of them",
             ));
         }

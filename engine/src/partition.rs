@@ -209,6 +209,35 @@ impl TimeColumn {
         }
     }
 
+    /// The period a row's value falls in, wherever inside the period it lies (for a time column
+    /// that is not a partition column).
+    pub(crate) fn period_containing(
+        &self,
+        values: &PartitionValues,
+    ) -> std::result::Result<Option<Period>, String> {
+        let text = |column: &str| values.get(column).cloned().flatten();
+        match &self.encoding {
+            TimeEncoding::Date { column } | TimeEncoding::Timestamp { column, .. } => {
+                let Some(text) = text(column) else {
+                    return Ok(None);
+                };
+                let (instant, _) = parse_instant(&text)
+                    .ok_or_else(|| format!("`{column}` = `{text}` is not a time"))?;
+                Ok(Period::containing(self.grain, instant))
+            }
+            TimeEncoding::Text { column, format } => {
+                let Some(text) = text(column) else {
+                    return Ok(None);
+                };
+                let instant = parse_with_format(&text, format).ok_or_else(|| {
+                    format!("`{column}` = `{text}` does not hold a time in the format `{format}`")
+                })?;
+                Ok(Period::containing(self.grain, instant))
+            }
+            TimeEncoding::Parts { .. } => self.period_of(values),
+        }
+    }
+
     /// A value that must be the first instant of its period (a partition value of this grain).
     fn exact(
         &self,
@@ -739,6 +768,10 @@ pub struct Layout {
     pub partition_columns: Vec<String>,
     /// The column(s) holding the time the range selects.
     pub time: TimeColumn,
+    /// Whether the range selects rows by the time column (`range_column`: an unpartitioned
+    /// table, or one partitioned coarser than the range) instead of whole partitions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_rows: bool,
 }
 
 impl Layout {
@@ -827,6 +860,7 @@ impl Layout {
             return Ok(Self {
                 partition_columns: partition_columns.to_vec(),
                 time,
+                by_rows: false,
             });
         }
         // Otherwise one column holds time: the first in `partition_by` that does.
@@ -845,6 +879,7 @@ impl Layout {
                     return Ok(Self {
                         partition_columns: partition_columns.to_vec(),
                         time,
+                        by_rows: false,
                     });
                 }
                 Err(reason) => reasons.push(reason),
@@ -854,6 +889,50 @@ impl Layout {
             "no partition column of `{table}` holds times: {}",
             reasons.join("; ")
         ))
+    }
+
+    /// The layout of a table whose range selects rows by `range_column` (a column that is not a
+    /// partition column): unpartitioned, or partitioned coarser than the range.
+    pub(crate) fn detect_rows(
+        table: &str,
+        partition_columns: &[String],
+        schema: &Schema,
+        partition_by: &[String],
+        range_column: &str,
+        grain: Option<Grain>,
+        format: Option<&str>,
+    ) -> std::result::Result<Self, String> {
+        let mut declared = partition_by.to_vec();
+        declared.sort();
+        let mut actual = partition_columns.to_vec();
+        actual.sort();
+        if declared != actual {
+            return Err(format!(
+                "the model says `{table}` is partitioned by [{}], but the table is partitioned by [{}]",
+                partition_by.join(", "),
+                partition_columns.join(", ")
+            ));
+        }
+        if partition_columns.iter().any(|c| c == range_column) {
+            return Err(format!(
+                "`{range_column}` is a partition column of `{table}`: drop `range_column`, the range replaces its partitions"
+            ));
+        }
+        let field = schema.field_with_name(range_column).map_err(|_| {
+            format!("`{table}` has no column `{range_column}` (the `range_column`)")
+        })?;
+        let time = time_column(&ColumnFacts {
+            column: range_column,
+            data_type: field.data_type(),
+            values: None,
+            grain,
+            format,
+        })?;
+        Ok(Self {
+            partition_columns: partition_columns.to_vec(),
+            time,
+            by_rows: true,
+        })
     }
 
     /// The partition columns that do not hold the time (replaced whole under each period).
@@ -869,6 +948,7 @@ impl Layout {
     /// A layout with no columns: what a journal without one holds until it is upgraded.
     pub(crate) fn unknown() -> Self {
         Self {
+            by_rows: false,
             partition_columns: Vec::new(),
             time: TimeColumn {
                 encoding: TimeEncoding::Date {
@@ -899,6 +979,7 @@ impl Layout {
                 grain: Grain::Day,
                 grain_reason: "recorded by an earlier lakefill".into(),
             },
+            by_rows: false,
         }
     }
 
@@ -936,7 +1017,7 @@ impl Layout {
                 range.from, range.to, range.grain
             )));
         };
-        let mut predicate = self.time.predicate(from, to, true, &data_type)?;
+        let mut predicate = self.time.predicate(from, to, !self.by_rows, &data_type)?;
         if range.include_null {
             let null = self
                 .time
@@ -966,6 +1047,9 @@ impl Layout {
 
     /// The directory a run stages one partition's files in: `<hive path>/lakefill-<run_id>`.
     pub(crate) fn staging_prefix(&self, values: &PartitionValues, run_id: &str) -> String {
+        if self.partition_columns.is_empty() {
+            return format!("lakefill-{run_id}");
+        }
         format!("{}/lakefill-{run_id}", self.hive_path(values))
     }
 }
@@ -1100,9 +1184,15 @@ fn example(time: &TimeColumn) -> String {
     }
 }
 
-/// The partition value of a file for `column`, decoded as the log holds it (for reports).
+/// The label of the partition a file's (or a row's) values fall in, for reports: the period,
+/// `(null)`, or the raw values when they are not times of the grain.
 pub(crate) fn label_of(layout: &Layout, values: &PartitionValues) -> String {
-    match layout.time.period_of(values) {
+    let period = if layout.by_rows {
+        layout.time.period_containing(values)
+    } else {
+        layout.time.period_of(values)
+    };
+    match period {
         Ok(Some(period)) => period.label(),
         Ok(None) => NULL_LABEL.to_string(),
         Err(_) => layout
@@ -1118,6 +1208,9 @@ pub(crate) fn label_of(layout: &Layout, values: &PartitionValues) -> String {
 
 /// How a hive directory names a NULL partition value (as delta-rs writes it).
 pub(crate) const NULL_PARTITION_DIR: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// How journals name the rows a by-rows backfill carries over unchanged.
+pub(crate) const CARRIED_LABEL: &str = "(carried)";
 
 /// How reports name the partition whose time is NULL.
 pub const NULL_LABEL: &str = "(null)";

@@ -19,8 +19,8 @@ use crate::inspect::range_touched_after;
 use crate::journal::Journal;
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{
-    ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn, parts_time,
-    time_column,
+    CARRIED_LABEL, ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn,
+    parts_time, time_column,
 };
 use crate::protocol::TableProtocol;
 use crate::publish::{published_fingerprint, published_sequence};
@@ -183,6 +183,8 @@ impl PlanBuilder {
                     .deletion_vector_descriptor()
                     .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
                 LogFile {
+                    path: file.path().to_string(),
+                    stats: file.stats(),
                     values: file.partition_values_map(),
                     bytes: u64::try_from(file.size()).unwrap_or(0),
                     // Rows a deletion vector removed are not rows of the table.
@@ -192,15 +194,26 @@ impl PlanBuilder {
                 }
             })
             .collect();
-        let layout = Layout::detect(
-            target_config.name(),
-            &partition_columns,
-            &schema,
-            &distinct_values(files.iter().map(|f| &f.values)),
-            &header.partition_by,
-            model.grain(),
-            header.format.as_deref(),
-        )
+        let layout = match &header.range_column {
+            Some(range_column) => Layout::detect_rows(
+                target_config.name(),
+                &partition_columns,
+                &schema,
+                &header.partition_by,
+                range_column,
+                model.grain(),
+                header.format.as_deref(),
+            ),
+            None => Layout::detect(
+                target_config.name(),
+                &partition_columns,
+                &schema,
+                &distinct_values(files.iter().map(|f| &f.values)),
+                &header.partition_by,
+                model.grain(),
+                header.format.as_deref(),
+            ),
+        }
         .map_err(|message| Error::Partitioning {
             message,
             hint: format!(
@@ -215,7 +228,23 @@ impl PlanBuilder {
         // Current state of the affected partitions, from the log only. A value that is not a
         // time of the grain is refused: it could belong to the range or not.
         let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
-        for file in &files {
+        // By rows: the files whose statistics say they may hold rows of the range (all of them
+        // when statistics are missing); they are rewritten, their other rows carried over.
+        let mut affected_files = Vec::new();
+        let mut affected = PartitionTotals {
+            files: 0,
+            rows: Some(0),
+            bytes: 0,
+        };
+        for file in files.iter().filter(|_| layout.by_rows) {
+            if may_hold(&layout.time, &range, file.stats.as_deref()) {
+                affected_files.push(file.path.clone());
+                affected.files += 1;
+                affected.bytes += file.bytes;
+                affected.rows = affected.rows.zip(file.rows).map(|(a, b)| a + b);
+            }
+        }
+        for file in files.iter().filter(|_| !layout.by_rows) {
             let label = match layout.time.period_of(&file.values) {
                 Ok(Some(period)) if range.contains(&period) => period.label(),
                 Ok(None) if range.include_null => NULL_LABEL.to_string(),
@@ -265,6 +294,7 @@ impl PlanBuilder {
                 end: chunk.last().map(|p| p.label()).unwrap_or_default(),
                 partitions: chunk.iter().map(|p| p.label()).collect(),
                 null: false,
+                carry: false,
             })
             .collect();
         if range.include_null {
@@ -275,7 +305,25 @@ impl PlanBuilder {
                 end: range.to.clone(),
                 partitions: vec![NULL_LABEL.to_string()],
                 null: true,
+                carry: false,
             });
+        }
+        if layout.by_rows && !affected_files.is_empty() {
+            // One more batch copies the rows of the rewritten files that lie outside the range.
+            batches.push(BatchPlan {
+                index: batches.len(),
+                start: range.from.clone(),
+                end: range.to.clone(),
+                partitions: vec![CARRIED_LABEL.to_string()],
+                null: false,
+                carry: true,
+            });
+        }
+        if layout.by_rows {
+            // What the log can tell of the range: the files it may touch.
+            for partition in &mut partitions {
+                partition.rows = None;
+            }
         }
 
         // Sources at their pinned versions; the target itself is read at the read version.
@@ -446,18 +494,22 @@ impl PlanBuilder {
                 describe_options(config, project.storage_keys()),
             );
         }
-        let totals = partitions.iter().fold(
-            PartitionTotals {
-                files: 0,
-                rows: Some(0),
-                bytes: 0,
-            },
-            |acc, p| PartitionTotals {
-                files: acc.files + p.files,
-                rows: acc.rows.zip(p.rows).map(|(a, b)| a + b),
-                bytes: acc.bytes + p.bytes,
-            },
-        );
+        let totals = if layout.by_rows {
+            affected.clone()
+        } else {
+            partitions.iter().fold(
+                PartitionTotals {
+                    files: 0,
+                    rows: Some(0),
+                    bytes: 0,
+                },
+                |acc, p| PartitionTotals {
+                    files: acc.files + p.files,
+                    rows: acc.rows.zip(p.rows).map(|(a, b)| a + b),
+                    bytes: acc.bytes + p.bytes,
+                },
+            )
+        };
         let report = PlanReport {
             run_id,
             model: model.name().to_string(),
@@ -483,6 +535,7 @@ impl PlanBuilder {
             already_published,
             publish_sequence,
             protocol,
+            affected_files,
         };
         let plan = BackfillPlan {
             report,
@@ -547,9 +600,44 @@ pub(crate) struct SourceWindow {
 
 /// One file of the target as the log describes it.
 struct LogFile {
+    path: String,
+    stats: Option<String>,
     values: PartitionValues,
     bytes: u64,
     rows: Option<u64>,
+}
+
+/// Whether a file may hold rows whose `time` lies in `range` (or is NULL, when the range takes
+/// the NULL partition), by its statistics; without statistics it may.
+fn may_hold(time: &TimeColumn, range: &PartitionRange, stats: Option<&str>) -> bool {
+    let (Some(first), Some(last)) = (range.first(), range.last()) else {
+        return true;
+    };
+    let Some(stats) = stats.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok()) else {
+        return true;
+    };
+    let column = time.encoding.columns()[0];
+    let instant = |value: &serde_json::Value| -> Option<chrono::NaiveDateTime> {
+        let text = value.as_str()?;
+        match &time.encoding {
+            crate::partition::TimeEncoding::Text { format, .. } => {
+                crate::partition::parse_with_format(text, format)
+            }
+            _ => crate::time::parse_instant(text).map(|(t, _)| t),
+        }
+    };
+    if range.include_null && stats["nullCount"][column].as_u64() != Some(0) {
+        return true;
+    }
+    let (Some(min), Some(max)) = (
+        instant(&stats["minValues"][column]),
+        instant(&stats["maxValues"][column]),
+    ) else {
+        return true;
+    };
+    // Statistics of timestamps are cut to milliseconds: the true maximum may be a little later.
+    let max = max + chrono::TimeDelta::milliseconds(1);
+    min < last.end() && max > first.start()
 }
 
 /// The distinct non-NULL values of each partition column.
@@ -620,6 +708,9 @@ pub struct PlanReport {
     pub publish_sequence: u64,
     /// The target's protocol: its features and the rules staged rows must satisfy.
     pub protocol: TableProtocol,
+    /// By rows (`range_column`): the files the backfill rewrites, chosen by their statistics.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub affected_files: Vec<String>,
 }
 
 /// Current state of one affected partition, from the Delta log.
@@ -646,7 +737,7 @@ impl PartitionState {
     }
 }
 
-/// Sums over the affected partitions.
+/// Sums over the affected partitions (by rows: over the files the backfill rewrites).
 #[derive(Debug, Clone, Serialize)]
 pub struct PartitionTotals {
     /// Data files.
@@ -690,6 +781,10 @@ pub struct BatchPlan {
     /// Whether this is the batch that computes the partition whose time is NULL.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub null: bool,
+    /// Whether this batch copies, unchanged, the rows outside the range of the files a by-rows
+    /// backfill rewrites.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub carry: bool,
 }
 
 /// A model that reads the target.

@@ -140,13 +140,20 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
     let layout = &journal.layout;
     // Every file of the range's partitions (all their sub-partitions) at the read version.
+    let affected: std::collections::BTreeSet<&str> =
+        journal.affected_files.iter().map(String::as_str).collect();
     let mut actions: Vec<Action> = snapshot
         .log_data()
         .iter()
         .filter(|file| {
-            layout
-                .label_in(&journal.range, &file.partition_values_map())
-                .is_some()
+            if layout.by_rows {
+                // By rows: the files the plan chose by their statistics.
+                affected.contains(file.path().as_ref() as &str)
+            } else {
+                layout
+                    .label_in(&journal.range, &file.partition_values_map())
+                    .is_some()
+            }
         })
         .map(|file| Action::Remove(file.remove_action(true)))
         .collect();
@@ -160,7 +167,8 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .to_string();
     let operation = DeltaOperation::Write {
         mode: SaveMode::Overwrite,
-        partition_by: Some(layout.partition_columns.clone()),
+        partition_by: (!layout.partition_columns.is_empty())
+            .then(|| layout.partition_columns.clone()),
         predicate: Some(predicate),
     };
     let metadata = commit_metadata(journal);

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, QueryContext, Result};
 use crate::model::{CheckSpec, ValidateSpec, check_read_only};
-use crate::partition::{Layout, NULL_LABEL, PartitionValues, label_of};
+use crate::partition::{Layout, NULL_LABEL, PartitionValues, TimeEncoding, label_of};
 use crate::protocol::RowRule;
 use crate::rowhash::{
     EMPTY_ROW_HASH, PartitionChecksums, ROW_HASH_FUNCTION, RowChecksum, RowHashUdf,
@@ -50,11 +50,27 @@ impl PartitionKey {
     }
 
     /// `CAST(<column> AS VARCHAR) AS __lf_t<i>` for each key column, reading `qualify(column)`.
+    /// By rows, a date or timestamp is cut to its period first, so rows group by period.
     fn select(&self, qualify: impl Fn(&str) -> String) -> Vec<String> {
+        let truncate = match self {
+            PartitionKey::Time(layout) if layout.by_rows => match &layout.time.encoding {
+                TimeEncoding::Date { .. } | TimeEncoding::Timestamp { .. } => {
+                    Some(layout.time.grain.name())
+                }
+                _ => None,
+            },
+            _ => None,
+        };
         self.columns()
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("CAST({} AS VARCHAR) AS __lf_t{i}", qualify(c)))
+            .map(|(i, c)| match truncate {
+                Some(grain) => format!(
+                    "CAST(date_trunc('{grain}', {}) AS VARCHAR) AS __lf_t{i}",
+                    qualify(c)
+                ),
+                None => format!("CAST({} AS VARCHAR) AS __lf_t{i}", qualify(c)),
+            })
             .collect()
     }
 
@@ -986,6 +1002,48 @@ async fn protocol_checks(
         checks.push(check);
     }
     Ok(checks)
+}
+
+/// The row count and checksum of every row of `table` (columns `columns`, in order).
+pub(crate) async fn checksum_of(
+    ctx: &SessionContext,
+    table: &str,
+    columns: &[String],
+) -> Result<RowChecksum> {
+    ctx.register_udf(RowHashUdf::udf());
+    let hash = if columns.is_empty() {
+        EMPTY_ROW_HASH.to_string()
+    } else {
+        format!(
+            "{ROW_HASH_FUNCTION}({})",
+            columns
+                .iter()
+                .map(|c| ident(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let sql = format!("SELECT COUNT(*), SUM(CAST({hash} AS DECIMAL(38, 0))) FROM {table}");
+    let mut stream = run(ctx, &sql, &format!("checksum `{table}`")).await?;
+    let mut checksum = RowChecksum::default();
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| format!("cannot checksum `{table}`"))?;
+        for row in 0..batch.num_rows() {
+            let rows = batch.column(0).as_primitive::<Int64Type>().value(row);
+            let sums = batch
+                .column(1)
+                .as_primitive::<deltalake::arrow::datatypes::Decimal128Type>();
+            checksum.merge(&RowChecksum {
+                rows: u64::try_from(rows).unwrap_or(0),
+                sum: if sums.is_null(row) {
+                    0
+                } else {
+                    u128::try_from(sums.value(row)).unwrap_or(0)
+                },
+            });
+        }
+    }
+    Ok(checksum)
 }
 
 /// Key uniqueness and NOT NULL keys of the new rows, in one aggregation.

@@ -145,7 +145,49 @@ def shape_rows(shape):
     raise SystemExit(f"unknown shape {shape}")
 
 
+def rows_table(name, uri):
+    """Tables a backfill replaces by rows: written in several appends, so files hold different
+    spans of time and only some overlap a range."""
+    options = storage_options()
+    if name in ("flat", "coarse"):
+        days = [datetime.date(2025, 12, 20) + datetime.timedelta(days=d) for d in range(40)]
+        spans = [days[i : i + 8] for i in range(0, 40, 8)]
+        schema = pa.schema(
+            [("id", pa.int64()), ("amount", pa.int64()), ("event_date", pa.date32())]
+            + ([("event_month", pa.date32())] if name == "coarse" else [])
+        )
+        for n, span in enumerate(spans):
+            rows = []
+            for d, day in enumerate(span):
+                for i in range(3):
+                    row = {"id": 10000 * n + 100 * d + i, "amount": d + i + n, "event_date": day}
+                    if name == "coarse":
+                        row["event_month"] = day.replace(day=1)
+                    rows.append(row)
+            write_deltalake(
+                uri,
+                pa.Table.from_pylist(rows, schema=schema),
+                mode="append",
+                partition_by=["event_month"] if name == "coarse" else None,
+                storage_options=options,
+            )
+        return
+    if name == "flat_ts":
+        utc = datetime.timezone.utc
+        schema = pa.schema([("id", pa.int64()), ("amount", pa.int64()), ("event_ts", pa.timestamp("us", tz="UTC"))])
+        for n in range(4):
+            rows = []
+            for m in range(20):
+                t = datetime.datetime(2026, 1, 1, tzinfo=utc) + datetime.timedelta(minutes=37 * (20 * n + m))
+                rows.append({"id": 100 * n + m, "amount": m, "event_ts": t})
+            write_deltalake(uri, pa.Table.from_pylist(rows, schema=schema), mode="append", storage_options=options)
+        return
+    raise SystemExit(f"unknown table {name}")
+
+
 def shape(name, uri):
+    if name in ("flat", "coarse", "flat_ts"):
+        return rows_table(name, uri)
     rows, partition_by, types = shape_rows(name)
     fields = [] if name.startswith(("totals", "ma_")) else [pa.field("id", pa.int64()), pa.field("amount", pa.int64())]
     fields += [pa.field(c, t) for c, t in types.items()]

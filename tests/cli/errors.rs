@@ -53,7 +53,7 @@ fn bad_input_is_refused_and_changes_nothing() {
             project: None,
             args: &["backfill", "events", "--from", "FROM", "--to", "TO"],
             code: 2,
-            message: "missing field `partition_by`",
+            message: "the header sets no `partition_by`",
         },
         Case {
             name: "sql does not parse",

@@ -665,3 +665,188 @@ fn lookback_models_split_over_batches_equal_a_one_shot_recompute() {
         }
     }
 }
+
+/// Unpartitioned tables and tables partitioned coarser than the range (monthly files, a daily
+/// range) are replaced by rows (`range_column`): only files whose statistics overlap the range
+/// are rewritten, their other rows carried over exactly; every other file is untouched.
+fn tables_replaced_by_rows(store: Store) {
+    type InRange = fn(&BTreeMap<String, Value>) -> bool;
+    /// Table, `partition_by` line, columns, range column, from, to, files rewritten, in range.
+    type Case = (
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        usize,
+        InRange,
+    );
+    let cases: [Case; 3] = [
+        (
+            "flat",
+            "",
+            "event_date",
+            "event_date",
+            "2026-01-05",
+            "2026-01-09",
+            1,
+            |r| between(r, "event_date", "2026-01-05", "2026-01-09"),
+        ),
+        (
+            "coarse",
+            "partition_by = \"event_month\"\n",
+            "event_date, event_month",
+            "event_date",
+            "2026-01-05",
+            "2026-01-09",
+            1,
+            |r| between(r, "event_date", "2026-01-05", "2026-01-09"),
+        ),
+        (
+            "flat_ts",
+            "",
+            "event_ts",
+            "event_ts",
+            "2026-01-01T10",
+            "2026-01-01T14",
+            2,
+            |r| between(r, "event_ts", "2026-01-01T10:00:00", "2026-01-01T14:59:59"),
+        ),
+    ];
+    for (table, partition_by, columns, column, from, to, rewritten, in_range) in cases {
+        let mut lake = Lake::new(store);
+        lake.table(table, table);
+        lake.model(
+            "fix",
+            &format!(
+                "target = \"{table}\"\n{partition_by}range_column = \"{column}\"\n\
+                 [sources.{table}]\nwindow = \"{column}\"\n[validate]\nkey = [\"id\"]"
+            ),
+            &format!("SELECT id, amount * 2 AS amount, {columns} FROM {table}"),
+        );
+        let before = lake.rows(table);
+        let files_before = lake.files(table);
+        let report = json_ok(&lake.run(&[
+            "backfill",
+            "fix",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--batch-partitions",
+            "2",
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(report["state"], "published", "{table}: {report}");
+        let carried = report["validation"]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "carried rows unchanged")
+            .unwrap_or_else(|| panic!("{table}: {report}"))
+            .clone();
+        assert_eq!(carried["passed"], true, "{table}");
+        let key = |row: &Value| serde_json::to_string(row).unwrap();
+        let mut expected: Vec<Value> = before
+            .iter()
+            .map(|row| {
+                let map: BTreeMap<String, Value> =
+                    row.as_object().unwrap().clone().into_iter().collect();
+                let mut row = row.clone();
+                if in_range(&map) {
+                    row["amount"] = json!(row["amount"].as_i64().unwrap() * 2);
+                }
+                row
+            })
+            .collect();
+        expected.sort_by_key(key);
+        let mut after = lake.rows(table);
+        after.sort_by_key(key);
+        assert_eq!(
+            after, expected,
+            "{table}: the range's rows are fixed, every other row kept"
+        );
+        assert!(before.iter().any(|r| {
+            let map: BTreeMap<String, Value> = r.as_object().unwrap().clone().into_iter().collect();
+            in_range(&map)
+        }));
+        // Only the files whose statistics overlap the range were rewritten.
+        let files_after = lake.files(table);
+        let kept = files_before
+            .iter()
+            .filter(|(path, (size, _))| files_after.get(*path).map(|f| f.0) == Some(*size))
+            .count();
+        assert_eq!(
+            files_before.len() - kept,
+            rewritten,
+            "{table}: files rewritten"
+        );
+        // The same range again recomputes the same rows: nothing to publish.
+        let again = json_ok(&lake.run(&[
+            "backfill",
+            "fix",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(again["outcome"], "already_published", "{table}: {again}");
+        let files_now = lake.files(table);
+        assert_eq!(files_now.len(), files_after.len(), "{table}");
+    }
+}
+
+both_stores!(tables_replaced_by_rows);
+
+/// By rows, a concurrent append of a row inside the range between staging and publishing makes
+/// the publish fail (exit 4) and keeps the appended row.
+#[test]
+fn a_concurrent_append_into_a_row_range_is_not_lost() {
+    let mut lake = Lake::new(Store::Local);
+    lake.table("flat", "flat");
+    lake.model(
+        "fix",
+        "target = \"flat\"\nrange_column = \"event_date\"\n[sources.flat]\nwindow = \"event_date\"",
+        "SELECT id, amount * 2 AS amount, event_date FROM flat",
+    );
+    let staged = json_ok(&lake.run(&[
+        "backfill",
+        "fix",
+        "--from",
+        "2026-01-05",
+        "--to",
+        "2026-01-09",
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
+    let run_id = staged["run_id"].as_str().unwrap().to_string();
+    // Another writer appends a row dated inside the range.
+    let script = format!(
+        "import datetime, pyarrow as pa\nfrom deltalake import write_deltalake\n\
+         t = pa.table({{'id': [424242], 'amount': [7], 'event_date': [datetime.date(2026, 1, 6)]}}, \
+         schema=pa.schema([('id', pa.int64()), ('amount', pa.int64()), ('event_date', pa.date32())]))\n\
+         write_deltalake('{}', t, mode='append')\nimport os, sys; sys.stdout.flush(); os._exit(0)\n",
+        lake.uri("flat")
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = lake.run(&["publish", &run_id]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let rows = lake.rows("flat");
+    assert!(
+        rows.iter().any(|r| r["id"] == 424242),
+        "the appended row survives"
+    );
+}
