@@ -464,8 +464,14 @@ pub(crate) fn validation_text(validation: &Value) -> String {
         for failure in check["failures"].as_array().into_iter().flatten().take(10) {
             let _ = writeln!(out, "         {}", compact(failure));
         }
-        if !ok {
-            for row in check["sample"].as_array().into_iter().flatten() {
+        for row in check["sample"].as_array().into_iter().flatten() {
+            if let Some(column) = row["added_column"].as_str() {
+                let _ = writeln!(
+                    out,
+                    "         adds column `{column}` ({})",
+                    row["type"].as_str().unwrap_or("?")
+                );
+            } else if !ok {
                 let _ = writeln!(out, "         sample: {}", compact(row));
             }
         }

@@ -310,10 +310,13 @@ impl BackfillBuilder {
             spill_check.failures =
                 vec![json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill})];
         }
-        let extra_checks = vec![
-            CheckResult::new("schema", Vec::new(), Vec::new()),
-            spill_check,
-        ];
+        // Columns the model adds are reported with the schema check (they pass it on purpose).
+        let added: Vec<serde_json::Value> = report
+            .added_columns
+            .iter()
+            .map(|c| json!({"added_column": c.name, "type": c.delta_type}))
+            .collect();
+        let extra_checks = vec![CheckResult::new("schema", Vec::new(), added), spill_check];
         let validation = self
             .interruptible(run_validation(
                 plan,
@@ -552,6 +555,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         allow_spill: report.allow_spill.clone(),
         reason: report.reason.clone(),
         affected_files: report.affected_files.clone(),
+        added_columns: report.added_columns.clone(),
         planned_batches: report
             .batches
             .iter()
@@ -720,9 +724,22 @@ async fn run_validation(
     let layout = &journal.layout;
     let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
     let adds: Vec<_> = journal.staged_files().cloned().collect();
+    let write_schema = match &plan.write_schema {
+        Some(schema) => Arc::clone(schema),
+        None => plan
+            .target
+            .snapshot()
+            .map_err(|source| Error::Delta {
+                context: "cannot read the target's snapshot".into(),
+                source: Box::new(source),
+            })?
+            .snapshot()
+            .arrow_schema(),
+    };
     let staged = StagedTable::register_store(
         &ctx,
         &plan.target,
+        &write_schema,
         &layout.partition_columns,
         &adds,
         &journal.run_id,

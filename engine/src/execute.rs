@@ -37,7 +37,7 @@ use indexmap::IndexMap;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
 use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues, TimeEncoding};
-use crate::plan::{BackfillPlan, BatchPlan, PlannedSource};
+use crate::plan::{AddedColumn, BackfillPlan, BatchPlan, PlannedSource};
 use crate::resources::Resources;
 use crate::rowhash::{RowChecksum, hash_rows};
 use crate::throttle::{Throttle, ThrottledStore};
@@ -59,12 +59,16 @@ pub(crate) struct StageOptions {
 
 /// Plans the model for the first batch and checks its output against the target's schema:
 /// names every column that differs. Reads no data.
-pub(crate) async fn check_model(plan: &BackfillPlan) -> Result<()> {
+///
+/// Returns the schema staged files are written with: the target's, plus the nullable columns the
+/// model adds when its header says `schema = "add-columns"`.
+pub(crate) async fn check_model(plan: &BackfillPlan) -> Result<(SchemaRef, Vec<AddedColumn>)> {
+    let table = target_schema(plan)?;
     let Some(first) = plan.report.batches.first() else {
-        return Ok(());
+        return Ok((Arc::new(table), Vec::new()));
     };
     let (_ctx, df) = batch_dataframe(plan, first, &Resources::new(None)).await?;
-    check_schema(plan, df.schema().as_arrow(), &target_schema(plan)?)
+    check_schema(plan, df.schema().as_arrow(), &table)
 }
 
 /// Stages every batch not in `skip`.
@@ -104,6 +108,9 @@ pub(crate) async fn stage(
 }
 
 fn target_schema(plan: &BackfillPlan) -> Result<Schema> {
+    if let Some(schema) = &plan.write_schema {
+        return Ok(schema.as_ref().clone());
+    }
     let snapshot = plan
         .target
         .snapshot()
@@ -258,7 +265,12 @@ fn window_periods(
 }
 
 /// Compares the model's output with the target schema; names every column that differs.
-fn check_schema(plan: &BackfillPlan, output: &Schema, target: &Schema) -> Result<()> {
+/// Extra columns are refused unless the model adds columns, then they are added (nullable).
+fn check_schema(
+    plan: &BackfillPlan,
+    output: &Schema,
+    target: &Schema,
+) -> Result<(SchemaRef, Vec<AddedColumn>)> {
     let mut problems = Vec::new();
     for field in target.fields() {
         match output.field_with_name(field.name()) {
@@ -278,17 +290,39 @@ fn check_schema(plan: &BackfillPlan, output: &Schema, target: &Schema) -> Result
             Ok(_) => {}
         }
     }
+    let mut fields: Vec<Arc<deltalake::arrow::datatypes::Field>> =
+        target.fields().iter().map(Arc::clone).collect();
+    let mut added = Vec::new();
     for field in output.fields() {
-        if target.field_with_name(field.name()).is_err() {
+        if target.field_with_name(field.name()).is_ok() {
+            continue;
+        }
+        if !plan.model.adds_columns() {
             problems.push(format!(
-                "  extra column `{}` ({}), which the table does not have",
+                "  extra column `{}` ({}), which the table does not have (`schema = \"add-columns\"` in the header adds it)",
                 field.name(),
                 field.data_type()
             ));
+            continue;
+        }
+        let data_type = normalize(field.data_type());
+        match crate::protocol::delta_type(&data_type, &plan.report.protocol) {
+            Ok(delta_type) => {
+                added.push(AddedColumn {
+                    name: field.name().clone(),
+                    delta_type,
+                });
+                fields.push(Arc::new(deltalake::arrow::datatypes::Field::new(
+                    field.name(),
+                    data_type,
+                    true,
+                )));
+            }
+            Err(message) => problems.push(format!("  new column `{}`: {message}", field.name())),
         }
     }
     if problems.is_empty() {
-        Ok(())
+        Ok((Arc::new(Schema::new(fields)), added))
     } else {
         Err(Error::SchemaMismatch {
             model: format!("{}@{}", plan.model.name(), plan.model.version()),

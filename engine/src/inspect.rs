@@ -605,9 +605,15 @@ pub async fn diff(
                     searched: vec![table.to_string()],
                 })?;
             let adds: Vec<_> = journal.staged_files().cloned().collect();
+            let latest_schema = latest
+                .snapshot()
+                .delta_context(|| "cannot read the snapshot".into())?
+                .snapshot()
+                .arrow_schema();
             let staged = StagedTable::register_store(
                 &ctx,
                 &latest,
+                &latest_schema,
                 &journal.layout.partition_columns,
                 &adds,
                 run_id,

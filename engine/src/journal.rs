@@ -70,6 +70,9 @@ pub struct Journal {
     pub allow_spill: Option<String>,
     /// Reason given for the run.
     pub reason: Option<String>,
+    /// Nullable columns the publish adds to the table's schema.
+    #[serde(default)]
+    pub added_columns: Vec<crate::plan::AddedColumn>,
     /// By rows (`range_column`): the files the publish removes (their other rows are carried
     /// into the staged files).
     #[serde(default)]

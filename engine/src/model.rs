@@ -47,6 +47,10 @@ pub struct ModelHeader {
     /// from the values when absent.
     #[serde(default)]
     pub format: Option<String>,
+    /// `strict` (the default): the model writes exactly the table's columns; `add-columns`: it
+    /// may add nullable columns, which the publish adds to the table's schema.
+    #[serde(default)]
+    pub schema: Option<String>,
     /// For an unpartitioned table, or one partitioned coarser than the range: the time column
     /// whose rows the range replaces (files overlapping the range are rewritten, their other
     /// rows carried over).
@@ -237,6 +241,14 @@ impl Model {
                 "set `partition_by` to the target table's partition column, or a list of them",
             ));
         }
+        if let Some(mode) = &header.schema
+            && !matches!(mode.as_str(), "strict" | "add-columns")
+        {
+            return Err(model_error(
+                format!("`schema = \"{mode}\"` is not a schema mode"),
+                "write `schema = \"strict\"` (the default) or `schema = \"add-columns\"`",
+            ));
+        }
         let grain_hint = "write `grain = \"hour\"`, `\"day\"`, `\"month\"` or `\"year\"`";
         if let Some(grain) = &header.grain
             && crate::time::Grain::parse(grain).is_none()
@@ -308,6 +320,11 @@ impl Model {
     /// Returns the SELECT statement.
     pub fn sql(&self) -> &str {
         &self.sql
+    }
+
+    /// Returns whether the model may add columns to the target.
+    pub(crate) fn adds_columns(&self) -> bool {
+        self.header.schema.as_deref() == Some("add-columns")
     }
 
     /// Returns the declared grain of the target's time partitions, if any.

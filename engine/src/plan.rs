@@ -536,16 +536,20 @@ impl PlanBuilder {
             publish_sequence,
             protocol,
             affected_files,
+            added_columns: Vec::new(),
         };
-        let plan = BackfillPlan {
+        let mut plan = BackfillPlan {
             report,
             model,
             rules,
             target,
             sources,
+            write_schema: None,
         };
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
-        crate::execute::check_model(&plan).await?;
+        let (write_schema, added_columns) = crate::execute::check_model(&plan).await?;
+        plan.write_schema = Some(write_schema);
+        plan.report.added_columns = added_columns;
         Ok(plan)
     }
 }
@@ -567,6 +571,8 @@ pub struct BackfillPlan {
     pub(crate) rules: ValidationRules,
     pub(crate) target: DeltaTable,
     pub(crate) sources: Vec<PlannedSource>,
+    /// The schema staged files are written with (the target's, plus added columns).
+    pub(crate) write_schema: Option<deltalake::arrow::datatypes::SchemaRef>,
 }
 
 impl BackfillPlan {
@@ -711,6 +717,18 @@ pub struct PlanReport {
     /// By rows (`range_column`): the files the backfill rewrites, chosen by their statistics.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub affected_files: Vec<String>,
+    /// Nullable columns the model adds to the table (`schema = "add-columns"`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub added_columns: Vec<AddedColumn>,
+}
+
+/// A column a model adds to its target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct AddedColumn {
+    /// The column's name.
+    pub name: String,
+    /// Its Delta type, e.g. `long`.
+    pub delta_type: String,
 }
 
 /// Current state of one affected partition, from the Delta log.

@@ -61,7 +61,6 @@ fn supported(name: &str) -> Option<&'static str> {
             "supported: deleted rows are never read, files with them are removed whole"
         }
         "timestampNtz" | "timestampWithoutTimezone" => "supported",
-        "typeWidening" | "typeWidening-preview" => "supported: reads at the current types",
         "v2Checkpoint" => "supported",
         "vacuumProtocolCheck" => "supported",
         "checkpointProtection" => {
@@ -172,6 +171,13 @@ impl TableProtocol {
                         "backfill a copy of the table without column mapping; writing column-mapped tables is not supported yet",
                     ));
                 }
+                "typeWidening" | "typeWidening-preview" => {
+                    return Err(refuse(
+                        feature,
+                        "column types of the table were widened, and delta-rs 1.1 (which lakefill is built on) cannot read such tables",
+                        "backfill a copy of the table without type widening",
+                    ));
+                }
                 "identityColumns" => {
                     return Err(refuse(
                         "identityColumns",
@@ -240,6 +246,46 @@ impl TableProtocol {
             rules,
         })
     }
+}
+
+/// The Delta type of a column a model adds, for the table's schema; refused when the table's
+/// protocol does not allow it (a `TIMESTAMP_NTZ` without the `timestampNtz` feature).
+pub(crate) fn delta_type(
+    data_type: &deltalake::arrow::datatypes::DataType,
+    protocol: &TableProtocol,
+) -> std::result::Result<String, String> {
+    use deltalake::arrow::datatypes::{DataType, TimeUnit};
+    Ok(match data_type {
+        DataType::Boolean => "boolean".into(),
+        DataType::Int8 => "byte".into(),
+        DataType::Int16 => "short".into(),
+        DataType::Int32 => "integer".into(),
+        DataType::Int64 => "long".into(),
+        DataType::Float32 => "float".into(),
+        DataType::Float64 => "double".into(),
+        DataType::Utf8 => "string".into(),
+        DataType::Binary => "binary".into(),
+        DataType::Date32 => "date".into(),
+        DataType::Decimal128(precision, scale) if *scale >= 0 => {
+            format!("decimal({precision},{scale})")
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, Some(_)) => "timestamp".into(),
+        DataType::Timestamp(TimeUnit::Microsecond, None) => {
+            if !protocol
+                .features
+                .iter()
+                .any(|f| f.name == "timestampNtz" || f.name == "timestampWithoutTimezone")
+            {
+                return Err("a TIMESTAMP without time zone needs the table feature `timestampNtz`, which the table does not have; CAST it to a TIMESTAMP".into());
+            }
+            "timestamp_ntz".into()
+        }
+        other => {
+            return Err(format!(
+                "lakefill cannot add a column of type {other}; CAST it to a boolean, integer, floating point, decimal, string, binary, date or timestamp"
+            ));
+        }
+    })
 }
 
 /// The SQL of a column invariant: `{"expression": {"expression": "x > 3"}}` in the field's

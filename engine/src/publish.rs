@@ -69,6 +69,36 @@ pub(crate) fn commit_metadata(journal: &Journal) -> Value {
     })
 }
 
+/// The table's metadata with the run's added columns (nullable) at the end of its schema.
+fn added_columns_metadata(
+    snapshot: &deltalake::table::state::DeltaTableState,
+    journal: &Journal,
+) -> Result<deltalake::kernel::Metadata> {
+    use deltalake::kernel::MetadataExt as _;
+    let metadata = snapshot.metadata();
+    let mut schema: Value = serde_json::from_str(metadata.schema_string())
+        .map_err(|e| Error::Internal(format!("the table's schema is not JSON: {e}")))?;
+    let fields = schema["fields"]
+        .as_array_mut()
+        .ok_or_else(|| Error::Internal("the table's schema has no fields".into()))?;
+    for column in &journal.added_columns {
+        fields.push(json!({
+            "name": column.name,
+            "type": column.delta_type,
+            "nullable": true,
+            "metadata": {},
+        }));
+    }
+    let schema: deltalake::kernel::StructType = serde_json::from_value(schema)
+        .map_err(|e| Error::Internal(format!("the widened schema is not valid: {e}")))?;
+    metadata.clone().with_schema(&schema).map_err(|e| {
+        Error::Internal(format!(
+            "cannot add columns to the schema of `{}`: {e}",
+            journal.target
+        ))
+    })
+}
+
 /// Directory of the published model versions under a table's root.
 const MODELS_DIR: &str = "_lakefill/models";
 
@@ -158,6 +188,10 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .map(|file| Action::Remove(file.remove_action(true)))
         .collect();
     actions.extend(journal.staged_files().cloned().map(Action::Add));
+    if !journal.added_columns.is_empty() {
+        // The added columns join the schema in the same commit; earlier versions keep theirs.
+        actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
+    }
 
     // The range as the operation's predicate, so the conflict checker fails the commit when a
     // concurrent one touched the range (and keeps commits elsewhere).

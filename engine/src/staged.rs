@@ -41,22 +41,18 @@ pub(crate) struct StagedTable {
 }
 
 impl StagedTable {
-    /// Builds the table over `adds` of `target` (partitioned by `partition_columns`) and
-    /// registers the store it reads from in `ctx`.
+    /// Builds the table over `adds` of `target` (with the schema `table_schema`, partitioned by
+    /// `partition_columns`) and registers the store it reads from in `ctx`.
     ///
     /// `key` names the staged set (a run id); it must be unique within `ctx`.
     pub(crate) fn register_store(
         ctx: &SessionContext,
         target: &DeltaTable,
+        table_schema: &Schema,
         partition_columns: &[String],
         adds: &[Add],
         key: &str,
     ) -> Result<Self> {
-        let snapshot = target.snapshot().map_err(|source| Error::Delta {
-            context: "cannot read the target's snapshot".into(),
-            source: Box::new(source),
-        })?;
-        let table_schema = snapshot.snapshot().arrow_schema();
         // Nullable, as staging writes them: validation finds NULLs in NOT NULL columns.
         let nullable = |f: &Field| Arc::new(f.clone().with_nullable(true));
         let partition_fields: Vec<Arc<Field>> = partition_columns

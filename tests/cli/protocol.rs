@@ -276,6 +276,7 @@ fn unsupported_features_are_refused_before_anything_is_staged() {
         (FeatureProject::new("column_mapping"), "columnMapping"),
         (FeatureProject::new("append_only"), "appendOnly"),
         (with_writer_feature("rowTracking"), "rowTracking"),
+        (with_reader_writer_feature("typeWidening"), "typeWidening"),
         (
             with_writer_feature("someFutureFeature"),
             "someFutureFeature",
@@ -308,6 +309,19 @@ fn unsupported_features_are_refused_before_anything_is_staged() {
             "{feature}: nothing staged"
         );
     }
+}
+
+/// A plain python table whose protocol names `feature` as a reader and writer feature.
+fn with_reader_writer_feature(feature: &str) -> FeatureProject {
+    let project = FeatureProject::new("plain");
+    let log = project.path().join("t/_delta_log");
+    let next = next_version(&log);
+    let commit = [
+        json!({"commitInfo": {"timestamp": 1_767_225_600_000_i64, "operation": "UPGRADE PROTOCOL", "operationParameters": {}}}),
+        json!({"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [feature], "writerFeatures": [feature]}}),
+    ];
+    write_commit(&log, next, &commit);
+    project
 }
 
 /// A plain python table whose protocol was upgraded to writer version 7 with `feature` named.
@@ -557,4 +571,66 @@ fn a_commit_whose_response_is_lost_is_reported_as_published() {
     let runs = json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
     assert_eq!(runs[0]["state"], "published");
     assert_eq!(runs[0]["published_version"], before + 1);
+}
+
+/// `schema = "add-columns"` lets a fix add a nullable column: one metadata action in the same
+/// commit, python reads it (NULL outside the range), earlier versions keep the old schema, and a
+/// strict model with the same extra column is refused before anything is staged.
+#[test]
+fn a_fix_may_add_nullable_columns_when_it_says_so() {
+    let project = FeatureProject::new("plain");
+    let header = "/*\ntarget = \"t\"\npartition_by = \"event_date\"\n{mode}[sources.t]\nwindow = \"event_date\"\n*/\n";
+    let sql = "SELECT event_id, amount_cents, event_date, amount_cents / 10 AS tip_cents FROM t WHERE event_date BETWEEN $start AND $end\n";
+    for (name, mode) in [("strict", ""), ("adds", "schema = \"add-columns\"\n")] {
+        let dir = project.path().join("sql").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("v1.sql"), header.replace("{mode}", mode) + sql).unwrap();
+    }
+    let files = project.files();
+    let out = project.backfill("strict", &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("extra column `tip_cents`") && err.contains("add-columns"),
+        "{err}"
+    );
+    assert!(project.files() == files, "nothing staged");
+
+    let report: Value = serde_json::from_slice(
+        &project
+            .backfill("adds", &["--output-format", "json"])
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(report["state"], "published", "{report}");
+    let schema_check = &report["validation"]["checks"][0];
+    assert_eq!(
+        schema_check["sample"][0]["added_column"], "tip_cents",
+        "{schema_check}"
+    );
+    let rows = project.python_rows();
+    for row in &rows {
+        let in_range = row["event_date"].as_str().unwrap() <= "2026-01-02";
+        let expected = if in_range {
+            json!(row["amount_cents"].as_i64().unwrap() / 10)
+        } else {
+            Value::Null
+        };
+        assert_eq!(row["tip_cents"], expected, "{row}");
+    }
+    // The version before the backfill still has the old schema.
+    let published = report["published_version"].as_u64().unwrap();
+    let script = format!(
+        "from deltalake import DeltaTable\nimport os, sys\nprint([f.name for f in DeltaTable('{}', version={}).schema().fields])\nsys.stdout.flush(); os._exit(0)\n",
+        project.path().join("t").display(),
+        published - 1
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "['event_id', 'amount_cents', 'event_date']"
+    );
 }
