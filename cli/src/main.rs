@@ -95,15 +95,34 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
-        // The Delta kernel logs every error it creates; lakefill reports the ones that matter.
-        0 => "warn,delta_kernel=off,buoyant_kernel=off",
-        1 => "warn,lakefill=debug",
+        // By default only lakefill's own warnings: the libraries' (delta-rs, DataFusion, the
+        // Delta kernel, which logs every error it creates) are lakefill's to report or not.
+        0 => "off,lakefill=warn",
+        1 => "warn,delta_kernel=off,buoyant_kernel=off,lakefill=debug",
         _ => "info,lakefill=trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
+        .with_writer(|| MaskingStderr)
+        .with_ansi(colour)
+        .with_target(verbose > 0)
         .init();
+}
+
+/// stderr for log lines, with secrets masked.
+struct MaskingStderr;
+
+impl std::io::Write for MaskingStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = lakefill::mask_secrets(&String::from_utf8_lossy(buf));
+        std::io::stderr().write_all(text.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }

@@ -71,9 +71,11 @@ impl Printer {
         RESULT_PRINTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut stdout = std::io::stdout().lock();
         match self.format {
-            OutputFormat::Text => stdout.write_all(text.as_bytes())?,
+            OutputFormat::Text => stdout.write_all(safe_text(text).as_bytes())?,
             OutputFormat::Json => {
-                serde_json::to_writer_pretty(&mut stdout, value)?;
+                // JSON stays exact (its encoder escapes control characters); secrets still go.
+                let document = serde_json::to_string_pretty(value)?;
+                stdout.write_all(lakefill::mask_secrets(&document).as_bytes())?;
                 stdout.write_all(b"\n")?;
             }
         }
@@ -84,7 +86,7 @@ impl Printer {
     /// Prints a status line on stderr, unless `-q`.
     pub(crate) fn status(&self, line: &str) {
         if !self.quiet {
-            eprintln!("{line}");
+            eprintln!("{}", safe_text(line));
         }
     }
 
@@ -107,7 +109,7 @@ impl Printer {
         if let Some(hint) = &failure.hint {
             let _ = write!(out, "\nhint: {hint}\n");
         }
-        eprint!("{out}");
+        eprint!("{}", safe_text(&out));
         if self.format == OutputFormat::Json
             && !RESULT_PRINTED.load(std::sync::atomic::Ordering::SeqCst)
         {
@@ -120,11 +122,34 @@ impl Printer {
                 "state": failure.state,
             });
             let mut stdout = std::io::stdout().lock();
-            let _ = serde_json::to_writer_pretty(&mut stdout, &document);
+            if let Ok(document) = serde_json::to_string_pretty(&document) {
+                let _ = stdout.write_all(lakefill::mask_secrets(&document).as_bytes());
+            }
             let _ = stdout.write_all(b"\n");
             let _ = stdout.flush();
         }
     }
+}
+
+/// Text for a terminal: secrets masked, and control characters (an escape sequence in a reason
+/// another writer put in the log) shown escaped instead of acted on. Newlines and tabs stay.
+pub(crate) fn safe_text(text: &str) -> String {
+    let masked = lakefill::mask_secrets(text);
+    if !masked
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return masked;
+    }
+    let mut out = String::with_capacity(masked.len());
+    for c in masked.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Renders a plan for people.

@@ -99,9 +99,18 @@ impl Project {
     }
 
     fn from_toml(root: &Path, path: &Path, text: &str) -> Result<Self> {
-        let raw: RawProject = toml::from_str(text).map_err(|source| Error::ConfigParse {
-            path: path.to_path_buf(),
-            source,
+        let raw: RawProject = toml::from_str(text).map_err(|source| {
+            // The parser quotes the offending line, which may hold a secret: keep only where.
+            let offset = source.span().map_or(0, |span| span.start).min(text.len());
+            let before = &text[..offset];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            Error::ConfigParse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: source.message().trim().replace('\n', "; "),
+            }
         })?;
         if let Some(0) = raw.defaults.batch_partitions {
             return Err(Error::ConfigValue {
@@ -135,6 +144,14 @@ impl Project {
                 let value = expand_env(value, &format!("tables.{name}.storage.{key}"))?;
                 storage_options.insert(key.clone(), value);
             }
+            // Secrets are masked by value wherever they would show (see `secrets`).
+            for (key, value) in &storage_options {
+                if is_secret_option(key) {
+                    crate::secrets::register(value);
+                }
+                crate::secrets::register_url_credentials(value);
+            }
+            crate::secrets::register_url_credentials(&table.uri);
             tables.insert(
                 name.clone(),
                 TableConfig {

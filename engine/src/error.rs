@@ -30,13 +30,16 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `lakefill.toml` is not valid TOML or does not have the expected shape.
-    #[error("invalid project file `{}`", path.display())]
+    #[error("invalid project file `{}` at line {line}, column {column}: {message}", path.display())]
     ConfigParse {
         /// The project file.
         path: PathBuf,
-        /// The parser's error, with line and column.
-        #[source]
-        source: toml::de::Error,
+        /// The line of the problem (1-based).
+        line: usize,
+        /// The column of the problem (1-based).
+        column: usize,
+        /// What the parser says (without quoting the line, which may hold a secret).
+        message: String,
     },
     /// A value in `lakefill.toml` is not acceptable.
     #[error("invalid value for `{field}` in `{}`: {message}", path.display())]

@@ -167,10 +167,12 @@ impl Journal {
         lease.check()?;
         self.updated_at = now();
         let path = Self::path(&self.run_id);
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| Error::Journal {
+        let text = serde_json::to_string_pretty(self).map_err(|e| Error::Journal {
             path: path.to_string(),
             message: e.to_string(),
         })?;
+        // Error messages may quote a location with credentials: never store a secret.
+        let bytes = crate::secrets::mask(&text).into_bytes();
         store
             .put(&path, PutPayload::from(bytes))
             .await

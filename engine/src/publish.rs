@@ -205,9 +205,13 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             .then(|| layout.partition_columns.clone()),
         predicate: Some(predicate),
     };
-    let metadata = commit_metadata(journal);
-    let user_metadata =
-        serde_json::to_string(&metadata).map_err(|e| Error::Internal(format!("metadata: {e}")))?;
+    // The metadata is public: whatever it quotes (a reason, sample values) is masked.
+    let user_metadata = crate::secrets::mask(
+        &serde_json::to_string(&commit_metadata(journal))
+            .map_err(|e| Error::Internal(format!("metadata: {e}")))?,
+    );
+    let metadata: Value = serde_json::from_str(&user_metadata)
+        .map_err(|e| Error::Internal(format!("metadata: {e}")))?;
     let properties = CommitProperties::default()
         .with_metadata([
             ("lakefill".to_string(), metadata),

@@ -1,0 +1,139 @@
+//! Secrets never show: masking by value, wherever a secret would otherwise appear.
+//!
+//! Storage options hold credentials, and so may URLs (`http://user:pass@host`, `s3://user:pass@`).
+//! Masking by key name alone misses an endpoint with credentials, or a uri in an error message.
+//! So the project loader [`register`]s every secret value it sees (values of secret-named options,
+//! the user and password of every URL), and everything lakefill prints, logs or writes passes
+//! through [`mask`], which replaces each registered value, and any URL userinfo at all, with
+//! `****`. The registry is process-wide: a value is a secret for as long as the process runs.
+
+use std::collections::BTreeSet;
+use std::sync::{LazyLock, RwLock};
+
+/// What a masked secret looks like.
+pub const MASK: &str = "****";
+
+/// Values shorter than this are not masked: masking every `a` would make output unreadable, and
+/// such values are not secrets worth the name.
+const SHORTEST: usize = 4;
+
+static SECRETS: LazyLock<RwLock<BTreeSet<String>>> = LazyLock::new(|| RwLock::new(BTreeSet::new()));
+
+/// Registers `value` as a secret (and its forms escaped in JSON and percent-encoded in URLs).
+pub(crate) fn register(value: &str) {
+    let value = value.trim();
+    if value.chars().count() < SHORTEST {
+        return;
+    }
+    let json = serde_json::to_string(value).unwrap_or_default();
+    let json = json.trim_matches('"').to_string();
+    let encoded = url::form_urlencoded::byte_serialize(value.as_bytes()).collect::<String>();
+    if let Ok(mut secrets) = SECRETS.write() {
+        for form in [value.to_string(), json, encoded] {
+            if form.chars().count() >= SHORTEST {
+                secrets.insert(form);
+            }
+        }
+    }
+}
+
+/// Registers the user and password of `text` if it is a URL with credentials.
+pub(crate) fn register_url_credentials(text: &str) {
+    if let Ok(url) = url::Url::parse(text.trim()) {
+        if !url.username().is_empty() {
+            register(url.username());
+            if let Ok(decoded) = percent_decode(url.username()) {
+                register(&decoded);
+            }
+        }
+        if let Some(password) = url.password() {
+            register(password);
+            if let Ok(decoded) = percent_decode(password) {
+                register(&decoded);
+            }
+        }
+    }
+}
+
+fn percent_decode(text: &str) -> std::result::Result<String, std::string::FromUtf8Error> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out)
+}
+
+/// `text` with every registered secret, and the userinfo of every URL, replaced by `****`.
+pub fn mask(text: &str) -> String {
+    let mut out = mask_userinfo(text);
+    if let Ok(secrets) = SECRETS.read() {
+        // Longest first, so a secret that contains another is masked whole.
+        let mut ordered: Vec<&String> = secrets.iter().collect();
+        ordered.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        for secret in ordered {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), MASK);
+            }
+        }
+    }
+    out
+}
+
+/// Replaces `user:password@` (or `user@`) after every `scheme://` with `****@`.
+fn mask_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The authority ends at the first `/`, `?`, `#`, whitespace or quote.
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                out.push_str(MASK);
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_credentials_and_registered_values_their_text() {
+        assert_eq!(
+            mask("cannot reach http://user:hunter22@127.0.0.1:9000/x and s3://key@bucket/t"),
+            "cannot reach http://****@127.0.0.1:9000/x and s3://****@bucket/t"
+        );
+        assert_eq!(mask("plain s3://bucket/t"), "plain s3://bucket/t");
+        register("sekret-value-123");
+        assert_eq!(mask("a sekret-value-123 b"), "a **** b");
+        register("ab");
+        assert_eq!(mask("ab cab"), "ab cab", "short values are not masked");
+        register("quo\"te-secret");
+        assert_eq!(mask(r#"{"v": "quo\"te-secret"}"#), r#"{"v": "****"}"#);
+        register_url_credentials("http://alice:p%40ss-w0rd@host:1");
+        // The user of a URL's userinfo is masked too (often an access key id).
+        assert_eq!(mask("p@ss-w0rd and alice"), "**** and ****");
+    }
+}
