@@ -45,6 +45,10 @@ pub(crate) enum OutputFormat {
 pub(crate) enum Command {
     /// Build a small local lake with a real timezone bug and walk through fixing it.
     Demo(DemoArgs),
+    /// Write a starter `lakefill.toml` (and an identity model for each `--table`).
+    Init(InitArgs),
+    /// Print shell completions (bash, zsh, fish, ...) to stdout.
+    Completions(CompletionsArgs),
     /// Show what a backfill would read and replace, without writing anything.
     Plan(PlanArgs),
     /// Stage, validate and publish a backfill as one Delta commit.
@@ -84,6 +88,24 @@ pub(crate) struct DemoArgs {
     pub(crate) s3: Option<String>,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct InitArgs {
+    /// Directory of the new project [default: the current directory].
+    #[arg(value_name = "DIR")]
+    pub(crate) dir: Option<PathBuf>,
+    /// An existing Delta table to declare, with an identity model written from its schema and
+    /// partitioning (repeatable), e.g. `events=lake/events` or `events=s3://bucket/events`.
+    #[arg(long = "table", value_name = "NAME=URI")]
+    pub(crate) tables: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
+}
+
 /// What to backfill: the model and the range.
 #[derive(Debug, Args)]
 pub(crate) struct ScopeArgs {
@@ -107,6 +129,10 @@ pub(crate) struct ScopeArgs {
     /// Drop rows the model produces for partitions outside the range, instead of failing.
     #[arg(long, value_enum, value_name = "POLICY")]
     pub(crate) allow_spill: Option<SpillPolicy>,
+    /// The most partitions the range may have; a larger range is refused as a likely typo
+    /// [default: 10000].
+    #[arg(long, value_name = "N", value_parser = at_least_one_u64)]
+    pub(crate) max_partitions: Option<u64>,
     /// Also replace the partition whose time is NULL (computed by one more batch over the whole
     /// range, keeping only the rows with a NULL time) [default: it is left untouched].
     #[arg(long)]
@@ -114,6 +140,11 @@ pub(crate) struct ScopeArgs {
     /// Why this backfill runs; recorded in the commit [default: the model header's `reason`].
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+}
+
+/// Parses a count that must be at least 1.
+fn at_least_one_u64(text: &str) -> Result<u64, String> {
+    at_least_one(text).map(|n| n as u64)
 }
 
 /// Parses a count that must be at least 1.

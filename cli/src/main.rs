@@ -13,7 +13,25 @@ use tracing_subscriber::EnvFilter;
 use crate::args::{Cli, Command};
 use crate::printer::{Failure, Printer};
 
+/// Stack of the thread that plans queries: deep SQL (a 20,000-item `IN` list) recurses deeply
+/// in the planner and optimizer. The memory is reserved, not used, until a query needs it.
+const PLANNING_STACK: usize = 512 * 1024 * 1024;
+
+/// Stack of the runtime's worker threads, which execute plans.
+const WORKER_STACK: usize = 64 * 1024 * 1024;
+
 fn main() -> ExitCode {
+    match std::thread::Builder::new()
+        .name("lakefill".into())
+        .stack_size(PLANNING_STACK)
+        .spawn(lakefill_main)
+    {
+        Ok(handle) => handle.join().unwrap_or(ExitCode::from(1)),
+        Err(_) => lakefill_main(),
+    }
+}
+
+fn lakefill_main() -> ExitCode {
     let cli = Cli::parse();
     let printer = Printer::new(
         cli.global.output_format,
@@ -23,6 +41,7 @@ fn main() -> ExitCode {
     init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(WORKER_STACK)
         .build()
     {
         Ok(runtime) => runtime,
@@ -65,6 +84,8 @@ fn main() -> ExitCode {
 async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
     match &cli.command {
         Command::Demo(args) => commands::demo::run(args, printer).await,
+        Command::Init(args) => commands::init::run(args, printer).await,
+        Command::Completions(args) => printer.completions(args.shell),
         Command::Plan(args) => commands::plan::run(&cli.global, args, printer).await,
         Command::Backfill(args) => commands::backfill::run(&cli.global, args, printer).await,
         Command::Runs(args) => commands::runs::list(&cli.global, args, printer).await,

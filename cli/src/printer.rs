@@ -83,6 +83,16 @@ impl Printer {
         Ok(())
     }
 
+    /// Prints shell completions for `lakefill` on stdout.
+    pub(crate) fn completions(&self, shell: clap_complete::Shell) -> anyhow::Result<()> {
+        use clap::CommandFactory as _;
+        let mut command = crate::args::Cli::command();
+        let mut stdout = std::io::stdout().lock();
+        clap_complete::generate(shell, &mut command, "lakefill", &mut stdout);
+        stdout.flush()?;
+        Ok(())
+    }
+
     /// Prints a status line on stderr, unless `-q`.
     pub(crate) fn status(&self, line: &str) {
         if !self.quiet {
@@ -204,12 +214,13 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  range         {} ..= {} ({} partitions, {} batches of up to {})",
+        "  range         {} ..= {} ({} partitions, {} batches of up to {}; at most {} without `--max-partitions`)",
         plan.range.from,
         plan.range.to,
         plan.partitions.len(),
         plan.batches.len(),
-        plan.batch_partitions
+        plan.batch_partitions,
+        plan.max_partitions
     );
     for note in &plan.range_notes {
         let _ = writeln!(out, "  rounded       {note}");

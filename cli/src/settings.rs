@@ -31,6 +31,7 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
             .with_source_versions(versions)
             .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
             .with_include_null(scope.include_null)
+            .with_max_partitions(scope.max_partitions)
             .with_reason(scope.reason.clone()),
     )
 }

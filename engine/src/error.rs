@@ -20,6 +20,12 @@ pub enum Error {
         /// Directory the search started from.
         start: PathBuf,
     },
+    /// `init` found a project where it was to write one.
+    #[error("`{}` already exists; init never overwrites a project", path.display())]
+    ProjectExists {
+        /// The existing project file.
+        path: PathBuf,
+    },
     /// A file of the project could not be read.
     #[error("cannot read `{}`", path.display())]
     ReadFile {
@@ -125,6 +131,56 @@ pub enum Error {
         /// The error delta-rs reported.
         #[source]
         source: Box<DeltaTableError>,
+    },
+    /// The range has more partitions than a run may replace without saying so.
+    #[error(
+        "the range {range} has {count} {grain} partitions, more than the {max} a run replaces unless told to"
+    )]
+    TooManyPartitions {
+        /// The range.
+        range: String,
+        /// Its partitions.
+        count: u64,
+        /// The limit.
+        max: u64,
+        /// Their grain.
+        grain: crate::time::Grain,
+    },
+    /// A version was asked for that the table does not have.
+    #[error("table `{table}` has no version {version}: its latest version is {latest}")]
+    NoSuchVersion {
+        /// The table.
+        table: String,
+        /// The version asked for.
+        version: u64,
+        /// Its latest version.
+        latest: u64,
+    },
+    /// A time was asked for before the table's first commit.
+    #[error("table `{table}` did not exist at {at}: its first commit is from {first}")]
+    BeforeHistory {
+        /// The table.
+        table: String,
+        /// The time asked for.
+        at: String,
+        /// When its first commit was made.
+        first: String,
+    },
+    /// A query of `lakefill sql` failed.
+    #[error("the query cannot run")]
+    Sql {
+        /// DataFusion's error.
+        #[source]
+        source: Box<DataFusionError>,
+    },
+    /// A `[[validate.checks]]` query of a model failed.
+    #[error("check `{name}` cannot run")]
+    Check {
+        /// The check's name.
+        name: String,
+        /// DataFusion's error.
+        #[source]
+        source: Box<DataFusionError>,
     },
     /// A table's location does not hold a Delta table.
     #[error("table `{table}` at `{uri}` is not a Delta table")]
@@ -372,6 +428,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::ProjectNotFound { .. }
+            | Error::ProjectExists { .. }
             | Error::ConfigParse { .. }
             | Error::ConfigValue { .. }
             | Error::MissingEnv { .. }
@@ -387,7 +444,12 @@ impl Error {
             Error::UnknownRun { .. }
             | Error::RunState { .. }
             | Error::ModelEdited { .. }
-            | Error::UnsupportedFeature { .. } => 2,
+            | Error::UnsupportedFeature { .. }
+            | Error::NoSuchVersion { .. }
+            | Error::TooManyPartitions { .. }
+            | Error::BeforeHistory { .. }
+            | Error::Sql { .. }
+            | Error::Check { .. } => 2,
             Error::ValidationFailed { .. } => 3,
             Error::Conflict { .. } | Error::RunBusy { .. } | Error::LeaseLost { .. } => 4,
             Error::Interrupted => 130,
@@ -414,6 +476,9 @@ impl Error {
                 "run from a project directory, pass `--project DIR`, or create one with `lakefill demo`".into()
             }
             Error::ReadFile { .. } => "check that the file exists and is readable".into(),
+            Error::ProjectExists { .. } => {
+                "run `lakefill init` in an empty directory (`lakefill init DIR`), or add tables to the existing lakefill.toml by hand".into()
+            }
             Error::ConfigParse { .. } => {
                 "fix the TOML at the line and column shown; DESIGN §1 shows the expected shape".into()
             }
@@ -435,7 +500,18 @@ impl Error {
             Error::InvalidRange { .. } => {
                 "pass `--from` and `--to` as partition values with `--from` <= `--to`, e.g. `--from 2026-01-01 --to 2026-01-31`".into()
             }
-            Error::InvalidOption { option, .. } => format!("see `lakefill help` for the form of `{option}`"),
+            Error::InvalidOption { option, .. } => match option.as_str() {
+                "QUERY" => "`lakefill sql` runs one read-only SELECT over the tables of lakefill.toml; quote a table with a version or a time: `\"events@12\"`, `\"events@2026-01-31T00:00:00Z\"`".into(),
+                "--source-version" => "write it as TABLE=VERSION, e.g. `--source-version raw_events=3`; `lakefill history TABLE` lists the versions".into(),
+                "--older-than" => "give an age with a unit: `90s`, `30m`, `24h` or `7d`".into(),
+                "--memory-limit" => "give a size such as `512MiB` or `4GiB`".into(),
+                "--throttle" => "give a rate such as `50MiB/s`".into(),
+                "--reason" => "say why, e.g. `--reason \"rows dropped on purpose: test accounts\"`".into(),
+                "MODEL" => "a model is a directory under `sql/` holding version files: `lakefill plan <model> --from A --to B`".into(),
+                "RUN_ID" => "`lakefill runs` lists the runs and their ids".into(),
+                "--table" => "write it as NAME=URI, e.g. `--table events=lake/events`".into(),
+                option => format!("see `lakefill help` for the form of `{option}`"),
+            },
             Error::OpenTable { table, .. } => format!(
                 "check `tables.{table}` in lakefill.toml: the location, and storage options such as the endpoint, region, credentials and `AWS_ALLOW_HTTP` for http endpoints; `lakefill plan` lists the options in effect"
             ),
@@ -523,6 +599,21 @@ impl Error {
                 "read the report above: rows break the table's own rules (constraints, NOT NULL, invariants or generated columns), which Delta's writers refuse and `--force-publish` cannot override; fix the model and run the backfill again".into()
             }
             Error::UnsupportedFeature { hint, .. } => hint.clone(),
+            Error::TooManyPartitions { count, .. } => format!(
+                "check `--from` and `--to`; if the range is right, pass `--max-partitions {count}`"
+            ),
+            Error::NoSuchVersion { table, .. } => format!(
+                "`lakefill history {table}` lists its versions; `\"{table}@N\"` reads version N"
+            ),
+            Error::BeforeHistory { table, .. } => format!(
+                "ask for a time after the first commit; `lakefill history {table}` lists every version with its time"
+            ),
+            Error::Sql { .. } => {
+                "check table and column names (they are case-sensitive; quote `\"events@12\"` to read version 12); `lakefill sql` reads the tables of lakefill.toml and writes nothing".into()
+            }
+            Error::Check { name, .. } => format!(
+                "check `{name}` is a SELECT over `output` (the staged rows) and `previous` (the rows they replace), with the target's columns; fix it in the model's `[[validate.checks]]`"
+            ),
             Error::StagedFilesMissing { run_id, .. } => format!(
                 "discard it with `lakefill discard {run_id}` and run the backfill again"
             ),
@@ -532,13 +623,15 @@ impl Error {
             Error::Journal { path, .. } => format!(
                 "move the damaged journal `{path}` (under the table's root) out of the way and run the command again; `lakefill gc` then deletes the run's staged files"
             ),
-            Error::Query { source, .. } if is_missing_file(&source.to_string()) => {
+            Error::Query { source, .. } if is_missing_data_file(&source.to_string()) => {
                 "a data file of a pinned version is gone (vacuumed?); pin a newer version with `--source-version TABLE=N`, or check the table's retention".into()
             }
-            Error::Query { .. } | Error::Storage { .. } => {
+            Error::Query { .. } | Error::Storage { .. } | Error::Delta { .. } => {
                 "nothing was published and the table is unchanged; fix the cause above and run the same command again".into()
             }
-            Error::Delta { .. } | Error::Internal(_) => return None,
+            Error::Internal(_) => {
+                "this is a bug in lakefill; nothing was published. Please report it with the output of the same command run with `-vv`".into()
+            }
         })
     }
 }
@@ -558,10 +651,11 @@ impl Error {
     }
 }
 
-/// Whether an error message says an object was not found.
-fn is_missing_file(message: &str) -> bool {
-    let message = message.to_ascii_lowercase();
-    message.contains("not found") || message.contains("no such file")
+/// Whether an error message says a data file (Parquet) of a table was not found: the only case
+/// where the vacuum hint is right.
+fn is_missing_data_file(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    (lower.contains("not found") || lower.contains("no such file")) && lower.contains(".parquet")
 }
 
 fn list_or_none(items: &[String]) -> String {
@@ -601,5 +695,271 @@ impl<T> QueryContext<T> for std::result::Result<T, DataFusionError> {
             context: context(),
             source: Box::new(source),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta() -> Box<DeltaTableError> {
+        Box::new(DeltaTableError::Generic("delta".into()))
+    }
+
+    fn datafusion() -> Box<DataFusionError> {
+        Box::new(DataFusionError::Plan("plan".into()))
+    }
+
+    /// One value of every variant; the match below makes a new variant fail to compile until it
+    /// is listed here with its exit code and hint.
+    fn every_variant() -> Vec<Error> {
+        let s = || "x".to_string();
+        let p = || PathBuf::from("x");
+        vec![
+            Error::ProjectNotFound { start: p() },
+            Error::ProjectExists { path: p() },
+            Error::ReadFile {
+                path: p(),
+                source: std::io::Error::other("io"),
+            },
+            Error::ConfigParse {
+                path: p(),
+                line: 1,
+                column: 1,
+                message: s(),
+            },
+            Error::ConfigValue {
+                path: p(),
+                field: s(),
+                message: s(),
+            },
+            Error::MissingEnv {
+                variable: s(),
+                field: s(),
+            },
+            Error::UnknownTable {
+                table: s(),
+                used_by: s(),
+                known: vec![],
+            },
+            Error::UnknownModel {
+                model: s(),
+                dir: p(),
+                known: vec![],
+            },
+            Error::UnknownModelVersion {
+                model: s(),
+                version: s(),
+                known: vec![],
+            },
+            Error::Model {
+                path: p(),
+                message: s(),
+                hint: s(),
+            },
+            Error::InvalidRange { message: s() },
+            Error::InvalidOption {
+                option: s(),
+                value: s(),
+                message: s(),
+            },
+            Error::OpenTable {
+                table: s(),
+                uri: s(),
+                source: delta(),
+            },
+            Error::TooManyPartitions {
+                range: s(),
+                count: 2,
+                max: 1,
+                grain: crate::time::Grain::Day,
+            },
+            Error::NoSuchVersion {
+                table: s(),
+                version: 9,
+                latest: 1,
+            },
+            Error::BeforeHistory {
+                table: s(),
+                at: s(),
+                first: s(),
+            },
+            Error::Sql {
+                source: datafusion(),
+            },
+            Error::Check {
+                name: s(),
+                source: datafusion(),
+            },
+            Error::NotADeltaTable {
+                table: s(),
+                uri: s(),
+                source: delta(),
+            },
+            Error::Partitioning {
+                message: s(),
+                hint: s(),
+            },
+            Error::SchemaMismatch {
+                model: s(),
+                table: s(),
+                problems: vec![],
+            },
+            Error::Spill {
+                model: s(),
+                range: s(),
+                partitions: vec![],
+                total: 0,
+                suggested: Box::new((s(), s())),
+            },
+            Error::OffGrain {
+                model: s(),
+                grain: crate::time::Grain::Month,
+                values: vec![],
+            },
+            Error::UnsafeStore {
+                table: s(),
+                reason: s(),
+            },
+            Error::StagingWrite {
+                table: s(),
+                partition: s(),
+                source: delta(),
+            },
+            Error::Conflict {
+                table: s(),
+                read_version: 1,
+                source: delta(),
+            },
+            Error::Delta {
+                context: s(),
+                source: delta(),
+            },
+            Error::Query {
+                context: s(),
+                source: datafusion(),
+            },
+            Error::Storage {
+                path: s(),
+                source: deltalake::ObjectStoreError::NotImplemented {
+                    operation: s(),
+                    implementer: s(),
+                },
+            },
+            Error::UnknownRun {
+                run_id: s(),
+                searched: vec![],
+            },
+            Error::RunState {
+                run_id: s(),
+                state: s(),
+                action: s(),
+                next: s(),
+            },
+            Error::RunBusy {
+                run_id: s(),
+                holder: s(),
+                since: s(),
+                expires: s(),
+            },
+            Error::LeaseLost { run_id: s() },
+            Error::Interrupted,
+            Error::ModelEdited {
+                model: s(),
+                version: s(),
+                path: p(),
+                published: s(),
+                current: s(),
+            },
+            Error::RunStopped {
+                run_id: s(),
+                state: crate::lifecycle::RunState::Failed,
+                phase: s(),
+                resume: s(),
+                source: Box::new(Error::Interrupted),
+            },
+            Error::ValidationFailed {
+                run_id: s(),
+                failed: vec![],
+                forceable: true,
+            },
+            Error::UnsupportedFeature {
+                table: s(),
+                feature: s(),
+                why: s(),
+                hint: s(),
+            },
+            Error::StagedFilesMissing {
+                run_id: s(),
+                missing: 1,
+            },
+            Error::Journal {
+                path: s(),
+                message: s(),
+            },
+            Error::Internal(s()),
+        ]
+    }
+
+    #[test]
+    fn every_error_has_an_exit_code_of_the_contract_and_a_hint() {
+        for error in every_variant() {
+            // Exhaustive on purpose: a new variant must be added to `every_variant`.
+            let listed = match &error {
+                Error::ProjectNotFound { .. }
+                | Error::ProjectExists { .. }
+                | Error::ReadFile { .. }
+                | Error::ConfigParse { .. }
+                | Error::ConfigValue { .. }
+                | Error::MissingEnv { .. }
+                | Error::UnknownTable { .. }
+                | Error::UnknownModel { .. }
+                | Error::UnknownModelVersion { .. }
+                | Error::Model { .. }
+                | Error::InvalidRange { .. }
+                | Error::InvalidOption { .. }
+                | Error::OpenTable { .. }
+                | Error::TooManyPartitions { .. }
+                | Error::NoSuchVersion { .. }
+                | Error::BeforeHistory { .. }
+                | Error::Sql { .. }
+                | Error::Check { .. }
+                | Error::NotADeltaTable { .. }
+                | Error::Partitioning { .. }
+                | Error::SchemaMismatch { .. }
+                | Error::Spill { .. }
+                | Error::OffGrain { .. }
+                | Error::UnsafeStore { .. }
+                | Error::StagingWrite { .. }
+                | Error::Conflict { .. }
+                | Error::Delta { .. }
+                | Error::Query { .. }
+                | Error::Storage { .. }
+                | Error::UnknownRun { .. }
+                | Error::RunState { .. }
+                | Error::RunBusy { .. }
+                | Error::LeaseLost { .. }
+                | Error::Interrupted
+                | Error::ModelEdited { .. }
+                | Error::RunStopped { .. }
+                | Error::ValidationFailed { .. }
+                | Error::UnsupportedFeature { .. }
+                | Error::StagedFilesMissing { .. }
+                | Error::Journal { .. }
+                | Error::Internal(_) => true,
+            };
+            assert!(listed);
+            assert!(
+                matches!(error.exit_code(), 1 | 2 | 3 | 4 | 130),
+                "{error}: {}",
+                error.exit_code()
+            );
+            let hint = error.hint().unwrap_or_default();
+            assert!(!hint.trim().is_empty(), "{error:?} has no hint");
+            assert!(
+                !error.to_string().ends_with('.'),
+                "{error}: no final period"
+            );
+        }
     }
 }

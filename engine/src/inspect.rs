@@ -378,30 +378,40 @@ impl QueryResult {
 /// Runs a read-only query over the project's tables. `name@VERSION` and `name@TIMESTAMP`
 /// (RFC 3339) read a table by time travel; quote them: `"events@12"`.
 pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<QueryResult> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(Error::InvalidOption {
+            option: "QUERY".into(),
+            value: shortened(query),
+            message: format!(
+                "the query is {} bytes long; `lakefill sql` takes at most {MAX_QUERY_BYTES}",
+                query.len()
+            ),
+        });
+    }
     let statements = DFParser::parse_sql_with_dialect(query, &GenericDialect {}).map_err(|e| {
         Error::InvalidOption {
             option: "QUERY".into(),
-            value: query.to_string(),
+            value: shortened(query),
             message: format!("the SQL does not parse: {e}"),
         }
     })?;
     if statements.len() != 1 {
         return Err(Error::InvalidOption {
             option: "QUERY".into(),
-            value: query.to_string(),
+            value: shortened(query),
             message: "give exactly one SELECT statement".into(),
         });
     }
     let statement = &statements[0];
     check_read_only(statement).map_err(|kind| Error::InvalidOption {
         option: "QUERY".into(),
-        value: query.to_string(),
+        value: shortened(query),
         message: format!("{kind} statements are not allowed; `lakefill sql` only reads"),
     })?;
     let (references, _) =
         resolve_table_references(statement, false).map_err(|e| Error::InvalidOption {
             option: "QUERY".into(),
-            value: query.to_string(),
+            value: shortened(query),
             message: format!("cannot list the tables it reads: {e}"),
         })?;
 
@@ -427,22 +437,25 @@ pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<Quer
     let df = ctx
         .sql_with_options(query, options)
         .await
-        .query_context(|| "cannot plan the query".into())?;
+        .map_err(|source| Error::Sql {
+            source: Box::new(source),
+        })?;
     let columns: Vec<String> = df
         .schema()
         .fields()
         .iter()
         .map(|f| f.name().clone())
         .collect();
-    let mut stream = df
-        .execute_stream()
-        .await
-        .query_context(|| "cannot run the query".into())?;
+    let mut stream = df.execute_stream().await.map_err(|source| Error::Sql {
+        source: Box::new(source),
+    })?;
     let mut kept = 0usize;
     let mut truncated = false;
     let mut batches = Vec::new();
     while let Some(batch) = stream.next().await {
-        let batch = batch.query_context(|| "the query failed".into())?;
+        let batch = batch.map_err(|source| Error::Sql {
+            source: Box::new(source),
+        })?;
         if kept >= max_rows {
             truncated |= batch.num_rows() > 0;
             // Stop reading: nothing more will be shown.
@@ -471,6 +484,20 @@ pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<Quer
         tables,
         batches,
     })
+}
+
+/// The longest query `lakefill sql` runs.
+const MAX_QUERY_BYTES: usize = 1024 * 1024;
+
+/// A query as error messages quote it: at most its first 120 characters.
+fn shortened(query: &str) -> String {
+    let mut chars = query.chars();
+    let head: String = chars.by_ref().take(120).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
+    } else {
+        head
+    }
 }
 
 /// Splits `events@12` or `events@2026-01-31T00:00:00Z` into the table and its version.

@@ -30,6 +30,7 @@ mod error;
 mod execute;
 mod failpoint;
 mod gc;
+mod init;
 mod inspect;
 mod journal;
 mod lease;
@@ -54,6 +55,7 @@ pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, Ru
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
 pub use gc::{GcFile, GcReport, gc, parse_duration};
+pub use init::{InitReport, init};
 pub use inspect::{
     BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
 };
@@ -62,8 +64,8 @@ pub use lifecycle::RunState;
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
 pub use partition::{Layout, NULL_LABEL, PartitionRange, TimeColumn, TimeEncoding};
 pub use plan::{
-    BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DownstreamModel, PartitionState,
-    PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
+    BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DEFAULT_MAX_PARTITIONS, DownstreamModel,
+    PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
 pub use protocol::{FeatureSupport, RowRule, TableProtocol};
 pub use resources::{ProgressEvent, ProgressSink, parse_size};

@@ -340,7 +340,7 @@ impl Model {
 pub(crate) const MAX_WINDOW_PARTITIONS: u32 = 100_000;
 
 /// Whether `name` can be a model: a directory name with no path in it.
-fn is_model_name(name: &str) -> bool {
+pub(crate) fn is_model_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
         .next()

@@ -620,7 +620,7 @@ pub(crate) fn time_column(facts: &ColumnFacts<'_>) -> std::result::Result<TimeCo
                 None => {
                     if facts.values.is_none() {
                         return Err(format!(
-                            "`{column}` is a string column that is not a partition column: declare the format of its times, e.g. `format = \"%Y-%m-%d\"`"
+                            "`{column}` is a string column that is not a partition column, so its values cannot be checked: if it holds dates, declare their format (e.g. `format = \"%Y-%m-%d\"`); otherwise choose a column that holds times"
                         ));
                     }
                     let format =

@@ -28,6 +28,10 @@ use crate::storage::{StorageOption, describe_options, loaded_version, open_table
 use crate::validate::ValidationRules;
 use deltalake::arrow::datatypes::DataType;
 
+/// The most partitions a range may have unless raised with
+/// [`PlanBuilder::with_max_partitions`].
+pub const DEFAULT_MAX_PARTITIONS: u64 = 10_000;
+
 /// Default number of partitions per batch.
 pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
 
@@ -43,6 +47,7 @@ pub struct PlanBuilder {
     source_versions: BTreeMap<String, u64>,
     allow_spill_drop: bool,
     include_null: bool,
+    max_partitions: Option<u64>,
     reason: Option<String>,
 }
 
@@ -64,8 +69,18 @@ impl PlanBuilder {
             source_versions: BTreeMap::new(),
             allow_spill_drop: false,
             include_null: false,
+            max_partitions: None,
             reason: None,
         }
+    }
+
+    /// Allows ranges of up to `max` partitions.
+    ///
+    /// By default, [`DEFAULT_MAX_PARTITIONS`]: a larger range (a typo such as `--from 0001-01-01`
+    /// would otherwise grind for hours) needs this raised on purpose.
+    pub fn with_max_partitions(mut self, max: Option<u64>) -> Self {
+        self.max_partitions = max;
+        self
     }
 
     /// Replaces the partition whose time is NULL too: it is computed by one more batch over
@@ -156,7 +171,6 @@ impl PlanBuilder {
             published_fingerprint(&target.object_store(), model.name(), model.version()).await?
             && published != model.fingerprint()
         {
-            tracing::warn!(model = %model.name(), version = %model.version(), "the model file was edited after it was published");
             return Err(Error::ModelEdited {
                 model: model.name().to_string(),
                 version: model.version().to_string(),
@@ -224,6 +238,16 @@ impl PlanBuilder {
         })?;
         let (range, range_notes) =
             PartitionRange::parse(&self.from, &self.to, &layout.time, self.include_null)?;
+        let max_partitions = self.max_partitions.unwrap_or(DEFAULT_MAX_PARTITIONS);
+        let count = range.periods().len() as u64;
+        if count > max_partitions {
+            return Err(Error::TooManyPartitions {
+                range: format!("{}..={}", range.from, range.to),
+                count,
+                max: max_partitions,
+                grain: layout.time.grain,
+            });
+        }
 
         // Current state of the affected partitions, from the log only. A value that is not a
         // time of the grain is refused: it could belong to the range or not.
@@ -534,6 +558,7 @@ impl PlanBuilder {
             storage,
             already_published,
             publish_sequence,
+            max_partitions,
             protocol,
             affected_files,
             added_columns: Vec::new(),
@@ -712,6 +737,8 @@ pub struct PlanReport {
     pub already_published: bool,
     /// Which publish of this run id a backfill would make (1 unless it re-applies the run).
     pub publish_sequence: u64,
+    /// The most partitions a range may have (`--max-partitions`).
+    pub max_partitions: u64,
     /// The target's protocol: its features and the rules staged rows must satisfy.
     pub protocol: TableProtocol,
     /// By rows (`range_column`): the files the backfill rewrites, chosen by their statistics.

@@ -50,7 +50,41 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
         TableVersion::Version(version) => builder = builder.with_version(version),
         TableVersion::Timestamp(time) => builder = builder.with_timestamp(time),
     }
-    builder.load().await.map_err(|source| match source {
+    let loaded = builder.load().await;
+    if let (Err(_), Some(version)) = (&loaded, version) {
+        // Say which versions exist, not a kernel message about log segments.
+        if let Ok(latest) = Box::pin(open_table_at(table, TableVersion::Latest)).await {
+            let latest = loaded_version(&latest)?;
+            if version > latest {
+                return Err(Error::NoSuchVersion {
+                    table: table.name().to_string(),
+                    version,
+                    latest,
+                });
+            }
+        }
+    }
+    if let (Ok(opened), TableVersion::Timestamp(time)) = (&loaded, at) {
+        // delta-rs answers a time before the first commit with the first version: that table
+        // did not exist then.
+        let version = loaded_version(opened)?;
+        let path = deltalake::Path::from(format!("_delta_log/{version:020}.json"));
+        if version == 0
+            && let Ok(meta) = deltalake::logstore::object_store::ObjectStoreExt::head(
+                opened.object_store().as_ref(),
+                &path,
+            )
+            .await
+            && time < meta.last_modified
+        {
+            return Err(Error::BeforeHistory {
+                table: table.name().to_string(),
+                at: time.to_rfc3339(),
+                first: meta.last_modified.to_rfc3339(),
+            });
+        }
+    }
+    loaded.map_err(|source| match source {
         DeltaTableError::NotATable(_) | DeltaTableError::InvalidTableLocation(_) => {
             not_a_table(source)
         }

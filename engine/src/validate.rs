@@ -900,7 +900,15 @@ pub(crate) async fn validate(
     }
     for check in &rules.checks {
         let (rows, sample_rows) =
-            count_and_sample(ctx, &check.sql, sample, &format!("check `{}`", check.name)).await?;
+            count_and_sample(ctx, &check.sql, sample, &format!("check `{}`", check.name))
+                .await
+                .map_err(|error| match error {
+                    Error::Query { source, .. } => Error::Check {
+                        name: check.name.clone(),
+                        source,
+                    },
+                    other => other,
+                })?;
         let failures = if rows > 0 {
             vec![
                 json!({"rows": rows, "message": format!("the check returned {rows} rows; it must return none")}),

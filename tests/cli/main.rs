@@ -28,6 +28,7 @@ mod backfill;
 mod errors;
 mod faults;
 mod garbage;
+mod hints;
 mod inspect;
 mod lifecycle;
 mod protocol;

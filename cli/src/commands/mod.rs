@@ -2,6 +2,7 @@
 
 pub(crate) mod backfill;
 pub(crate) mod demo;
+pub(crate) mod init;
 pub(crate) mod inspect;
 pub(crate) mod plan;
 pub(crate) mod runs;
