@@ -18,14 +18,16 @@ use serde_json::json;
 use crate::error::{Error, QueryContext, Result};
 use crate::execute::{StageOptions, stage};
 use crate::failpoint;
-use crate::inspect::find_run_commit;
 use crate::journal::{BatchBounds, BatchRecord, JOURNAL_FORMAT, Journal, RunState, now};
 use crate::lease::RunLease;
+use crate::log::find_run_commit;
+use crate::log::published_sequence;
+use crate::log::registry::record_published_model;
 use crate::partition::{
     CARRIED_LABEL, Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of,
 };
 use crate::plan::BackfillPlan;
-use crate::publish::{commit, published_sequence, record_published_model};
+use crate::publish::commit;
 use crate::resources::{ProgressEvent, ProgressSink, Resources};
 use crate::rowhash::RowChecksum;
 use crate::runs::reconcile;
@@ -518,7 +520,7 @@ fn stopped(journal: &Journal, phase: &str, error: Error) -> Error {
         Error::RunBusy { .. } | Error::LeaseLost { .. } | Error::RunStopped { .. } => error,
         error => Error::RunStopped {
             run_id: journal.run_id.clone(),
-            state: journal.state,
+            state: journal.state.to_string(),
             phase: phase.to_string(),
             resume: journal.resume_command(),
             source: Box::new(error),

@@ -363,8 +363,8 @@ pub enum Error {
     RunStopped {
         /// The run id.
         run_id: String,
-        /// Its state now.
-        state: crate::lifecycle::RunState,
+        /// Its state now (`failed`).
+        state: String,
         /// What it was doing, e.g. `staging`.
         phase: String,
         /// The command that resumes it.
@@ -528,7 +528,7 @@ impl Error {
             } => {
                 let nulls = partitions
                     .iter()
-                    .any(|(p, _)| p == crate::partition::NULL_LABEL);
+                    .any(|(p, _)| p == crate::time::NULL_LABEL);
                 let widen = (partitions.len() > usize::from(nulls)).then(|| {
                     format!("widen the range to `--from {} --to {}`", suggested.0, suggested.1)
                 });
@@ -640,7 +640,7 @@ impl Error {
     /// The run id and state an error is about, for the JSON error document.
     pub fn run_state(&self) -> Option<(&str, String)> {
         match self {
-            Error::RunStopped { run_id, state, .. } => Some((run_id, state.to_string())),
+            Error::RunStopped { run_id, state, .. } => Some((run_id, state.clone())),
             Error::RunState { run_id, state, .. } => Some((run_id, state.clone())),
             Error::ValidationFailed { run_id, .. } => Some((run_id, "failed-validation".into())),
             Error::RunBusy { run_id, .. } | Error::LeaseLost { run_id } => {
@@ -873,7 +873,7 @@ mod tests {
             },
             Error::RunStopped {
                 run_id: s(),
-                state: crate::lifecycle::RunState::Failed,
+                state: crate::lifecycle::RunState::Failed.to_string(),
                 phase: s(),
                 resume: s(),
                 source: Box::new(Error::Interrupted),

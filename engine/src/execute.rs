@@ -26,7 +26,7 @@ use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
 use deltalake::datafusion::common::{Column, ScalarValue};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::datafusion::logical_expr::{Expr, cast};
-use deltalake::datafusion::prelude::{DataFrame, SQLOptions, SessionContext};
+use deltalake::datafusion::prelude::{DataFrame, SessionContext};
 use deltalake::kernel::Add;
 use deltalake::kernel::scalars::ScalarExt as _;
 use deltalake::parquet::basic::Compression;
@@ -173,10 +173,7 @@ async fn batch_dataframe(
     for source in &plan.sources {
         register_source(&ctx, plan, source, batch).await?;
     }
-    let options = SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false);
+    let options = crate::sqltext::read_only();
     let model = &plan.model;
     let df = ctx
         .sql_with_options(model.sql(), options)

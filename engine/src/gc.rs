@@ -24,8 +24,8 @@ use crate::config::Project;
 use crate::error::{DeltaContext, Error, Result};
 use crate::journal::{Journal, RunState, is_run_id, now};
 use crate::lease::{RunLease, holder};
+use crate::log::references::{ReferencedFiles, decode};
 use crate::partition::{NULL_PARTITION_DIR, PartitionValues};
-use crate::references::{ReferencedFiles, decode};
 use crate::runs::reconcile;
 use crate::storage::{is_local_symlink, open_table};
 

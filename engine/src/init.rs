@@ -237,11 +237,11 @@ fn identity_model(
     let columns = schema
         .fields()
         .iter()
-        .map(|f| crate::validate::ident(f.name()))
+        .map(|f| crate::sqltext::ident(f.name()))
         .collect::<Vec<_>>()
         .join(", ");
     Ok(format!(
         "/*\n{header}*/\nSELECT {columns}\nFROM {}\n",
-        crate::validate::ident(name)
+        crate::sqltext::ident(name)
     ))
 }

@@ -13,17 +13,17 @@ use deltalake::DeltaTable;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::logical_expr::{Expr, lit};
-use deltalake::datafusion::prelude::{SQLOptions, SessionContext};
+use deltalake::datafusion::prelude::SessionContext;
 use deltalake::datafusion::sql::parser::DFParser;
 use deltalake::datafusion::sql::resolve::resolve_table_references;
 use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::StreamExt;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::config::Project;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::Journal;
+use crate::log::{Commit, CommitMetadata, read_commit};
 use crate::model::{Model, check_read_only, list_models};
 use crate::partition::{Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of};
 use crate::staged::StagedTable;
@@ -56,102 +56,7 @@ pub struct HistoryEntry {
     pub files_removed: u64,
     /// The run's metadata, as committed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lakefill: Option<Value>,
-}
-
-pub(crate) struct Commit {
-    info: Value,
-    /// The partition values of each file added or removed.
-    partitions: Vec<PartitionValues>,
-    /// Paths of the files added or removed, as written in the log.
-    pub(crate) paths: Vec<String>,
-    added: u64,
-    removed: u64,
-}
-
-/// Reads and parses the commit file of `version`; `None` when it is gone (log cleanup).
-pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>> {
-    let Some(bytes) = table
-        .log_store()
-        .read_commit_entry(version)
-        .await
-        .delta_context(|| format!("cannot read commit {version}"))?
-    else {
-        return Ok(None);
-    };
-    let mut commit = Commit {
-        info: Value::Null,
-        partitions: Vec::new(),
-        paths: Vec::new(),
-        added: 0,
-        removed: 0,
-    };
-    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let Ok(action) = serde_json::from_slice::<Value>(line) else {
-            continue;
-        };
-        if let Some(info) = action.get("commitInfo") {
-            commit.info = info.clone();
-        }
-        for (kind, counter) in [("add", &mut commit.added), ("remove", &mut commit.removed)] {
-            if let Some(file) = action.get(kind) {
-                *counter += 1;
-                if let Some(path) = file["path"].as_str() {
-                    commit.paths.push(path.to_string());
-                }
-                if let Some(values) = file["partitionValues"].as_object() {
-                    commit.partitions.push(
-                        values
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
-                            .collect(),
-                    );
-                }
-            }
-        }
-    }
-    Ok(Some(commit))
-}
-
-/// Finds the newest version whose commit was made by `run_id`.
-pub(crate) async fn find_run_commit(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
-    let latest = loaded_version(table)?;
-    for version in (0..=latest).rev() {
-        match read_commit(table, version).await? {
-            Some(commit) if commit.info["lakefill"]["run_id"].as_str() == Some(run_id) => {
-                return Ok(Some(version));
-            }
-            Some(_) => {}
-            None => break,
-        }
-    }
-    Ok(None)
-}
-
-/// Returns whether a commit after `after` (up to `until`) added or removed files in `range`.
-pub(crate) async fn range_touched_after(
-    table: &DeltaTable,
-    after: u64,
-    layout: &Layout,
-    range: &crate::partition::PartitionRange,
-    until: u64,
-) -> Result<bool> {
-    for version in after + 1..=until {
-        match read_commit(table, version).await? {
-            Some(commit)
-                if commit
-                    .partitions
-                    .iter()
-                    .any(|values| layout.label_in(range, values).is_some()) =>
-            {
-                return Ok(true);
-            }
-            Some(_) => {}
-            // The commit file is gone (log cleanup): assume it may have touched the range.
-            None => return Ok(true),
-        }
-    }
-    Ok(false)
+    pub lakefill: Option<CommitMetadata>,
 }
 
 /// The labels of the partitions a commit touched: periods when the layout is known, else the
@@ -178,27 +83,20 @@ fn labels(layout: Option<&Layout>, commit: &Commit) -> BTreeSet<String> {
 fn entry(version: u64, commit: Commit, layout: Option<&Layout>) -> HistoryEntry {
     let partitions = labels(layout, &commit);
     let info = &commit.info;
-    let lakefill = info.get("lakefill").filter(|v| v.is_object()).cloned();
-    let text = |v: &Value| v.as_str().map(str::to_string);
+    let lakefill = commit.lakefill();
     HistoryEntry {
         version,
         timestamp: info["timestamp"]
             .as_i64()
             .and_then(DateTime::<Utc>::from_timestamp_millis)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-        operation: text(&info["operation"]),
-        run_id: lakefill.as_ref().and_then(|m| text(&m["run_id"])),
-        model: lakefill.as_ref().and_then(|m| {
-            Some(format!(
-                "{}@{}",
-                m["model"].as_str()?,
-                m["model_version"].as_str()?
-            ))
-        }),
-        reason: lakefill.as_ref().and_then(|m| text(&m["reason"])),
-        range: lakefill
+        operation: info["operation"].as_str().map(str::to_string),
+        run_id: commit.run_id().map(str::to_string),
+        model: lakefill
             .as_ref()
-            .and_then(|m| Some((text(&m["range"][0])?, text(&m["range"][1])?))),
+            .map(|m| format!("{}@{}", m.model, m.model_version)),
+        reason: lakefill.as_ref().and_then(|m| m.reason.clone()),
+        range: lakefill.as_ref().map(|m| m.range.clone()),
         partitions: partitions.into_iter().collect(),
         files_added: commit.added,
         files_removed: commit.removed,
@@ -430,10 +328,7 @@ pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<Quer
         ctx.register_table(name.as_str(), provider)
             .query_context(|| format!("cannot register `{name}`"))?;
     }
-    let options = SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false);
+    let options = crate::sqltext::read_only();
     let df = ctx
         .sql_with_options(query, options)
         .await

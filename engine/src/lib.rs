@@ -35,16 +35,17 @@ mod inspect;
 mod journal;
 mod lease;
 mod lifecycle;
+mod log;
 mod model;
 mod partition;
 mod plan;
 mod protocol;
 mod publish;
-mod references;
 mod resources;
 mod rowhash;
 mod runs;
 mod secrets;
+mod sqltext;
 mod staged;
 mod storage;
 mod throttle;
@@ -61,8 +62,9 @@ pub use inspect::{
 };
 pub use journal::{BatchBounds, BatchRecord, Journal};
 pub use lifecycle::RunState;
+pub use log::metadata::{CheckSummary, CommitMetadata, CommittedPartition, ValidationSummary};
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
-pub use partition::{Layout, NULL_LABEL, PartitionRange, TimeColumn, TimeEncoding};
+pub use partition::{Layout, PartitionRange, TimeColumn, TimeEncoding};
 pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DEFAULT_MAX_PARTITIONS, DownstreamModel,
     PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
@@ -74,7 +76,7 @@ pub use runs::{RunSummary, discard_run, list_runs, publish_run};
 pub use secrets::{MASK, mask as mask_secrets};
 pub use storage::StorageOption;
 pub use throttle::parse_rate;
-pub use time::{Grain, Period};
+pub use time::{Grain, NULL_LABEL, Period};
 pub use validate::{
     CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,
     ValidationReport,

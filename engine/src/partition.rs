@@ -23,6 +23,7 @@ use deltalake::kernel::scalars::ScalarExt as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub(crate) use crate::time::{CARRIED_LABEL, NULL_LABEL};
 use crate::time::{Grain, Period, parse_instant};
 
 /// How one column (or the integer parts of a date) holds time.
@@ -1208,12 +1209,6 @@ pub(crate) fn label_of(layout: &Layout, values: &PartitionValues) -> String {
 
 /// How a hive directory names a NULL partition value (as delta-rs writes it).
 pub(crate) const NULL_PARTITION_DIR: &str = "__HIVE_DEFAULT_PARTITION__";
-
-/// How journals name the rows a by-rows backfill carries over unchanged.
-pub(crate) const CARRIED_LABEL: &str = "(carried)";
-
-/// How reports name the partition whose time is NULL.
-pub const NULL_LABEL: &str = "(null)";
 
 #[cfg(test)]
 mod tests {

@@ -15,15 +15,16 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Project;
 use crate::error::{Error, Result};
-use crate::inspect::range_touched_after;
 use crate::journal::Journal;
+use crate::log::published_sequence;
+use crate::log::range_touched_after;
+use crate::log::registry::published_fingerprint;
 use crate::model::{Model, SourceSpec, list_models};
 use crate::partition::{
     CARRIED_LABEL, ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn,
     parts_time, time_column,
 };
 use crate::protocol::TableProtocol;
-use crate::publish::{published_fingerprint, published_sequence};
 use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
 use crate::validate::ValidationRules;
 use deltalake::arrow::datatypes::DataType;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{DeltaContext, Error, Result};
-use crate::validate::ident;
+use crate::sqltext::ident;
 
 /// What lakefill knows about a table's protocol.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

@@ -6,67 +6,48 @@
 //! elsewhere. It carries the application transaction `lakefill:<run_id>`, which makes a retried
 //! publish detectable, and the run's metadata under `lakefill` (and as `userMetadata` text).
 
-use std::sync::Arc;
-
+use deltalake::DeltaTable;
 use deltalake::errors::DeltaTableError;
 use deltalake::kernel::transaction::{
     CommitBuilder, CommitProperties, TableReference, TransactionError,
 };
 use deltalake::kernel::{Action, Transaction};
-use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use deltalake::protocol::{DeltaOperation, SaveMode};
-use deltalake::{DeltaTable, ObjectStore, ObjectStoreError};
 use serde_json::{Value, json};
 
 use crate::error::{DeltaContext, Error, Result};
 use crate::journal::Journal;
-
-/// The Delta application id prefix of lakefill runs (`lakefill:<run_id>`).
-pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
-
-/// Returns the application id of a run.
-pub(crate) fn app_id(run_id: &str) -> String {
-    format!("{APP_ID_PREFIX}{run_id}")
-}
-
-/// Returns the highest publish sequence of `run_id` recorded in `table` (at whatever version it
-/// is loaded), if the run was ever published.
-pub(crate) async fn published_sequence(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
-    let snapshot = table
-        .snapshot()
-        .delta_context(|| "cannot read the table's snapshot".into())?;
-    Ok(snapshot
-        .transaction_version(table.log_store().as_ref(), &app_id(run_id))
-        .await
-        .delta_context(|| "cannot read the table's application transactions".into())?
-        .map(|v| u64::try_from(v).unwrap_or(0)))
-}
+use crate::log::app_id;
+use crate::log::metadata::{CommitMetadata, CommittedPartition, ValidationSummary};
 
 /// The commit metadata of a run (DESIGN §4.4).
-pub(crate) fn commit_metadata(journal: &Journal) -> Value {
-    let validation = journal.validation.as_ref().map(|report| {
-        let mut summary = report.summary();
-        if let Some(reason) = &journal.forced {
-            summary["forced"] = json!(true);
-            summary["force_reason"] = json!(reason);
-        }
-        summary
+pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
+    let validation = journal.validation.as_ref().map(|report| ValidationSummary {
+        forced: journal.forced.is_some(),
+        force_reason: journal.forced.clone(),
+        ..report.summary()
     });
-    json!({
-        "run_id": journal.run_id,
-        "model": journal.model,
-        "model_version": journal.model_version,
-        "fingerprint": journal.fingerprint,
-        "sources": journal.sources,
-        "range": [journal.range.from, journal.range.to],
-        "read_version": journal.read_version,
-        "reason": journal.reason,
-        "partitions": journal.partitions.iter().map(|p| json!({
-            "value": p.value, "old_rows": p.old_rows, "new_rows": p.new_rows,
-        })).collect::<Vec<_>>(),
-        "spill_dropped": journal.spill_dropped,
-        "validation": validation,
-    })
+    CommitMetadata {
+        run_id: journal.run_id.clone(),
+        model: journal.model.clone(),
+        model_version: journal.model_version.clone(),
+        fingerprint: journal.fingerprint.clone(),
+        sources: journal.sources.clone(),
+        range: (journal.range.from.clone(), journal.range.to.clone()),
+        read_version: journal.read_version,
+        reason: journal.reason.clone(),
+        partitions: journal
+            .partitions
+            .iter()
+            .map(|p| CommittedPartition {
+                value: p.value.clone(),
+                old_rows: p.old_rows,
+                new_rows: p.new_rows,
+            })
+            .collect(),
+        spill_dropped: journal.spill_dropped,
+        validation,
+    }
 }
 
 /// The table's metadata with the run's added columns (nullable) at the end of its schema.
@@ -97,68 +78,6 @@ fn added_columns_metadata(
             journal.target
         ))
     })
-}
-
-/// Directory of the published model versions under a table's root.
-const MODELS_DIR: &str = "_lakefill/models";
-
-fn model_record_path(model: &str, version: &str) -> deltalake::Path {
-    deltalake::Path::from(MODELS_DIR)
-        .join(model)
-        .join(format!("{version}.json").as_str())
-}
-
-/// Records that `model@version` with its fingerprint was published into the table, the first
-/// time only (a conditional put). Best effort: a record that cannot be written is written by the
-/// next command that reconciles the run.
-pub(crate) async fn record_published_model(store: &Arc<dyn ObjectStore>, journal: &Journal) {
-    let record = json!({
-        "model": journal.model,
-        "version": journal.model_version,
-        "fingerprint": journal.fingerprint,
-        "run_id": journal.run_id,
-        "published_version": journal.published_version,
-    });
-    let path = model_record_path(&journal.model, &journal.model_version);
-    match store
-        .put_opts(
-            &path,
-            PutPayload::from(record.to_string().into_bytes()),
-            PutOptions::from(PutMode::Create),
-        )
-        .await
-    {
-        Ok(_)
-        | Err(ObjectStoreError::AlreadyExists { .. } | ObjectStoreError::Precondition { .. }) => {}
-        Err(error) => {
-            tracing::debug!(path = %path, %error, "cannot record the published model version")
-        }
-    }
-}
-
-/// The fingerprint `model@version` had when it was first published into the table, if it was.
-pub(crate) async fn published_fingerprint(
-    store: &Arc<dyn ObjectStore>,
-    model: &str,
-    version: &str,
-) -> Result<Option<String>> {
-    let path = model_record_path(model, version);
-    let bytes = match store.get(&path).await {
-        Ok(result) => result.bytes().await.map_err(|source| Error::Storage {
-            path: path.to_string(),
-            source,
-        })?,
-        Err(ObjectStoreError::NotFound { .. }) => return Ok(None),
-        Err(source) => {
-            return Err(Error::Storage {
-                path: path.to_string(),
-                source,
-            });
-        }
-    };
-    Ok(serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|record| record["fingerprint"].as_str().map(str::to_string)))
 }
 
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the

@@ -15,13 +15,14 @@ use serde::Serialize;
 use crate::backfill::{Outcome, RunReport, Timings, publish_journal};
 use crate::config::{Project, TableConfig};
 use crate::error::{DeltaContext, Error, Result};
-use crate::inspect::find_run_commit;
 use crate::journal::{Journal, RunState};
 use crate::lease::{RunLease, holder};
 use crate::lifecycle::Publishable;
+use crate::log::find_run_commit;
+use crate::log::published_sequence;
+use crate::log::references::ReferencedFiles;
+use crate::log::registry::record_published_model;
 use crate::partition::PartitionRange;
-use crate::publish::{published_sequence, record_published_model};
-use crate::references::ReferencedFiles;
 use crate::storage::open_table;
 
 /// One line of `lakefill runs`.

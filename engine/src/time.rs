@@ -57,6 +57,12 @@ impl std::fmt::Display for Grain {
     }
 }
 
+/// How reports name the partition whose time is NULL.
+pub const NULL_LABEL: &str = "(null)";
+
+/// How journals name the rows a by-rows backfill carries over unchanged.
+pub(crate) const CARRIED_LABEL: &str = "(carried)";
+
 /// The first and last years lakefill handles: labels of other years would not sort as times.
 const YEARS: std::ops::RangeInclusive<i32> = 1..=9999;
 

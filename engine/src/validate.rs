@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Int64Type, UInt64Type};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
-use deltalake::datafusion::prelude::{SQLOptions, SessionContext};
+use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -24,6 +24,7 @@ use crate::protocol::RowRule;
 use crate::rowhash::{
     EMPTY_ROW_HASH, PartitionChecksums, ROW_HASH_FUNCTION, RowChecksum, RowHashUdf,
 };
+use crate::sqltext::ident;
 
 /// How rows are grouped into the partitions reports name.
 #[derive(Debug, Clone)]
@@ -775,24 +776,30 @@ impl CheckResult {
 
 impl ValidationReport {
     /// Returns the compact form written into commit metadata.
-    pub fn summary(&self) -> Value {
-        json!({
-            "passed": self.passed,
-            "checks": self.checks.iter().map(|c| json!({
-                "name": c.name,
-                "passed": c.passed,
-                "failures": c.failures.len(),
-            })).collect::<Vec<_>>(),
-            "totals": {
+    pub fn summary(&self) -> crate::log::metadata::ValidationSummary {
+        crate::log::metadata::ValidationSummary {
+            passed: self.passed,
+            checks: self
+                .checks
+                .iter()
+                .map(|c| crate::log::metadata::CheckSummary {
+                    name: c.name.clone(),
+                    passed: c.passed,
+                    failures: c.failures.len(),
+                })
+                .collect(),
+            totals: json!({
                 "old_rows": self.comparison.totals.old_rows,
                 "new_rows": self.comparison.totals.new_rows,
                 "added": self.comparison.totals.added,
                 "removed": self.comparison.totals.removed,
                 "changed": self.comparison.totals.changed,
                 "measures": self.comparison.totals.measures,
-            },
-            "identical": self.comparison.identical,
-        })
+            }),
+            identical: self.comparison.identical,
+            forced: false,
+            force_reason: None,
+        }
     }
 
     /// Returns the names of the failed checks that come from the table's protocol.
@@ -1170,10 +1177,7 @@ async fn run(
     sql: &str,
     what: &str,
 ) -> Result<deltalake::datafusion::execution::SendableRecordBatchStream> {
-    let options = SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false);
+    let options = crate::sqltext::read_only();
     let df = ctx
         .sql_with_options(sql, options)
         .await
@@ -1230,11 +1234,6 @@ fn text_column(batch: &RecordBatch, index: usize) -> Vec<Option<String>> {
             }
         }
     }
-}
-
-/// Quotes an identifier for SQL.
-pub(crate) fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// Makes the known-count maps from `(partition, rows)` pairs.

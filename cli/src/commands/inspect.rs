@@ -70,37 +70,27 @@ pub(crate) async fn blame(
             );
             match &e.lakefill {
                 Some(meta) => {
-                    let _ = writeln!(
-                        text,
-                        "  run          {}",
-                        meta["run_id"].as_str().unwrap_or("?")
-                    );
-                    let _ = writeln!(
-                        text,
-                        "  model        {}@{}",
-                        meta["model"].as_str().unwrap_or("?"),
-                        meta["model_version"].as_str().unwrap_or("?")
-                    );
-                    let _ = writeln!(
-                        text,
-                        "  fingerprint  sha256:{}",
-                        meta["fingerprint"].as_str().unwrap_or("?")
-                    );
-                    if let Some(sources) = meta["sources"].as_object() {
-                        let list: Vec<String> =
-                            sources.iter().map(|(t, v)| format!("{t}@{v}")).collect();
-                        let _ = writeln!(text, "  sources      {}", list.join(", "));
-                    }
-                    let _ = writeln!(
-                        text,
-                        "  range        {}..={}",
-                        meta["range"][0].as_str().unwrap_or("?"),
-                        meta["range"][1].as_str().unwrap_or("?")
-                    );
+                    let sources: Vec<String> = meta
+                        .sources
+                        .iter()
+                        .map(|(table, version)| format!("{table}@{version}"))
+                        .collect();
+                    let _ = writeln!(text, "  run          {}", meta.run_id);
+                    let _ = writeln!(text, "  model        {}@{}", meta.model, meta.model_version);
+                    let _ = writeln!(text, "  fingerprint  sha256:{}", meta.fingerprint);
+                    let _ = writeln!(text, "  sources      {}", sources.join(", "));
+                    let _ = writeln!(text, "  range        {}..={}", meta.range.0, meta.range.1);
                     let _ = writeln!(
                         text,
                         "  reason       {}",
-                        meta["reason"].as_str().unwrap_or("-")
+                        meta.reason.as_deref().unwrap_or("-")
+                    );
+                }
+                None if e.run_id.is_some() => {
+                    let _ = writeln!(
+                        text,
+                        "  run          {} (its metadata is in a form this version cannot read)",
+                        e.run_id.as_deref().unwrap_or("?")
                     );
                 }
                 None => {

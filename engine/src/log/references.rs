@@ -14,7 +14,7 @@ use url::Url;
 
 use crate::config::Project;
 use crate::error::{DeltaContext, Result};
-use crate::inspect::read_commit;
+use crate::log::read_commit;
 use crate::storage::{loaded_version, open_table};
 
 /// Absolute locations of every file some retained version of some table references.

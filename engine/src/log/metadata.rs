@@ -1,0 +1,82 @@
+//! What a lakefill commit records about its run (DESIGN §4.4): typed, so it is written and read
+//! back by field, never by key.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The `lakefill` object of a commit's `commitInfo` (also written as `userMetadata` text).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommitMetadata {
+    /// The run.
+    pub run_id: String,
+    /// The model.
+    pub model: String,
+    /// The model's version.
+    pub model_version: String,
+    /// SHA-256 of the model file.
+    pub fingerprint: String,
+    /// The version each source was read at.
+    pub sources: BTreeMap<String, u64>,
+    /// The range, first and last partition.
+    pub range: (String, String),
+    /// The version of the target the run read.
+    #[serde(default)]
+    pub read_version: u64,
+    /// Why the run was made.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Old and new rows per partition.
+    #[serde(default)]
+    pub partitions: Vec<CommittedPartition>,
+    /// Rows dropped on purpose for partitions outside the range.
+    #[serde(default)]
+    pub spill_dropped: u64,
+    /// The validation verdict, in short.
+    #[serde(default)]
+    pub validation: Option<ValidationSummary>,
+}
+
+/// One partition of a commit's metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommittedPartition {
+    /// The partition's label.
+    pub value: String,
+    /// Rows before, when known.
+    pub old_rows: Option<u64>,
+    /// Rows after.
+    pub new_rows: u64,
+}
+
+/// The validation of a run, as its commit records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ValidationSummary {
+    /// Whether every check passed.
+    pub passed: bool,
+    /// Each check: name, verdict and how many failures.
+    #[serde(default)]
+    pub checks: Vec<CheckSummary>,
+    /// Totals of the comparison.
+    #[serde(default)]
+    pub totals: serde_json::Value,
+    /// Whether the staged rows equalled the old ones.
+    #[serde(default)]
+    pub identical: Option<bool>,
+    /// Whether a failed validation was overridden.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forced: bool,
+    /// Why it was overridden.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_reason: Option<String>,
+}
+
+/// One check in a commit's validation summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckSummary {
+    /// The check.
+    pub name: String,
+    /// Whether it passed.
+    pub passed: bool,
+    /// How many failures it found.
+    pub failures: usize,
+}

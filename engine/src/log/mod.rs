@@ -1,0 +1,164 @@
+//! The Delta log, read: a table's commits, the application transactions of lakefill runs, and
+//! the metadata each lakefill commit carries.
+//!
+//! This is the bottom of the pipeline's knowledge of the log: planning asks whether a run was
+//! published, the runner and run management reconcile journals with it, `history` and `blame`
+//! explain it, and every delete first asks [`references`] what the log still needs. Writing
+//! commits is left to [`crate::publish`].
+
+pub(crate) mod metadata;
+pub(crate) mod references;
+pub(crate) mod registry;
+
+use deltalake::DeltaTable;
+
+use crate::error::{DeltaContext, Result};
+use crate::partition::{Layout, PartitionRange, PartitionValues};
+use crate::storage::loaded_version;
+
+pub(crate) use metadata::CommitMetadata;
+
+/// The Delta application id prefix of lakefill runs (`lakefill:<run_id>`).
+pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
+
+/// Returns the application id of a run.
+pub(crate) fn app_id(run_id: &str) -> String {
+    format!("{APP_ID_PREFIX}{run_id}")
+}
+
+/// Returns the highest publish sequence of `run_id` recorded in `table` (at whatever version it
+/// is loaded), if the run was ever published.
+pub(crate) async fn published_sequence(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
+    let snapshot = table
+        .snapshot()
+        .delta_context(|| "cannot read the table's snapshot".into())?;
+    Ok(snapshot
+        .transaction_version(table.log_store().as_ref(), &app_id(run_id))
+        .await
+        .delta_context(|| "cannot read the table's application transactions".into())?
+        .map(|v| u64::try_from(v).unwrap_or(0)))
+}
+
+/// One commit of a table, as the log holds it.
+///
+/// Read leniently, as JSON rather than as delta-rs's typed actions: a commit written by another
+/// writer (or a newer protocol) may carry fields or actions delta-rs 1.1 does not know, and a
+/// file path missed here would be a live file [`references`] failed to protect.
+pub(crate) struct Commit {
+    /// The commit's `commitInfo`, as written.
+    pub(crate) info: serde_json::Value,
+    /// The partition values of each file added or removed.
+    pub(crate) partitions: Vec<PartitionValues>,
+    /// Paths of the files added or removed, and of change-data files, as written in the log.
+    pub(crate) paths: Vec<String>,
+    /// Files added.
+    pub(crate) added: u64,
+    /// Files removed.
+    pub(crate) removed: u64,
+}
+
+impl Commit {
+    /// The run that made the commit, if lakefill did (read without the rest of the metadata, so
+    /// a commit of an older lakefill is still recognised).
+    pub(crate) fn run_id(&self) -> Option<&str> {
+        self.info["lakefill"]["run_id"].as_str()
+    }
+
+    /// The metadata of the lakefill run that made the commit, if one did and it can be read.
+    pub(crate) fn lakefill(&self) -> Option<CommitMetadata> {
+        self.info
+            .get("lakefill")
+            .filter(|value| value.is_object())
+            .and_then(|value| serde_json::from_value(value.clone()).ok())
+    }
+}
+
+/// Reads the commit file of `version`; `None` when it is gone (log cleanup). Lines that are not
+/// JSON are skipped.
+pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Commit>> {
+    let Some(bytes) = table
+        .log_store()
+        .read_commit_entry(version)
+        .await
+        .delta_context(|| format!("cannot read commit {version}"))?
+    else {
+        return Ok(None);
+    };
+    let mut commit = Commit {
+        info: serde_json::Value::Null,
+        partitions: Vec::new(),
+        paths: Vec::new(),
+        added: 0,
+        removed: 0,
+    };
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
+            continue;
+        };
+        if let Some(info) = action.get("commitInfo") {
+            commit.info = info.clone();
+        }
+        if let Some(path) = action["cdc"]["path"].as_str() {
+            commit.paths.push(path.to_string());
+        }
+        for (kind, counter) in [("add", &mut commit.added), ("remove", &mut commit.removed)] {
+            let Some(file) = action.get(kind) else {
+                continue;
+            };
+            *counter += 1;
+            if let Some(path) = file["path"].as_str() {
+                commit.paths.push(path.to_string());
+            }
+            if let Some(values) = file["partitionValues"].as_object() {
+                commit.partitions.push(
+                    values
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
+                        .collect(),
+                );
+            }
+        }
+    }
+    Ok(Some(commit))
+}
+
+/// Finds the newest version whose commit was made by `run_id`.
+pub(crate) async fn find_run_commit(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
+    let latest = loaded_version(table)?;
+    for version in (0..=latest).rev() {
+        match read_commit(table, version).await? {
+            Some(commit) if commit.run_id() == Some(run_id) => {
+                return Ok(Some(version));
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    Ok(None)
+}
+
+/// Returns whether a commit after `after` (up to `until`) added or removed files in `range`.
+pub(crate) async fn range_touched_after(
+    table: &DeltaTable,
+    after: u64,
+    layout: &Layout,
+    range: &PartitionRange,
+    until: u64,
+) -> Result<bool> {
+    for version in after + 1..=until {
+        match read_commit(table, version).await? {
+            Some(commit)
+                if commit
+                    .partitions
+                    .iter()
+                    .any(|values| layout.label_in(range, values).is_some()) =>
+            {
+                return Ok(true);
+            }
+            Some(_) => {}
+            // The commit file is gone (log cleanup): assume it may have touched the range.
+            None => return Ok(true),
+        }
+    }
+    Ok(false)
+}
