@@ -52,23 +52,10 @@ fn parse_source_version(pin: &str) -> Result<(String, u64), lakefill::Error> {
     Ok((table.trim().to_string(), version))
 }
 
-/// `--max-parallel`, else `[defaults] max_parallel`.
-pub(crate) fn max_parallel(project: &Project, flag: Option<usize>) -> Option<usize> {
-    flag.or(project.defaults().max_parallel)
-}
-
 /// Shows a path relative to the current directory when it is below it.
 pub(crate) fn display_path(path: &Path) -> String {
     std::env::current_dir()
         .ok()
         .and_then(|cwd| path.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
         .unwrap_or_else(|| path.display().to_string())
-}
-
-/// `--memory-limit`, else `[defaults] memory_limit`, in bytes.
-pub(crate) fn memory_limit(project: &Project, flag: Option<&str>) -> anyhow::Result<Option<u64>> {
-    match flag.or(project.defaults().memory_limit.as_deref()) {
-        Some(text) => Ok(Some(lakefill::parse_size(text)?)),
-        None => Ok(None),
-    }
 }

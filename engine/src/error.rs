@@ -873,7 +873,7 @@ mod tests {
             },
             Error::RunStopped {
                 run_id: s(),
-                state: crate::lifecycle::RunState::Failed.to_string(),
+                state: crate::journal::lifecycle::RunState::Failed.to_string(),
                 phase: s(),
                 resume: s(),
                 source: Box::new(Error::Interrupted),

@@ -14,6 +14,31 @@
 //! without writing; [`BackfillBuilder`] stages the model's output as Parquet files that are not
 //! yet in the log and publishes them as one commit.
 //!
+//! ## How the crate is laid out
+//!
+//! Each phase is a module, and a module only uses the ones below it:
+//!
+//! ```text
+//!  explain/   history, blame, sql, diff, gc        what happened, and what no history needs
+//!  run/       the runner (sequences the phases), publish step, reconcile, cleanup,
+//!             manage (runs, publish, discard), report
+//!  ─────────────────────────────────────────────────────────────────────────────────────────
+//!  publish    the one Delta commit of a run           stage/     the model's output, staged
+//!  plan/      scope, batches, run id; query.rs: the model as a DataFusion query per batch
+//!  journal/   the run's record: journal, lease, lifecycle (the run state machine)
+//!  validate/  rules, compare (shared with diff), checks, report
+//!  log/       the Delta log, read: commits, run ids, typed commit metadata, the model
+//!             registry, the files retained versions reference
+//!  ─────────────────────────────────────────────────────────────────────────────────────────
+//!  config  model  partition  protocol  storage  rowhash  resources    (what a table is)
+//!  error  secrets  time  sqltext  failpoint                           (foundation)
+//! ```
+//!
+//! A run moves through `plan → stage → validate → publish`; the runner only sequences those
+//! steps and keeps the journal current. A new phase (notify) is a module beside `publish` that
+//! the runner calls; composing runs (cascade) is a module above `run/` that plans and runs
+//! several.
+//!
 //! ```no_run
 //! # async fn demo() -> lakefill::Result<()> {
 //! let project = lakefill::Project::discover(std::path::Path::new("."))?;
@@ -24,17 +49,12 @@
 //! # Ok(()) }
 //! ```
 
-mod backfill;
 mod config;
 mod error;
-mod execute;
+mod explain;
 mod failpoint;
-mod gc;
 mod init;
-mod inspect;
 mod journal;
-mod lease;
-mod lifecycle;
 mod log;
 mod model;
 mod partition;
@@ -43,25 +63,25 @@ mod protocol;
 mod publish;
 mod resources;
 mod rowhash;
-mod runs;
+mod run;
+mod run_id;
 mod secrets;
+mod settings;
 mod sqltext;
-mod staged;
+mod stage;
 mod storage;
-mod throttle;
 mod time;
 mod validate;
 
-pub use backfill::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, PartitionChange, RunReport, Timings};
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
-pub use gc::{GcFile, GcReport, gc, parse_duration};
-pub use init::{InitReport, init};
-pub use inspect::{
+pub use explain::gc::{GcFile, GcReport, gc, parse_duration};
+pub use explain::{
     BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
 };
-pub use journal::{BatchBounds, BatchRecord, Journal};
-pub use lifecycle::RunState;
+pub use init::{InitReport, init};
+pub use journal::lifecycle::RunState;
+pub use journal::{BatchBounds, BatchRecord, Journal, PartitionChange};
 pub use log::metadata::{CheckSummary, CommitMetadata, CommittedPartition, ValidationSummary};
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
 pub use partition::{Layout, PartitionRange, TimeColumn, TimeEncoding};
@@ -69,13 +89,15 @@ pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DEFAULT_MAX_PARTITIONS, DownstreamModel,
     PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
-pub use protocol::{FeatureSupport, RowRule, TableProtocol};
+pub use protocol::{AddedColumn, FeatureSupport, RowRule, TableProtocol};
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
-pub use runs::{RunSummary, discard_run, list_runs, publish_run};
+pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};
+pub use run::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, RunReport, Timings};
+pub use run_id::RunId;
 pub use secrets::{MASK, mask as mask_secrets};
+pub use settings::{RunSettings, SettingFlags, parse_rate};
 pub use storage::StorageOption;
-pub use throttle::parse_rate;
 pub use time::{Grain, NULL_LABEL, Period};
 pub use validate::{
     CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,

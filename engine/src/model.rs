@@ -3,7 +3,7 @@
 //! A model file starts with a block comment holding a TOML header, followed by one read-only
 //! `SELECT`. This module finds versions (natural sort), fingerprints the bytes, parses the header
 //! and checks the SQL statically: one query, no DDL/DML/COPY, every table it reads declared.
-//! Running the SQL is left to [`crate::execute`].
+//! Running the SQL is left to [`crate::stage`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -11,7 +11,7 @@
 //! Values travel as the strings the Delta log holds; a value becomes a [`Period`] only through
 //! the layout, so ranges are compared as times, never as text. Hive paths are built the way
 //! delta-rs builds them, so every value is encoded exactly once. Reading and writing rows is
-//! left to [`crate::execute`].
+//! left to [`crate::stage`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -1047,11 +1047,15 @@ impl Layout {
     }
 
     /// The directory a run stages one partition's files in: `<hive path>/lakefill-<run_id>`.
-    pub(crate) fn staging_prefix(&self, values: &PartitionValues, run_id: &str) -> String {
+    pub(crate) fn staging_prefix(
+        &self,
+        values: &PartitionValues,
+        run_id: &crate::run_id::RunId,
+    ) -> String {
         if self.partition_columns.is_empty() {
-            return format!("lakefill-{run_id}");
+            return run_id.staging_dir();
         }
-        format!("{}/lakefill-{run_id}", self.hive_path(values))
+        format!("{}/{}", self.hive_path(values), run_id.staging_dir())
     }
 }
 

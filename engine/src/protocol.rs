@@ -300,3 +300,11 @@ fn invariant_expression(metadata: &Value) -> Option<String> {
         .as_str()
         .map(str::to_string)
 }
+/// A column a model adds to its target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddedColumn {
+    /// The column's name.
+    pub name: String,
+    /// Its Delta type, e.g. `long`.
+    pub delta_type: String,
+}

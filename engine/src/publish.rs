@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 
 use crate::error::{DeltaContext, Error, Result};
 use crate::journal::Journal;
-use crate::log::app_id;
 use crate::log::metadata::{CommitMetadata, CommittedPartition, ValidationSummary};
 
 /// The commit metadata of a run (DESIGN §4.4).
@@ -28,7 +27,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
         ..report.summary()
     });
     CommitMetadata {
-        run_id: journal.run_id.clone(),
+        run_id: journal.run_id.to_string(),
         model: journal.model.clone(),
         model_version: journal.model_version.clone(),
         fingerprint: journal.fingerprint.clone(),
@@ -137,7 +136,7 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             ("userMetadata".to_string(), Value::String(user_metadata)),
         ])
         .with_application_transaction(Transaction::new(
-            app_id(&journal.run_id),
+            journal.run_id.app_id(),
             i64::try_from(journal.sequence).unwrap_or(i64::MAX),
         ));
     let finalized = CommitBuilder::from(properties)

@@ -13,20 +13,18 @@ use deltalake::datafusion::prelude::SessionContext;
 use deltalake::delta_datafusion::{DeltaRuntimeEnvBuilder, DeltaSessionContext};
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-
-/// Parses sizes like `512MiB`, `4GiB`, `64MB` or a plain number of bytes.
-pub fn parse_size(text: &str) -> Result<u64> {
+/// Parses sizes like `512MiB`, `4GiB`, `64MB` or a plain number of bytes; the error says what
+/// a size looks like (the caller names the setting).
+///
+/// Written here rather than taken from a crate: none in the dependency tree parses sizes, and
+/// this is the whole of it.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     let trimmed = text.trim();
     let split = trimmed
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
-    let invalid = || Error::InvalidOption {
-        option: "--memory-limit".into(),
-        value: text.to_string(),
-        message: "expected a size such as `512MiB`, `4GiB` or `64MB`".into(),
-    };
+    let invalid = || "expected a size such as `512MiB`, `4GiB` or `64MB`".to_string();
     let number: f64 = number.parse().map_err(|_| invalid())?;
     let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,

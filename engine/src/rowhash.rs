@@ -186,6 +186,16 @@ impl ScalarUDFImpl for RowHashUdf {
     }
 }
 
+/// The SQL expression of the hash of a row's `columns` (the empty row's hash when there are
+/// none); the session must have [`RowHashUdf`] registered.
+pub(crate) fn row_hash_sql(columns: &[String]) -> String {
+    if columns.is_empty() {
+        return EMPTY_ROW_HASH.to_string();
+    }
+    let columns: Vec<String> = columns.iter().map(|c| crate::sqltext::ident(c)).collect();
+    format!("{ROW_HASH_FUNCTION}({})", columns.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,11 +4,14 @@
 //! `DeltaTable`'s log-store configuration.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError, ObjectStore, Path};
+use url::Url;
 
 use crate::config::TableConfig;
-use crate::error::{Error, Result};
+use crate::error::{DeltaContext, Error, Result};
+use crate::partition::{NULL_PARTITION_DIR, PartitionValues};
 
 /// Opens `table` at `version`, or at its latest version when `None`.
 pub(crate) async fn open_table(table: &TableConfig, version: Option<u64>) -> Result<DeltaTable> {
@@ -276,4 +279,92 @@ pub(crate) fn is_local_symlink(root: &url::Url, path: &str) -> bool {
 /// object.
 pub(crate) fn object_path(path: &str) -> deltalake::Path {
     deltalake::Path::parse(path).unwrap_or_else(|_| deltalake::Path::from(path))
+}
+/// Percent-decodes a path as Delta writes them in the log and in partition directory names; a
+/// `%` that does not start an escape stays as it is.
+pub(crate) fn decode(path: &str) -> String {
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Every partition directory of the table (`a=1/b=2/`), with the partition values it names,
+/// found by walking the partition columns level by level: never through a symbolic link, never
+/// into a directory that holds a table of its own, never into anything but `column=value`
+/// directories. An unpartitioned table has one: its root.
+pub(crate) async fn partition_dirs(
+    store: &Arc<dyn ObjectStore>,
+    root: &Url,
+    partition_columns: &[String],
+) -> Result<Vec<(Path, PartitionValues)>> {
+    let mut level: Vec<(Path, PartitionValues)> = vec![(Path::default(), PartitionValues::new())];
+    for column in partition_columns {
+        let marker = format!("{column}=");
+        let mut next = Vec::new();
+        for (prefix, values) in level {
+            let listing = list(store, &prefix).await?;
+            if !prefix.as_ref().is_empty() && holds_a_table(&listing) {
+                continue;
+            }
+            for dir in listing.common_prefixes {
+                let Some(name) = dir.filename() else { continue };
+                let Some(encoded) = name.strip_prefix(&marker) else {
+                    continue;
+                };
+                if is_local_symlink(root, dir.as_ref()) {
+                    continue;
+                }
+                let value = (encoded != NULL_PARTITION_DIR).then(|| decode(encoded));
+                let mut values = values.clone();
+                values.insert(column.clone(), value);
+                next.push((dir, values));
+            }
+        }
+        level = next;
+    }
+    Ok(level)
+}
+
+pub(crate) async fn list(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<deltalake::logstore::object_store::ListResult> {
+    let at = (!prefix.as_ref().is_empty()).then_some(prefix);
+    store
+        .list_with_delimiter(at)
+        .await
+        .map_err(|source| Error::Storage {
+            path: if prefix.as_ref().is_empty() {
+                "/".into()
+            } else {
+                prefix.to_string()
+            },
+            source,
+        })
+}
+
+/// Whether a directory listing shows a Delta table of its own (it has a `_delta_log`).
+pub(crate) fn holds_a_table(listing: &deltalake::logstore::object_store::ListResult) -> bool {
+    listing
+        .common_prefixes
+        .iter()
+        .any(|p| p.filename() == Some("_delta_log"))
+}
+/// Reloads `table` at its newest version.
+pub(crate) async fn latest(table: &DeltaTable) -> Result<DeltaTable> {
+    let mut latest = table.clone();
+    latest
+        .update_incremental(None)
+        .await
+        .delta_context(|| format!("cannot read the log of `{}`", table.table_url()))?;
+    Ok(latest)
+}
+/// The live rows of a file of the log: its record count less the rows its deletion vector
+/// removes; `None` when the file has no statistics.
+pub(crate) fn live_rows(file: &deltalake::kernel::LogicalFileView) -> Option<u64> {
+    let deleted = file
+        .deletion_vector_descriptor()
+        .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
+    file.num_records()
+        .map(|n| u64::try_from(n).unwrap_or(0).saturating_sub(deleted))
 }

@@ -242,6 +242,11 @@ pub(crate) fn parse_instant(text: &str) -> Option<(NaiveDateTime, Grain)> {
     None
 }
 
+/// The current time in RFC 3339, UTC.
+pub(crate) fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

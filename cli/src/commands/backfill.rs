@@ -1,6 +1,6 @@
 //! `lakefill backfill`: stage and publish.
 
-use lakefill::{BackfillBuilder, Outcome};
+use lakefill::{BackfillBuilder, Outcome, RunSettings, SettingFlags};
 
 use crate::args::{BackfillArgs, GlobalArgs};
 use crate::printer::{Printer, run_text};
@@ -12,7 +12,19 @@ pub(crate) async fn run(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
-    let plan = settings::plan_builder(&project, &args.scope)?.await?;
+    // Every setting resolved (flag, else `[defaults]`, else built in) before anything runs.
+    let resolved = RunSettings::resolve(
+        &project,
+        &SettingFlags {
+            max_parallel: args.max_parallel,
+            memory_limit: args.memory_limit.clone(),
+            batch_partitions: args.scope.batch_partitions,
+            throttle: args.throttle.clone(),
+        },
+    )?;
+    let plan = settings::plan_builder(&project, &args.scope)?
+        .with_batch_partitions(Some(resolved.batch_partitions))
+        .await?;
     let report = plan.report();
     printer.status(&format!(
         "backfilling {} {} ..= {} with {}@{} ({} partitions in {} batches, read version {})",
@@ -31,17 +43,9 @@ pub(crate) async fn run(
         .flatten();
     let run = BackfillBuilder::new(plan)
         .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
-        .with_max_parallel(settings::max_parallel(&project, args.max_parallel))
-        .with_memory_limit(settings::memory_limit(
-            &project,
-            args.memory_limit.as_deref(),
-        )?)
-        .with_throttle(
-            args.throttle
-                .as_deref()
-                .map(lakefill::parse_rate)
-                .transpose()?,
-        )
+        .with_max_parallel(Some(resolved.max_parallel))
+        .with_memory_limit(resolved.memory_limit)
+        .with_throttle(resolved.throttle)
         .with_progress(printer.progress())
         .with_stage_only(args.stage_only)
         .with_force_publish(force)
@@ -83,16 +87,8 @@ fn quit_now() {
 /// Prints a run report; a failed validation becomes exit code 3 after the report is out.
 pub(crate) fn finish(printer: Printer, run: &lakefill::RunReport) -> anyhow::Result<()> {
     printer.result(&run_text(run), run)?;
-    if run.outcome == Outcome::ValidationFailed {
-        return Err(lakefill::Error::ValidationFailed {
-            run_id: run.run_id.clone(),
-            forceable: run
-                .validation
-                .as_ref()
-                .is_none_or(|v| v.protocol_violations().is_empty()),
-            failed: run.failed_checks(),
-        }
-        .into());
+    match run.validation_error() {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
     }
-    Ok(())
 }

@@ -14,26 +14,19 @@ use deltalake::DeltaTable;
 
 use crate::error::{DeltaContext, Result};
 use crate::partition::{Layout, PartitionRange, PartitionValues};
+use crate::run_id::RunId;
 use crate::storage::loaded_version;
 
 pub(crate) use metadata::CommitMetadata;
 
-/// The Delta application id prefix of lakefill runs (`lakefill:<run_id>`).
-pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
-
-/// Returns the application id of a run.
-pub(crate) fn app_id(run_id: &str) -> String {
-    format!("{APP_ID_PREFIX}{run_id}")
-}
-
 /// Returns the highest publish sequence of `run_id` recorded in `table` (at whatever version it
 /// is loaded), if the run was ever published.
-pub(crate) async fn published_sequence(table: &DeltaTable, run_id: &str) -> Result<Option<u64>> {
+pub(crate) async fn published_sequence(table: &DeltaTable, run_id: &RunId) -> Result<Option<u64>> {
     let snapshot = table
         .snapshot()
         .delta_context(|| "cannot read the table's snapshot".into())?;
     Ok(snapshot
-        .transaction_version(table.log_store().as_ref(), &app_id(run_id))
+        .transaction_version(table.log_store().as_ref(), &run_id.app_id())
         .await
         .delta_context(|| "cannot read the table's application transactions".into())?
         .map(|v| u64::try_from(v).unwrap_or(0)))

@@ -4,7 +4,7 @@
 //! oldest retained version, which may rest on a checkpoint) lists it. Paths in the log may be
 //! relative (percent-encoded) or absolute; both are kept as absolute locations, encoded and
 //! decoded, so a comparison errs on the side of keeping a file. Deleting is left to the callers
-//! ([`crate::gc`], [`crate::runs`], [`crate::backfill`]); they ask [`ReferencedFiles::contains`]
+//! ([`crate::explain::gc`], [`crate::run::manage`], [`crate::run`]); they ask [`ReferencedFiles::contains`]
 //! first.
 
 use std::collections::BTreeSet;
@@ -15,7 +15,7 @@ use url::Url;
 use crate::config::Project;
 use crate::error::{DeltaContext, Result};
 use crate::log::read_commit;
-use crate::storage::{loaded_version, open_table};
+use crate::storage::{decode, loaded_version, open_table};
 
 /// Absolute locations of every file some retained version of some table references.
 #[derive(Debug, Default, Clone)]
@@ -42,7 +42,7 @@ impl ReferencedFiles {
             }
             match open_table(config, None).await {
                 Ok(other) => files.add_table(&other).await?,
-                Err(crate::Error::NotADeltaTable { .. }) => {}
+                Err(crate::error::Error::NotADeltaTable { .. }) => {}
                 Err(error) => return Err(error),
             }
         }
@@ -120,28 +120,6 @@ fn absolute(root: &Url, path: &str) -> String {
         root.as_str().trim_end_matches('/'),
         path.trim_start_matches('/')
     )
-}
-
-/// Percent-decodes a path as Delta writes them in the log.
-pub(crate) fn decode(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(byte) = std::str::from_utf8(&bytes[i + 1..i + 3])
-                .ok()
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        {
-            out.push(byte);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

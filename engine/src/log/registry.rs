@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use deltalake::{ObjectStore, ObjectStoreError};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::journal::Journal;
 
 /// Directory of the published model versions under a table's root.
 const MODELS_DIR: &str = "_lakefill/models";
@@ -19,22 +18,34 @@ fn model_record_path(model: &str, version: &str) -> deltalake::Path {
         .join(format!("{version}.json").as_str())
 }
 
+/// The record of a model version's first publish into a table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ModelRecord {
+    /// The model.
+    pub(crate) model: String,
+    /// Its version.
+    pub(crate) version: String,
+    /// SHA-256 of the model file as published.
+    pub(crate) fingerprint: String,
+    /// The run that published it.
+    pub(crate) run_id: String,
+    /// The table version it was published as.
+    #[serde(default)]
+    pub(crate) published_version: Option<u64>,
+}
+
 /// Records that `model@version` with its fingerprint was published into the table, the first
 /// time only (a conditional put). Best effort: a record that cannot be written is written by the
 /// next command that reconciles the run.
-pub(crate) async fn record_published_model(store: &Arc<dyn ObjectStore>, journal: &Journal) {
-    let record = json!({
-        "model": journal.model,
-        "version": journal.model_version,
-        "fingerprint": journal.fingerprint,
-        "run_id": journal.run_id,
-        "published_version": journal.published_version,
-    });
-    let path = model_record_path(&journal.model, &journal.model_version);
+pub(crate) async fn record_published_model(store: &Arc<dyn ObjectStore>, record: &ModelRecord) {
+    let path = model_record_path(&record.model, &record.version);
+    let Ok(bytes) = serde_json::to_vec(record) else {
+        return;
+    };
     match store
         .put_opts(
             &path,
-            PutPayload::from(record.to_string().into_bytes()),
+            PutPayload::from(bytes),
             PutOptions::from(PutMode::Create),
         )
         .await
@@ -67,7 +78,8 @@ pub(crate) async fn published_fingerprint(
             });
         }
     };
-    Ok(serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|record| record["fingerprint"].as_str().map(str::to_string)))
+    let record: ModelRecord = serde_json::from_slice(&bytes).map_err(|e| Error::Internal(format!(
+        "the record of the published model version at `{path}` is not readable ({e}); restore it from a backup or delete it to accept the current file"
+    )))?;
+    Ok(Some(record.fingerprint))
 }

@@ -12,6 +12,9 @@
 //! [`check_model`] plans the model once when the plan is made, so what `plan` accepts,
 //! `backfill` runs.
 
+pub(crate) mod staged;
+pub(crate) mod throttle;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -23,7 +26,7 @@ use deltalake::arrow::compute::take;
 use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
-use deltalake::datafusion::common::{Column, ScalarValue};
+use deltalake::datafusion::common::Column;
 use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::datafusion::logical_expr::{Expr, cast};
 use deltalake::datafusion::prelude::{DataFrame, SessionContext};
@@ -36,11 +39,12 @@ use indexmap::IndexMap;
 
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
-use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues, TimeEncoding};
-use crate::plan::{AddedColumn, BackfillPlan, BatchPlan, PlannedSource};
+use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
+use crate::plan::query::{batch_dataframe, batch_periods, target_schema};
+use crate::plan::{BackfillPlan, BatchPlan};
 use crate::resources::Resources;
 use crate::rowhash::{RowChecksum, hash_rows};
-use crate::throttle::{Throttle, ThrottledStore};
+use crate::stage::throttle::{Throttle, ThrottledStore};
 use crate::time::Period;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
@@ -55,20 +59,6 @@ pub(crate) struct StageOptions {
     pub(crate) resources: Resources,
     /// The bound on bytes written per second, if any.
     pub(crate) throttle: Option<Arc<Throttle>>,
-}
-
-/// Plans the model for the first batch and checks its output against the target's schema:
-/// names every column that differs. Reads no data.
-///
-/// Returns the schema staged files are written with: the target's, plus the nullable columns the
-/// model adds when its header says `schema = "add-columns"`.
-pub(crate) async fn check_model(plan: &BackfillPlan) -> Result<(SchemaRef, Vec<AddedColumn>)> {
-    let table = target_schema(plan)?;
-    let Some(first) = plan.report.batches.first() else {
-        return Ok((Arc::new(table), Vec::new()));
-    };
-    let (_ctx, df) = batch_dataframe(plan, first, &Resources::new(None)).await?;
-    check_schema(plan, df.schema().as_arrow(), &table)
 }
 
 /// Stages every batch not in `skip`.
@@ -105,238 +95,6 @@ pub(crate) async fn stage(
         }
     }
     Ok(())
-}
-
-fn target_schema(plan: &BackfillPlan) -> Result<Schema> {
-    if let Some(schema) = &plan.write_schema {
-        return Ok(schema.as_ref().clone());
-    }
-    let snapshot = plan
-        .target
-        .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", plan.report.target))?;
-    Ok(snapshot.snapshot().arrow_schema().as_ref().clone())
-}
-
-/// The periods a batch computes: its first and last (for the NULL batch, the whole range's).
-fn batch_periods(plan: &BackfillPlan, batch: &BatchPlan) -> Result<(Period, Period)> {
-    let grain = plan.report.range.grain;
-    let parse = |label: &str| {
-        Period::from_label(grain, label)
-            .ok_or_else(|| Error::Internal(format!("batch bound `{label}` is not a {grain}")))
-    };
-    Ok((parse(&batch.start)?, parse(&batch.end)?))
-}
-
-/// `$start`, `$end` and `$next` of a batch: for day, month and year partitions the batch's first
-/// day, last day and the day after it (DATE); for hours the batch's first hour, last hour and the
-/// hour after it (TIMESTAMP).
-fn batch_parameters(
-    plan: &BackfillPlan,
-    batch: &BatchPlan,
-) -> Result<Vec<(&'static str, ScalarValue)>> {
-    let (first, last) = batch_periods(plan, batch)?;
-    if first.grain().is_calendar() {
-        let date = |d: chrono::NaiveDate| {
-            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch is a date");
-            ScalarValue::Date32(Some(
-                i32::try_from((d - epoch).num_days()).unwrap_or(i32::MAX),
-            ))
-        };
-        return Ok(vec![
-            ("start", date(first.first_day())),
-            ("end", date(last.last_day())),
-            ("next", date(last.end().date())),
-        ]);
-    }
-    let timezone: Option<Arc<str>> = match &plan.report.layout.time.encoding {
-        TimeEncoding::Timestamp { timezone, .. } => timezone.as_deref().map(Into::into),
-        _ => Some("UTC".into()),
-    };
-    let micros = |t: chrono::NaiveDateTime| {
-        ScalarValue::TimestampMicrosecond(Some(t.and_utc().timestamp_micros()), timezone.clone())
-    };
-    Ok(vec![
-        ("start", micros(first.start())),
-        ("end", micros(last.start())),
-        ("next", micros(last.end())),
-    ])
-}
-
-/// Builds the session and the model's DataFrame for one batch.
-async fn batch_dataframe(
-    plan: &BackfillPlan,
-    batch: &BatchPlan,
-    resources: &Resources,
-) -> Result<(SessionContext, DataFrame)> {
-    let ctx = resources.session();
-    for source in &plan.sources {
-        register_source(&ctx, plan, source, batch).await?;
-    }
-    let options = crate::sqltext::read_only();
-    let model = &plan.model;
-    let df = ctx
-        .sql_with_options(model.sql(), options)
-        .await
-        .map_err(|source| Error::Model {
-            path: model.path().to_path_buf(),
-            message: format!("the SQL cannot be planned: {source}"),
-            hint: "check column and table names (they are case-sensitive) against the sources"
-                .into(),
-        })?;
-    let df = df
-        .with_param_values(batch_parameters(plan, batch)?)
-        .map_err(|source| Error::Model {
-            path: model.path().to_path_buf(),
-            message: format!("cannot bind `$start`/`$end`/`$next`: {source}"),
-            hint: "only `$start`, `$end` and `$next` may be used as parameters".into(),
-        })?;
-    Ok((ctx, df))
-}
-
-/// Registers `source` under its name as a view restricted to the batch window.
-async fn register_source(
-    ctx: &SessionContext,
-    plan: &BackfillPlan,
-    source: &PlannedSource,
-    batch: &BatchPlan,
-) -> Result<()> {
-    let provider = source
-        .table
-        .table_provider()
-        .await
-        .query_context(|| format!("cannot scan source `{}`", source.name))?;
-    let mut df = ctx
-        .read_table(provider)
-        .query_context(|| format!("cannot read source `{}`", source.name))?;
-    if let Some(window) = &source.window {
-        let (low, high) = window_periods(plan, source, batch)?;
-        let mut predicate =
-            window
-                .time
-                .predicate(low, high, window.partition_column, &window.data_type)?;
-        if batch.null {
-            // The NULL partition is computed from the rows whose time is unknown.
-            for column in window.time.encoding.columns() {
-                predicate = predicate.or(Expr::Column(Column::new_unqualified(column)).is_null());
-            }
-        }
-        df = df
-            .filter(predicate)
-            .query_context(|| format!("cannot restrict source `{}` to its window", source.name))?;
-    }
-    ctx.register_table(source.name.as_str(), df.into_view())
-        .query_context(|| format!("cannot register source `{}`", source.name))?;
-    Ok(())
-}
-
-/// The periods (of the source's grain) a source is read over for a batch: those the batch's
-/// time touches, widened by the source's lookback and lookahead.
-fn window_periods(
-    plan: &BackfillPlan,
-    source: &PlannedSource,
-    batch: &BatchPlan,
-) -> Result<(Period, Period)> {
-    let Some(window) = &source.window else {
-        return Err(Error::Internal(format!(
-            "source `{}` has no window",
-            source.name
-        )));
-    };
-    let (first, last) = batch_periods(plan, batch)?;
-    let grain = window.time.grain;
-    let out_of_range = || Error::InvalidRange {
-        message: format!(
-            "the window of source `{}` around {}..{} leaves the calendar",
-            source.name, batch.start, batch.end
-        ),
-    };
-    let low = Period::containing(grain, first.start())
-        .and_then(|p| p.offset(-i64::from(source.spec.lookback)))
-        .ok_or_else(out_of_range)?;
-    let last_instant = last.end() - chrono::TimeDelta::microseconds(1);
-    let high = Period::containing(grain, last_instant)
-        .and_then(|p| p.offset(i64::from(source.spec.lookahead)))
-        .ok_or_else(out_of_range)?;
-    Ok((low, high))
-}
-
-/// Compares the model's output with the target schema; names every column that differs.
-/// Extra columns are refused unless the model adds columns, then they are added (nullable).
-fn check_schema(
-    plan: &BackfillPlan,
-    output: &Schema,
-    target: &Schema,
-) -> Result<(SchemaRef, Vec<AddedColumn>)> {
-    let mut problems = Vec::new();
-    for field in target.fields() {
-        match output.field_with_name(field.name()) {
-            Err(_) => problems.push(format!(
-                "  missing column `{}` (the table has {})",
-                field.name(),
-                field.data_type()
-            )),
-            Ok(produced) if normalize(produced.data_type()) != normalize(field.data_type()) => {
-                problems.push(format!(
-                    "  column `{}`: the model produces {}, the table has {}",
-                    field.name(),
-                    produced.data_type(),
-                    field.data_type()
-                ))
-            }
-            Ok(_) => {}
-        }
-    }
-    let mut fields: Vec<Arc<deltalake::arrow::datatypes::Field>> =
-        target.fields().iter().map(Arc::clone).collect();
-    let mut added = Vec::new();
-    for field in output.fields() {
-        if target.field_with_name(field.name()).is_ok() {
-            continue;
-        }
-        if !plan.model.adds_columns() {
-            problems.push(format!(
-                "  extra column `{}` ({}), which the table does not have (`schema = \"add-columns\"` in the header adds it)",
-                field.name(),
-                field.data_type()
-            ));
-            continue;
-        }
-        let data_type = normalize(field.data_type());
-        match crate::protocol::delta_type(&data_type, &plan.report.protocol) {
-            Ok(delta_type) => {
-                added.push(AddedColumn {
-                    name: field.name().clone(),
-                    delta_type,
-                });
-                fields.push(Arc::new(deltalake::arrow::datatypes::Field::new(
-                    field.name(),
-                    data_type,
-                    true,
-                )));
-            }
-            Err(message) => problems.push(format!("  new column `{}`: {message}", field.name())),
-        }
-    }
-    if problems.is_empty() {
-        Ok((Arc::new(Schema::new(fields)), added))
-    } else {
-        Err(Error::SchemaMismatch {
-            model: format!("{}@{}", plan.model.name(), plan.model.version()),
-            table: plan.report.target.clone(),
-            problems,
-        })
-    }
-}
-
-/// String flavours are one logical type: Delta stores them alike.
-fn normalize(data_type: &DataType) -> DataType {
-    match data_type {
-        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
-        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
-        DataType::Dictionary(_, value) => normalize(value),
-        other => other.clone(),
-    }
 }
 
 /// Where the rows of one partition go.

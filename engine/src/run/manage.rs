@@ -4,25 +4,34 @@
 //! from any machine that can reach the table and need no state besides the project file. The
 //! Delta log is the truth and the journal a cache of it: every command reconciles a run with the
 //! target's application transactions ([`reconcile`]) before it decides anything, and every
-//! command that changes a run holds its lease ([`crate::lease`]).
+//! command that changes a run holds its lease ([`crate::journal::lease`]).
 
 use std::sync::Arc;
 
+use deltalake::DeltaTable;
+use deltalake::ObjectStore;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
-use deltalake::{DeltaTable, ObjectStore};
 use serde::Serialize;
 
-use crate::backfill::{Outcome, RunReport, Timings, publish_journal};
-use crate::config::{Project, TableConfig};
-use crate::error::{DeltaContext, Error, Result};
-use crate::journal::{Journal, RunState};
-use crate::lease::{RunLease, holder};
-use crate::lifecycle::Publishable;
-use crate::log::find_run_commit;
-use crate::log::published_sequence;
-use crate::log::references::ReferencedFiles;
+use crate::config::Project;
+use crate::config::TableConfig;
+use crate::error::Error;
+use crate::error::Result;
+use crate::journal::Journal;
+use crate::journal::RunState;
+use crate::journal::lease::RunLease;
+use crate::journal::lease::holder;
+use crate::journal::lifecycle::Publishable;
 use crate::log::registry::record_published_model;
 use crate::partition::PartitionRange;
+use crate::run::cleanup::delete_run_files;
+use crate::run::publish::empty_reason;
+use crate::run::publish::publish_journal;
+use crate::run::reconcile::reconcile;
+use crate::run::report::Outcome;
+use crate::run::report::RunReport;
+use crate::run::report::Timings;
+use crate::run_id::RunId;
 use crate::storage::open_table;
 
 /// One line of `lakefill runs`.
@@ -61,7 +70,7 @@ pub struct RunSummary {
 impl From<&Journal> for RunSummary {
     fn from(journal: &Journal) -> Self {
         Self {
-            run_id: journal.run_id.clone(),
+            run_id: journal.run_id.to_string(),
             table: journal.target.clone(),
             state: journal.state,
             model: journal.model.clone(),
@@ -76,50 +85,6 @@ impl From<&Journal> for RunSummary {
             created_at: journal.created_at.clone(),
             updated_at: journal.updated_at.clone(),
         }
-    }
-}
-
-/// Makes `journal` agree with the target's Delta log (`latest`, loaded at its newest version):
-/// a run whose application transaction is in the log is published, whatever its journal says; a
-/// publish whose commit is not in the log did not happen. Returns whether the journal changed.
-///
-/// This is the one place that moves a run into `published` from outside a commit.
-pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Result<bool> {
-    let logged = published_sequence(latest, &journal.run_id).await?;
-    if logged.is_some_and(|sequence| sequence >= journal.sequence) {
-        if journal.state == RunState::Published && journal.published_version.is_some() {
-            return Ok(false);
-        }
-        journal.state = RunState::Published;
-        journal.published_version = find_run_commit(latest, &journal.run_id)
-            .await?
-            .or(journal.published_version);
-        journal.error = None;
-        tracing::info!(run_id = %journal.run_id, version = ?journal.published_version, "the Delta log has the run's commit: repaired its journal");
-        return Ok(true);
-    }
-    match journal.state {
-        RunState::Published => {
-            // Application transactions can expire; the commit itself is the proof.
-            if find_run_commit(latest, &journal.run_id).await?.is_some() {
-                return Ok(false);
-            }
-            journal.state = RunState::Failed;
-            journal.error = Some(
-                "the journal said published, but the Delta log has no commit of this run".into(),
-            );
-            Ok(true)
-        }
-        RunState::Publishing => {
-            // The commit never landed: the run is as it was before the publish.
-            journal.state = match journal.validation_passed() {
-                Some(true) => RunState::Validated,
-                Some(false) => RunState::FailedValidation,
-                None => RunState::Failed,
-            };
-            Ok(true)
-        }
-        _ => Ok(false),
     }
 }
 
@@ -169,21 +134,14 @@ async fn repair(store: &Arc<dyn ObjectStore>, journal: &Journal) {
             tracing::debug!(run_id = %journal.run_id, %error, "cannot repair the journal");
         }
         if current.state == RunState::Published {
-            record_published_model(store, &current).await;
+            record_published_model(store, &current.model_record()).await;
         }
     }
     lease.release().await;
 }
 
 /// Finds the table holding the journal of `run_id`.
-async fn find_run(project: &Project, run_id: &str) -> Result<(TableConfig, DeltaTable)> {
-    if !crate::journal::is_run_id(run_id) {
-        return Err(Error::InvalidOption {
-            option: "RUN_ID".into(),
-            value: run_id.to_string(),
-            message: "a run id holds only letters, digits, `-`, `_` and `.`".into(),
-        });
-    }
+async fn find_run(project: &Project, run_id: &RunId) -> Result<(TableConfig, DeltaTable)> {
     let mut searched = Vec::new();
     for config in project.tables() {
         let Ok(table) = open_table(config, None).await else {
@@ -192,7 +150,7 @@ async fn find_run(project: &Project, run_id: &str) -> Result<(TableConfig, Delta
         searched.push(config.name().to_string());
         if table
             .object_store()
-            .head(&Journal::path(run_id))
+            .head(&run_id.journal_path())
             .await
             .is_ok()
         {
@@ -213,6 +171,7 @@ async fn with_run<T>(
     command: &str,
     work: impl AsyncFnOnce(&TableConfig, &DeltaTable, &mut Journal, &RunLease) -> Result<T>,
 ) -> Result<T> {
+    let run_id = &RunId::parse(run_id)?;
     let (config, latest) = find_run(project, run_id).await?;
     let store = latest.object_store();
     let lease = RunLease::acquire(&store, config.name(), run_id, command).await?;
@@ -227,7 +186,7 @@ async fn with_run<T>(
         if reconcile(&latest, &mut journal).await? {
             journal.save(&store, &lease).await?;
             if journal.state == RunState::Published {
-                record_published_model(&store, &journal).await;
+                record_published_model(&store, &journal.model_record()).await;
             }
         }
         work(&config, &latest, &mut journal, &lease).await
@@ -336,16 +295,6 @@ pub async fn publish_run(
     .await
 }
 
-pub(crate) fn empty_reason() -> Error {
-    Error::InvalidOption {
-        option: "--reason".into(),
-        value: String::new(),
-        message:
-            "a forced publish records why validation is overridden; the reason must not be empty"
-                .into(),
-    }
-}
-
 /// Deletes a run's staged files and marks it discarded. A published run cannot be discarded:
 /// its files are the table's data.
 pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
@@ -379,125 +328,4 @@ pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
         ))
     })
     .await
-}
-
-/// Deletes every file in the run's own staging directories of its in-range partitions (what
-/// its journal lists, and what unfinished batches left there), except files any retained version
-/// of any table of the project references. Returns how many were deleted.
-pub(crate) async fn delete_run_files(
-    project: &Project,
-    latest: &DeltaTable,
-    journal: &Journal,
-) -> Result<u64> {
-    delete_staging(latest, journal, false, Some(project)).await
-}
-
-/// Deletes every file the run staged (journaled or not), except files a retained version of the
-/// target references.
-pub(crate) async fn delete_unreferenced(latest: &DeltaTable, journal: &Journal) -> Result<u64> {
-    delete_staging(latest, journal, false, None).await
-}
-
-/// Deletes the files in the run's staging directories that its journal does not list (batches
-/// that never finished), except files a retained version of the target references.
-pub(crate) async fn delete_unjournaled(table: &DeltaTable, journal: &Journal) -> Result<u64> {
-    delete_staging(table, journal, true, None).await
-}
-
-async fn delete_staging(
-    table: &DeltaTable,
-    journal: &Journal,
-    keep_journaled: bool,
-    project: Option<&Project>,
-) -> Result<u64> {
-    let store = table.object_store();
-    let root = table.table_url().clone();
-    let journaled: std::collections::BTreeSet<String> =
-        journal.staged_files().map(|a| a.path.clone()).collect();
-    let mut candidates: Vec<deltalake::Path> = if keep_journaled {
-        Vec::new()
-    } else {
-        journaled
-            .iter()
-            .map(|p| crate::storage::object_path(p))
-            .collect()
-    };
-    for prefix in staging_dirs(&store, &root, journal).await? {
-        let listed = store
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(|source| Error::Storage {
-                path: prefix.to_string(),
-                source,
-            })?
-            .objects;
-        candidates.extend(
-            listed
-                .into_iter()
-                .map(|o| o.location)
-                .filter(|p| !(keep_journaled && journaled.contains(p.as_ref()))),
-        );
-    }
-    candidates.sort();
-    candidates.dedup();
-    if candidates.is_empty() {
-        return Ok(0);
-    }
-    let referenced = match project {
-        Some(project) => ReferencedFiles::of_project(project, table).await?,
-        None => ReferencedFiles::of_table(table).await?,
-    };
-    let mut deleted = 0;
-    for path in candidates {
-        if crate::storage::is_local_symlink(&root, path.as_ref()) {
-            tracing::warn!(path = %path, "kept a staged path that passes through a symbolic link");
-            continue;
-        }
-        if referenced.contains(&root, path.as_ref()) {
-            tracing::warn!(path = %path, "kept a staged file that a table version references");
-            continue;
-        }
-        match store.delete(&path).await {
-            Ok(()) => deleted += 1,
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
-            Err(source) => {
-                return Err(Error::Storage {
-                    path: path.to_string(),
-                    source,
-                });
-            }
-        }
-    }
-    Ok(deleted)
-}
-
-/// The run's staging directories of the in-range partitions that exist (never through a
-/// symbolic link, never inside a nested table).
-pub(crate) async fn staging_dirs(
-    store: &Arc<dyn ObjectStore>,
-    root: &url::Url,
-    journal: &Journal,
-) -> Result<Vec<deltalake::Path>> {
-    let layout = &journal.layout;
-    let mut dirs = Vec::new();
-    for (dir, values) in crate::gc::partition_dirs(store, root, &layout.partition_columns).await? {
-        if layout.label_in(&journal.range, &values).is_none() {
-            continue;
-        }
-        let dir = dir.join(format!("lakefill-{}", journal.run_id).as_str());
-        if !crate::storage::is_local_symlink(root, dir.as_ref()) {
-            dirs.push(dir);
-        }
-    }
-    Ok(dirs)
-}
-
-/// Reloads `table` at its newest version.
-pub(crate) async fn latest(table: &DeltaTable) -> Result<DeltaTable> {
-    let mut latest = table.clone();
-    latest
-        .update_incremental(None)
-        .await
-        .delta_context(|| format!("cannot read the log of `{}`", table.table_url()))?;
-    Ok(latest)
 }

@@ -22,12 +22,14 @@ use url::Url;
 
 use crate::config::Project;
 use crate::error::{DeltaContext, Error, Result};
-use crate::journal::{Journal, RunState, is_run_id, now};
-use crate::lease::{RunLease, holder};
-use crate::log::references::{ReferencedFiles, decode};
-use crate::partition::{NULL_PARTITION_DIR, PartitionValues};
-use crate::runs::reconcile;
-use crate::storage::{is_local_symlink, open_table};
+use crate::journal::lease::{RunLease, holder};
+use crate::journal::{Journal, RunState};
+use crate::log::references::ReferencedFiles;
+use crate::partition::PartitionValues;
+use crate::run::reconcile::reconcile;
+use crate::run_id::RunId;
+use crate::storage::{holds_a_table, is_local_symlink, list, open_table, partition_dirs};
+use crate::time::now;
 
 /// What `gc` deleted, or would delete with `--dry-run`.
 #[derive(Debug, Clone, Serialize)]
@@ -43,7 +45,7 @@ pub struct GcReport {
     /// Staged files kept because their run may still publish them.
     pub kept: u64,
     /// Runs marked discarded because their staged files were deleted.
-    pub runs_discarded: Vec<String>,
+    pub runs_discarded: Vec<RunId>,
 }
 
 /// One garbage file.
@@ -54,7 +56,7 @@ pub struct GcFile {
     /// Size in bytes.
     pub size: u64,
     /// The run that staged it.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Why it is garbage.
     pub reason: String,
 }
@@ -62,7 +64,7 @@ pub struct GcFile {
 /// The longest age `--older-than` accepts: a hundred years.
 const MAX_AGE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// Parses durations like `30m`, `24h`, `7d` or `90s` (at most a hundred years).
+/// Parses durations like `30m`, `24h`, `7d`, `90s` or `1h 30m` (at most a hundred years).
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();
     let invalid = |message: &str| Error::InvalidOption {
@@ -70,31 +72,22 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         value: text.to_string(),
         message: message.to_string(),
     };
-    let expected = "expected a number and a unit: s, m, h or d (e.g. `24h`)";
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| invalid(expected))?;
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| invalid(expected))?;
-    let factor = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(invalid(expected)),
-    };
-    let seconds = number
-        .checked_mul(factor)
-        .filter(|s| *s <= MAX_AGE.as_secs())
-        .ok_or_else(|| invalid("at most a hundred years (`36500d`)"))?;
-    Ok(Duration::from_secs(seconds))
+    let too_long = "at most a hundred years (`36500d`)";
+    let duration = humantime::parse_duration(text).map_err(|error| match error {
+        humantime::DurationError::NumberOverflow => invalid(too_long),
+        _ => invalid("expected a number and a unit: s, m, h or d (e.g. `24h`)"),
+    })?;
+    if duration > MAX_AGE {
+        return Err(invalid(too_long));
+    }
+    Ok(duration)
 }
 
 /// A file in a run's staging directory.
 struct Staged {
     path: Path,
     size: u64,
-    run_id: String,
+    run_id: RunId,
     /// The partition values of the directories above it, decoded.
     partition: PartitionValues,
 }
@@ -117,7 +110,7 @@ pub async fn gc(
         .partition_columns()
         .to_vec();
 
-    let mut journals: BTreeMap<String, Journal> = BTreeMap::new();
+    let mut journals: BTreeMap<RunId, Journal> = BTreeMap::new();
     for mut journal in Journal::list(&store).await? {
         reconcile(&opened, &mut journal).await?;
         journals.insert(journal.run_id.clone(), journal);
@@ -131,10 +124,10 @@ pub async fn gc(
     } else {
         ReferencedFiles::of_project(project, &opened).await?
     };
-    let mut garbage: BTreeMap<String, Vec<GcFile>> = BTreeMap::new();
+    let mut garbage: BTreeMap<RunId, Vec<GcFile>> = BTreeMap::new();
     let mut kept = 0u64;
     let mut abandoned = BTreeSet::new();
-    let mut busy: BTreeMap<String, bool> = BTreeMap::new();
+    let mut busy: BTreeMap<RunId, bool> = BTreeMap::new();
     for file in staged {
         if referenced.contains(&root, file.path.as_ref()) {
             // Data of a version: not staged garbage at all.
@@ -239,9 +232,9 @@ pub async fn gc(
 async fn collect_run(
     store: &Arc<dyn ObjectStore>,
     lease: &RunLease,
-    run_id: &str,
+    run_id: &RunId,
     files: &[GcFile],
-    abandoned: &BTreeSet<String>,
+    abandoned: &BTreeSet<RunId>,
 ) -> Result<bool> {
     // Read again under the lease: the run may have moved since the listing.
     let journal = Journal::load(store, run_id).await?;
@@ -284,61 +277,6 @@ async fn collect_run(
     }
 }
 
-/// Every partition directory of the table (`a=1/b=2/`), with the partition values it names,
-/// found by walking the partition columns level by level: never through a symbolic link, never
-/// into a directory that holds a table of its own, never into anything but `column=value`
-/// directories. An unpartitioned table has one: its root.
-pub(crate) async fn partition_dirs(
-    store: &Arc<dyn ObjectStore>,
-    root: &Url,
-    partition_columns: &[String],
-) -> Result<Vec<(Path, PartitionValues)>> {
-    let mut level: Vec<(Path, PartitionValues)> = vec![(Path::default(), PartitionValues::new())];
-    for column in partition_columns {
-        let marker = format!("{column}=");
-        let mut next = Vec::new();
-        for (prefix, values) in level {
-            let listing = list(store, &prefix).await?;
-            if !prefix.as_ref().is_empty() && holds_a_table(&listing) {
-                continue;
-            }
-            for dir in listing.common_prefixes {
-                let Some(name) = dir.filename() else { continue };
-                let Some(encoded) = name.strip_prefix(&marker) else {
-                    continue;
-                };
-                if is_local_symlink(root, dir.as_ref()) {
-                    continue;
-                }
-                let value = (encoded != NULL_PARTITION_DIR).then(|| decode(encoded));
-                let mut values = values.clone();
-                values.insert(column.clone(), value);
-                next.push((dir, values));
-            }
-        }
-        level = next;
-    }
-    Ok(level)
-}
-
-async fn list(
-    store: &Arc<dyn ObjectStore>,
-    prefix: &Path,
-) -> Result<deltalake::logstore::object_store::ListResult> {
-    let at = (!prefix.as_ref().is_empty()).then_some(prefix);
-    store
-        .list_with_delimiter(at)
-        .await
-        .map_err(|source| Error::Storage {
-            path: if prefix.as_ref().is_empty() {
-                "/".into()
-            } else {
-                prefix.to_string()
-            },
-            source,
-        })
-}
-
 /// Every file directly inside a `lakefill-<run_id>/` directory of a partition directory.
 async fn staged_files(
     store: &Arc<dyn ObjectStore>,
@@ -352,12 +290,7 @@ async fn staged_files(
             continue;
         }
         for dir in listing.common_prefixes {
-            let Some(run_id) = dir
-                .filename()
-                .and_then(|name| name.strip_prefix("lakefill-"))
-                .filter(|id| is_run_id(id))
-                .map(str::to_string)
-            else {
+            let Some(run_id) = dir.filename().and_then(RunId::from_staging_dir) else {
                 continue;
             };
             if is_local_symlink(root, dir.as_ref()) {
@@ -379,14 +312,6 @@ async fn staged_files(
     Ok(out)
 }
 
-/// Whether a directory listing shows a Delta table of its own (it has a `_delta_log`).
-fn holds_a_table(listing: &deltalake::logstore::object_store::ListResult) -> bool {
-    listing
-        .common_prefixes
-        .iter()
-        .any(|p| p.filename() == Some("_delta_log"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,8 +330,12 @@ mod tests {
             parse_duration("7d").expect("valid"),
             Duration::from_secs(604_800)
         );
+        assert_eq!(
+            parse_duration("1h 30m").expect("valid"),
+            Duration::from_secs(5_400)
+        );
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("24").is_err());
         for huge in ["18446744073709551615d", "99999999999999s", "36501d"] {
             let err = parse_duration(huge).expect_err(huge);
             assert_eq!(err.exit_code(), 2);

@@ -21,9 +21,7 @@ use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-
-/// Directory of the leases under a table's root.
-pub(crate) const LEASES_DIR: &str = "_lakefill/leases";
+use crate::run_id::RunId;
 
 /// How long a lease stays valid without renewal.
 const DEFAULT_TTL: Duration = Duration::from_secs(120);
@@ -31,7 +29,7 @@ const DEFAULT_TTL: Duration = Duration::from_secs(120);
 /// What a lease object holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LeaseRecord {
-    run_id: String,
+    run_id: RunId,
     generation: u64,
     holder: Holder,
     /// What the holder is doing, e.g. `backfill`.
@@ -96,12 +94,10 @@ fn now_millis() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-fn lease_dir(run_id: &str) -> Path {
-    Path::from(format!("{LEASES_DIR}/{run_id}"))
-}
-
-fn lease_path(run_id: &str, generation: u64) -> Path {
-    Path::from(format!("{LEASES_DIR}/{run_id}/{generation:020}.json"))
+fn lease_path(run_id: &RunId, generation: u64) -> Path {
+    run_id
+        .lease_dir()
+        .join(format!("{generation:020}.json").as_str())
 }
 
 /// Who holds a run, as `lakefill runs` and refusals describe it.
@@ -118,7 +114,7 @@ pub(crate) struct LeaseHolder {
 /// A held lease on one run. Renewed in the background until [`RunLease::release`].
 #[derive(Debug)]
 pub(crate) struct RunLease {
-    run_id: String,
+    run_id: RunId,
     generation: u64,
     store: Arc<dyn ObjectStore>,
     record: LeaseRecord,
@@ -140,7 +136,7 @@ impl RunLease {
     pub(crate) async fn acquire(
         store: &Arc<dyn ObjectStore>,
         table: &str,
-        run_id: &str,
+        run_id: &RunId,
         command: &str,
     ) -> Result<Self> {
         Self::acquire_with_ttl(store, table, run_id, command, DEFAULT_TTL).await
@@ -150,7 +146,7 @@ impl RunLease {
     pub(crate) async fn acquire_with_ttl(
         store: &Arc<dyn ObjectStore>,
         table: &str,
-        run_id: &str,
+        run_id: &RunId,
         command: &str,
         ttl: Duration,
     ) -> Result<Self> {
@@ -172,9 +168,9 @@ impl RunLease {
                     generation + 1
                 }
             };
-            let now = crate::journal::now();
+            let now = crate::time::now();
             let record = LeaseRecord {
-                run_id: run_id.to_string(),
+                run_id: run_id.clone(),
                 generation: next,
                 holder: Holder::current(),
                 command: command.to_string(),
@@ -193,7 +189,7 @@ impl RunLease {
             {
                 Ok(_) => {
                     let mut lease = Self {
-                        run_id: run_id.to_string(),
+                        run_id: run_id.clone(),
                         generation: next,
                         store: Arc::clone(store),
                         record,
@@ -211,7 +207,7 @@ impl RunLease {
                             let _ = store.delete(&lease_path(run_id, generation)).await;
                         }
                     }
-                    tracing::debug!(run_id, generation = next, "took the run's lease");
+                    tracing::debug!(%run_id, generation = next, "took the run's lease");
                     return Ok(lease);
                 }
                 Err(
@@ -236,7 +232,7 @@ impl RunLease {
         Err(Error::RunBusy {
             run_id: run_id.to_string(),
             holder: "another process".into(),
-            since: crate::journal::now(),
+            since: crate::time::now(),
             expires: "when it finishes".into(),
         })
     }
@@ -263,7 +259,7 @@ impl RunLease {
                         continue;
                     }
                 }
-                record.renewed_at = crate::journal::now();
+                record.renewed_at = crate::time::now();
                 let Ok(bytes) = serde_json::to_vec(&record) else {
                     continue;
                 };
@@ -279,7 +275,7 @@ impl RunLease {
     }
 
     /// Returns the run id the lease is for.
-    pub(crate) fn run_id(&self) -> &str {
+    pub(crate) fn run_id(&self) -> &RunId {
         &self.run_id
     }
 
@@ -290,7 +286,7 @@ impl RunLease {
             > i64::try_from(self.ttl.as_millis() * 3 / 4).unwrap_or(i64::MAX);
         if self.state.lost.load(Ordering::SeqCst) || stale {
             return Err(Error::LeaseLost {
-                run_id: self.run_id.clone(),
+                run_id: self.run_id.to_string(),
             });
         }
         Ok(())
@@ -307,7 +303,7 @@ impl RunLease {
         }
         let mut record = self.record.clone();
         record.released = true;
-        record.renewed_at = crate::journal::now();
+        record.renewed_at = crate::time::now();
         if let Ok(bytes) = serde_json::to_vec(&record)
             && let Err(error) = self
                 .store
@@ -376,7 +372,7 @@ fn live_holder(record: &LeaseRecord) -> Option<LeaseHolder> {
 /// Who holds the lease of `run_id` now, if anyone.
 pub(crate) async fn holder(
     store: &Arc<dyn ObjectStore>,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Option<LeaseHolder>> {
     Ok(latest_generation(store, run_id)
         .await?
@@ -389,9 +385,9 @@ pub(crate) async fn holder(
 /// lease object being written, or damaged; it counts as free).
 async fn latest_generation(
     store: &Arc<dyn ObjectStore>,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Option<(u64, Option<LeaseRecord>)>> {
-    let dir = lease_dir(run_id);
+    let dir = run_id.lease_dir();
     let objects: Vec<_> = store
         .list(Some(&dir))
         .try_collect()
@@ -425,6 +421,14 @@ async fn latest_generation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn id(text: &str) -> RunId {
+        RunId::parse(text).expect("run id")
+    }
+
+    fn run_x() -> RunId {
+        id("run-x")
+    }
     use deltalake::logstore::object_store::memory::InMemory;
 
     fn store() -> Arc<dyn ObjectStore> {
@@ -434,22 +438,22 @@ mod tests {
     #[tokio::test]
     async fn a_held_lease_refuses_a_second_holder_until_released() {
         let store = store();
-        let first = RunLease::acquire(&store, "t", "run-a", "backfill")
+        let first = RunLease::acquire(&store, "t", &id("run-a"), "backfill")
             .await
             .expect("free");
-        let err = RunLease::acquire(&store, "t", "run-a", "publish")
+        let err = RunLease::acquire(&store, "t", &id("run-a"), "publish")
             .await
             .expect_err("held");
         assert!(matches!(err, Error::RunBusy { .. }), "{err}");
         assert_eq!(err.exit_code(), 4);
         // Another run is independent.
-        RunLease::acquire(&store, "t", "run-b", "backfill")
+        RunLease::acquire(&store, "t", &id("run-b"), "backfill")
             .await
             .expect("other run")
             .release()
             .await;
         first.release().await;
-        let second = RunLease::acquire(&store, "t", "run-a", "publish")
+        let second = RunLease::acquire(&store, "t", &id("run-a"), "publish")
             .await
             .expect("released");
         assert_eq!(second.generation, 2);
@@ -462,7 +466,9 @@ mod tests {
         let store = store();
         let attempts = (0..8).map(|_| {
             let store = Arc::clone(&store);
-            tokio::spawn(async move { RunLease::acquire(&store, "t", "run-r", "backfill").await })
+            tokio::spawn(
+                async move { RunLease::acquire(&store, "t", &id("run-r"), "backfill").await },
+            )
         });
         let mut won = Vec::new();
         for attempt in attempts {
@@ -478,7 +484,7 @@ mod tests {
         let store = store();
         // A holder on another machine that stopped renewing a second ago, with a 1 s ttl.
         let record = LeaseRecord {
-            run_id: "run-x".into(),
+            run_id: run_x(),
             generation: 1,
             holder: Holder {
                 host: "elsewhere".into(),
@@ -494,12 +500,12 @@ mod tests {
         };
         store
             .put(
-                &lease_path("run-x", 1),
+                &lease_path(&run_x(), 1),
                 PutPayload::from(serde_json::to_vec(&record).expect("json")),
             )
             .await
             .expect("put");
-        let lease = RunLease::acquire(&store, "t", "run-x", "backfill")
+        let lease = RunLease::acquire(&store, "t", &run_x(), "backfill")
             .await
             .expect("expired lease is free");
         assert_eq!(lease.generation, 2);
@@ -512,7 +518,7 @@ mod tests {
         let lease = RunLease::acquire_with_ttl(
             &store,
             "t",
-            "run-l",
+            &id("run-l"),
             "backfill",
             Duration::from_millis(400),
         )
@@ -523,7 +529,7 @@ mod tests {
         record.generation = 2;
         store
             .put(
-                &lease_path("run-l", 2),
+                &lease_path(&id("run-l"), 2),
                 PutPayload::from(serde_json::to_vec(&record).expect("json")),
             )
             .await

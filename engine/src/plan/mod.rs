@@ -3,7 +3,9 @@
 //! Planning opens the target at its latest version (the read version) and each source at its
 //! pinned version, lists the affected partitions with their files and rows from the Delta log (no
 //! data scan), finds downstream models, splits the range into batches and derives the run id.
-//! It writes nothing. Running the plan is left to [`crate::execute`] and [`crate::publish`].
+//! It writes nothing. Running the plan is left to [`crate::stage`] and [`crate::publish`].
+
+pub(crate) mod query;
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
@@ -24,7 +26,8 @@ use crate::partition::{
     CARRIED_LABEL, ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn,
     parts_time, time_column,
 };
-use crate::protocol::TableProtocol;
+use crate::protocol::{AddedColumn, TableProtocol};
+use crate::run_id::RunId;
 use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
 use crate::validate::ValidationRules;
 use deltalake::arrow::datatypes::DataType;
@@ -138,22 +141,97 @@ impl PlanBuilder {
     }
 
     async fn run(self) -> Result<BackfillPlan> {
-        let project = self.project;
-        let model = Model::load(&project, &self.model, self.model_version.as_deref())?;
+        let project = &self.project;
+        let model = Model::load(project, &self.model, self.model_version.as_deref())?;
         let header = model.header().clone();
-        let batch_partitions = self
-            .batch_partitions
-            .or(project.defaults().batch_partitions)
-            .unwrap_or(DEFAULT_BATCH_PARTITIONS);
-        if batch_partitions == 0 {
-            return Err(Error::InvalidOption {
-                option: "--batch-partitions".into(),
-                value: "0".into(),
-                message: "a batch holds at least one partition".into(),
-            });
-        }
+        let batch_partitions = self.check_options(&model)?;
+        let target_config = project
+            .table(&header.target, &format!("model `{}`", model.name()))?
+            .clone();
+        let target = open_table(&target_config, None).await?;
+        let read_version = loaded_version(&target)?;
+        check_model_unedited(&target, &model).await?;
+        // Before anything else: a feature lakefill cannot honour is refused by name.
+        let protocol = TableProtocol::read(&target, target_config.name())?;
+        let snapshot = target.snapshot().map_err(|source| Error::Delta {
+            context: format!("cannot read the snapshot of `{}`", target_config.name()),
+            source: Box::new(source),
+        })?;
+        let schema = snapshot.snapshot().arrow_schema();
+        let files = log_files(snapshot);
+        let layout = detect_layout(
+            &model,
+            target_config.name(),
+            snapshot.metadata().partition_columns(),
+            &schema,
+            &files,
+        )?;
+        let (range, range_notes) =
+            PartitionRange::parse(&self.from, &self.to, &layout.time, self.include_null)?;
+        let max_partitions = self.max_partitions.unwrap_or(DEFAULT_MAX_PARTITIONS);
+        check_partition_count(&range, &layout, max_partitions)?;
+
+        let affected = affected(target_config.name(), &layout, &range, &files)?;
+        let batches = batches(&range, &layout, batch_partitions, &affected.files);
+        let (sources, source_plans) = self.plan_sources(&model, &target, read_version).await?;
+        let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
+        let (already_published, publish_sequence) =
+            publish_state(&target, &run_id, &layout, &range, read_version).await?;
+        let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let mut rules =
+            ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
+        rules.protocol = protocol.rules.clone();
+
+        let report = PlanReport {
+            run_id,
+            model: model.name().to_string(),
+            model_version: model.version().to_string(),
+            fingerprint: model.fingerprint().to_string(),
+            model_file: model.path().display().to_string(),
+            target: target_config.name().to_string(),
+            target_uri: target_config.uri().to_string(),
+            partition_column: layout.time.encoding.columns().join(", "),
+            read_version,
+            range,
+            range_notes,
+            batch_partitions,
+            partitions: affected.partitions,
+            totals: affected.totals,
+            sources: source_plans,
+            batches,
+            downstream: find_downstream(project, model.name(), &header.target),
+            reason: self.reason.clone().or_else(|| header.reason.clone()),
+            allow_spill: self.allow_spill_drop.then(|| "drop".to_string()),
+            storage: storage_descriptions(project, &target_config, &header)?,
+            already_published,
+            publish_sequence,
+            max_partitions,
+            protocol,
+            affected_files: affected.files,
+            added_columns: Vec::new(),
+            layout,
+        };
+        let mut plan = BackfillPlan {
+            report,
+            model,
+            rules,
+            target,
+            sources,
+            write_schema: None,
+        };
+        // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
+        let (write_schema, added_columns) = query::check_model(&plan).await?;
+        plan.write_schema = Some(write_schema);
+        plan.report.added_columns = added_columns;
+        Ok(plan)
+    }
+
+    /// Checks the options against the model; returns the batch size (see [`crate::settings`]).
+    fn check_options(&self, model: &Model) -> Result<usize> {
+        let batch_partitions =
+            crate::settings::batch_partitions(&self.project, self.batch_partitions)?;
         for table in self.source_versions.keys() {
-            if !header.sources.contains_key(table) {
+            if !model.header().sources.contains_key(table) {
                 return Err(Error::InvalidOption {
                     option: "--source-version".into(),
                     value: table.clone(),
@@ -161,201 +239,23 @@ impl PlanBuilder {
                 });
             }
         }
+        Ok(batch_partitions)
+    }
 
-        let target_config = project
-            .table(&header.target, &format!("model `{}`", model.name()))?
-            .clone();
-        let target = open_table(&target_config, None).await?;
-        let read_version = loaded_version(&target)?;
-        // A released model file is never edited: its published fingerprint is on record.
-        if let Some(published) =
-            published_fingerprint(&target.object_store(), model.name(), model.version()).await?
-            && published != model.fingerprint()
-        {
-            return Err(Error::ModelEdited {
-                model: model.name().to_string(),
-                version: model.version().to_string(),
-                path: model.path().to_path_buf(),
-                published,
-                current: model.fingerprint().to_string(),
-            });
-        }
-        // Before anything else: a feature lakefill cannot honour is refused by name.
-        let protocol = TableProtocol::read(&target, target_config.name())?;
-        let snapshot = target.snapshot().map_err(|source| Error::Delta {
-            context: format!("cannot read the snapshot of `{}`", target_config.name()),
-            source: Box::new(source),
-        })?;
-        let partition_columns = snapshot.metadata().partition_columns().to_vec();
-        let schema = snapshot.snapshot().arrow_schema();
-        // Every file of the target from the log (no data scan): its partition values, size and
-        // live rows.
-        let files: Vec<LogFile> = snapshot
-            .log_data()
-            .iter()
-            .map(|file| {
-                let deleted = file
-                    .deletion_vector_descriptor()
-                    .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
-                LogFile {
-                    path: file.path().to_string(),
-                    stats: file.stats(),
-                    values: file.partition_values_map(),
-                    bytes: u64::try_from(file.size()).unwrap_or(0),
-                    // Rows a deletion vector removed are not rows of the table.
-                    rows: file
-                        .num_records()
-                        .map(|n| (n as u64).saturating_sub(deleted)),
-                }
-            })
-            .collect();
-        let layout = match &header.range_column {
-            Some(range_column) => Layout::detect_rows(
-                target_config.name(),
-                &partition_columns,
-                &schema,
-                &header.partition_by,
-                range_column,
-                model.grain(),
-                header.format.as_deref(),
-            ),
-            None => Layout::detect(
-                target_config.name(),
-                &partition_columns,
-                &schema,
-                &distinct_values(files.iter().map(|f| &f.values)),
-                &header.partition_by,
-                model.grain(),
-                header.format.as_deref(),
-            ),
-        }
-        .map_err(|message| Error::Partitioning {
-            message,
-            hint: format!(
-                "set `partition_by` (and `grain` or `format` if needed) in `{}` to match the table: its partition columns are [{}]",
-                model.path().display(),
-                partition_columns.join(", ")
-            ),
-        })?;
-        let (range, range_notes) =
-            PartitionRange::parse(&self.from, &self.to, &layout.time, self.include_null)?;
-        let max_partitions = self.max_partitions.unwrap_or(DEFAULT_MAX_PARTITIONS);
-        let count = range.periods().len() as u64;
-        if count > max_partitions {
-            return Err(Error::TooManyPartitions {
-                range: format!("{}..={}", range.from, range.to),
-                count,
-                max: max_partitions,
-                grain: layout.time.grain,
-            });
-        }
-
-        // Current state of the affected partitions, from the log only. A value that is not a
-        // time of the grain is refused: it could belong to the range or not.
-        let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
-        // By rows: the files whose statistics say they may hold rows of the range (all of them
-        // when statistics are missing); they are rewritten, their other rows carried over.
-        let mut affected_files = Vec::new();
-        let mut affected = PartitionTotals {
-            files: 0,
-            rows: Some(0),
-            bytes: 0,
-        };
-        for file in files.iter().filter(|_| layout.by_rows) {
-            if may_hold(&layout.time, &range, file.stats.as_deref()) {
-                affected_files.push(file.path.clone());
-                affected.files += 1;
-                affected.bytes += file.bytes;
-                affected.rows = affected.rows.zip(file.rows).map(|(a, b)| a + b);
-            }
-        }
-        for file in files.iter().filter(|_| !layout.by_rows) {
-            let label = match layout.time.period_of(&file.values) {
-                Ok(Some(period)) if range.contains(&period) => period.label(),
-                Ok(None) if range.include_null => NULL_LABEL.to_string(),
-                Ok(_) => continue,
-                Err(message) => {
-                    return Err(Error::Partitioning {
-                        message: format!(
-                            "`{}` holds a partition that is not a {} of {}: {message}",
-                            target_config.name(),
-                            layout.time.grain,
-                            layout.time.encoding.describe()
-                        ),
-                        hint: "declare the right `grain` (or `format`) in the model header, or repair the partition".into(),
-                    });
-                }
-            };
-            let entry = current
-                .entry(label.clone())
-                .or_insert_with(|| PartitionState::empty(&label));
-            entry.files += 1;
-            entry.bytes += file.bytes;
-            entry.rows = entry.rows.zip(file.rows).map(|(a, b)| a + b);
-        }
-        let periods = range.periods();
-        let mut partitions: Vec<PartitionState> = periods
-            .iter()
-            .map(|period| {
-                let label = period.label();
-                current
-                    .remove(&label)
-                    .unwrap_or_else(|| PartitionState::empty(&label))
-            })
-            .collect();
-        if range.include_null {
-            partitions.push(
-                current
-                    .remove(NULL_LABEL)
-                    .unwrap_or_else(|| PartitionState::empty(NULL_LABEL)),
-            );
-        }
-        let mut batches: Vec<BatchPlan> = periods
-            .chunks(batch_partitions)
-            .enumerate()
-            .map(|(index, chunk)| BatchPlan {
-                index,
-                start: chunk.first().map(|p| p.label()).unwrap_or_default(),
-                end: chunk.last().map(|p| p.label()).unwrap_or_default(),
-                partitions: chunk.iter().map(|p| p.label()).collect(),
-                null: false,
-                carry: false,
-            })
-            .collect();
-        if range.include_null {
-            // One more batch over the whole range keeps only the rows whose time is NULL.
-            batches.push(BatchPlan {
-                index: batches.len(),
-                start: range.from.clone(),
-                end: range.to.clone(),
-                partitions: vec![NULL_LABEL.to_string()],
-                null: true,
-                carry: false,
-            });
-        }
-        if layout.by_rows && !affected_files.is_empty() {
-            // One more batch copies the rows of the rewritten files that lie outside the range.
-            batches.push(BatchPlan {
-                index: batches.len(),
-                start: range.from.clone(),
-                end: range.to.clone(),
-                partitions: vec![CARRIED_LABEL.to_string()],
-                null: false,
-                carry: true,
-            });
-        }
-        if layout.by_rows {
-            // What the log can tell of the range: the files it may touch.
-            for partition in &mut partitions {
-                partition.rows = None;
-            }
-        }
-
-        // Sources at their pinned versions; the target itself is read at the read version.
+    /// Opens every source at its pinned version (the target itself at the read version) and
+    /// works out how each one's window selects times.
+    async fn plan_sources(
+        &self,
+        model: &Model,
+        target: &DeltaTable,
+        read_version: u64,
+    ) -> Result<(Vec<PlannedSource>, Vec<SourcePlan>)> {
+        let header = model.header();
         let mut sources = Vec::new();
         let mut source_plans = Vec::new();
         for (name, spec) in &header.sources {
-            let config = project
+            let config = self
+                .project
                 .table(name, &format!("model `{}`", model.name()))?
                 .clone();
             let reads_target = name == &header.target;
@@ -376,89 +276,7 @@ impl PlanBuilder {
                 open_table(&config, self.source_versions.get(name).copied()).await?
             };
             let version = loaded_version(&table)?;
-            let mut window_time = None;
-            if let Some(columns) = &spec.window {
-                let source_snapshot = table.snapshot().map_err(|source| Error::Delta {
-                    context: format!("cannot read the snapshot of `{name}`"),
-                    source: Box::new(source),
-                })?;
-                let source_schema = source_snapshot.snapshot().arrow_schema();
-                let known = || {
-                    source_schema
-                        .fields()
-                        .iter()
-                        .map(|f| format!("`{}` ({})", f.name(), f.data_type()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let window_error = |message: String| Error::Model {
-                    path: model.path().to_path_buf(),
-                    message: format!(
-                        "the window of source `{name}` cannot select times: {message}"
-                    ),
-                    hint: format!(
-                        "a window is a column holding times, e.g. `window = \"event_date\"` (a DATE), a TIMESTAMP, a string of dates (with `format = \"%Y%m%d\"` if it is not a partition column), or integer parts `window = [\"year\", \"month\"]`; columns of `{name}`: {}",
-                        known()
-                    ),
-                };
-                for column in columns {
-                    if source_schema.field_with_name(column).is_err() {
-                        return Err(Error::Model {
-                            path: model.path().to_path_buf(),
-                            message: format!(
-                                "source `{name}` has no column `{column}` (its `window`)"
-                            ),
-                            hint: format!(
-                                "set `window` under `[sources.{name}]` to one of: {}",
-                                known()
-                            ),
-                        });
-                    }
-                }
-                let is_integer = |c: &String| {
-                    source_schema
-                        .field_with_name(c)
-                        .is_ok_and(|f| f.data_type().is_integer())
-                };
-                let (time, is_partition, data_type) =
-                    if columns.len() > 1 || columns.iter().all(is_integer) {
-                        let time = parts_time(columns, &source_schema).map_err(window_error)?;
-                        (time, true, DataType::Int64)
-                    } else {
-                        let window = &columns[0];
-                        let field = source_schema
-                            .field_with_name(window)
-                            .map_err(|_| Error::Internal(format!("`{window}` vanished")))?;
-                        let is_partition = source_snapshot
-                            .metadata()
-                            .partition_columns()
-                            .contains(window);
-                        let values = is_partition.then(|| {
-                            let values: Vec<PartitionValues> = source_snapshot
-                                .log_data()
-                                .iter()
-                                .map(|f| f.partition_values_map())
-                                .collect();
-                            distinct_values(values.iter())
-                                .remove(window)
-                                .unwrap_or_default()
-                        });
-                        let facts = ColumnFacts {
-                            column: window,
-                            data_type: field.data_type(),
-                            values,
-                            grain: spec.grain.as_deref().and_then(crate::time::Grain::parse),
-                            format: spec.format.as_deref(),
-                        };
-                        let time = time_column(&facts).map_err(window_error)?;
-                        (time, is_partition, field.data_type().clone())
-                    };
-                window_time = Some(SourceWindow {
-                    time,
-                    partition_column: is_partition,
-                    data_type,
-                });
-            }
+            let window_time = source_window(model, name, spec, &table)?;
             source_plans.push(SourcePlan {
                 table: name.clone(),
                 version,
@@ -475,109 +293,367 @@ impl PlanBuilder {
                 window: window_time,
             });
         }
+        Ok((sources, source_plans))
+    }
+}
 
-        let downstream = find_downstream(&project, model.name(), &header.target);
-        let reason = self.reason.or_else(|| header.reason.clone());
-        let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
-        let (already_published, publish_sequence) = match published_sequence(&target, &run_id)
-            .await?
-        {
-            None => (false, 1),
-            Some(sequence) => {
-                // Published before. If a later commit touched the range, this is a new
-                // application of the same run; otherwise there is nothing to do.
-                let published_at = Journal::load(&target.object_store(), &run_id)
-                    .await?
-                    .and_then(|j| j.published_version);
-                let touched = match published_at {
-                    Some(version) => {
-                        range_touched_after(&target, version, &layout, &range, read_version).await?
-                    }
-                    None => false,
-                };
-                if touched {
-                    (false, sequence + 1)
-                } else {
-                    (true, sequence)
-                }
+/// A released model file is never edited: its published fingerprint is on record.
+async fn check_model_unedited(target: &DeltaTable, model: &Model) -> Result<()> {
+    if let Some(published) =
+        published_fingerprint(&target.object_store(), model.name(), model.version()).await?
+        && published != model.fingerprint()
+    {
+        return Err(Error::ModelEdited {
+            model: model.name().to_string(),
+            version: model.version().to_string(),
+            path: model.path().to_path_buf(),
+            published,
+            current: model.fingerprint().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Every file of the target from the log (no data scan): its partition values, size and live
+/// rows.
+fn log_files(snapshot: &deltalake::table::state::DeltaTableState) -> Vec<LogFile> {
+    snapshot
+        .log_data()
+        .iter()
+        .map(|file| {
+            LogFile {
+                path: file.path().to_string(),
+                stats: file.stats(),
+                values: file.partition_values_map(),
+                bytes: u64::try_from(file.size()).unwrap_or(0),
+                // Rows a deletion vector removed are not rows of the table.
+                rows: crate::storage::live_rows(&file),
+            }
+        })
+        .collect()
+}
+
+/// How the target is partitioned and where its time is, as the model header declares it or
+/// the log shows it.
+fn detect_layout(
+    model: &Model,
+    target: &str,
+    partition_columns: &[String],
+    schema: &deltalake::arrow::datatypes::Schema,
+    files: &[LogFile],
+) -> Result<Layout> {
+    let header = model.header();
+    match &header.range_column {
+        Some(range_column) => Layout::detect_rows(
+            target,
+            partition_columns,
+            schema,
+            &header.partition_by,
+            range_column,
+            model.grain(),
+            header.format.as_deref(),
+        ),
+        None => Layout::detect(
+            target,
+            partition_columns,
+            schema,
+            &distinct_values(files.iter().map(|f| &f.values)),
+            &header.partition_by,
+            model.grain(),
+            header.format.as_deref(),
+        ),
+    }
+    .map_err(|message| Error::Partitioning {
+        message,
+        hint: format!(
+            "set `partition_by` (and `grain` or `format` if needed) in `{}` to match the table: its partition columns are [{}]",
+            model.path().display(),
+            partition_columns.join(", ")
+        ),
+    })
+}
+
+/// Refuses a range of more periods than `max` before anything is listed per period.
+fn check_partition_count(range: &PartitionRange, layout: &Layout, max: u64) -> Result<()> {
+    let count = range.periods().len() as u64;
+    if count > max {
+        return Err(Error::TooManyPartitions {
+            range: format!("{}..={}", range.from, range.to),
+            count,
+            max,
+            grain: layout.time.grain,
+        });
+    }
+    Ok(())
+}
+
+/// What a run replaces: the state of each affected partition, their totals, and (by rows) the
+/// files it rewrites.
+struct Affected {
+    partitions: Vec<PartitionState>,
+    totals: PartitionTotals,
+    files: Vec<String>,
+}
+
+/// The affected partitions from the log only. A partition value that is not a time of the
+/// grain is refused: it could belong to the range or not. By rows, the affected files are those
+/// whose statistics say they may hold rows of the range (all of them when statistics are
+/// missing); they are rewritten and their other rows carried over.
+fn affected(
+    target: &str,
+    layout: &Layout,
+    range: &PartitionRange,
+    files: &[LogFile],
+) -> Result<Affected> {
+    let sum = |acc: PartitionTotals, files: u64, rows: Option<u64>, bytes: u64| PartitionTotals {
+        files: acc.files + files,
+        rows: acc.rows.zip(rows).map(|(a, b)| a + b),
+        bytes: acc.bytes + bytes,
+    };
+    let empty = PartitionTotals {
+        files: 0,
+        rows: Some(0),
+        bytes: 0,
+    };
+    let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
+    let mut affected_files = Vec::new();
+    let mut by_rows = empty.clone();
+    for file in files {
+        if layout.by_rows {
+            if may_hold(&layout.time, range, file.stats.as_deref()) {
+                affected_files.push(file.path.clone());
+                by_rows = sum(by_rows, 1, file.rows, file.bytes);
+            }
+            continue;
+        }
+        let label = match layout.time.period_of(&file.values) {
+            Ok(Some(period)) if range.contains(&period) => period.label(),
+            Ok(None) if range.include_null => NULL_LABEL.to_string(),
+            Ok(_) => continue,
+            Err(message) => {
+                return Err(Error::Partitioning {
+                    message: format!(
+                        "`{target}` holds a partition that is not a {} of {}: {message}",
+                        layout.time.grain,
+                        layout.time.encoding.describe()
+                    ),
+                    hint: "declare the right `grain` (or `format`) in the model header, or repair the partition".into(),
+                });
             }
         };
-        let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-        let mut rules =
-            ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
-        rules.protocol = protocol.rules.clone();
-
-        let mut storage = BTreeMap::new();
-        storage.insert(
-            target_config.name().to_string(),
-            describe_options(&target_config, project.storage_keys()),
-        );
-        for source in header.sources.keys() {
-            let config = project.table(source, "the model header")?;
-            storage.insert(
-                source.clone(),
-                describe_options(config, project.storage_keys()),
-            );
-        }
-        let totals = if layout.by_rows {
-            affected.clone()
-        } else {
-            partitions.iter().fold(
-                PartitionTotals {
-                    files: 0,
-                    rows: Some(0),
-                    bytes: 0,
-                },
-                |acc, p| PartitionTotals {
-                    files: acc.files + p.files,
-                    rows: acc.rows.zip(p.rows).map(|(a, b)| a + b),
-                    bytes: acc.bytes + p.bytes,
-                },
-            )
-        };
-        let report = PlanReport {
-            run_id,
-            model: model.name().to_string(),
-            model_version: model.version().to_string(),
-            fingerprint: model.fingerprint().to_string(),
-            model_file: model.path().display().to_string(),
-            target: target_config.name().to_string(),
-            target_uri: target_config.uri().to_string(),
-            partition_column: layout.time.encoding.columns().join(", "),
-            layout,
-            read_version,
-            range,
-            range_notes,
-            batch_partitions,
-            partitions,
-            totals,
-            sources: source_plans,
-            batches,
-            downstream,
-            reason,
-            allow_spill: self.allow_spill_drop.then(|| "drop".to_string()),
-            storage,
-            already_published,
-            publish_sequence,
-            max_partitions,
-            protocol,
-            affected_files,
-            added_columns: Vec::new(),
-        };
-        let mut plan = BackfillPlan {
-            report,
-            model,
-            rules,
-            target,
-            sources,
-            write_schema: None,
-        };
-        // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
-        let (write_schema, added_columns) = crate::execute::check_model(&plan).await?;
-        plan.write_schema = Some(write_schema);
-        plan.report.added_columns = added_columns;
-        Ok(plan)
+        let entry = current
+            .entry(label.clone())
+            .or_insert_with(|| PartitionState::empty(&label));
+        entry.files += 1;
+        entry.bytes += file.bytes;
+        entry.rows = entry.rows.zip(file.rows).map(|(a, b)| a + b);
     }
+    let mut labels: Vec<String> = range.periods().iter().map(|p| p.label()).collect();
+    if range.include_null {
+        labels.push(NULL_LABEL.to_string());
+    }
+    let mut partitions: Vec<PartitionState> = labels
+        .iter()
+        .map(|label| {
+            current
+                .remove(label)
+                .unwrap_or_else(|| PartitionState::empty(label))
+        })
+        .collect();
+    let totals = if layout.by_rows {
+        // What the log can tell of the range: the files it may touch, not rows per period.
+        for partition in &mut partitions {
+            partition.rows = None;
+        }
+        by_rows
+    } else {
+        partitions
+            .iter()
+            .fold(empty, |acc, p| sum(acc, p.files, p.rows, p.bytes))
+    };
+    Ok(Affected {
+        partitions,
+        totals,
+        files: affected_files,
+    })
+}
+
+/// The range split into batches of `batch_partitions` periods, plus the batch of NULL-time
+/// rows when the range takes them and, by rows, the batch that carries the rewritten files'
+/// rows outside the range.
+fn batches(
+    range: &PartitionRange,
+    layout: &Layout,
+    batch_partitions: usize,
+    affected_files: &[String],
+) -> Vec<BatchPlan> {
+    let periods = range.periods();
+    let mut batches: Vec<BatchPlan> = periods
+        .chunks(batch_partitions)
+        .enumerate()
+        .map(|(index, chunk)| BatchPlan {
+            index,
+            start: chunk.first().map(|p| p.label()).unwrap_or_default(),
+            end: chunk.last().map(|p| p.label()).unwrap_or_default(),
+            partitions: chunk.iter().map(|p| p.label()).collect(),
+            null: false,
+            carry: false,
+        })
+        .collect();
+    let whole_range = |index: usize, label: &str, null: bool, carry: bool| BatchPlan {
+        index,
+        start: range.from.clone(),
+        end: range.to.clone(),
+        partitions: vec![label.to_string()],
+        null,
+        carry,
+    };
+    if range.include_null {
+        // One more batch over the whole range keeps only the rows whose time is NULL.
+        batches.push(whole_range(batches.len(), NULL_LABEL, true, false));
+    }
+    if layout.by_rows && !affected_files.is_empty() {
+        // One more batch copies the rows of the rewritten files that lie outside the range.
+        batches.push(whole_range(batches.len(), CARRIED_LABEL, false, true));
+    }
+    batches
+}
+
+/// How a source's `window` selects times: its column(s), their encoding and grain.
+fn source_window(
+    model: &Model,
+    name: &str,
+    spec: &SourceSpec,
+    table: &DeltaTable,
+) -> Result<Option<SourceWindow>> {
+    let mut window_time = None;
+    if let Some(columns) = &spec.window {
+        let source_snapshot = table.snapshot().map_err(|source| Error::Delta {
+            context: format!("cannot read the snapshot of `{name}`"),
+            source: Box::new(source),
+        })?;
+        let source_schema = source_snapshot.snapshot().arrow_schema();
+        let known = || {
+            source_schema
+                .fields()
+                .iter()
+                .map(|f| format!("`{}` ({})", f.name(), f.data_type()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let window_error = |message: String| Error::Model {
+            path: model.path().to_path_buf(),
+            message: format!("the window of source `{name}` cannot select times: {message}"),
+            hint: format!(
+                "a window is a column holding times, e.g. `window = \"event_date\"` (a DATE), a TIMESTAMP, a string of dates (with `format = \"%Y%m%d\"` if it is not a partition column), or integer parts `window = [\"year\", \"month\"]`; columns of `{name}`: {}",
+                known()
+            ),
+        };
+        for column in columns {
+            if source_schema.field_with_name(column).is_err() {
+                return Err(Error::Model {
+                    path: model.path().to_path_buf(),
+                    message: format!("source `{name}` has no column `{column}` (its `window`)"),
+                    hint: format!(
+                        "set `window` under `[sources.{name}]` to one of: {}",
+                        known()
+                    ),
+                });
+            }
+        }
+        let is_integer = |c: &String| {
+            source_schema
+                .field_with_name(c)
+                .is_ok_and(|f| f.data_type().is_integer())
+        };
+        let (time, is_partition, data_type) = if columns.len() > 1 || columns.iter().all(is_integer)
+        {
+            let time = parts_time(columns, &source_schema).map_err(window_error)?;
+            (time, true, DataType::Int64)
+        } else {
+            let window = &columns[0];
+            let field = source_schema
+                .field_with_name(window)
+                .map_err(|_| Error::Internal(format!("`{window}` vanished")))?;
+            let is_partition = source_snapshot
+                .metadata()
+                .partition_columns()
+                .contains(window);
+            let values = is_partition.then(|| {
+                let values: Vec<PartitionValues> = source_snapshot
+                    .log_data()
+                    .iter()
+                    .map(|f| f.partition_values_map())
+                    .collect();
+                distinct_values(values.iter())
+                    .remove(window)
+                    .unwrap_or_default()
+            });
+            let facts = ColumnFacts {
+                column: window,
+                data_type: field.data_type(),
+                values,
+                grain: spec.grain.as_deref().and_then(crate::time::Grain::parse),
+                format: spec.format.as_deref(),
+            };
+            let time = time_column(&facts).map_err(window_error)?;
+            (time, is_partition, field.data_type().clone())
+        };
+        window_time = Some(SourceWindow {
+            time,
+            partition_column: is_partition,
+            data_type,
+        });
+    }
+    Ok(window_time)
+}
+
+/// Whether the run was published already and the publish sequence this application gets: a
+/// run published before is a new application (the next sequence) only if a later commit
+/// touched its range; otherwise there is nothing to do.
+async fn publish_state(
+    target: &DeltaTable,
+    run_id: &RunId,
+    layout: &Layout,
+    range: &PartitionRange,
+    read_version: u64,
+) -> Result<(bool, u64)> {
+    let Some(sequence) = published_sequence(target, run_id).await? else {
+        return Ok((false, 1));
+    };
+    let published_at = Journal::load(&target.object_store(), run_id)
+        .await?
+        .and_then(|j| j.published_version);
+    let touched = match published_at {
+        Some(version) => range_touched_after(target, version, layout, range, read_version).await?,
+        None => false,
+    };
+    Ok(if touched {
+        (false, sequence + 1)
+    } else {
+        (true, sequence)
+    })
+}
+
+/// The storage options of the target and each source, secrets masked (DESIGN §4.1).
+fn storage_descriptions(
+    project: &Project,
+    target: &crate::config::TableConfig,
+    header: &crate::model::ModelHeader,
+) -> Result<BTreeMap<String, Vec<StorageOption>>> {
+    let mut storage = BTreeMap::new();
+    storage.insert(
+        target.name().to_string(),
+        describe_options(target, project.storage_keys()),
+    );
+    for source in header.sources.keys() {
+        let config = project.table(source, "the model header")?;
+        storage.insert(
+            source.clone(),
+            describe_options(config, project.storage_keys()),
+        );
+    }
+    Ok(storage)
 }
 
 impl IntoFuture for PlanBuilder {
@@ -608,7 +684,7 @@ impl BackfillPlan {
     }
 
     /// Returns the run id the plan derives from its inputs.
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         &self.report.run_id
     }
 }
@@ -693,7 +769,7 @@ fn distinct_values<'a>(
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanReport {
     /// Run id derived from the inputs (DESIGN §4.1).
-    pub run_id: String,
+    pub run_id: RunId,
     /// Model name.
     pub model: String,
     /// Model version (file stem).
@@ -748,15 +824,6 @@ pub struct PlanReport {
     /// Nullable columns the model adds to the table (`schema = "add-columns"`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub added_columns: Vec<AddedColumn>,
-}
-
-/// A column a model adds to its target.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct AddedColumn {
-    /// The column's name.
-    pub name: String,
-    /// Its Delta type, e.g. `long`.
-    pub delta_type: String,
 }
 
 /// Current state of one affected partition, from the Delta log.
@@ -850,7 +917,7 @@ fn run_id(
     sources: &[SourcePlan],
     range: &PartitionRange,
     allow_spill_drop: bool,
-) -> String {
+) -> RunId {
     let mut hasher = Sha256::new();
     hasher.update(b"lakefill-run-v1\n");
     hasher.update(model.name().as_bytes());
@@ -864,13 +931,11 @@ fn run_id(
         hasher.update(b"\ninclude_null");
     }
     hasher.update(format!("\nallow_spill_drop {allow_spill_drop}").as_bytes());
-    let digest = hex::encode(hasher.finalize());
-    let version: String = model
-        .version()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    format!("{}-{}-{}", model.name(), version, &digest[..12])
+    RunId::derive(
+        model.name(),
+        model.version(),
+        &hex::encode(hasher.finalize()),
+    )
 }
 
 /// Finds models whose newest version reads `target`. Unreadable models are skipped: they are

@@ -21,25 +21,6 @@ use deltalake::logstore::object_store::{
 };
 use futures::stream::BoxStream;
 
-use crate::error::{Error, Result};
-
-/// Parses `50MiB/s` (any size `parse_size` accepts, with `/s`).
-pub fn parse_rate(text: &str) -> Result<u64> {
-    let size = text
-        .trim()
-        .strip_suffix("/s")
-        .ok_or_else(|| Error::InvalidOption {
-            option: "--throttle".into(),
-            value: text.to_string(),
-            message: "expected a rate such as `50MiB/s`".into(),
-        })?;
-    crate::resources::parse_size(size).map_err(|_| Error::InvalidOption {
-        option: "--throttle".into(),
-        value: text.to_string(),
-        message: "expected a rate such as `50MiB/s`".into(),
-    })
-}
-
 /// A token bucket of bytes, one second deep; callers that overdraw it wait off their debt.
 #[derive(Debug)]
 pub(crate) struct Throttle {
@@ -207,12 +188,6 @@ impl MultipartUpload for ThrottledUpload {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rates_parse() {
-        assert_eq!(parse_rate("50MiB/s").expect("valid"), 50 * 1024 * 1024);
-        assert!(parse_rate("50MiB").is_err());
-    }
 
     #[tokio::test]
     async fn the_bucket_bounds_the_rate() {

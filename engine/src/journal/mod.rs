@@ -3,12 +3,15 @@
 //! The journal lives in the table's own object store, so a run can be inspected, published or
 //! resumed from any machine that can reach the table. It records the run's inputs, its state,
 //! the batches it planned and each finished batch with the files it staged. It is a cache: the
-//! Delta log is the truth about whether a run was published (see [`crate::runs`]).
+//! Delta log is the truth about whether a run was published (see [`crate::run::manage`]).
 //!
 //! A journal is checked when it is loaded: its format, its run id, and every staged path, which
 //! must lie in the run's own staging directory of an in-range partition. A journal that fails
 //! is an error naming it; nothing is published or deleted on its word. Only the holder of the
-//! run's lease writes it ([`crate::lease`]).
+//! run's lease writes it ([`crate::journal::lease`]).
+
+pub(crate) mod lease;
+pub(crate) mod lifecycle;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,17 +24,15 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::lease::RunLease;
-pub(crate) use crate::lifecycle::RunState;
+use crate::journal::lease::RunLease;
+pub(crate) use crate::journal::lifecycle::RunState;
 use crate::partition::{Layout, PartitionRange, PartitionValues};
 use crate::rowhash::RowChecksum;
+use crate::run_id::{RUNS_DIR, RunId};
 use crate::validate::ValidationReport;
 
 /// Journal format written by this version of lakefill.
 pub(crate) const JOURNAL_FORMAT: u32 = 2;
-
-/// Directory of run journals under a table's root.
-pub(crate) const RUNS_DIR: &str = "_lakefill/runs";
 
 /// Everything a run has recorded about itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,7 +40,7 @@ pub struct Journal {
     /// Format of this document.
     pub format: u32,
     /// The run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Current state.
     pub state: RunState,
     /// Model name.
@@ -72,7 +73,7 @@ pub struct Journal {
     pub reason: Option<String>,
     /// Nullable columns the publish adds to the table's schema.
     #[serde(default)]
-    pub added_columns: Vec<crate::plan::AddedColumn>,
+    pub added_columns: Vec<crate::protocol::AddedColumn>,
     /// By rows (`range_column`): the files the publish removes (their other rows are carried
     /// into the staged files).
     #[serde(default)]
@@ -84,7 +85,7 @@ pub struct Journal {
     pub batches: Vec<BatchRecord>,
     /// Per partition: old and new row counts, once staged.
     #[serde(default)]
-    pub partitions: Vec<crate::backfill::PartitionChange>,
+    pub partitions: Vec<PartitionChange>,
     /// Rows for partitions outside the range that were dropped on purpose.
     #[serde(default)]
     pub spill_dropped: u64,
@@ -146,8 +147,15 @@ pub struct BatchRecord {
 }
 
 impl Journal {
-    pub(crate) fn path(run_id: &str) -> Path {
-        Path::from(format!("{RUNS_DIR}/{run_id}.json"))
+    /// The record of the model version this run published.
+    pub(crate) fn model_record(&self) -> crate::log::registry::ModelRecord {
+        crate::log::registry::ModelRecord {
+            model: self.model.clone(),
+            version: self.model_version.clone(),
+            fingerprint: self.fingerprint.clone(),
+            run_id: self.run_id.to_string(),
+            published_version: self.published_version,
+        }
     }
 
     /// Writes the journal into the table's store, replacing the previous copy. Only the holder
@@ -157,7 +165,7 @@ impl Journal {
         store: &Arc<dyn ObjectStore>,
         lease: &RunLease,
     ) -> Result<()> {
-        if lease.run_id() != self.run_id {
+        if lease.run_id() != &self.run_id {
             return Err(Error::Internal(format!(
                 "the lease of `{}` cannot write the journal of `{}`",
                 lease.run_id(),
@@ -165,8 +173,8 @@ impl Journal {
             )));
         }
         lease.check()?;
-        self.updated_at = now();
-        let path = Self::path(&self.run_id);
+        self.updated_at = crate::time::now();
+        let path = self.run_id.journal_path();
         let text = serde_json::to_string_pretty(self).map_err(|e| Error::Journal {
             path: path.to_string(),
             message: e.to_string(),
@@ -183,7 +191,7 @@ impl Journal {
         Ok(())
     }
 
-    /// Moves the run to `next`, if the life cycle allows it (see [`crate::lifecycle`]).
+    /// Moves the run to `next`, if the life cycle allows it (see [`crate::journal::lifecycle`]).
     pub(crate) fn transition(&mut self, next: RunState) -> Result<()> {
         self.state.check_transition(next, &self.run_id)?;
         self.state = next;
@@ -191,8 +199,8 @@ impl Journal {
     }
 
     /// Reads and checks the journal of `run_id`, if there is one.
-    pub(crate) async fn load(store: &Arc<dyn ObjectStore>, run_id: &str) -> Result<Option<Self>> {
-        let path = Self::path(run_id);
+    pub(crate) async fn load(store: &Arc<dyn ObjectStore>, run_id: &RunId) -> Result<Option<Self>> {
+        let path = run_id.journal_path();
         let bytes = match store.get(&path).await {
             Ok(result) => result.bytes().await.map_err(|source| Error::Storage {
                 path: path.to_string(),
@@ -232,15 +240,12 @@ impl Journal {
 
     /// Refuses a journal that does not describe `run_id` or names files outside the run's own
     /// staging directories of in-range partitions.
-    fn check(&self, run_id: &str) -> std::result::Result<(), String> {
-        if self.run_id != run_id {
+    fn check(&self, run_id: &RunId) -> std::result::Result<(), String> {
+        if &self.run_id != run_id {
             return Err(format!(
                 "it describes run `{}`, not `{run_id}`",
                 self.run_id
             ));
-        }
-        if !is_run_id(run_id) {
-            return Err(format!("`{run_id}` is not a run id"));
         }
         if self.range.from > self.range.to {
             return Err("its range is reversed".into());
@@ -304,10 +309,10 @@ impl Journal {
             let Some(name) = object.location.filename() else {
                 continue;
             };
-            let Some(run_id) = name.strip_suffix(".json") else {
+            let Some(run_id) = RunId::from_journal_name(name) else {
                 continue;
             };
-            if let Some(journal) = Self::load(store, run_id).await? {
+            if let Some(journal) = Self::load(store, &run_id).await? {
                 journals.push(journal);
             }
         }
@@ -372,24 +377,13 @@ impl Journal {
     }
 }
 
-/// Whether `text` can be a run id: what lakefill derives (`model-version-hash`), nothing that
-/// could climb out of a directory.
-pub(crate) fn is_run_id(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 200
-        && !text.starts_with('.')
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-}
-
 /// A staged file must be `<partition dir>/lakefill-<run_id>/<file>.parquet` of an in-range
 /// partition, where the partition directory is the one its partition values name.
 fn check_staged_path(
     add: &Add,
     layout: &Layout,
     range: &PartitionRange,
-    run_id: &str,
+    run_id: &RunId,
 ) -> std::result::Result<(), String> {
     let path = add.path.as_str();
     let bad = |why: &str| format!("staged file `{path}` {why}");
@@ -445,9 +439,19 @@ fn first_sequence() -> u64 {
     1
 }
 
-/// The current time in RFC 3339, UTC.
-pub(crate) fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+/// Per-partition change.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionChange {
+    /// Partition value.
+    pub value: String,
+    /// Rows before (from the log), when known.
+    pub old_rows: Option<u64>,
+    /// Rows after.
+    pub new_rows: u64,
+    /// Files before.
+    pub old_files: u64,
+    /// Files after.
+    pub new_files: u64,
 }
 
 #[cfg(test)]
@@ -465,11 +469,12 @@ mod tests {
 
     #[test]
     fn staged_paths_must_be_the_runs_own_in_range_files() {
+        let r1 = RunId::parse("r1").expect("run id");
         let layout = Layout::legacy("d", false);
         let (range, _) =
             PartitionRange::parse("2026-01-01", "2026-01-03", &layout.time, false).expect("range");
         let ok = add("d=2026-01-02/lakefill-r1/part-0.parquet", "2026-01-02");
-        check_staged_path(&ok, &layout, &range, "r1").expect("own file");
+        check_staged_path(&ok, &layout, &range, &r1).expect("own file");
         for (path, value) in [
             ("d=2026-01-02/lakefill-r2/part-0.parquet", "2026-01-02"),
             ("d=2026-01-09/lakefill-r1/part-0.parquet", "2026-01-09"),
@@ -487,11 +492,8 @@ mod tests {
             ("d=2026-01-03/lakefill-r1/part-0.parquet", "2026-01-02"),
             ("d=2026-01-02/lakefill-r1/sub/part-0.parquet", "2026-01-02"),
         ] {
-            let err = check_staged_path(&add(path, value), &layout, &range, "r1").expect_err(path);
+            let err = check_staged_path(&add(path, value), &layout, &range, &r1).expect_err(path);
             assert!(err.contains(path), "{err}");
         }
-        assert!(!is_run_id("../x"));
-        assert!(!is_run_id("a/b"));
-        assert!(is_run_id("events-v2-0123abcd"));
     }
 }

@@ -1,0 +1,313 @@
+//! `diff`: two versions of a table, or a version and a staged run, compared partition by
+//! partition with the validation engine, scanning only the partitions whose files differ.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use deltalake::DeltaTable;
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::logical_expr::{Expr, lit};
+use deltalake::datafusion::prelude::SessionContext;
+use serde::Serialize;
+
+use super::history::table_layout;
+use crate::config::Project;
+use crate::error::{DeltaContext, Error, QueryContext, Result};
+use crate::journal::Journal;
+use crate::model::{Model, list_models};
+use crate::partition::{NULL_LABEL, label_of};
+use crate::run_id::RunId;
+use crate::stage::staged::StagedTable;
+use crate::storage::{loaded_version, open_table};
+use crate::time::Period;
+use crate::validate::{CompareSpec, Comparison, KnownSide, PartitionKey, compare};
+
+/// What `lakefill diff` compares the old version with.
+#[derive(Debug, Clone)]
+pub enum DiffTarget {
+    /// Another version of the table (`None`: the latest).
+    Version(Option<u64>),
+    /// A staged run's files.
+    Run(String),
+}
+
+/// The result of `lakefill diff`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffReport {
+    /// The table.
+    pub table: String,
+    /// The old version.
+    pub from_version: u64,
+    /// The new version, when comparing versions.
+    pub to_version: Option<u64>,
+    /// The staged run, when comparing with one.
+    pub run_id: Option<String>,
+    /// The partition column.
+    pub partition_column: String,
+    /// Partitions whose files differ (only these were scanned).
+    pub changed_partitions: usize,
+    /// Partitions whose files are identical in both.
+    pub unchanged_partitions: usize,
+    /// The measures summed per partition.
+    pub measures: Vec<String>,
+    /// The comparison of the changed partitions.
+    pub comparison: Comparison,
+}
+
+/// Compares `table` at `from_version` with another version or a staged run.
+///
+/// `key` and `measures` default to the `[validate]` section of the newest model writing `table`.
+pub async fn diff(
+    project: &Project,
+    table: &str,
+    from_version: u64,
+    target: DiffTarget,
+    key: Option<Vec<String>>,
+    sample: usize,
+) -> Result<DiffReport> {
+    let config = project.table(table, "the command line")?;
+    let old = open_table(config, Some(from_version)).await?;
+    let old_snapshot = old
+        .snapshot()
+        .delta_context(|| format!("cannot read `{table}`"))?;
+    let Some(first_column) = old_snapshot.metadata().partition_columns().first().cloned() else {
+        return Err(Error::Partitioning {
+            message: format!("table `{table}` is not partitioned"),
+            hint: "diff compares partitioned tables partition by partition".into(),
+        });
+    };
+    let partitions = match table_layout(project, table, &old) {
+        Some(layout) => PartitionKey::Time(layout),
+        None => PartitionKey::Column(first_column),
+    };
+    let schema = old_snapshot.snapshot().arrow_schema();
+    let (model_key, measures) = model_defaults(project, table);
+    let key = key.unwrap_or(model_key);
+    for k in &key {
+        if schema.field_with_name(k).is_err() {
+            return Err(Error::InvalidOption {
+                option: "--key".into(),
+                value: k.clone(),
+                message: format!("`{table}` has no column `{k}`"),
+            });
+        }
+    }
+    let measures: Vec<String> = measures
+        .into_iter()
+        .filter(|m| schema.field_with_name(m).is_ok())
+        .collect();
+
+    let old_files = files_by_partition(&old, &partitions)?;
+    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    let (to_version, run_id, new_counts, changed): (
+        Option<u64>,
+        Option<String>,
+        BTreeMap<String, u64>,
+        Vec<String>,
+    ) = match &target {
+        DiffTarget::Version(version) => {
+            let new = open_table(config, *version).await?;
+            let new_files = files_by_partition(&new, &partitions)?;
+            let changed: Vec<String> = old_files
+                .keys()
+                .chain(new_files.keys())
+                .filter(|p| old_files.get(*p).map(|f| &f.0) != new_files.get(*p).map(|f| &f.0))
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let counts = new_files.iter().map(|(p, f)| (p.clone(), f.1)).collect();
+            register_filtered(&ctx, "output", &new, &partitions, &changed).await?;
+            (Some(loaded_version(&new)?), None, counts, changed)
+        }
+        DiffTarget::Run(run_id) => {
+            let latest = open_table(config, None).await?;
+            let journal = Journal::load(&latest.object_store(), &RunId::parse(run_id)?)
+                .await?
+                .ok_or_else(|| Error::UnknownRun {
+                    run_id: run_id.clone(),
+                    searched: vec![table.to_string()],
+                })?;
+            let adds: Vec<_> = journal.staged_files().cloned().collect();
+            let latest_schema = latest
+                .snapshot()
+                .delta_context(|| "cannot read the snapshot".into())?
+                .snapshot()
+                .arrow_schema();
+            let staged = StagedTable::register_store(
+                &ctx,
+                &latest,
+                &latest_schema,
+                &journal.layout.partition_columns,
+                &adds,
+                run_id,
+            )?;
+            ctx.register_table("output", Arc::new(staged))
+                .query_context(|| "cannot register the staged files".into())?;
+            let mut counts = BTreeMap::new();
+            for batch in &journal.batches {
+                for (p, n) in &batch.rows {
+                    *counts.entry(p.clone()).or_default() += n;
+                }
+            }
+            let in_range = |label: &str| {
+                journal.range.contains_label(label)
+                    || (journal.range.include_null && label == NULL_LABEL)
+            };
+            let changed: Vec<String> = old_files
+                .keys()
+                .filter(|p| in_range(p))
+                .chain(counts.keys())
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            (None, Some(run_id.clone()), counts, changed)
+        }
+    };
+    register_filtered(&ctx, "previous", &old, &partitions, &changed).await?;
+    let old_counts: BTreeMap<String, u64> = old_files
+        .iter()
+        .filter(|(p, _)| changed.contains(p))
+        .map(|(p, f)| (p.clone(), f.1))
+        .collect();
+    let new_counts: BTreeMap<String, u64> = new_counts
+        .into_iter()
+        .filter(|(p, _)| changed.contains(p))
+        .collect();
+    let spec = CompareSpec {
+        partitions: partitions.clone(),
+        key,
+        measures: measures.clone(),
+        sample,
+        checksum_columns: None,
+    };
+    let comparison = compare(
+        &ctx,
+        &spec,
+        Some(KnownSide::rows(old_counts)),
+        Some(KnownSide::rows(new_counts)),
+    )
+    .await?;
+    let all: BTreeSet<&String> = old_files.keys().collect();
+    Ok(DiffReport {
+        table: table.to_string(),
+        from_version,
+        to_version,
+        run_id,
+        partition_column: partitions.columns().join(", "),
+        changed_partitions: changed.len(),
+        unchanged_partitions: all.iter().filter(|p| !changed.contains(p)).count(),
+        measures,
+        comparison,
+    })
+}
+
+/// Per partition label: the set of file paths and the live row count (from the log).
+fn files_by_partition(
+    table: &DeltaTable,
+    partitions: &PartitionKey,
+) -> Result<BTreeMap<String, (BTreeSet<String>, u64)>> {
+    let snapshot = table
+        .snapshot()
+        .delta_context(|| "cannot read the snapshot".into())?;
+    let mut out: BTreeMap<String, (BTreeSet<String>, u64)> = BTreeMap::new();
+    for file in snapshot.log_data().iter() {
+        let values = file.partition_values_map();
+        let label = match partitions {
+            PartitionKey::Time(layout) => label_of(layout, &values),
+            PartitionKey::Column(column) => values
+                .get(column)
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| NULL_LABEL.to_string()),
+        };
+        let entry = out.entry(label).or_default();
+        entry.0.insert(file.path().to_string());
+        entry.1 += crate::storage::live_rows(&file).unwrap_or(0);
+    }
+    Ok(out)
+}
+
+/// Registers `table` as `name`, restricted to the partitions labelled `labels`.
+async fn register_filtered(
+    ctx: &SessionContext,
+    name: &str,
+    table: &DeltaTable,
+    partitions: &PartitionKey,
+    labels: &[String],
+) -> Result<()> {
+    let provider = table
+        .table_provider()
+        .await
+        .query_context(|| format!("cannot scan `{name}`"))?;
+    let predicate = match partitions {
+        PartitionKey::Time(layout) => {
+            let schema = table
+                .snapshot()
+                .delta_context(|| "cannot read the snapshot".into())?
+                .snapshot()
+                .arrow_schema();
+            let time_column = layout.time.encoding.columns()[0].to_string();
+            let data_type = schema
+                .field_with_name(&time_column)
+                .map(|f| f.data_type().clone())
+                .map_err(|_| Error::Internal(format!("`{time_column}` is not in the schema")))?;
+            let mut periods: Vec<Period> = labels
+                .iter()
+                .filter_map(|l| Period::from_label(layout.time.grain, l))
+                .collect();
+            periods.sort();
+            // Consecutive periods become one range comparison.
+            let mut runs: Vec<(Period, Period)> = Vec::new();
+            for period in periods {
+                match runs.last_mut() {
+                    Some((_, last)) if last.next() == Some(period) => *last = period,
+                    _ => runs.push((period, period)),
+                }
+            }
+            let mut predicate = lit(false);
+            for (from, to) in runs {
+                predicate = predicate.or(layout.time.predicate(from, to, true, &data_type)?);
+            }
+            if labels.iter().any(|l| l == NULL_LABEL) {
+                for column in layout.time.encoding.columns() {
+                    predicate =
+                        predicate.or(Expr::Column(Column::new_unqualified(column)).is_null());
+                }
+            }
+            predicate
+        }
+        PartitionKey::Column(column) => {
+            let column = Expr::Column(Column::new_unqualified(column));
+            let values = labels
+                .iter()
+                .filter(|l| l.as_str() != NULL_LABEL)
+                .map(|l| lit(l.clone()))
+                .collect::<Vec<_>>();
+            let mut predicate = column.clone().in_list(values, false);
+            if labels.iter().any(|l| l == NULL_LABEL) {
+                predicate = predicate.or(column.is_null());
+            }
+            predicate
+        }
+    };
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(predicate))
+        .query_context(|| format!("cannot restrict `{name}` to the changed partitions"))?;
+    ctx.register_table(name, df.into_view())
+        .query_context(|| format!("cannot register `{name}`"))?;
+    Ok(())
+}
+
+/// `[validate] key` and `measures` of the newest model that writes `table`.
+fn model_defaults(project: &Project, table: &str) -> (Vec<String>, Vec<String>) {
+    list_models(&project.sql_dir())
+        .into_iter()
+        .filter_map(|name| Model::load(project, &name, None).ok())
+        .find(|m| m.header().target == table)
+        .and_then(|m| m.header().validate.clone())
+        .map(|v| (v.key, v.measures))
+        .unwrap_or_default()
+}

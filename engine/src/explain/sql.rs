@@ -1,0 +1,210 @@
+//! `sql`: read-only queries over the project's tables, at any version by time travel.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::datafusion::sql::parser::DFParser;
+use deltalake::datafusion::sql::resolve::resolve_table_references;
+use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
+use futures::StreamExt;
+use serde::Serialize;
+
+use crate::config::Project;
+use crate::error::{Error, QueryContext, Result};
+use crate::model::check_read_only;
+use crate::storage::{TableVersion, loaded_version, open_table_at};
+
+/// The result of `lakefill sql`.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryResult {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Rows as text values (`null` for NULL), at most `max_rows`.
+    pub rows: Vec<Vec<Option<String>>>,
+    /// Whether more rows existed than were kept.
+    pub truncated: bool,
+    /// Tables read, with the version each was read at.
+    pub tables: BTreeMap<String, u64>,
+    /// The batches, for rendering (not serialized).
+    #[serde(skip)]
+    pub batches: Vec<RecordBatch>,
+}
+
+impl QueryResult {
+    /// Formats the kept rows as a text table.
+    pub fn to_table(&self) -> Result<String> {
+        deltalake::arrow::util::pretty::pretty_format_batches(&self.batches)
+            .map(|t| t.to_string())
+            .map_err(|e| Error::Internal(format!("cannot format the result: {e}")))
+    }
+}
+
+/// Runs a read-only query over the project's tables. `name@VERSION` and `name@TIMESTAMP`
+/// (RFC 3339) read a table by time travel; quote them: `"events@12"`.
+pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<QueryResult> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(Error::InvalidOption {
+            option: "QUERY".into(),
+            value: shortened(query),
+            message: format!(
+                "the query is {} bytes long; `lakefill sql` takes at most {MAX_QUERY_BYTES}",
+                query.len()
+            ),
+        });
+    }
+    let statements = DFParser::parse_sql_with_dialect(query, &GenericDialect {}).map_err(|e| {
+        Error::InvalidOption {
+            option: "QUERY".into(),
+            value: shortened(query),
+            message: format!("the SQL does not parse: {e}"),
+        }
+    })?;
+    if statements.len() != 1 {
+        return Err(Error::InvalidOption {
+            option: "QUERY".into(),
+            value: shortened(query),
+            message: "give exactly one SELECT statement".into(),
+        });
+    }
+    let statement = &statements[0];
+    check_read_only(statement).map_err(|kind| Error::InvalidOption {
+        option: "QUERY".into(),
+        value: shortened(query),
+        message: format!("{kind} statements are not allowed; `lakefill sql` only reads"),
+    })?;
+    let (references, _) =
+        resolve_table_references(statement, false).map_err(|e| Error::InvalidOption {
+            option: "QUERY".into(),
+            value: shortened(query),
+            message: format!("cannot list the tables it reads: {e}"),
+        })?;
+
+    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    let mut tables = BTreeMap::new();
+    for reference in references {
+        let name = reference.table().to_string();
+        let (base, at) = parse_table_at(&name)?;
+        let config = project.table(base, "the query")?;
+        let opened = open_table_at(config, at).await?;
+        tables.insert(name.clone(), loaded_version(&opened)?);
+        let provider = opened
+            .table_provider()
+            .await
+            .query_context(|| format!("cannot read `{name}`"))?;
+        ctx.register_table(name.as_str(), provider)
+            .query_context(|| format!("cannot register `{name}`"))?;
+    }
+    let options = crate::sqltext::read_only();
+    let df = ctx
+        .sql_with_options(query, options)
+        .await
+        .map_err(|source| Error::Sql {
+            source: Box::new(source),
+        })?;
+    let columns: Vec<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let mut stream = df.execute_stream().await.map_err(|source| Error::Sql {
+        source: Box::new(source),
+    })?;
+    let mut kept = 0usize;
+    let mut truncated = false;
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|source| Error::Sql {
+            source: Box::new(source),
+        })?;
+        if kept >= max_rows {
+            truncated |= batch.num_rows() > 0;
+            // Stop reading: nothing more will be shown.
+            break;
+        }
+        let take = batch.num_rows().min(max_rows - kept);
+        truncated |= take < batch.num_rows();
+        kept += take;
+        batches.push(batch.slice(0, take));
+    }
+    let mut rows = Vec::with_capacity(kept);
+    for batch in &batches {
+        for row in crate::validate::rows::batch_to_json(batch, batch.num_rows())? {
+            rows.push(
+                columns
+                    .iter()
+                    .map(|c| row.get(c).and_then(|v| v.as_str().map(str::to_string)))
+                    .collect(),
+            );
+        }
+    }
+    Ok(QueryResult {
+        columns,
+        rows,
+        truncated,
+        tables,
+        batches,
+    })
+}
+
+/// The longest query `lakefill sql` runs.
+const MAX_QUERY_BYTES: usize = 1024 * 1024;
+
+/// A query as error messages quote it: at most its first 120 characters.
+fn shortened(query: &str) -> String {
+    let mut chars = query.chars();
+    let head: String = chars.by_ref().take(120).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
+    } else {
+        head
+    }
+}
+
+/// Splits `events@12` or `events@2026-01-31T00:00:00Z` into the table and its version.
+fn parse_table_at(name: &str) -> Result<(&str, TableVersion)> {
+    let Some((base, at)) = name.split_once('@') else {
+        return Ok((name, TableVersion::Latest));
+    };
+    if let Ok(version) = at.parse::<u64>() {
+        return Ok((base, TableVersion::Version(version)));
+    }
+    let time = DateTime::parse_from_rfc3339(at)
+        .map(|t| t.with_timezone(&Utc))
+        .or_else(|_| {
+            chrono::NaiveDate::parse_from_str(at, "%Y-%m-%d").map(|d| {
+                d.and_hms_opt(0, 0, 0)
+                    .expect("midnight exists")
+                    .and_utc()
+            })
+        })
+        .map_err(|_| Error::InvalidOption {
+            option: "QUERY".into(),
+            value: name.to_string(),
+            message: "after `@` give a version number or an RFC 3339 time, e.g. `events@12` or `events@2026-01-31T00:00:00Z`".into(),
+        })?;
+    Ok((base, TableVersion::Timestamp(time)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_references_with_versions_and_times() {
+        assert!(matches!(
+            parse_table_at("events"),
+            Ok(("events", TableVersion::Latest))
+        ));
+        assert!(matches!(
+            parse_table_at("events@12"),
+            Ok(("events", TableVersion::Version(12)))
+        ));
+        assert!(matches!(
+            parse_table_at("events@2026-01-31T00:00:00Z"),
+            Ok(("events", TableVersion::Timestamp(_)))
+        ));
+        assert!(parse_table_at("events@yesterday").is_err());
+    }
+}

@@ -1,0 +1,127 @@
+//! Deleting what a run staged: only in its own staging directories, never a file a retained
+//! version of any table references.
+
+use std::sync::Arc;
+
+use deltalake::DeltaTable;
+use deltalake::ObjectStore;
+use deltalake::logstore::object_store::ObjectStoreExt as _;
+
+use crate::config::Project;
+use crate::error::Error;
+use crate::error::Result;
+use crate::journal::Journal;
+use crate::log::references::ReferencedFiles;
+
+/// Deletes every file in the run's own staging directories of its in-range partitions (what
+/// its journal lists, and what unfinished batches left there), except files any retained version
+/// of any table of the project references. Returns how many were deleted.
+pub(crate) async fn delete_run_files(
+    project: &Project,
+    latest: &DeltaTable,
+    journal: &Journal,
+) -> Result<u64> {
+    delete_staging(latest, journal, false, Some(project)).await
+}
+
+/// Deletes every file the run staged (journaled or not), except files a retained version of the
+/// target references.
+pub(crate) async fn delete_unreferenced(latest: &DeltaTable, journal: &Journal) -> Result<u64> {
+    delete_staging(latest, journal, false, None).await
+}
+
+/// Deletes the files in the run's staging directories that its journal does not list (batches
+/// that never finished), except files a retained version of the target references.
+pub(crate) async fn delete_unjournaled(table: &DeltaTable, journal: &Journal) -> Result<u64> {
+    delete_staging(table, journal, true, None).await
+}
+
+pub(crate) async fn delete_staging(
+    table: &DeltaTable,
+    journal: &Journal,
+    keep_journaled: bool,
+    project: Option<&Project>,
+) -> Result<u64> {
+    let store = table.object_store();
+    let root = table.table_url().clone();
+    let journaled: std::collections::BTreeSet<String> =
+        journal.staged_files().map(|a| a.path.clone()).collect();
+    let mut candidates: Vec<deltalake::Path> = if keep_journaled {
+        Vec::new()
+    } else {
+        journaled
+            .iter()
+            .map(|p| crate::storage::object_path(p))
+            .collect()
+    };
+    for prefix in staging_dirs(&store, &root, journal).await? {
+        let listed = store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|source| Error::Storage {
+                path: prefix.to_string(),
+                source,
+            })?
+            .objects;
+        candidates.extend(
+            listed
+                .into_iter()
+                .map(|o| o.location)
+                .filter(|p| !(keep_journaled && journaled.contains(p.as_ref()))),
+        );
+    }
+    candidates.sort();
+    candidates.dedup();
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let referenced = match project {
+        Some(project) => ReferencedFiles::of_project(project, table).await?,
+        None => ReferencedFiles::of_table(table).await?,
+    };
+    let mut deleted = 0;
+    for path in candidates {
+        if crate::storage::is_local_symlink(&root, path.as_ref()) {
+            tracing::warn!(path = %path, "kept a staged path that passes through a symbolic link");
+            continue;
+        }
+        if referenced.contains(&root, path.as_ref()) {
+            tracing::warn!(path = %path, "kept a staged file that a table version references");
+            continue;
+        }
+        match store.delete(&path).await {
+            Ok(()) => deleted += 1,
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
+            Err(source) => {
+                return Err(Error::Storage {
+                    path: path.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// The run's staging directories of the in-range partitions that exist (never through a
+/// symbolic link, never inside a nested table).
+pub(crate) async fn staging_dirs(
+    store: &Arc<dyn ObjectStore>,
+    root: &url::Url,
+    journal: &Journal,
+) -> Result<Vec<deltalake::Path>> {
+    let layout = &journal.layout;
+    let mut dirs = Vec::new();
+    for (dir, values) in
+        crate::storage::partition_dirs(store, root, &layout.partition_columns).await?
+    {
+        if layout.label_in(&journal.range, &values).is_none() {
+            continue;
+        }
+        let dir = dir.join(journal.run_id.staging_dir().as_str());
+        if !crate::storage::is_local_symlink(root, dir.as_ref()) {
+            dirs.push(dir);
+        }
+    }
+    Ok(dirs)
+}

@@ -1,0 +1,745 @@
+//! Running a plan: stage, validate, publish, and the report of what happened (DESIGN §4).
+//!
+//! The runner ([`BackfillBuilder`]) only sequences the phases and keeps the journal current; the
+//! phases live in [`crate::stage`], [`crate::validate`] and [`crate::publish`]. Beside it:
+//! [`validation`] prepares and runs the validation phase, [`publish`] commits a validated run and
+//! records the outcome, [`reconcile`] makes a journal agree with the Delta log, [`cleanup`]
+//! deletes what a run staged (never a referenced file), [`manage`] lists, publishes and discards
+//! runs after the fact, and [`report`] is what every command reports.
+
+pub(crate) mod cleanup;
+pub(crate) mod manage;
+pub(crate) mod publish;
+pub(crate) mod reconcile;
+pub(crate) mod report;
+pub(crate) mod validation;
+
+pub use report::{Outcome, RunReport, Timings};
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::future::IntoFuture;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use deltalake::logstore::object_store::ObjectStoreExt as _;
+use deltalake::{DeltaTable, ObjectStore};
+use serde_json::json;
+
+use crate::error::Error;
+use crate::error::Result;
+use crate::failpoint;
+use crate::journal::BatchBounds;
+use crate::journal::BatchRecord;
+use crate::journal::JOURNAL_FORMAT;
+use crate::journal::Journal;
+use crate::journal::RunState;
+use crate::journal::lease::RunLease;
+use crate::log::published_sequence;
+use crate::log::registry::record_published_model;
+use crate::partition::NULL_LABEL;
+use crate::plan::BackfillPlan;
+use crate::resources::ProgressEvent;
+use crate::resources::ProgressSink;
+use crate::resources::Resources;
+use crate::run::publish::publish_journal;
+use crate::run::reconcile::reconcile;
+use crate::run::validation::partition_changes;
+use crate::run::validation::run_validation;
+use crate::stage::StageOptions;
+use crate::stage::stage;
+use crate::stage::throttle::Throttle;
+use crate::time::now;
+use crate::validate::CheckResult;
+use crate::validate::ValidationReport;
+
+/// Default number of sample rows per kind of difference.
+pub const DEFAULT_SAMPLE: usize = 5;
+
+/// Runs a [`BackfillPlan`]: stage, validate, publish.
+#[must_use = "a BackfillBuilder does nothing until it is awaited"]
+pub struct BackfillBuilder {
+    plan: BackfillPlan,
+    max_parallel: Option<usize>,
+    memory_limit: Option<u64>,
+    throttle: Option<u64>,
+    progress: Option<Arc<dyn ProgressSink>>,
+    stage_only: bool,
+    force_reason: Option<String>,
+    sample: usize,
+    validate: bool,
+    interrupt: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl BackfillBuilder {
+    /// Prepares to run `plan`.
+    pub fn new(plan: BackfillPlan) -> Self {
+        Self {
+            plan,
+            max_parallel: None,
+            memory_limit: None,
+            throttle: None,
+            progress: None,
+            stage_only: false,
+            force_reason: None,
+            sample: DEFAULT_SAMPLE,
+            validate: true,
+            interrupt: None,
+        }
+    }
+
+    /// Stops the run cleanly when `interrupt` turns `true` (e.g. on Ctrl-C): finished batches
+    /// stay journaled, the run is marked `failed` and its lease released, so running the same
+    /// command resumes it. The commit itself is never interrupted.
+    ///
+    /// By default, the run is not interruptible.
+    pub fn with_interrupt(mut self, interrupt: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
+        self.interrupt = interrupt;
+        self
+    }
+
+    /// Sets the number of batches in flight.
+    ///
+    /// By default, the number of cores.
+    pub fn with_max_parallel(mut self, max_parallel: Option<usize>) -> Self {
+        self.max_parallel = max_parallel;
+        self
+    }
+
+    /// Bounds the memory of the run's queries; sorts and aggregations spill to disk beyond it.
+    ///
+    /// By default, memory is not limited.
+    pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
+    /// Bounds the bytes the run writes per second (reads follow, since the query is pulled only
+    /// as fast as its output is written).
+    ///
+    /// By default, the run is not throttled.
+    pub fn with_throttle(mut self, bytes_per_second: Option<u64>) -> Self {
+        self.throttle = bytes_per_second;
+        self
+    }
+
+    /// Sends progress events to `sink`.
+    ///
+    /// By default, progress is not reported.
+    pub fn with_progress(mut self, sink: Option<Arc<dyn ProgressSink>>) -> Self {
+        self.progress = sink;
+        self
+    }
+
+    fn emit(&self, event: ProgressEvent) {
+        if let Some(sink) = &self.progress {
+            sink.event(&event);
+        }
+    }
+
+    /// Stops after validation, leaving the run staged for `publish` (write-audit-publish).
+    ///
+    /// By default, a run that passes validation is published.
+    pub fn with_stage_only(mut self, stage_only: bool) -> Self {
+        self.stage_only = stage_only;
+        self
+    }
+
+    /// Publishes even if validation fails, recording `reason` in the commit. An empty reason
+    /// is refused when the run starts.
+    ///
+    /// By default, a failed validation publishes nothing.
+    pub fn with_force_publish(mut self, reason: Option<String>) -> Self {
+        self.force_reason = reason;
+        self
+    }
+
+    /// Turns the old-versus-new comparison and the model's checks off; only the schema and spill
+    /// checks run. For measuring what validation costs; the journal records that it was skipped.
+    ///
+    /// By default, validation runs.
+    pub fn with_validation(mut self, validate: bool) -> Self {
+        self.validate = validate;
+        self
+    }
+
+    /// Sets the number of sample rows per kind of difference in the report.
+    ///
+    /// By default, 5.
+    pub fn with_sample(mut self, sample: usize) -> Self {
+        self.sample = sample;
+        self
+    }
+
+    #[tracing::instrument(skip_all, fields(table = %self.plan.report.target, model = %self.plan.report.model, version = %self.plan.report.model_version))]
+    async fn run(self) -> Result<RunReport> {
+        let report = &self.plan.report;
+        let store = self.plan.target.object_store();
+        if self
+            .force_reason
+            .as_deref()
+            .is_some_and(|r| r.trim().is_empty())
+        {
+            return Err(crate::run::publish::empty_reason());
+        }
+        failpoint::reach("after-plan").await?;
+        let lease =
+            match RunLease::acquire(&store, &report.target, &report.run_id, "backfill").await {
+                Ok(lease) => lease,
+                // The log says it is done: no need to hold the run to say so.
+                Err(Error::RunBusy { .. }) if report.already_published => {
+                    return Ok(RunReport::already_published(&self.plan, None));
+                }
+                Err(error) => return Err(error),
+            };
+        let result = self.run_held(&lease).await;
+        lease.release().await;
+        result
+    }
+
+    /// The run, while this process holds its lease: each step below, in order. A step that
+    /// fails has already recorded the failure in the journal (see [`Self::stop`]).
+    async fn run_held(&self, lease: &RunLease) -> Result<RunReport> {
+        let started = Instant::now();
+        // The log is the truth: another process may have published this run since the plan.
+        let latest = crate::storage::latest(&self.plan.target).await?;
+        let previous =
+            Journal::load(&self.plan.target.object_store(), &self.plan.report.run_id).await?;
+        let previous = match self.published_already(&latest, previous, lease).await? {
+            Ok(report) => return Ok(report),
+            Err(previous) => previous,
+        };
+        let (mut journal, skip) = self.begin(&latest, previous, lease).await?;
+        let resumed_batches = skip.len();
+        let resources = Resources::new(self.memory_limit);
+
+        let spill = self
+            .stage_step(&mut journal, &resources, &skip, lease, started)
+            .await?;
+        let stage_ms = elapsed_ms(started);
+        let validate_started = Instant::now();
+        self.validate_step(&mut journal, &resources, &spill, lease)
+            .await?;
+        let validate_ms = elapsed_ms(validate_started);
+        let outcome = self.conclude(&mut journal, &latest, lease).await?;
+
+        let total_ms = elapsed_ms(started);
+        let timings = Timings {
+            stage_ms,
+            validate_ms,
+            publish_ms: total_ms.saturating_sub(stage_ms + validate_ms),
+            total_ms,
+        };
+        Ok(self.finish(&journal, outcome, timings, resumed_batches))
+    }
+
+    /// When the log already holds this run (published by this or another process), the report
+    /// that says so, with the journal reconciled; otherwise the previous journal, untouched.
+    async fn published_already(
+        &self,
+        latest: &DeltaTable,
+        previous: Option<Journal>,
+        lease: &RunLease,
+    ) -> Result<std::result::Result<RunReport, Option<Journal>>> {
+        let report = &self.plan.report;
+        let logged = published_sequence(latest, &report.run_id).await?;
+        if !report.already_published && logged.is_none_or(|s| s < report.publish_sequence) {
+            return Ok(Err(previous));
+        }
+        let store = self.plan.target.object_store();
+        let journal = match previous {
+            Some(mut journal) => {
+                if reconcile(latest, &mut journal).await? {
+                    journal.save(&store, lease).await?;
+                }
+                record_published_model(&store, &journal.model_record()).await;
+                Some(journal)
+            }
+            None => None,
+        };
+        tracing::info!(run_id = %report.run_id, "run already published");
+        Ok(Ok(RunReport::already_published(
+            &self.plan,
+            journal.as_ref(),
+        )))
+    }
+
+    /// A fresh journal in `staging`, carrying the finished batches of a previous attempt of
+    /// this run that did not publish; returns it and the indexes of the batches to skip.
+    async fn begin(
+        &self,
+        latest: &DeltaTable,
+        previous: Option<Journal>,
+        lease: &RunLease,
+    ) -> Result<(Journal, BTreeSet<usize>)> {
+        let plan = &self.plan;
+        let store = plan.target.object_store();
+        let resumed = match previous {
+            Some(mut previous) if previous.sequence == plan.report.publish_sequence => {
+                reconcile(latest, &mut previous).await?;
+                reusable_batches(plan, &store, previous).await?
+            }
+            _ => Vec::new(),
+        };
+        if !resumed.is_empty() {
+            tracing::info!(run_id = %plan.report.run_id, batches = resumed.len(), "resuming after finished batches");
+        }
+        let mut journal = new_journal(plan);
+        let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
+        journal.batches = resumed;
+        journal.save(&store, lease).await?;
+        Ok((journal, skip))
+    }
+
+    /// Stages the batches not in `skip`, then refuses output outside the range (unless the
+    /// plan drops it on purpose) and an incomplete staging; leaves the run `staged`. Returns the
+    /// rows dropped per partition outside the range.
+    async fn stage_step(
+        &self,
+        journal: &mut Journal,
+        resources: &Resources,
+        skip: &BTreeSet<usize>,
+        lease: &RunLease,
+        started: Instant,
+    ) -> Result<BTreeMap<String, u64>> {
+        let report = &self.plan.report;
+        let max_parallel = self
+            .max_parallel
+            .unwrap_or_else(crate::settings::default_parallelism);
+        let options = StageOptions {
+            max_parallel,
+            resources: resources.clone(),
+            throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
+        };
+        self.emit(ProgressEvent::Started {
+            run_id: report.run_id.to_string(),
+            table: report.target.clone(),
+            batches_total: report.batches.len(),
+            batches_resumed: skip.len(),
+        });
+        let staged = self
+            .interruptible(self.stage_and_journal(journal, &options, skip, lease, started))
+            .await;
+        if let Err(error) = staged {
+            return Err(self.stop(journal, lease, "staging", error, false).await);
+        }
+        let spill = journal.batches.iter().flat_map(|b| b.spill.clone()).fold(
+            BTreeMap::<String, u64>::new(),
+            |mut acc, (partition, rows)| {
+                *acc.entry(partition).or_default() += rows;
+                acc
+            },
+        );
+        let spilled: u64 = spill.values().sum();
+        if spilled > 0 && report.allow_spill.is_none() {
+            // Spilled output is wrong for this range: it is not worth resuming.
+            let error = spill_error(report, &spill, spilled);
+            return Err(self.stop(journal, lease, "staging", error, true).await);
+        }
+        if !journal.complete() {
+            let error = Error::Internal(format!(
+                "staging finished with {} of {} batches",
+                journal.batches.len(),
+                journal.planned_batches.len()
+            ));
+            return Err(self.stop(journal, lease, "staging", error, false).await);
+        }
+        journal.spill_dropped = spilled;
+        journal.partitions = partition_changes(&self.plan, &journal.batches);
+        journal.transition(RunState::Staged)?;
+        journal
+            .save(&self.plan.target.object_store(), lease)
+            .await?;
+        failpoint::reach("after-stage").await?;
+        Ok(spill)
+    }
+
+    /// Validates the staged rows against the old rows at the read version and records the
+    /// report in the journal (still `validating`: [`Self::conclude`] decides).
+    async fn validate_step(
+        &self,
+        journal: &mut Journal,
+        resources: &Resources,
+        spill: &BTreeMap<String, u64>,
+        lease: &RunLease,
+    ) -> Result<()> {
+        let plan = &self.plan;
+        let report = &plan.report;
+        self.emit(ProgressEvent::Phase {
+            run_id: report.run_id.to_string(),
+            phase: "validating".into(),
+        });
+        journal.transition(RunState::Validating)?;
+        journal.save(&plan.target.object_store(), lease).await?;
+        let mut spill_check = CheckResult::new("spill", Vec::new(), Vec::new());
+        let spilled: u64 = spill.values().sum();
+        if spilled > 0 {
+            // Dropped on purpose (`--allow-spill drop`): reported, not failed.
+            spill_check.failures =
+                vec![json!({"rows_outside_range": spilled, "dropped": true, "partitions": spill})];
+        }
+        // Columns the model adds are reported with the schema check (they pass it on purpose).
+        let added: Vec<serde_json::Value> = report
+            .added_columns
+            .iter()
+            .map(|c| json!({"added_column": c.name, "type": c.delta_type}))
+            .collect();
+        let extra_checks = vec![CheckResult::new("schema", Vec::new(), added), spill_check];
+        let validation = self
+            .interruptible(run_validation(
+                plan,
+                journal,
+                &plan.rules,
+                self.sample,
+                extra_checks,
+                resources,
+                self.validate,
+            ))
+            .await;
+        let validation = match validation {
+            Ok(validation) => validation,
+            Err(error) => return Err(self.stop(journal, lease, "validating", error, false).await),
+        };
+        if report.layout.by_rows {
+            // The log cannot count a range's rows in shared files; validation did.
+            for change in &mut journal.partitions {
+                change.old_rows = Some(
+                    validation
+                        .comparison
+                        .partitions
+                        .iter()
+                        .find(|p| p.value == change.value)
+                        .map_or(0, |p| p.old_rows),
+                );
+            }
+        }
+        journal.validation = Some(validation);
+        journal.validated_files = Some(journal.staged_digest());
+        Ok(())
+    }
+
+    /// Decides what the validated run becomes: up to date (nothing to publish, nothing kept),
+    /// failed validation, staged for review, or published.
+    async fn conclude(
+        &self,
+        journal: &mut Journal,
+        latest: &DeltaTable,
+        lease: &RunLease,
+    ) -> Result<Outcome> {
+        let plan = &self.plan;
+        let store = plan.target.object_store();
+        let (passed, identical) = journal.validation.as_ref().map_or((false, false), |v| {
+            (v.passed, v.comparison.identical == Some(true))
+        });
+        if identical && passed {
+            // Publishing would change nothing: say so, and keep nothing staged.
+            journal.transition(RunState::UpToDate)?;
+            crate::run::cleanup::delete_unreferenced(latest, journal).await?;
+            journal.save(&store, lease).await?;
+            return Ok(Outcome::UpToDate);
+        }
+        if !passed && (self.force_reason.is_none() || !journal_violations(journal).is_empty()) {
+            journal.transition(RunState::FailedValidation)?;
+            journal.save(&store, lease).await?;
+            return Ok(Outcome::ValidationFailed);
+        }
+        if passed {
+            journal.transition(RunState::Validated)?;
+        } else {
+            journal.transition(RunState::FailedValidation)?;
+            journal.forced = self.force_reason.clone();
+        }
+        journal.save(&store, lease).await?;
+        if self.stage_only {
+            return Ok(Outcome::Staged);
+        }
+        self.emit(ProgressEvent::Phase {
+            run_id: plan.report.run_id.to_string(),
+            phase: "publishing".into(),
+        });
+        publish_journal(&plan.target, journal, &store, lease)
+            .await
+            .map_err(|error| stopped(journal, "publishing", error))?;
+        tracing::info!(run_id = %plan.report.run_id, version = ?journal.published_version, "published");
+        Ok(Outcome::Published)
+    }
+
+    /// The report of the run, announced to the progress sink.
+    fn finish(
+        &self,
+        journal: &Journal,
+        outcome: Outcome,
+        timings: Timings,
+        resumed_batches: usize,
+    ) -> RunReport {
+        let total_ms = timings.total_ms;
+        let mut run = RunReport::from_journal(journal, outcome, timings);
+        run.resumed_batches = resumed_batches;
+        self.emit(ProgressEvent::Finished {
+            run_id: run.run_id.clone(),
+            state: run.state.to_string(),
+            batches_done: journal.batches.len(),
+            rows_written: run.rows_written,
+            files_written: run.files_written,
+            bytes_written: run.bytes_written,
+            elapsed_ms: total_ms,
+        });
+        run
+    }
+
+    /// Stages every batch not in `skip`, journaling each as it finishes.
+    async fn stage_and_journal(
+        &self,
+        journal: &mut Journal,
+        options: &StageOptions,
+        skip: &BTreeSet<usize>,
+        lease: &RunLease,
+        started: Instant,
+    ) -> Result<()> {
+        let plan = &self.plan;
+        let report = &plan.report;
+        let store = plan.target.object_store();
+        let batches_total = report.batches.len();
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
+        let staging = stage(plan, options, skip, sender);
+        let journaling = async {
+            while let Some(record) = receiver.recv().await {
+                let (index, rows) = (record.index, record.rows.values().sum::<u64>());
+                journal.batches.push(record);
+                journal.batches.sort_by_key(|b| b.index);
+                journal.save(&store, lease).await?;
+                failpoint::reach("mid-stage").await?;
+                self.emit(ProgressEvent::BatchFinished {
+                    run_id: report.run_id.to_string(),
+                    index,
+                    batches_done: journal.batches.len(),
+                    batches_total,
+                    rows,
+                    rows_total: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
+                    bytes_total: journal
+                        .staged_files()
+                        .map(|a| u64::try_from(a.size).unwrap_or(0))
+                        .sum(),
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                });
+            }
+            Ok::<(), Error>(())
+        };
+        let (staged, journaled) = tokio::join!(staging, journaling);
+        staged.and(journaled)
+    }
+
+    /// Runs `work` unless the run is interrupted first (then it is dropped where it stands).
+    async fn interruptible<T>(&self, work: impl Future<Output = Result<T>>) -> Result<T> {
+        let Some(interrupt) = &self.interrupt else {
+            return work.await;
+        };
+        let mut interrupt = interrupt.clone();
+        tokio::select! {
+            result = work => result,
+            _ = interrupt.wait_for(|interrupted| *interrupted) => Err(Error::Interrupted),
+        }
+    }
+
+    /// Records that the run stopped while `phase` (its finished batches stay, for a resume,
+    /// unless `drop_staged`) and returns the error to report.
+    async fn stop(
+        &self,
+        journal: &mut Journal,
+        lease: &RunLease,
+        phase: &str,
+        error: Error,
+        drop_staged: bool,
+    ) -> Error {
+        let store = self.plan.target.object_store();
+        journal.error = Some(error.to_string());
+        if let Err(e) = journal.transition(RunState::Failed) {
+            tracing::warn!(run_id = %journal.run_id, error = %e, "cannot mark the run failed");
+        }
+        if drop_staged {
+            match crate::storage::latest(&self.plan.target).await {
+                Ok(latest) => {
+                    if let Err(e) = crate::run::cleanup::delete_unreferenced(&latest, journal).await
+                    {
+                        tracing::warn!(run_id = %journal.run_id, error = %e, "cannot delete the staged files");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(run_id = %journal.run_id, error = %e, "cannot delete the staged files")
+                }
+            }
+            journal.batches.clear();
+        }
+        if let Err(e) = journal.save(&store, lease).await {
+            tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failure in the run journal");
+        }
+        stopped(journal, phase, error)
+    }
+}
+
+/// Milliseconds since `since`.
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The error of a run whose output fell outside its range, with the range that would hold it.
+fn spill_error(
+    report: &crate::plan::PlanReport,
+    spill: &BTreeMap<String, u64>,
+    total: u64,
+) -> Error {
+    // Labels of one grain sort like time; the NULL partition is no bound.
+    let timed = || spill.keys().filter(|p| p.as_str() != NULL_LABEL);
+    let first = timed().next().cloned().unwrap_or_default();
+    let last = timed().next_back().cloned().unwrap_or_default();
+    Error::Spill {
+        model: report.model.clone(),
+        range: format!("{}..={}", report.range.from, report.range.to),
+        partitions: spill.clone().into_iter().collect(),
+        total,
+        suggested: Box::new((
+            if first.is_empty() {
+                report.range.from.clone()
+            } else {
+                first.min(report.range.from.clone())
+            },
+            last.max(report.range.to.clone()),
+        )),
+    }
+}
+
+/// The failed checks of the run's validation that come from the table's protocol.
+fn journal_violations(journal: &Journal) -> Vec<String> {
+    journal
+        .validation
+        .as_ref()
+        .map(ValidationReport::protocol_violations)
+        .unwrap_or_default()
+}
+
+/// Wraps the error that stopped a run with the run's id and state.
+fn stopped(journal: &Journal, phase: &str, error: Error) -> Error {
+    match error {
+        // Already about the run.
+        Error::RunBusy { .. } | Error::LeaseLost { .. } | Error::RunStopped { .. } => error,
+        error => Error::RunStopped {
+            run_id: journal.run_id.to_string(),
+            state: journal.state.to_string(),
+            phase: phase.to_string(),
+            resume: journal.resume_command(),
+            source: Box::new(error),
+        },
+    }
+}
+
+/// A fresh journal for the plan, in `staging`.
+fn new_journal(plan: &BackfillPlan) -> Journal {
+    let report = &plan.report;
+    Journal {
+        format: JOURNAL_FORMAT,
+        run_id: report.run_id.clone(),
+        state: RunState::Staging,
+        model: report.model.clone(),
+        model_version: report.model_version.clone(),
+        fingerprint: report.fingerprint.clone(),
+        target: report.target.clone(),
+        layout: report.layout.clone(),
+        partition_column: None,
+        read_version: report.read_version,
+        range: report.range.clone(),
+        sources: report
+            .sources
+            .iter()
+            .map(|s| (s.table.clone(), s.version))
+            .collect(),
+        self_sources: report
+            .sources
+            .iter()
+            .filter(|s| s.reads_target)
+            .map(|s| s.table.clone())
+            .collect(),
+        allow_spill: report.allow_spill.clone(),
+        reason: report.reason.clone(),
+        affected_files: report.affected_files.clone(),
+        added_columns: report.added_columns.clone(),
+        planned_batches: report
+            .batches
+            .iter()
+            .map(|b| BatchBounds {
+                index: b.index,
+                start: b.start.clone(),
+                end: b.end.clone(),
+            })
+            .collect(),
+        batches: Vec::new(),
+        partitions: Vec::new(),
+        spill_dropped: 0,
+        validation: None,
+        validated_files: None,
+        forced: None,
+        published_version: None,
+        sequence: report.publish_sequence,
+        error: None,
+        created_at: now(),
+        updated_at: now(),
+    }
+}
+
+/// The finished batches of an earlier attempt of this run that can be kept. Everything else the
+/// attempt staged is deleted (never a file a table version references): batches whose files are
+/// gone, and files of unfinished batches.
+async fn reusable_batches(
+    plan: &BackfillPlan,
+    store: &Arc<dyn ObjectStore>,
+    previous: Journal,
+) -> Result<Vec<BatchRecord>> {
+    let report = &plan.report;
+    let reads_target = report.sources.iter().any(|s| s.reads_target);
+    // Output depends on the pinned sources (part of the run id) and, for a model reading its own
+    // target, on the read version.
+    let compatible = !matches!(
+        previous.state,
+        RunState::Discarded | RunState::UpToDate | RunState::Published
+    ) && previous.sequence == report.publish_sequence
+        && (!reads_target || previous.read_version == report.read_version);
+    let mut kept = Vec::new();
+    for batch in &previous.batches {
+        let same_batch = report
+            .batches
+            .iter()
+            .any(|b| b.index == batch.index && b.start == batch.start && b.end == batch.end);
+        let mut complete = compatible && same_batch;
+        if complete {
+            for add in &batch.files {
+                if store
+                    .head(&crate::storage::object_path(&add.path))
+                    .await
+                    .is_err()
+                {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        if complete {
+            kept.push(batch.clone());
+        }
+    }
+    // Everything else in the run's staging directories goes: files of dropped batches, and of
+    // batches that never finished (not in the journal).
+    let mut leftover = previous;
+    leftover.batches = kept.clone();
+    crate::run::cleanup::delete_unjournaled(&plan.target, &leftover).await?;
+    Ok(kept)
+}
+
+impl IntoFuture for BackfillBuilder {
+    type Output = Result<RunReport>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}

@@ -1,0 +1,94 @@
+//! The publish step of a run: commit, then make the journal say what the log says.
+
+use std::sync::Arc;
+
+use deltalake::DeltaTable;
+use deltalake::ObjectStore;
+
+use crate::error::Error;
+use crate::error::Result;
+use crate::failpoint;
+use crate::journal::Journal;
+use crate::journal::RunState;
+use crate::journal::lease::RunLease;
+use crate::log::find_run_commit;
+use crate::log::published_sequence;
+use crate::log::registry::record_published_model;
+use crate::publish::commit;
+
+/// Commits a validated run and records the outcome in its journal. After any error from the
+/// commit path the log is read again: if the commit landed after all, the run is published;
+/// otherwise it is back where it was (or `failed`, when the target moved under it).
+pub(crate) async fn publish_journal(
+    target_at_read_version: &DeltaTable,
+    journal: &mut Journal,
+    store: &Arc<dyn ObjectStore>,
+    lease: &RunLease,
+) -> Result<()> {
+    let before = journal.state;
+    journal.transition(RunState::Publishing)?;
+    journal.save(store, lease).await?;
+    failpoint::reach("before-commit").await?;
+    lease.check()?;
+    let committed = commit(target_at_read_version, journal).await;
+    let error = match committed {
+        Ok(version) => {
+            failpoint::reach("after-commit").await?;
+            return published(journal, store, lease, Some(version)).await;
+        }
+        Err(error) => error,
+    };
+    // Did a version get written anyway (a lost response, a racing retry)?
+    if let Ok(latest) = crate::storage::latest(target_at_read_version).await
+        && published_sequence(&latest, &journal.run_id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s >= journal.sequence)
+    {
+        let version = find_run_commit(&latest, &journal.run_id)
+            .await
+            .ok()
+            .flatten();
+        tracing::warn!(run_id = %journal.run_id, %error, "the commit reported an error but is in the log");
+        return published(journal, store, lease, version).await;
+    }
+    journal.error = Some(error.to_string());
+    journal.state = match error {
+        // The read version is stale for the range: validating again needs a new attempt.
+        Error::Conflict { .. } => RunState::Failed,
+        _ => before,
+    };
+    if let Err(e) = journal.save(store, lease).await {
+        tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failed publish");
+    }
+    Err(error)
+}
+
+pub(crate) async fn published(
+    journal: &mut Journal,
+    store: &Arc<dyn ObjectStore>,
+    lease: &RunLease,
+    version: Option<u64>,
+) -> Result<()> {
+    journal.transition(RunState::Published)?;
+    journal.published_version = version;
+    journal.error = None;
+    record_published_model(store, &journal.model_record()).await;
+    // The commit is in the log, which is the truth; a journal that cannot be written now is
+    // repaired by the next command that reads the run.
+    if let Err(error) = journal.save(store, lease).await {
+        tracing::warn!(run_id = %journal.run_id, %error, "published, but cannot update the run journal");
+    }
+    Ok(())
+}
+
+pub(crate) fn empty_reason() -> Error {
+    Error::InvalidOption {
+        option: "--reason".into(),
+        value: String::new(),
+        message:
+            "a forced publish records why validation is overridden; the reason must not be empty"
+                .into(),
+    }
+}

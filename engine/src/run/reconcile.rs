@@ -1,0 +1,53 @@
+//! The Delta log is the truth about a run; its journal is a cache of it.
+
+use deltalake::DeltaTable;
+
+use crate::error::Result;
+use crate::journal::Journal;
+use crate::journal::RunState;
+use crate::log::find_run_commit;
+use crate::log::published_sequence;
+
+/// Makes `journal` agree with the target's Delta log (`latest`, loaded at its newest version):
+/// a run whose application transaction is in the log is published, whatever its journal says; a
+/// publish whose commit is not in the log did not happen. Returns whether the journal changed.
+///
+/// This is the one place that moves a run into `published` from outside a commit.
+pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Result<bool> {
+    let logged = published_sequence(latest, &journal.run_id).await?;
+    if logged.is_some_and(|sequence| sequence >= journal.sequence) {
+        if journal.state == RunState::Published && journal.published_version.is_some() {
+            return Ok(false);
+        }
+        journal.state = RunState::Published;
+        journal.published_version = find_run_commit(latest, &journal.run_id)
+            .await?
+            .or(journal.published_version);
+        journal.error = None;
+        tracing::info!(run_id = %journal.run_id, version = ?journal.published_version, "the Delta log has the run's commit: repaired its journal");
+        return Ok(true);
+    }
+    match journal.state {
+        RunState::Published => {
+            // Application transactions can expire; the commit itself is the proof.
+            if find_run_commit(latest, &journal.run_id).await?.is_some() {
+                return Ok(false);
+            }
+            journal.state = RunState::Failed;
+            journal.error = Some(
+                "the journal said published, but the Delta log has no commit of this run".into(),
+            );
+            Ok(true)
+        }
+        RunState::Publishing => {
+            // The commit never landed: the run is as it was before the publish.
+            journal.state = match journal.validation_passed() {
+                Some(true) => RunState::Validated,
+                Some(false) => RunState::FailedValidation,
+                None => RunState::Failed,
+            };
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}

@@ -1,0 +1,163 @@
+//! What a backfill, publish or discard did (DESIGN §3 JSON contract).
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::journal::Journal;
+use crate::journal::PartitionChange;
+use crate::journal::RunState;
+use crate::partition::PartitionRange;
+use crate::plan::BackfillPlan;
+use crate::validate::ValidationReport;
+
+/// What a backfill or publish did (DESIGN §3 JSON contract).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// The run id.
+    pub run_id: String,
+    /// State of the run at the end.
+    pub state: RunState,
+    /// What this invocation did.
+    pub outcome: Outcome,
+    /// Target table.
+    pub table: String,
+    /// Model name.
+    pub model: String,
+    /// Model version.
+    pub model_version: String,
+    /// Model fingerprint.
+    pub fingerprint: String,
+    /// Version the run read.
+    pub read_version: u64,
+    /// Version the run's commit created; `null` when nothing was published.
+    pub published_version: Option<u64>,
+    /// The range.
+    pub range: PartitionRange,
+    /// Per partition: old and new row counts.
+    pub partitions: Vec<PartitionChange>,
+    /// Rows staged.
+    pub rows_written: u64,
+    /// Files staged.
+    pub files_written: u64,
+    /// Bytes staged.
+    pub bytes_written: u64,
+    /// Rows for partitions outside the range that were dropped (`--allow-spill drop`).
+    pub spill_dropped: u64,
+    /// Batches taken over from an earlier, interrupted attempt of the same run.
+    pub resumed_batches: usize,
+    /// The validation report (`passed`, each check with its numbers, the comparison).
+    pub validation: Option<ValidationReport>,
+    /// The reason validation was overridden, if it was.
+    pub forced: Option<String>,
+    /// Wall time per phase.
+    pub timings: Timings,
+}
+
+/// What one invocation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A new version was committed.
+    Published,
+    /// The run had been published before; nothing changed.
+    AlreadyPublished,
+    /// Staged and validated; waiting for `publish`.
+    Staged,
+    /// Validation failed; nothing was published.
+    ValidationFailed,
+    /// The staged rows equal the current rows: nothing was published, nothing stays staged.
+    UpToDate,
+    /// The run's staged files were deleted.
+    Discarded,
+}
+
+/// Wall time per phase, in milliseconds.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Timings {
+    /// Running the model and writing staged files.
+    pub stage_ms: u64,
+    /// Comparing old and new and running the checks.
+    pub validate_ms: u64,
+    /// The commit.
+    pub publish_ms: u64,
+    /// The whole run.
+    pub total_ms: u64,
+}
+
+impl RunReport {
+    /// Builds the report of a run from its journal.
+    pub(crate) fn from_journal(journal: &Journal, outcome: Outcome, timings: Timings) -> Self {
+        let files = || journal.staged_files();
+        Self {
+            run_id: journal.run_id.to_string(),
+            state: journal.state,
+            outcome,
+            table: journal.target.clone(),
+            model: journal.model.clone(),
+            model_version: journal.model_version.clone(),
+            fingerprint: journal.fingerprint.clone(),
+            read_version: journal.read_version,
+            published_version: journal.published_version,
+            range: journal.range.clone(),
+            partitions: journal.partitions.clone(),
+            rows_written: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
+            files_written: files().count() as u64,
+            bytes_written: files().map(|a| u64::try_from(a.size).unwrap_or(0)).sum(),
+            spill_dropped: journal.spill_dropped,
+            resumed_batches: 0,
+            validation: journal.validation.clone(),
+            forced: journal.forced.clone(),
+            timings,
+        }
+    }
+
+    pub(crate) fn already_published(plan: &BackfillPlan, journal: Option<&Journal>) -> Self {
+        if let Some(journal) = journal {
+            return Self::from_journal(journal, Outcome::AlreadyPublished, Timings::default());
+        }
+        let report = &plan.report;
+        Self {
+            run_id: report.run_id.to_string(),
+            state: RunState::Published,
+            outcome: Outcome::AlreadyPublished,
+            table: report.target.clone(),
+            model: report.model.clone(),
+            model_version: report.model_version.clone(),
+            fingerprint: report.fingerprint.clone(),
+            read_version: report.read_version,
+            published_version: None,
+            range: report.range.clone(),
+            partitions: Vec::new(),
+            rows_written: 0,
+            files_written: 0,
+            bytes_written: 0,
+            spill_dropped: 0,
+            resumed_batches: 0,
+            validation: None,
+            forced: None,
+            timings: Timings::default(),
+        }
+    }
+
+    /// Returns the names of failed validation checks.
+    pub fn failed_checks(&self) -> Vec<String> {
+        self.validation
+            .as_ref()
+            .map(ValidationReport::failed)
+            .unwrap_or_default()
+    }
+
+    /// The error a run that failed validation ends with (exit code 3), the same whether the
+    /// backfill or a later publish found it; `None` for any other outcome.
+    pub fn validation_error(&self) -> Option<Error> {
+        (self.outcome == Outcome::ValidationFailed).then(|| Error::ValidationFailed {
+            run_id: self.run_id.clone(),
+            forceable: self
+                .validation
+                .as_ref()
+                .is_none_or(|v| v.protocol_violations().is_empty()),
+            failed: self.failed_checks(),
+        })
+    }
+}

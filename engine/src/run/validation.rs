@@ -1,0 +1,307 @@
+//! The validation phase of a run: the old and new rows side by side in one session, the checks
+//! of the model and the table, and what the staged rows change per partition.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deltalake::DeltaTable;
+use deltalake::datafusion::prelude::SessionContext;
+use serde_json::json;
+
+use crate::error::Error;
+use crate::error::QueryContext;
+use crate::error::Result;
+use crate::journal::BatchRecord;
+use crate::journal::Journal;
+use crate::journal::PartitionChange;
+use crate::partition::CARRIED_LABEL;
+use crate::partition::Layout;
+use crate::partition::PartitionRange;
+use crate::partition::PartitionValues;
+use crate::partition::label_of;
+use crate::plan::BackfillPlan;
+use crate::resources::Resources;
+use crate::rowhash::RowChecksum;
+use crate::stage::staged::StagedTable;
+use crate::validate::CheckResult;
+use crate::validate::KnownSide;
+use crate::validate::PartitionKey;
+use crate::validate::ValidationReport;
+use crate::validate::ValidationRules;
+use crate::validate::rows::counts_from;
+use crate::validate::validate;
+
+/// Registers `previous` (the target at the read version, affected partitions only) and `output`
+/// (the staged files) in a new session and validates them.
+pub(crate) async fn run_validation(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    rules: &ValidationRules,
+    sample: usize,
+    extra_checks: Vec<CheckResult>,
+    resources: &Resources,
+    compare_rows: bool,
+) -> Result<ValidationReport> {
+    if !compare_rows {
+        return Ok(ValidationReport {
+            passed: extra_checks.iter().all(|c| c.passed),
+            checks: extra_checks,
+            ..ValidationReport::default()
+        });
+    }
+    let layout = &journal.layout;
+    let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
+    let adds: Vec<_> = journal.staged_files().cloned().collect();
+    let write_schema = match &plan.write_schema {
+        Some(schema) => Arc::clone(schema),
+        None => plan
+            .target
+            .snapshot()
+            .map_err(|source| Error::Delta {
+                context: "cannot read the target's snapshot".into(),
+                source: Box::new(source),
+            })?
+            .snapshot()
+            .arrow_schema(),
+    };
+    let staged = StagedTable::register_store(
+        &ctx,
+        &plan.target,
+        &write_schema,
+        &layout.partition_columns,
+        &adds,
+        &journal.run_id,
+    )?;
+    let target_schema = table_schema(plan)?;
+    if layout.by_rows {
+        // Staged files hold the range's new rows and the rows carried over: `output` is the
+        // range's.
+        ctx.register_table("staged", Arc::new(staged))
+            .query_context(|| "cannot register the staged files".into())?;
+        let in_range = layout.range_predicate(&journal.range, &target_schema)?;
+        let output = ctx
+            .table("staged")
+            .await
+            .and_then(|df| df.filter(in_range))
+            .query_context(|| "cannot restrict the staged rows to the range".into())?;
+        ctx.register_table("output", output.into_view())
+            .query_context(|| "cannot register the staged rows".into())?;
+    } else {
+        ctx.register_table("output", Arc::new(staged))
+            .query_context(|| "cannot register the staged files".into())?;
+    }
+    let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
+    for batch in &journal.batches {
+        for (partition, checksum) in &batch.checksums {
+            checksums
+                .entry(partition.clone())
+                .or_default()
+                .merge(checksum);
+        }
+    }
+    let carried = checksums.remove(CARRIED_LABEL);
+    let mut new_side = KnownSide {
+        rows: counts_from(
+            journal
+                .batches
+                .iter()
+                .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n)))
+                .filter(|(p, _)| p.as_str() != CARRIED_LABEL),
+        ),
+        sums: Some(BTreeMap::new()),
+        checksums: Some(checksums),
+    };
+    for batch in &journal.batches {
+        for (partition, measures) in batch
+            .sums
+            .iter()
+            .filter(|(p, _)| p.as_str() != CARRIED_LABEL)
+        {
+            let entry = new_side
+                .sums
+                .get_or_insert_with(BTreeMap::new)
+                .entry(partition.clone())
+                .or_default();
+            for (measure, sum) in measures {
+                *entry.entry(measure.clone()).or_default() += sum;
+            }
+        }
+    }
+    // Sums are computed while staging only for measures that are file columns.
+    if rules
+        .summed_measures()
+        .iter()
+        .any(|m| layout.partition_columns.contains(m))
+    {
+        new_side.sums = None;
+    }
+    // Every column but the partition columns, in the table's order: what makes a row.
+    let checksum_columns: Vec<String> = target_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| !layout.partition_columns.contains(name))
+        .collect();
+    let mut extra_checks = extra_checks;
+    if layout.by_rows && !journal.affected_files.is_empty() {
+        extra_checks.push(
+            carried_check(
+                plan,
+                journal,
+                &ctx,
+                &checksum_columns,
+                carried.unwrap_or_default(),
+            )
+            .await?,
+        );
+    }
+    validate(
+        &ctx,
+        &PartitionKey::Time(layout.clone()),
+        rules,
+        sample,
+        Some(new_side),
+        checksum_columns,
+        extra_checks,
+    )
+    .await
+}
+
+/// By rows: the rows of the rewritten files outside the range must be staged again exactly as
+/// they were. Compares the checksum of what staging carried with the old rows, read again.
+pub(crate) async fn carried_check(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    ctx: &SessionContext,
+    columns: &[String],
+    carried: RowChecksum,
+) -> Result<CheckResult> {
+    let provider = plan
+        .target
+        .table_provider()
+        .with_file_paths(journal.affected_files.iter().cloned())
+        .await
+        .query_context(|| "cannot scan the files the backfill rewrites".into())?;
+    let schema = table_schema(plan)?;
+    let outside = journal
+        .layout
+        .range_predicate(&journal.range, &schema)?
+        .is_not_true();
+    let old = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(outside))
+        .query_context(|| "cannot select the rows outside the range".into())?;
+    ctx.register_table("__lf_carried_old", old.into_view())
+        .query_context(|| "cannot register the rows outside the range".into())?;
+    let expected = crate::validate::checks::checksum_of(ctx, "__lf_carried_old", columns).await?;
+    let mut check = CheckResult::new(
+        "carried rows unchanged",
+        if expected == carried {
+            Vec::new()
+        } else {
+            vec![json!({
+                "old_rows": expected.rows,
+                "carried_rows": carried.rows,
+                "message": "the rows outside the range of the rewritten files were not carried over exactly",
+            })]
+        },
+        Vec::new(),
+    );
+    // A rewrite that changes rows outside the range is never published, forced or not.
+    check.protocol = true;
+    Ok(check)
+}
+
+/// A session with `previous` registered: `table` restricted to the partitions of `range`.
+pub(crate) async fn comparison_session(
+    ctx: SessionContext,
+    table: &DeltaTable,
+    layout: &Layout,
+    range: &PartitionRange,
+) -> Result<SessionContext> {
+    let schema = table
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema();
+    let predicate = layout.range_predicate(range, &schema)?;
+    let provider = table
+        .table_provider()
+        .await
+        .query_context(|| "cannot scan the target".into())?;
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(predicate))
+        .query_context(|| "cannot restrict the target to the range".into())?;
+    ctx.register_table("previous", df.into_view())
+        .query_context(|| "cannot register the old rows".into())?;
+    Ok(ctx)
+}
+
+/// Old and new row counts per partition: the plan's partitions plus any the model created.
+pub(crate) fn partition_changes(
+    plan: &BackfillPlan,
+    batches: &[BatchRecord],
+) -> Vec<PartitionChange> {
+    let layout = &plan.report.layout;
+    let mut new_rows: BTreeMap<String, u64> = BTreeMap::new();
+    let mut new_files: BTreeMap<String, u64> = BTreeMap::new();
+    for record in batches {
+        for (partition, rows) in record
+            .rows
+            .iter()
+            .filter(|(p, _)| p.as_str() != CARRIED_LABEL)
+        {
+            *new_rows.entry(partition.clone()).or_default() += rows;
+        }
+        for add in record.files.iter().filter(|_| !layout.by_rows) {
+            let values: PartitionValues = add
+                .partition_values
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            *new_files.entry(label_of(layout, &values)).or_default() += 1;
+        }
+    }
+    let mut partitions: Vec<PartitionChange> = plan
+        .report
+        .partitions
+        .iter()
+        .map(|p| PartitionChange {
+            value: p.value.clone(),
+            old_rows: p.rows,
+            new_rows: new_rows.get(&p.value).copied().unwrap_or(0),
+            old_files: p.files,
+            new_files: new_files.get(&p.value).copied().unwrap_or(0),
+        })
+        .collect();
+    for (value, rows) in &new_rows {
+        if !partitions.iter().any(|p| &p.value == value) {
+            partitions.push(PartitionChange {
+                value: value.clone(),
+                old_rows: Some(0),
+                new_rows: *rows,
+                old_files: 0,
+                new_files: new_files.get(value).copied().unwrap_or(0),
+            });
+        }
+    }
+    partitions.sort_by(|a, b| a.value.cmp(&b.value));
+    partitions
+}
+
+/// The target's schema at the read version, as Arrow.
+fn table_schema(plan: &BackfillPlan) -> Result<deltalake::arrow::datatypes::SchemaRef> {
+    Ok(plan
+        .target
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema())
+}

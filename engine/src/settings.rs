@@ -1,0 +1,221 @@
+//! The settings of a run, resolved in one place: a command-line flag, else the project's
+//! `[defaults]`, else the built-in default. A bad value is reported under the name the user
+//! gave it where they gave it: `--memory-limit` on the command line, `memory_limit` in the
+//! `[defaults]` of `lakefill.toml`.
+
+use crate::config::Project;
+use crate::error::{Error, Result};
+use crate::plan::DEFAULT_BATCH_PARTITIONS;
+use crate::resources::parse_size;
+
+/// What the command line said, each `None` when the flag was not given.
+#[derive(Debug, Clone, Default)]
+pub struct SettingFlags {
+    /// `--max-parallel`.
+    pub max_parallel: Option<usize>,
+    /// `--memory-limit`, as typed.
+    pub memory_limit: Option<String>,
+    /// `--batch-partitions`.
+    pub batch_partitions: Option<usize>,
+    /// `--throttle`, as typed.
+    pub throttle: Option<String>,
+}
+
+/// The settings a run uses, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSettings {
+    /// Batches in flight.
+    pub max_parallel: usize,
+    /// The memory pool of the run's queries in bytes; `None` is unlimited.
+    pub memory_limit: Option<u64>,
+    /// Partitions per batch.
+    pub batch_partitions: usize,
+    /// Bytes written per second; `None` is unthrottled.
+    pub throttle: Option<u64>,
+}
+
+/// Where a setting's value came from, named as the user wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Flag(&'static str),
+    Defaults(&'static str),
+}
+
+impl Origin {
+    fn name(self) -> String {
+        match self {
+            Origin::Flag(flag) => flag.to_string(),
+            Origin::Defaults(key) => format!("`{key}` in [defaults] of lakefill.toml"),
+        }
+    }
+}
+
+/// A flag, else the project's default, with where it came from.
+fn pick<T: Clone>(
+    flag: Option<T>,
+    flag_name: &'static str,
+    default: Option<T>,
+    key: &'static str,
+) -> Option<(T, Origin)> {
+    flag.map(|v| (v, Origin::Flag(flag_name)))
+        .or_else(|| default.map(|v| (v, Origin::Defaults(key))))
+}
+
+impl RunSettings {
+    /// Resolves every setting: flag, else `[defaults]`, else built in.
+    pub fn resolve(project: &Project, flags: &SettingFlags) -> Result<Self> {
+        Ok(Self {
+            max_parallel: max_parallel(project, flags.max_parallel)?,
+            memory_limit: memory_limit(project, flags.memory_limit.as_deref())?,
+            batch_partitions: batch_partitions(project, flags.batch_partitions)?,
+            throttle: flags.throttle.as_deref().map(parse_rate).transpose()?,
+        })
+    }
+}
+
+/// Batches in flight: `--max-parallel`, else `[defaults] max_parallel`, else the number of
+/// cores.
+pub(crate) fn max_parallel(project: &Project, flag: Option<usize>) -> Result<usize> {
+    match pick(
+        flag,
+        "--max-parallel",
+        project.defaults().max_parallel,
+        "max_parallel",
+    ) {
+        Some((0, origin)) => Err(Error::InvalidOption {
+            option: origin.name(),
+            value: "0".into(),
+            message: "at least one batch must run at a time".into(),
+        }),
+        Some((n, _)) => Ok(n),
+        None => Ok(default_parallelism()),
+    }
+}
+
+/// The built-in number of batches in flight: the number of cores.
+pub(crate) fn default_parallelism() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Partitions per batch: `--batch-partitions`, else `[defaults] batch_partitions`, else
+/// [`DEFAULT_BATCH_PARTITIONS`].
+pub(crate) fn batch_partitions(project: &Project, flag: Option<usize>) -> Result<usize> {
+    match pick(
+        flag,
+        "--batch-partitions",
+        project.defaults().batch_partitions,
+        "batch_partitions",
+    ) {
+        Some((0, origin)) => Err(Error::InvalidOption {
+            option: origin.name(),
+            value: "0".into(),
+            message: "a batch holds at least one partition".into(),
+        }),
+        Some((n, _)) => Ok(n),
+        None => Ok(DEFAULT_BATCH_PARTITIONS),
+    }
+}
+
+/// The memory pool in bytes: `--memory-limit`, else `[defaults] memory_limit`, else unlimited.
+pub(crate) fn memory_limit(project: &Project, flag: Option<&str>) -> Result<Option<u64>> {
+    let Some((text, origin)) = pick(
+        flag.map(str::to_string),
+        "--memory-limit",
+        project.defaults().memory_limit.clone(),
+        "memory_limit",
+    ) else {
+        return Ok(None);
+    };
+    parse_size(&text)
+        .map(Some)
+        .map_err(|message| Error::InvalidOption {
+            option: origin.name(),
+            value: text,
+            message,
+        })
+}
+
+/// Parses `--throttle`, a rate such as `50MiB/s`, into bytes per second.
+pub fn parse_rate(text: &str) -> Result<u64> {
+    let invalid = || Error::InvalidOption {
+        option: "--throttle".into(),
+        value: text.to_string(),
+        message: "expected a rate such as `50MiB/s`".into(),
+    };
+    let size = text.trim().strip_suffix("/s").ok_or_else(invalid)?;
+    parse_size(size).map_err(|_| invalid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn project(defaults: &str) -> (tempfile::TempDir, Project) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("lakefill.toml"),
+            format!("[tables.t]\nuri = \"./t\"\n\n[defaults]\n{defaults}\n"),
+        )
+        .expect("write");
+        let project = Project::load(dir.path()).expect("project");
+        (dir, project)
+    }
+
+    #[test]
+    fn a_flag_wins_over_the_defaults_which_win_over_the_built_in() {
+        let (_dir, p) = project("max_parallel = 3\nbatch_partitions = 2\nmemory_limit = \"1KiB\"");
+        let none = RunSettings::resolve(&p, &SettingFlags::default()).expect("resolve");
+        assert_eq!(
+            (none.max_parallel, none.batch_partitions, none.memory_limit),
+            (3, 2, Some(1024))
+        );
+        let flags = SettingFlags {
+            max_parallel: Some(1),
+            memory_limit: Some("2KiB".into()),
+            batch_partitions: Some(5),
+            throttle: Some("1MiB/s".into()),
+        };
+        let all = RunSettings::resolve(&p, &flags).expect("resolve");
+        assert_eq!(
+            all,
+            RunSettings {
+                max_parallel: 1,
+                memory_limit: Some(2048),
+                batch_partitions: 5,
+                throttle: Some(1024 * 1024)
+            }
+        );
+        let (_dir, bare) = project("");
+        let built_in = RunSettings::resolve(&bare, &SettingFlags::default()).expect("resolve");
+        assert_eq!(built_in.batch_partitions, DEFAULT_BATCH_PARTITIONS);
+        assert_eq!(built_in.max_parallel, default_parallelism());
+        assert_eq!(built_in.memory_limit, None);
+    }
+
+    #[test]
+    fn rates_parse() {
+        assert_eq!(parse_rate("50MiB/s").expect("valid"), 50 * 1024 * 1024);
+        assert!(parse_rate("50MiB").is_err());
+    }
+
+    #[test]
+    fn errors_name_the_setting_where_it_was_set() {
+        let (_dir, p) = project("memory_limit = \"lots\"");
+        let option = |e: Error| match e {
+            Error::InvalidOption { option, .. } => option,
+            other => panic!("unexpected {other}"),
+        };
+        let from_file = RunSettings::resolve(&p, &SettingFlags::default()).expect_err("bad");
+        assert!(option(from_file).contains("[defaults]"));
+        let flags = SettingFlags {
+            max_parallel: Some(2),
+            memory_limit: Some("lots".into()),
+            ..SettingFlags::default()
+        };
+        let from_flag = RunSettings::resolve(&p, &flags).expect_err("bad");
+        assert_eq!(option(from_flag), "--memory-limit");
+        // Zeros in `[defaults]` are refused when the project loads; on the command line here.
+        let zero = max_parallel(&p, Some(0)).expect_err("zero");
+        assert_eq!(option(zero), "--max-parallel");
+    }
+}

@@ -1,0 +1,561 @@
+//! Old rows against new, per partition: row counts, measure sums and a row-level diff by key.
+
+use std::collections::BTreeMap;
+
+use deltalake::arrow::array::{Array, AsArray, RecordBatch};
+use deltalake::arrow::datatypes::Int64Type;
+use deltalake::arrow::util::display::ArrayFormatter;
+use deltalake::datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::rows::{column_names, formatters_for, run, text_column};
+use crate::error::{QueryContext, Result};
+use crate::partition::{Layout, NULL_LABEL, PartitionValues, TimeEncoding, label_of};
+use crate::rowhash::{PartitionChecksums, RowChecksum, RowHashUdf, row_hash_sql};
+use crate::sqltext::ident;
+
+/// How rows are grouped into the partitions reports name.
+#[derive(Debug, Clone)]
+pub(crate) enum PartitionKey {
+    /// By the period of the layout's time column (its label, or `(null)`).
+    Time(Layout),
+    /// By the raw values of one column, for tables whose time lakefill cannot tell.
+    Column(String),
+}
+
+impl PartitionKey {
+    /// The columns the key reads.
+    pub(crate) fn columns(&self) -> Vec<String> {
+        match self {
+            PartitionKey::Time(layout) => layout
+                .time
+                .encoding
+                .columns()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            PartitionKey::Column(column) => vec![column.clone()],
+        }
+    }
+
+    /// `CAST(<column> AS VARCHAR) AS __lf_t<i>` for each key column, reading `qualify(column)`.
+    /// By rows, a date or timestamp is cut to its period first, so rows group by period.
+    pub(crate) fn select(&self, qualify: impl Fn(&str) -> String) -> Vec<String> {
+        let truncate = match self {
+            PartitionKey::Time(layout) if layout.by_rows => match &layout.time.encoding {
+                TimeEncoding::Date { .. } | TimeEncoding::Timestamp { .. } => {
+                    Some(layout.time.grain.name())
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        self.columns()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match truncate {
+                Some(grain) => format!(
+                    "CAST(date_trunc('{grain}', {}) AS VARCHAR) AS __lf_t{i}",
+                    qualify(c)
+                ),
+                None => format!("CAST({} AS VARCHAR) AS __lf_t{i}", qualify(c)),
+            })
+            .collect()
+    }
+
+    /// The partition label of a row, from the text values of the key columns.
+    fn label(&self, texts: &[Option<String>]) -> String {
+        match self {
+            PartitionKey::Time(layout) => {
+                let values: PartitionValues = self
+                    .columns()
+                    .into_iter()
+                    .zip(texts.iter().cloned())
+                    .collect();
+                label_of(layout, &values)
+            }
+            PartitionKey::Column(_) => texts
+                .first()
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| NULL_LABEL.to_string()),
+        }
+    }
+
+    /// The labels of every row of `batch`, whose key columns start at `first`.
+    pub(crate) fn labels(&self, batch: &RecordBatch, first: usize) -> Vec<String> {
+        let columns: Vec<Vec<Option<String>>> = (0..self.columns().len())
+            .map(|i| text_column(batch, first + i))
+            .collect();
+        (0..batch.num_rows())
+            .map(|row| {
+                let texts: Vec<Option<String>> = columns.iter().map(|c| c[row].clone()).collect();
+                self.label(&texts)
+            })
+            .collect()
+    }
+}
+
+/// What to compare: the partitions, the row identity and the summed measures.
+#[derive(Debug, Clone)]
+pub(crate) struct CompareSpec {
+    pub(crate) partitions: PartitionKey,
+    pub(crate) key: Vec<String>,
+    pub(crate) measures: Vec<String>,
+    pub(crate) sample: usize,
+    /// The columns whose values make a row (every column but the partition columns, in the
+    /// table's order): when set, both sides are checksummed to tell whether they are identical.
+    pub(crate) checksum_columns: Option<Vec<String>>,
+}
+
+/// Old versus new, per partition and in total.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Comparison {
+    /// Columns identifying a row; empty when the row-level diff was skipped.
+    pub key: Vec<String>,
+    /// Per partition, in order.
+    pub partitions: Vec<PartitionComparison>,
+    /// Sums over all partitions.
+    pub totals: ComparisonTotals,
+    /// Partitions that have rows only in the new data.
+    pub appeared: Vec<String>,
+    /// Partitions that have rows only in the old data.
+    pub disappeared: Vec<String>,
+    /// Example rows of each kind of difference.
+    pub samples: Samples,
+    /// Whether both sides hold the same rows, row for row (by checksums of every row); `None`
+    /// when not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identical: Option<bool>,
+}
+
+/// One partition, old versus new.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PartitionComparison {
+    /// Partition value.
+    pub value: String,
+    /// Rows before.
+    pub old_rows: u64,
+    /// Rows after.
+    pub new_rows: u64,
+    /// Sum of each measure, before and after.
+    pub measures: BTreeMap<String, MeasureChange>,
+    /// Keys only in the new rows.
+    pub added: u64,
+    /// Keys only in the old rows.
+    pub removed: u64,
+    /// Keys in both with different values.
+    pub changed: u64,
+}
+
+/// A measure's sum before and after.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct MeasureChange {
+    /// Sum before.
+    pub old: f64,
+    /// Sum after.
+    pub new: f64,
+}
+
+/// Sums over all partitions.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct ComparisonTotals {
+    /// Rows before.
+    pub old_rows: u64,
+    /// Rows after.
+    pub new_rows: u64,
+    /// Sum of each measure, before and after.
+    pub measures: BTreeMap<String, MeasureChange>,
+    /// Keys only in the new rows.
+    pub added: u64,
+    /// Keys only in the old rows.
+    pub removed: u64,
+    /// Keys in both with different values.
+    pub changed: u64,
+}
+
+/// Example rows of each kind of difference.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Samples {
+    /// New rows whose key did not exist.
+    pub added: Vec<Value>,
+    /// Old rows whose key is gone.
+    pub removed: Vec<Value>,
+    /// Rows whose values changed: key, then old and new values of the changed columns.
+    pub changed: Vec<Value>,
+}
+
+/// What is known of one side without a scan: rows per partition (from the log or staging) and,
+/// when staging computed them, measure sums per partition.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownSide {
+    pub(crate) rows: BTreeMap<String, u64>,
+    pub(crate) sums: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+    pub(crate) checksums: Option<PartitionChecksums>,
+}
+
+impl KnownSide {
+    /// Row counts only; measures and checksums, if wanted, need a scan.
+    pub(crate) fn rows(rows: BTreeMap<String, u64>) -> Self {
+        Self {
+            rows,
+            sums: None,
+            checksums: None,
+        }
+    }
+}
+
+/// One side's known aggregates, if any.
+pub(crate) type KnownCounts = Option<KnownSide>;
+
+/// Compares `previous` with `output` in `ctx`.
+pub(crate) async fn compare(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old_counts: KnownCounts,
+    new_counts: KnownCounts,
+) -> Result<Comparison> {
+    let started = std::time::Instant::now();
+    if spec.checksum_columns.is_some() {
+        ctx.register_udf(RowHashUdf::udf());
+    }
+    let old = side_aggregates(ctx, "previous", spec, old_counts).await?;
+    let new = side_aggregates(ctx, "output", spec, new_counts).await?;
+    tracing::debug!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "aggregated old and new rows"
+    );
+    let identical = spec.checksum_columns.as_ref().map(|_| {
+        let checksum = |side: &SideAggregates, p: &String| {
+            side.get(p)
+                .and_then(|totals| totals.checksum)
+                .unwrap_or_default()
+        };
+        old.keys()
+            .chain(new.keys())
+            .all(|p| checksum(&old, p) == checksum(&new, p))
+    });
+    let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
+    for (value, totals) in &old {
+        let entry = partitions
+            .entry(value.clone())
+            .or_insert_with(|| PartitionComparison {
+                value: value.clone(),
+                ..Default::default()
+            });
+        entry.old_rows = totals.rows;
+        for (measure, sum) in &totals.sums {
+            entry.measures.entry(measure.clone()).or_default().old = *sum;
+        }
+    }
+    for (value, totals) in &new {
+        let entry = partitions
+            .entry(value.clone())
+            .or_insert_with(|| PartitionComparison {
+                value: value.clone(),
+                ..Default::default()
+            });
+        entry.new_rows = totals.rows;
+        for (measure, sum) in &totals.sums {
+            entry.measures.entry(measure.clone()).or_default().new = *sum;
+        }
+    }
+
+    let mut samples = Samples::default();
+    // Identical sides have no row differences: the join would only confirm it.
+    if !spec.key.is_empty() && identical != Some(true) {
+        let started = std::time::Instant::now();
+        let diff = row_diff(ctx, spec).await?;
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compared rows by key"
+        );
+        for (value, counts) in diff.counts {
+            let entry = partitions
+                .entry(value.clone())
+                .or_insert_with(|| PartitionComparison {
+                    value,
+                    ..Default::default()
+                });
+            entry.added = counts[0];
+            entry.removed = counts[1];
+            entry.changed = counts[2];
+        }
+        samples = diff.samples;
+    }
+
+    let partitions: Vec<PartitionComparison> = partitions.into_values().collect();
+    let mut totals = ComparisonTotals::default();
+    for p in &partitions {
+        totals.old_rows += p.old_rows;
+        totals.new_rows += p.new_rows;
+        totals.added += p.added;
+        totals.removed += p.removed;
+        totals.changed += p.changed;
+        for (measure, change) in &p.measures {
+            let total = totals.measures.entry(measure.clone()).or_default();
+            total.old += change.old;
+            total.new += change.new;
+        }
+    }
+    let appeared = partitions
+        .iter()
+        .filter(|p| p.old_rows == 0 && p.new_rows > 0)
+        .map(|p| p.value.clone())
+        .collect();
+    let disappeared = partitions
+        .iter()
+        .filter(|p| p.old_rows > 0 && p.new_rows == 0)
+        .map(|p| p.value.clone())
+        .collect();
+    Ok(Comparison {
+        key: spec.key.clone(),
+        partitions,
+        totals,
+        appeared,
+        disappeared,
+        samples,
+        identical,
+    })
+}
+
+/// What one side holds in one partition.
+#[derive(Debug, Clone, Default)]
+struct SideTotals {
+    rows: u64,
+    sums: BTreeMap<String, f64>,
+    checksum: Option<RowChecksum>,
+}
+
+type SideAggregates = BTreeMap<String, SideTotals>;
+
+/// Row counts, measure sums and (when the spec asks) row checksums per partition of one side.
+/// Skips the scan when what is known already answers.
+async fn side_aggregates(
+    ctx: &SessionContext,
+    table: &str,
+    spec: &CompareSpec,
+    known: KnownCounts,
+) -> Result<SideAggregates> {
+    if let Some(known) = known
+        && (spec.measures.is_empty() || known.sums.is_some())
+        && (spec.checksum_columns.is_none() || known.checksums.is_some())
+    {
+        let sums = known.sums.unwrap_or_default();
+        let checksums = known.checksums;
+        return Ok(known
+            .rows
+            .into_iter()
+            .map(|(p, rows)| {
+                let measures = spec
+                    .measures
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.clone(),
+                            sums.get(&p).and_then(|s| s.get(m)).copied().unwrap_or(0.0),
+                        )
+                    })
+                    .collect();
+                let checksum = checksums
+                    .as_ref()
+                    .map(|c| c.get(&p).copied().unwrap_or_default());
+                (
+                    p,
+                    SideTotals {
+                        rows,
+                        sums: measures,
+                        checksum,
+                    },
+                )
+            })
+            .collect());
+    }
+    let keys = spec.partitions.columns().len();
+    let mut select = spec.partitions.select(ident);
+    select.push("COUNT(*) AS __lf_rows".to_string());
+    for (i, measure) in spec.measures.iter().enumerate() {
+        select.push(format!(
+            "CAST(SUM({}) AS DOUBLE) AS __lf_m{i}",
+            ident(measure)
+        ));
+    }
+    if let Some(columns) = &spec.checksum_columns {
+        // The exact sum of 64-bit hashes: DECIMAL(38, 0) holds 2^64 x 2^60 rows.
+        let hash = row_hash_sql(columns);
+        select.push(format!("SUM(CAST({hash} AS DECIMAL(38, 0))) AS __lf_hash"));
+    }
+    let group_by = (1..=keys)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT {} FROM {table} GROUP BY {group_by}",
+        select.join(", ")
+    );
+    let mut out = SideAggregates::new();
+    let mut stream = run(ctx, &sql, "aggregate rows per partition").await?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| format!("cannot aggregate `{table}`"))?;
+        let labels = spec.partitions.labels(&batch, 0);
+        let rows = batch.column(keys).as_primitive::<Int64Type>();
+        let hashes = spec.checksum_columns.as_ref().map(|_| {
+            batch
+                .column(keys + 1 + spec.measures.len())
+                .as_primitive::<deltalake::arrow::datatypes::Decimal128Type>()
+        });
+        for (row, label) in labels.into_iter().enumerate() {
+            // Several groups may name one partition (its sub-partitions): add them up.
+            let totals = out.entry(label).or_default();
+            for (i, measure) in spec.measures.iter().enumerate() {
+                let column = batch
+                    .column(keys + 1 + i)
+                    .as_primitive::<deltalake::arrow::datatypes::Float64Type>();
+                if !column.is_null(row) {
+                    *totals.sums.entry(measure.clone()).or_default() += column.value(row);
+                } else {
+                    totals.sums.entry(measure.clone()).or_default();
+                }
+            }
+            let group_rows = u64::try_from(rows.value(row)).unwrap_or(0);
+            totals.rows += group_rows;
+            if let Some(column) = hashes {
+                totals
+                    .checksum
+                    .get_or_insert_with(RowChecksum::default)
+                    .merge(&RowChecksum {
+                        rows: group_rows,
+                        sum: u128::try_from(column.value(row)).unwrap_or(0),
+                    });
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct RowDiff {
+    /// Per partition: added, removed, changed.
+    counts: BTreeMap<String, [u64; 3]>,
+    samples: Samples,
+}
+
+/// Full outer join of old and new rows on the key; streams only the rows that differ.
+async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
+    let old_columns = column_names(ctx, "previous").await?;
+    let new_columns = column_names(ctx, "output").await?;
+    let common: Vec<String> = old_columns
+        .iter()
+        .filter(|c| new_columns.contains(c))
+        .cloned()
+        .collect();
+    let compared: Vec<&String> = common.iter().filter(|c| !spec.key.contains(c)).collect();
+    let join = spec
+        .key
+        .iter()
+        .map(|k| format!("o.{0} = n.{0}", ident(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let differs = if compared.is_empty() {
+        "FALSE".to_string()
+    } else {
+        compared
+            .iter()
+            .map(|c| format!("(o.{0} IS DISTINCT FROM n.{0})", ident(c)))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    };
+    let keys = spec.partitions.columns().len();
+    let mut select = spec
+        .partitions
+        .select(|c| format!("COALESCE(n.{0}, o.{0})", ident(c)));
+    select.push(
+        "CASE WHEN o.__lf_o IS NULL THEN 0 WHEN n.__lf_n IS NULL THEN 1 ELSE 2 END AS __lf_kind"
+            .to_string(),
+    );
+    for c in &common {
+        select.push(format!(
+            "o.{} AS {}",
+            ident(c),
+            ident(&format!("__lf_old_{c}"))
+        ));
+    }
+    for c in &common {
+        select.push(format!(
+            "n.{} AS {}",
+            ident(c),
+            ident(&format!("__lf_new_{c}"))
+        ));
+    }
+    let sql = format!(
+        "SELECT {} FROM (SELECT *, TRUE AS __lf_o FROM previous) o \
+         FULL OUTER JOIN (SELECT *, TRUE AS __lf_n FROM output) n ON {join} \
+         WHERE o.__lf_o IS NULL OR n.__lf_n IS NULL OR ({differs})",
+        select.join(", ")
+    );
+    let mut counts: BTreeMap<String, [u64; 3]> = BTreeMap::new();
+    let mut samples = Samples::default();
+    let mut stream = run(ctx, &sql, "compare rows by key").await?;
+    let width = common.len();
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| "cannot compare rows by key".into())?;
+        let parts = spec.partitions.labels(&batch, 0);
+        let kinds = batch.column(keys).as_primitive::<Int64Type>();
+        let mut formatters: Option<Vec<ArrayFormatter>> = None;
+        for (row, part) in parts.into_iter().enumerate() {
+            let kind = usize::try_from(kinds.value(row)).unwrap_or(2).min(2);
+            counts.entry(part.clone()).or_default()[kind] += 1;
+            let bucket = match kind {
+                0 => &mut samples.added,
+                1 => &mut samples.removed,
+                _ => &mut samples.changed,
+            };
+            if bucket.len() >= spec.sample {
+                continue;
+            }
+            let formatters = match &mut formatters {
+                Some(f) => f,
+                None => formatters.insert(formatters_for(&batch)?),
+            };
+            let cell = |column: usize| -> Value {
+                if batch.column(column).is_null(row) {
+                    Value::Null
+                } else {
+                    Value::String(formatters[column].value(row).to_string())
+                }
+            };
+            let sample = match kind {
+                0 | 1 => {
+                    let offset = if kind == 0 {
+                        keys + 1 + width
+                    } else {
+                        keys + 1
+                    };
+                    let mut values = Map::new();
+                    for (i, c) in common.iter().enumerate() {
+                        values.insert(c.clone(), cell(offset + i));
+                    }
+                    json!({"partition": part, "row": values})
+                }
+                _ => {
+                    let mut key = Map::new();
+                    let mut old = Map::new();
+                    let mut new = Map::new();
+                    for (i, c) in common.iter().enumerate() {
+                        let (o, n) = (cell(keys + 1 + i), cell(keys + 1 + width + i));
+                        if spec.key.contains(c) {
+                            key.insert(c.clone(), n);
+                        } else if o != n {
+                            old.insert(c.clone(), o);
+                            new.insert(c.clone(), n);
+                        }
+                    }
+                    json!({"partition": part, "key": key, "old": old, "new": new})
+                }
+            };
+            bucket.push(sample);
+        }
+    }
+    Ok(RowDiff { counts, samples })
+}

@@ -1,0 +1,94 @@
+//! The outcome of validation, typed: kept in the journal, summarised into the commit.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::compare::Comparison;
+
+/// The outcome of validation, saved with the run and summarised into the commit.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct ValidationReport {
+    /// Whether every check passed.
+    pub passed: bool,
+    /// Each check with its outcome.
+    pub checks: Vec<CheckResult>,
+    /// The old-versus-new comparison the checks ran on.
+    pub comparison: Comparison,
+    /// Wall time of validation.
+    pub elapsed_ms: u64,
+}
+
+/// One check and its outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckResult {
+    /// Name of the check.
+    pub name: String,
+    /// Whether it passed.
+    pub passed: bool,
+    /// What failed, with the partition and the numbers.
+    pub failures: Vec<Value>,
+    /// Example offending rows.
+    pub sample: Vec<Value>,
+    /// Whether the check comes from the table's protocol: its failure cannot be forced.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub protocol: bool,
+}
+
+impl CheckResult {
+    pub(crate) fn new(name: impl Into<String>, failures: Vec<Value>, sample: Vec<Value>) -> Self {
+        Self {
+            name: name.into(),
+            passed: failures.is_empty(),
+            failures,
+            sample,
+            protocol: false,
+        }
+    }
+}
+
+impl ValidationReport {
+    /// Returns the compact form written into commit metadata.
+    pub fn summary(&self) -> crate::log::metadata::ValidationSummary {
+        crate::log::metadata::ValidationSummary {
+            passed: self.passed,
+            checks: self
+                .checks
+                .iter()
+                .map(|c| crate::log::metadata::CheckSummary {
+                    name: c.name.clone(),
+                    passed: c.passed,
+                    failures: c.failures.len(),
+                })
+                .collect(),
+            totals: json!({
+                "old_rows": self.comparison.totals.old_rows,
+                "new_rows": self.comparison.totals.new_rows,
+                "added": self.comparison.totals.added,
+                "removed": self.comparison.totals.removed,
+                "changed": self.comparison.totals.changed,
+                "measures": self.comparison.totals.measures,
+            }),
+            identical: self.comparison.identical,
+            forced: false,
+            force_reason: None,
+        }
+    }
+
+    /// Returns the names of the failed checks that come from the table's protocol.
+    pub fn protocol_violations(&self) -> Vec<String> {
+        self.checks
+            .iter()
+            .filter(|c| !c.passed && c.protocol)
+            .map(|c| c.name.clone())
+            .collect()
+    }
+
+    /// Returns the names of the failed checks.
+    pub fn failed(&self) -> Vec<String> {
+        self.checks
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| c.name.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,165 @@
+//! The JSON documents of `--output-format json` are a stable contract (DESIGN §3): each one is
+//! pinned by a snapshot, with only what differs between runs (times, durations, sizes of files
+//! the Parquet writer compresses, file names with random parts, the lake's directory) redacted.
+//! A change to a document's shape fails here and is reviewed with `cargo insta review`.
+
+use serde_json::Value;
+
+use crate::support::{TestLake, json_ok, run_in};
+
+/// Keys whose values change from run to run.
+const VOLATILE: &[&str] = &[
+    "timestamp",
+    "created_at",
+    "updated_at",
+    "since",
+    "stage_ms",
+    "validate_ms",
+    "publish_ms",
+    "total_ms",
+    "elapsed_ms",
+    "bytes",
+    "bytes_written",
+    "size",
+    "holder",
+];
+
+/// The document with volatile values replaced and the lake's directory written `[lake]`.
+fn normalized(value: &Value, lake: &str) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, value)| {
+                    let value = if VOLATILE.contains(&key.as_str()) && !value.is_null() {
+                        Value::String("[redacted]".into())
+                    } else if key == "samples" {
+                        samples(value)
+                    } else {
+                        normalized(value, lake)
+                    };
+                    (key.clone(), value)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(|v| normalized(v, lake)).collect()),
+        Value::String(text) => Value::String(file_names(&text.replace(lake, "[lake]"))),
+        other => other.clone(),
+    }
+}
+
+/// Which rows a comparison samples depends on the order its partitions stream in; how many it
+/// samples of each kind does not.
+fn samples(value: &Value) -> Value {
+    match value {
+        Value::Object(kinds) => Value::Object(
+            kinds
+                .iter()
+                .map(|(kind, rows)| {
+                    let count = rows.as_array().map_or(0, Vec::len);
+                    (kind.clone(), Value::from(vec!["[row]"; count]))
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Parquet file names carry a random part: `part-00000-<uuid>-c000.snappy.parquet` becomes
+/// `part-[file].parquet`.
+fn file_names(text: &str) -> String {
+    let re = regex_lite::Regex::new(r"part-[0-9A-Za-z_.\-]+\.parquet").expect("regex");
+    re.replace_all(text, "part-[file].parquet").into_owned()
+}
+
+#[test]
+fn every_json_document_keeps_its_shape() {
+    let lake = TestLake::new();
+    let dir = lake.path().to_string_lossy().into_owned();
+    let (from, to) = (lake.day(1), lake.day(3));
+    let json = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--output-format", "json"]);
+        normalized(&json_ok(&lake.run(&all)), &dir)
+    };
+    let document = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--output-format", "json"]);
+        let output = lake.run(&all);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: stdout is not one JSON document ({e}):\n{text}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+        (output.status.code(), normalized(&value, &dir))
+    };
+
+    insta::assert_json_snapshot!(
+        "plan",
+        json(&["plan", "events", "--from", &from, "--to", &to])
+    );
+    let staged = json(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--stage-only",
+    ]);
+    let run_id = staged["run_id"].as_str().expect("run id").to_string();
+    insta::assert_json_snapshot!("backfill_stage_only", staged);
+    insta::assert_json_snapshot!("runs", json(&["runs"]));
+    let read_version = lake.version("events").to_string();
+    insta::assert_json_snapshot!(
+        "diff_staged_run",
+        json(&[
+            "diff",
+            "events",
+            "--from-version",
+            &read_version,
+            "--run",
+            &run_id
+        ])
+    );
+    insta::assert_json_snapshot!("publish", json(&["publish", &run_id]));
+    insta::assert_json_snapshot!("history", json(&["history", "events", "--limit", "2"]));
+    insta::assert_json_snapshot!("blame", json(&["blame", "events", "--partition", &from]));
+    insta::assert_json_snapshot!(
+        "sql",
+        json(&[
+            "sql",
+            "SELECT event_date, count(*) AS n FROM events GROUP BY event_date ORDER BY event_date LIMIT 2",
+        ])
+    );
+    let version = lake.version("events");
+    insta::assert_json_snapshot!(
+        "diff_versions",
+        json(&[
+            "diff",
+            "events",
+            "--from-version",
+            &(version - 1).to_string(),
+            "--to-version",
+            &version.to_string(),
+        ])
+    );
+    let other = lake.stage_events(4, 4);
+    insta::assert_json_snapshot!("discard", json(&["discard", &other]));
+    insta::assert_json_snapshot!("gc_dry_run", json(&["gc", "events", "--dry-run"]));
+
+    // The main failure kinds: the error document on stdout, with its exit code.
+    let (code, unknown_model) = document(&["plan", "nope", "--from", &from, "--to", &to]);
+    insta::assert_json_snapshot!("error_unknown_model", (code, unknown_model));
+    let (code, bad_range) = document(&["plan", "events", "--from", &to, "--to", &from]);
+    insta::assert_json_snapshot!("error_reversed_range", (code, bad_range));
+    let (code, unknown_run) = document(&["publish", "events-v9-000000000000"]);
+    insta::assert_json_snapshot!("error_unknown_run", (code, unknown_run));
+    let (code, discarded) = document(&["publish", &other]);
+    insta::assert_json_snapshot!("error_publish_discarded", (code, discarded));
+
+    let fresh = tempfile::tempdir().expect("tempdir");
+    let init = json_ok(&run_in(fresh.path(), &["init", "--output-format", "json"]));
+    insta::assert_json_snapshot!("init", normalized(&init, &fresh.path().to_string_lossy()));
+}
