@@ -4,17 +4,21 @@ use std::collections::BTreeMap;
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::datatypes::Int64Type;
-use deltalake::arrow::util::display::ArrayFormatter;
+use deltalake::datafusion::logical_expr::Expr;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-use super::rows::{column_names, formatters_for, run, text_column};
+use super::rowdiff::row_diff;
+use super::rows::{run, text_column};
 use crate::error::{QueryContext, Result};
-use crate::partition::{Layout, NULL_LABEL, PartitionValues, TimeEncoding, label_of};
+use crate::partition::{
+    Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeEncoding, label_of,
+};
 use crate::rowhash::{PartitionChecksums, RowChecksum, RowHashUdf, row_hash_sql};
 use crate::sqltext::ident;
+use crate::time::Period;
 
 /// How rows are grouped into the partitions reports name.
 #[derive(Debug, Clone)]
@@ -66,7 +70,7 @@ impl PartitionKey {
     }
 
     /// The partition label of a row, from the text values of the key columns.
-    fn label(&self, texts: &[Option<String>]) -> String {
+    pub(crate) fn label(&self, texts: &[Option<String>]) -> String {
         match self {
             PartitionKey::Time(layout) => {
                 let values: PartitionValues = self
@@ -267,7 +271,8 @@ pub(crate) async fn compare(
     // Identical sides have no row differences: the join would only confirm it.
     if !spec.key.is_empty() && identical != Some(true) {
         let started = std::time::Instant::now();
-        let diff = row_diff(ctx, spec).await?;
+        let (old_rows, new_rows) = differing_partitions(ctx, spec, &old, &new).await?;
+        let diff = row_diff(ctx, spec, &old_rows, &new_rows).await?;
         tracing::debug!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compared rows by key"
@@ -327,6 +332,120 @@ struct SideTotals {
     rows: u64,
     sums: BTreeMap<String, f64>,
     checksum: Option<RowChecksum>,
+}
+
+/// The old and new rows the row diff needs to look at: only the partitions whose checksums
+/// differ (a partition whose rows are the same on both sides has no row that differs), as views
+/// registered for the purpose, or the whole sides when every partition differs or no checksums
+/// were taken.
+async fn differing_partitions(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old: &SideAggregates,
+    new: &SideAggregates,
+) -> Result<(String, String)> {
+    let whole = || Ok(("previous".to_string(), "output".to_string()));
+    let PartitionKey::Time(layout) = &spec.partitions else {
+        return whole();
+    };
+    if spec.checksum_columns.is_none() {
+        return whole();
+    }
+    let checksum = |side: &SideAggregates, p: &String| side.get(p).and_then(|t| t.checksum);
+    let labels: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let differing: Vec<&String> = labels
+        .iter()
+        .copied()
+        .filter(|p| checksum(old, p).unwrap_or_default() != checksum(new, p).unwrap_or_default())
+        .collect();
+    if differing.len() == labels.len() {
+        return whole();
+    }
+    let schema = ctx
+        .table("previous")
+        .await
+        .query_context(|| "table `previous` is not registered".into())?
+        .schema()
+        .as_arrow()
+        .clone();
+    let Some(predicate) = periods_predicate(layout, &differing, &schema)? else {
+        return whole();
+    };
+    let mut names = Vec::new();
+    for table in ["previous", "output"] {
+        let view = format!("__lf_differing_{table}");
+        let rows = ctx
+            .table(table)
+            .await
+            .and_then(|df| df.filter(predicate.clone()))
+            .query_context(|| format!("cannot select the differing partitions of `{table}`"))?;
+        ctx.register_table(view.as_str(), rows.into_view())
+            .query_context(|| "cannot register the differing partitions".into())?;
+        names.push(view);
+    }
+    let new_view = names.pop().unwrap_or_default();
+    let old_view = names.pop().unwrap_or_default();
+    Ok((old_view, new_view))
+}
+
+/// A predicate selecting the rows of the periods `labels` (consecutive periods as one range, the
+/// NULL partition by `IS NULL`); `None` when there are too many ranges to be worth it.
+fn periods_predicate(
+    layout: &Layout,
+    labels: &[&String],
+    schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<Option<Expr>> {
+    const MAX_RANGES: usize = 256;
+    let grain = layout.time.grain;
+    let include_null = labels.iter().any(|l| l.as_str() == NULL_LABEL);
+    let mut periods: Vec<Period> = Vec::new();
+    for label in labels.iter().filter(|l| l.as_str() != NULL_LABEL) {
+        match Period::from_label(grain, label) {
+            Some(period) => periods.push(period),
+            None => return Ok(None),
+        }
+    }
+    periods.sort();
+    let mut ranges: Vec<(Period, Period)> = Vec::new();
+    for period in periods {
+        match ranges.last_mut() {
+            Some((_, last)) if last.next().as_ref() == Some(&period) => *last = period,
+            _ => ranges.push((period, period)),
+        }
+    }
+    if ranges.len() > MAX_RANGES {
+        return Ok(None);
+    }
+    let mut predicate: Option<Expr> = None;
+    for (first, last) in &ranges {
+        let range = PartitionRange {
+            from: first.label(),
+            to: last.label(),
+            grain,
+            include_null: false,
+        };
+        let p = layout.range_predicate(&range, schema)?;
+        predicate = Some(match predicate {
+            Some(q) => q.or(p),
+            None => p,
+        });
+    }
+    if include_null {
+        let null = layout
+            .time
+            .encoding
+            .columns()
+            .into_iter()
+            .map(|c| {
+                Expr::Column(deltalake::datafusion::common::Column::new_unqualified(c)).is_null()
+            })
+            .reduce(Expr::or);
+        predicate = match (predicate, null) {
+            (Some(p), Some(n)) => Some(p.or(n)),
+            (p, n) => p.or(n),
+        };
+    }
+    Ok(predicate)
 }
 
 type SideAggregates = BTreeMap<String, SideTotals>;
@@ -433,129 +552,4 @@ async fn side_aggregates(
         }
     }
     Ok(out)
-}
-
-struct RowDiff {
-    /// Per partition: added, removed, changed.
-    counts: BTreeMap<String, [u64; 3]>,
-    samples: Samples,
-}
-
-/// Full outer join of old and new rows on the key; streams only the rows that differ.
-async fn row_diff(ctx: &SessionContext, spec: &CompareSpec) -> Result<RowDiff> {
-    let old_columns = column_names(ctx, "previous").await?;
-    let new_columns = column_names(ctx, "output").await?;
-    let common: Vec<String> = old_columns
-        .iter()
-        .filter(|c| new_columns.contains(c))
-        .cloned()
-        .collect();
-    let compared: Vec<&String> = common.iter().filter(|c| !spec.key.contains(c)).collect();
-    let join = spec
-        .key
-        .iter()
-        .map(|k| format!("o.{0} = n.{0}", ident(k)))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    let differs = if compared.is_empty() {
-        "FALSE".to_string()
-    } else {
-        compared
-            .iter()
-            .map(|c| format!("(o.{0} IS DISTINCT FROM n.{0})", ident(c)))
-            .collect::<Vec<_>>()
-            .join(" OR ")
-    };
-    let keys = spec.partitions.columns().len();
-    let mut select = spec
-        .partitions
-        .select(|c| format!("COALESCE(n.{0}, o.{0})", ident(c)));
-    select.push(
-        "CASE WHEN o.__lf_o IS NULL THEN 0 WHEN n.__lf_n IS NULL THEN 1 ELSE 2 END AS __lf_kind"
-            .to_string(),
-    );
-    for c in &common {
-        select.push(format!(
-            "o.{} AS {}",
-            ident(c),
-            ident(&format!("__lf_old_{c}"))
-        ));
-    }
-    for c in &common {
-        select.push(format!(
-            "n.{} AS {}",
-            ident(c),
-            ident(&format!("__lf_new_{c}"))
-        ));
-    }
-    let sql = format!(
-        "SELECT {} FROM (SELECT *, TRUE AS __lf_o FROM previous) o \
-         FULL OUTER JOIN (SELECT *, TRUE AS __lf_n FROM output) n ON {join} \
-         WHERE o.__lf_o IS NULL OR n.__lf_n IS NULL OR ({differs})",
-        select.join(", ")
-    );
-    let mut counts: BTreeMap<String, [u64; 3]> = BTreeMap::new();
-    let mut samples = Samples::default();
-    let mut stream = run(ctx, &sql, "compare rows by key").await?;
-    let width = common.len();
-    while let Some(batch) = stream.next().await {
-        let batch = batch.query_context(|| "cannot compare rows by key".into())?;
-        let parts = spec.partitions.labels(&batch, 0);
-        let kinds = batch.column(keys).as_primitive::<Int64Type>();
-        let mut formatters: Option<Vec<ArrayFormatter>> = None;
-        for (row, part) in parts.into_iter().enumerate() {
-            let kind = usize::try_from(kinds.value(row)).unwrap_or(2).min(2);
-            counts.entry(part.clone()).or_default()[kind] += 1;
-            let bucket = match kind {
-                0 => &mut samples.added,
-                1 => &mut samples.removed,
-                _ => &mut samples.changed,
-            };
-            if bucket.len() >= spec.sample {
-                continue;
-            }
-            let formatters = match &mut formatters {
-                Some(f) => f,
-                None => formatters.insert(formatters_for(&batch)?),
-            };
-            let cell = |column: usize| -> Value {
-                if batch.column(column).is_null(row) {
-                    Value::Null
-                } else {
-                    Value::String(formatters[column].value(row).to_string())
-                }
-            };
-            let sample = match kind {
-                0 | 1 => {
-                    let offset = if kind == 0 {
-                        keys + 1 + width
-                    } else {
-                        keys + 1
-                    };
-                    let mut values = Map::new();
-                    for (i, c) in common.iter().enumerate() {
-                        values.insert(c.clone(), cell(offset + i));
-                    }
-                    json!({"partition": part, "row": values})
-                }
-                _ => {
-                    let mut key = Map::new();
-                    let mut old = Map::new();
-                    let mut new = Map::new();
-                    for (i, c) in common.iter().enumerate() {
-                        let (o, n) = (cell(keys + 1 + i), cell(keys + 1 + width + i));
-                        if spec.key.contains(c) {
-                            key.insert(c.clone(), n);
-                        } else if o != n {
-                            old.insert(c.clone(), o);
-                            new.insert(c.clone(), n);
-                        }
-                    }
-                    json!({"partition": part, "key": key, "old": old, "new": new})
-                }
-            };
-            bucket.push(sample);
-        }
-    }
-    Ok(RowDiff { counts, samples })
 }

@@ -14,6 +14,7 @@
 pub(crate) mod checks;
 pub(crate) mod compare;
 pub(crate) mod report;
+pub(crate) mod rowdiff;
 pub(crate) mod rows;
 pub(crate) mod rules;
 
