@@ -176,8 +176,8 @@ pub(crate) struct BackfillArgs {
     /// Batches in flight [default: `[defaults] max_parallel`, else the number of cores].
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub(crate) max_parallel: Option<usize>,
-    /// Memory for the run's queries, e.g. `2GiB`; beyond it they spill to disk [default:
-    /// `[defaults] memory_limit`, else unlimited].
+    /// Memory for the run's queries, e.g. `2GiB`, or `unlimited`; beyond it they spill to disk
+    /// [default: `[defaults] memory_limit`, else a quarter of RAM, at most 1 GiB; `plan` shows it].
     #[arg(long, value_name = "SIZE")]
     pub(crate) memory_limit: Option<String>,
     /// Bound the bytes written per second, e.g. `50MiB/s` (reads follow); use with

@@ -222,6 +222,17 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
         plan.batch_partitions,
         plan.max_partitions
     );
+    let _ = writeln!(
+        out,
+        "  memory        {}",
+        match plan.memory_limit {
+            Some(limit) => format!(
+                "{} for the run's queries, spilling to disk beyond it (`--memory-limit` to change)",
+                bytes(limit)
+            ),
+            None => "unlimited (`memory_limit = \"unlimited\"`)".to_string(),
+        }
+    );
     for note in &plan.range_notes {
         let _ = writeln!(out, "  rounded       {note}");
     }

@@ -96,7 +96,7 @@ pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};
 pub use run::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, RunReport, Timings};
 pub use run_id::RunId;
 pub use secrets::{MASK, mask as mask_secrets};
-pub use settings::{RunSettings, SettingFlags, parse_rate};
+pub use settings::{RunSettings, SettingFlags, default_memory_limit, parse_rate};
 pub use storage::StorageOption;
 pub use time::{Grain, NULL_LABEL, Period};
 pub use validate::{

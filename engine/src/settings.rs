@@ -116,7 +116,8 @@ pub(crate) fn batch_partitions(project: &Project, flag: Option<usize>) -> Result
     }
 }
 
-/// The memory pool in bytes: `--memory-limit`, else `[defaults] memory_limit`, else unlimited.
+/// The memory pool in bytes: `--memory-limit`, else `[defaults] memory_limit`, else
+/// [`default_memory_limit`]. `unlimited` lifts the bound (`None`).
 pub(crate) fn memory_limit(project: &Project, flag: Option<&str>) -> Result<Option<u64>> {
     let Some((text, origin)) = pick(
         flag.map(str::to_string),
@@ -124,15 +125,48 @@ pub(crate) fn memory_limit(project: &Project, flag: Option<&str>) -> Result<Opti
         project.defaults().memory_limit.clone(),
         "memory_limit",
     ) else {
-        return Ok(None);
+        return Ok(Some(default_memory_limit()));
     };
+    if text.trim().eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
     parse_size(&text)
         .map(Some)
         .map_err(|message| Error::InvalidOption {
             option: origin.name(),
             value: text,
-            message,
+            message: format!("{message}, or `unlimited`"),
         })
+}
+
+/// The memory pool of a run nobody sized: a quarter of the memory this process may use (the
+/// machine's, or its cgroup's when that is lower), at most 1 GiB and at least 128 MiB. Beyond
+/// it, sorts and aggregations spill to disk, so a year of history does not take the machine.
+pub fn default_memory_limit() -> u64 {
+    const MIB: u64 = 1024 * 1024;
+    let available = [machine_memory(), cgroup_memory()]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(4 * 1024 * MIB);
+    (available / 4).clamp(128 * MIB, 1024 * MIB)
+}
+
+/// `MemTotal` of `/proc/meminfo`, where there is one.
+fn machine_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The cgroup v2 memory limit of this process, when it has one.
+fn cgroup_memory() -> Option<u64> {
+    std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Parses `--throttle`, a rate such as `50MiB/s`, into bytes per second.
@@ -159,6 +193,20 @@ mod tests {
         .expect("write");
         let project = Project::load(dir.path()).expect("project");
         (dir, project)
+    }
+
+    #[test]
+    fn unlimited_lifts_the_bound_and_the_default_is_a_bounded_share() {
+        let (_dir, p) = project("memory_limit = \"Unlimited\"");
+        assert_eq!(memory_limit(&p, None).expect("defaults"), None);
+        let (_dir, bare) = project("");
+        assert_eq!(memory_limit(&bare, Some("unlimited")).expect("flag"), None);
+        let default = default_memory_limit();
+        assert!((128 << 20..=1 << 30).contains(&default), "{default}");
+        let message = memory_limit(&bare, Some("lots"))
+            .expect_err("bad")
+            .to_string();
+        assert!(message.contains("`unlimited`"), "{message}");
     }
 
     #[test]
@@ -189,7 +237,7 @@ mod tests {
         let built_in = RunSettings::resolve(&bare, &SettingFlags::default()).expect("resolve");
         assert_eq!(built_in.batch_partitions, DEFAULT_BATCH_PARTITIONS);
         assert_eq!(built_in.max_parallel, default_parallelism());
-        assert_eq!(built_in.memory_limit, None);
+        assert_eq!(built_in.memory_limit, Some(default_memory_limit()));
     }
 
     #[test]

@@ -22,6 +22,8 @@ const VOLATILE: &[&str] = &[
     "bytes_written",
     "size",
     "holder",
+    // The built-in pool is a share of the machine's memory.
+    "memory_limit",
 ];
 
 /// The document with volatile values replaced and the lake's directory written `[lake]`.

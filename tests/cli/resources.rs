@@ -38,6 +38,21 @@ fn a_small_memory_limit_gives_the_same_table() {
         "json",
     ]));
     assert_eq!(report["validation"]["passed"], true, "{report}");
+    // Without a flag a run is bounded too, and `plan` says by how much.
+    let plan = json_ok(&unlimited.run(&[
+        "plan",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--output-format",
+        "json",
+    ]));
+    let pool = plan["memory_limit"]
+        .as_u64()
+        .expect("a bounded pool by default");
+    assert!((128 << 20..=1 << 30).contains(&pool), "{plan}");
     json_ok(&unlimited.run(&[
         "backfill",
         "events",
@@ -45,6 +60,8 @@ fn a_small_memory_limit_gives_the_same_table() {
         &from,
         "--to",
         &to,
+        "--memory-limit",
+        "unlimited",
         "--output-format",
         "json",
     ]));

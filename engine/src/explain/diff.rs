@@ -98,7 +98,9 @@ pub async fn diff(
         .collect();
 
     let old_files = files_by_partition(&old, &partitions)?;
-    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    // The same bound as a run's: `[defaults] memory_limit`, else the built-in share.
+    let ctx =
+        crate::resources::Resources::new(crate::settings::memory_limit(project, None)?).session();
     let (to_version, run_id, new_counts, changed): (
         Option<u64>,
         Option<String>,

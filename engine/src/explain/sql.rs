@@ -80,7 +80,9 @@ pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<Quer
             message: format!("cannot list the tables it reads: {e}"),
         })?;
 
-    let ctx = deltalake::delta_datafusion::create_session().into_inner();
+    // The same bound as a run's: `[defaults] memory_limit`, else the built-in share.
+    let ctx =
+        crate::resources::Resources::new(crate::settings::memory_limit(project, None)?).session();
     let mut tables = BTreeMap::new();
     for reference in references {
         let name = reference.table().to_string();

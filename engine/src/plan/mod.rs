@@ -206,6 +206,7 @@ impl PlanBuilder {
             already_published,
             publish_sequence,
             max_partitions,
+            memory_limit: crate::settings::memory_limit(&self.project, None)?,
             protocol,
             affected_files: affected.files,
             added_columns: Vec::new(),
@@ -816,6 +817,9 @@ pub struct PlanReport {
     pub publish_sequence: u64,
     /// The most partitions a range may have (`--max-partitions`).
     pub max_partitions: u64,
+    /// The memory pool a backfill of this plan gets unless `--memory-limit` says otherwise
+    /// (`[defaults] memory_limit`, else the built-in share of the machine); `null` is unlimited.
+    pub memory_limit: Option<u64>,
     /// The target's protocol: its features and the rules staged rows must satisfy.
     pub protocol: TableProtocol,
     /// By rows (`range_column`): the files the backfill rewrites, chosen by their statistics.

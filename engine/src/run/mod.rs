@@ -79,7 +79,7 @@ impl BackfillBuilder {
         Self {
             plan,
             max_parallel: None,
-            memory_limit: None,
+            memory_limit: Some(crate::settings::default_memory_limit()),
             throttle: None,
             progress: None,
             stage_only: false,
@@ -110,7 +110,8 @@ impl BackfillBuilder {
 
     /// Bounds the memory of the run's queries; sorts and aggregations spill to disk beyond it.
     ///
-    /// By default, memory is not limited.
+    /// By default, [`default_memory_limit`](crate::settings::default_memory_limit); `None`
+    /// lifts the bound.
     pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
         self.memory_limit = bytes;
         self
