@@ -59,6 +59,12 @@ pub(crate) enum Command {
     Publish(PublishArgs),
     /// Delete the staged files of a run that was not published.
     Discard(DiscardArgs),
+    /// Undo a published run: one new commit that puts back exactly what it replaced, in its range
+    /// only (refused when a later commit changed that range).
+    Revert(RevertArgs),
+    /// Deliver the notifications of a table's published versions that its sinks have not had
+    /// (a crash, a sink that was down), or again with `--replay`.
+    Notify(NotifyArgs),
     /// Compare two versions of a table, or a version with a staged run.
     Diff(DiffArgs),
     /// Show a table's versions with operation, run, model@version, reason and partitions.
@@ -211,6 +217,28 @@ pub(crate) struct PublishArgs {
     /// Why validation is overridden.
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RevertArgs {
+    /// The published run to revert (see `lakefill runs` or `lakefill history`).
+    pub(crate) run_id: String,
+    /// Why it is reverted; the commit records it [default: `revert of RUN_ID`].
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NotifyArgs {
+    /// The table whose sinks to catch up.
+    pub(crate) table: String,
+    /// Deliver the events of this version and later, whatever the sinks had [default: the
+    /// versions after the last one each sink settled].
+    #[arg(long, value_name = "VERSION")]
+    pub(crate) since: Option<u64>,
+    /// Deliver again events that were delivered (receivers deduplicate by `event_id`).
+    #[arg(long)]
+    pub(crate) replay: bool,
 }
 
 #[derive(Debug, Args)]

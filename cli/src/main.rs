@@ -91,6 +91,8 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::Runs(args) => commands::runs::list(&cli.global, args, printer).await,
         Command::Publish(args) => commands::runs::publish(&cli.global, args, printer).await,
         Command::Discard(args) => commands::runs::discard(&cli.global, args, printer).await,
+        Command::Revert(args) => commands::runs::revert(&cli.global, args, printer).await,
+        Command::Notify(args) => commands::runs::notify(&cli.global, args, printer).await,
         Command::Diff(args) => commands::inspect::diff(&cli.global, args, printer).await,
         Command::History(args) => commands::inspect::history(&cli.global, args, printer).await,
         Command::Blame(args) => commands::inspect::blame(&cli.global, args, printer).await,

@@ -423,6 +423,31 @@ pub(crate) fn run_text(report: &RunReport) -> String {
             let _ = writeln!(out, "discarded {run}: its staged files are deleted");
             return out;
         }
+        Outcome::Reverted | Outcome::AlreadyReverted => {
+            let reverted = report.revert_of.as_deref().unwrap_or("?");
+            let version = report
+                .published_version
+                .map_or_else(|| "?".into(), |v| v.to_string());
+            if report.outcome == Outcome::AlreadyReverted {
+                let _ = writeln!(
+                    out,
+                    "already reverted: {reverted} was reverted by {} as version {version} of {}; nothing to do",
+                    report.run_id, report.table
+                );
+                return out;
+            }
+            let _ = writeln!(
+                out,
+                "reverted {reverted}: {} version {version} puts back {}..={} as it was before the run (read version {}; revert run {})
+  undo this with `lakefill revert {}`",
+                report.table,
+                report.range.from,
+                report.range.to,
+                report.read_version,
+                report.run_id,
+                report.run_id
+            );
+        }
     }
     let _ = writeln!(
         out,
@@ -465,7 +490,18 @@ pub(crate) fn run_text(report: &RunReport) -> String {
     if let Some(reason) = &report.forced {
         let _ = writeln!(out, "  validation overridden: {reason}");
     }
+    out.push_str(&notifications_text(&report.notifications));
     let t = &report.timings;
+    if report.outcome == Outcome::Reverted {
+        let _ = writeln!(
+            out,
+            "  removed the {} files the run added, re-added the {} it replaced | {:.1}s",
+            report.partitions.iter().map(|p| p.old_files).sum::<u64>(),
+            report.partitions.iter().map(|p| p.new_files).sum::<u64>(),
+            t.total_ms as f64 / 1000.0
+        );
+        return out;
+    }
     let _ = writeln!(
         out,
         "  staged {} files, {} | stage {:.1}s, validate {:.1}s, commit {:.1}s",
@@ -475,6 +511,33 @@ pub(crate) fn run_text(report: &RunReport) -> String {
         t.validate_ms as f64 / 1000.0,
         t.publish_ms as f64 / 1000.0
     );
+    out
+}
+
+/// One line per sink: what it was told now, and what failed (retried by later commands).
+pub(crate) fn notifications_text(deliveries: &[lakefill::Delivery]) -> String {
+    let versions = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    let mut out = String::new();
+    for d in deliveries {
+        let mut parts = Vec::new();
+        if !d.delivered.is_empty() {
+            parts.push(format!("delivered version {}", versions(&d.delivered)));
+        }
+        if !d.skipped.is_empty() {
+            parts.push(format!("skipped {} (filters)", versions(&d.skipped)));
+        }
+        if !d.failed.is_empty() {
+            parts.push(format!(
+                "FAILED {} ({}); `lakefill notify` or the next command retries",
+                versions(&d.failed),
+                d.error.as_deref().unwrap_or("?")
+            ));
+        }
+        if parts.is_empty() {
+            parts.push("nothing new".into());
+        }
+        let _ = writeln!(out, "  notify {}: {}", d.sink, parts.join("; "));
+    }
     out
 }
 

@@ -33,7 +33,7 @@ pub struct TableConfig {
     uri: String,
     storage_options: BTreeMap<String, String>,
     table_storage_keys: Vec<String>,
-    notify: Vec<String>,
+    sinks: Vec<crate::notify::Sink>,
 }
 
 /// Defaults from `[defaults]`, overridable per command.
@@ -51,6 +51,9 @@ pub struct Defaults {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawProject {
+    /// Sinks of every table.
+    #[serde(default)]
+    notify: Vec<crate::notify::sink::RawSink>,
     #[serde(default)]
     storage: BTreeMap<String, String>,
     #[serde(default)]
@@ -66,7 +69,7 @@ struct RawTable {
     #[serde(default)]
     storage: BTreeMap<String, String>,
     #[serde(default)]
-    notify: Vec<String>,
+    notify: Vec<crate::notify::sink::RawSink>,
 }
 
 impl Project {
@@ -152,6 +155,21 @@ impl Project {
                 crate::secrets::register_url_credentials(value);
             }
             crate::secrets::register_url_credentials(&table.uri);
+            let mut sinks = Vec::new();
+            for (i, raw_sink) in raw.notify.iter().chain(&table.notify).enumerate() {
+                let field = if i < raw.notify.len() {
+                    format!("notify[{i}]")
+                } else {
+                    format!("tables.{name}.notify[{}]", i - raw.notify.len())
+                };
+                let sink = crate::notify::Sink::parse(raw_sink, root, |v| expand_env(v, &field))
+                    .map_err(|message| Error::ConfigValue {
+                        path: path.to_path_buf(),
+                        field: field.clone(),
+                        message,
+                    })?;
+                sinks.push(sink);
+            }
             tables.insert(
                 name.clone(),
                 TableConfig {
@@ -160,7 +178,7 @@ impl Project {
                     uri: table.uri,
                     storage_options,
                     table_storage_keys: table.storage.keys().cloned().collect(),
-                    notify: table.notify,
+                    sinks,
                 },
             );
         }
@@ -240,9 +258,9 @@ impl TableConfig {
         &self.uri
     }
 
-    /// Returns the notification sinks of the table.
-    pub fn notify(&self) -> &[String] {
-        &self.notify
+    /// Returns the notification sinks of the table (the project's, then its own).
+    pub fn sinks(&self) -> &[crate::notify::Sink] {
+        &self.sinks
     }
 
     pub(crate) fn storage_options(&self) -> &BTreeMap<String, String> {
@@ -261,7 +279,7 @@ impl fmt::Debug for TableConfig {
             .field("name", &self.name)
             .field("url", &self.url.as_str())
             .field("storage_options", &self.storage_options.keys())
-            .field("notify", &self.notify)
+            .field("sinks", &self.sinks)
             .finish()
     }
 }

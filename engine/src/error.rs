@@ -404,6 +404,38 @@ pub enum Error {
         /// How many are missing.
         missing: usize,
     },
+    /// Commits after a run changed its range (or the files it added): reverting it by files
+    /// would undo them too.
+    #[error(
+        "cannot revert run `{run_id}`: {}; nothing was committed",
+        describe_versions(versions)
+    )]
+    RevertBlocked {
+        /// The run.
+        run_id: String,
+        /// The table.
+        table: String,
+        /// The later versions in the way.
+        versions: Vec<u64>,
+        /// The run's range, as `from..=to`.
+        range: String,
+    },
+    /// Files a revert would put back are gone from storage (vacuumed).
+    #[error(
+        "cannot revert run `{run_id}`: {} of the files it replaced are gone from `{table}` ({}); nothing was committed",
+        missing.len(),
+        quote_some(missing)
+    )]
+    RevertFilesGone {
+        /// The run.
+        run_id: String,
+        /// The table.
+        table: String,
+        /// The missing files.
+        missing: Vec<String>,
+        /// The table's `delta.deletedFileRetentionDuration`.
+        retention: String,
+    },
     /// A run journal could not be read or written.
     #[error("run journal `{path}` is unreadable: {message}")]
     Journal {
@@ -451,10 +483,13 @@ impl Error {
             | Error::Sql { .. }
             | Error::Check { .. } => 2,
             Error::ValidationFailed { .. } => 3,
-            Error::Conflict { .. } | Error::RunBusy { .. } | Error::LeaseLost { .. } => 4,
+            Error::Conflict { .. }
+            | Error::RunBusy { .. }
+            | Error::LeaseLost { .. }
+            | Error::RevertBlocked { .. } => 4,
             Error::Interrupted => 130,
             Error::RunStopped { source, .. } => source.exit_code(),
-            Error::StagedFilesMissing { .. } => 1,
+            Error::StagedFilesMissing { .. } | Error::RevertFilesGone { .. } => 1,
             Error::ReadFile { .. }
             | Error::OpenTable { .. }
             | Error::StagingWrite { .. }
@@ -557,6 +592,12 @@ impl Error {
             Error::Conflict { .. } => {
                 "another writer changed the affected partitions; re-run the same command to recompute against the new version".into()
             }
+            Error::RevertBlocked { table, range, .. } => format!(
+                "see them with `lakefill history {table}`: a revert by files would undo them too. Revert those runs first (newest first), or put {range} back by a backfill with the model version that wrote it"
+            ),
+            Error::RevertFilesGone { retention, table, .. } => format!(
+                "VACUUM deletes files a version no longer uses once they are older than the table's `delta.deletedFileRetentionDuration` ({retention}); they cannot be put back by files. Recompute the range with a backfill instead, and raise the retention of `{table}` if reverts must reach further back"
+            ),
             Error::UnknownRun { searched, .. } => format!(
                 "list runs with `lakefill runs`; searched the journals of {}",
                 list_or_none(searched)
@@ -656,6 +697,24 @@ impl Error {
 fn is_missing_data_file(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
     (lower.contains("not found") || lower.contains("no such file")) && lower.contains(".parquet")
+}
+
+/// `version 5 changed its range` or `versions 5, 7 changed its range`.
+fn describe_versions(versions: &[u64]) -> String {
+    let list: Vec<String> = versions.iter().map(u64::to_string).collect();
+    match list.as_slice() {
+        [one] => format!("version {one} changed its range after it"),
+        _ => format!("versions {} changed its range after it", list.join(", ")),
+    }
+}
+
+/// The first few items, quoted, with how many more there are.
+fn quote_some(items: &[String]) -> String {
+    let mut quoted: Vec<String> = items.iter().take(3).map(|i| format!("`{i}`")).collect();
+    if items.len() > 3 {
+        quoted.push(format!("{} more", items.len() - 3));
+    }
+    quoted.join(", ")
 }
 
 fn list_or_none(items: &[String]) -> String {
@@ -893,6 +952,18 @@ mod tests {
                 run_id: s(),
                 missing: 1,
             },
+            Error::RevertBlocked {
+                run_id: s(),
+                table: s(),
+                versions: vec![3, 4],
+                range: s(),
+            },
+            Error::RevertFilesGone {
+                run_id: s(),
+                table: s(),
+                missing: vec![s()],
+                retention: s(),
+            },
             Error::Journal {
                 path: s(),
                 message: s(),
@@ -945,6 +1016,8 @@ mod tests {
                 | Error::ValidationFailed { .. }
                 | Error::UnsupportedFeature { .. }
                 | Error::StagedFilesMissing { .. }
+                | Error::RevertBlocked { .. }
+                | Error::RevertFilesGone { .. }
                 | Error::Journal { .. }
                 | Error::Internal(_) => true,
             };

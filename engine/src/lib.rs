@@ -57,6 +57,7 @@ mod init;
 mod journal;
 mod log;
 mod model;
+mod notify;
 mod partition;
 mod plan;
 mod protocol;
@@ -84,6 +85,7 @@ pub use journal::lifecycle::RunState;
 pub use journal::{BatchBounds, BatchRecord, Journal, PartitionChange};
 pub use log::metadata::{CheckSummary, CommitMetadata, CommittedPartition, ValidationSummary};
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
+pub use notify::{Delivery, EVENT_SCHEMA, EVENT_TYPES, Event, Sink, Window, notify};
 pub use partition::{Layout, PartitionRange, TimeColumn, TimeEncoding};
 pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DEFAULT_MAX_PARTITIONS, DownstreamModel,
@@ -93,6 +95,7 @@ pub use protocol::{AddedColumn, FeatureSupport, RowRule, TableProtocol};
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
 pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};
+pub use run::revert::revert_run;
 pub use run::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, RunReport, Timings};
 pub use run_id::RunId;
 pub use secrets::{MASK, mask as mask_secrets};

@@ -46,6 +46,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
             .collect(),
         spill_dropped: journal.spill_dropped,
         validation,
+        revert_of: journal.revert_of.as_ref().map(ToString::to_string),
     }
 }
 
@@ -82,7 +83,12 @@ fn added_columns_metadata(
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the
 /// new version.
 pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64> {
-    crate::storage::ensure_conditional_writes(target, &journal.target).await?;
+    if journal.revert_of.is_some() {
+        return Err(Error::Internal(format!(
+            "run `{}` is a revert: it has no staged files to publish",
+            journal.run_id
+        )));
+    }
     let snapshot = target
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
@@ -110,6 +116,22 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         // The added columns join the schema in the same commit; earlier versions keep theirs.
         actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
     }
+    commit_actions(target, journal, actions).await
+}
+
+/// Commits `actions` for the run of `journal` against `target` (loaded at the version the
+/// actions were derived from): a WRITE/Overwrite whose predicate is the run's range, with the
+/// run's application transaction and metadata. Shared by publishing and reverting.
+pub(crate) async fn commit_actions(
+    target: &DeltaTable,
+    journal: &Journal,
+    actions: Vec<Action>,
+) -> Result<u64> {
+    crate::storage::ensure_conditional_writes(target, &journal.target).await?;
+    let snapshot = target
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
+    let layout = &journal.layout;
 
     // The range as the operation's predicate, so the conflict checker fails the commit when a
     // concurrent one touched the range (and keeps commits elsewhere).

@@ -22,6 +22,8 @@ const VOLATILE: &[&str] = &[
     "bytes_written",
     "size",
     "holder",
+    "event_id",
+    "occurred_at",
     // The built-in pool is a share of the machine's memory.
     "memory_limit",
 ];
@@ -125,6 +127,18 @@ fn every_json_document_keeps_its_shape() {
             &run_id
         ])
     );
+    // A sink, so that publishing and reverting report their notifications.
+    let project_file = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project_file).expect("project");
+    std::fs::write(
+        &project_file,
+        toml.replacen(
+            "[tables.events]\n",
+            "[tables.events]\nnotify = [\"file:notifications.jsonl\"]\n",
+            1,
+        ),
+    )
+    .expect("project");
     insta::assert_json_snapshot!("publish", json(&["publish", &run_id]));
     insta::assert_json_snapshot!("history", json(&["history", "events", "--limit", "2"]));
     insta::assert_json_snapshot!("blame", json(&["blame", "events", "--partition", &from]));
@@ -150,6 +164,14 @@ fn every_json_document_keeps_its_shape() {
     let other = lake.stage_events(4, 4);
     insta::assert_json_snapshot!("discard", json(&["discard", &other]));
     insta::assert_json_snapshot!("gc_dry_run", json(&["gc", "events", "--dry-run"]));
+    insta::assert_json_snapshot!("revert", json(&["revert", &run_id]));
+    insta::assert_json_snapshot!("notify", json(&["notify", "events"]));
+    let events = std::fs::read_to_string(lake.path().join("notifications.jsonl")).expect("events");
+    let events: Vec<Value> = events
+        .lines()
+        .map(|l| normalized(&serde_json::from_str(l).expect("event"), &dir))
+        .collect();
+    insta::assert_json_snapshot!("events", events);
 
     // The main failure kinds: the error document on stdout, with its exit code.
     let (code, unknown_model) = document(&["plan", "nope", "--from", &from, "--to", &to]);

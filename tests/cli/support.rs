@@ -425,3 +425,71 @@ pub(crate) fn decoded(path: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Appends one event into `events` with plain delta-rs, as another writer would.
+pub(crate) fn append_event(lake: &TestLake, date: &str, event_id: i64) {
+    let table = lake.open("events");
+    let days = (chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").unwrap()
+        - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap())
+    .num_days() as i32;
+    let schema = std::sync::Arc::new(deltalake::arrow::datatypes::Schema::new(vec![
+        deltalake::arrow::datatypes::Field::new(
+            "event_id",
+            deltalake::arrow::datatypes::DataType::Int64,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "user_id",
+            deltalake::arrow::datatypes::DataType::Int64,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "country",
+            deltalake::arrow::datatypes::DataType::Utf8,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "amount_cents",
+            deltalake::arrow::datatypes::DataType::Int64,
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "event_ts",
+            deltalake::arrow::datatypes::DataType::Timestamp(
+                deltalake::arrow::datatypes::TimeUnit::Microsecond,
+                Some("UTC".into()),
+            ),
+            true,
+        ),
+        deltalake::arrow::datatypes::Field::new(
+            "event_date",
+            deltalake::arrow::datatypes::DataType::Date32,
+            true,
+        ),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            std::sync::Arc::new(deltalake::arrow::array::Int64Array::from(vec![event_id])),
+            std::sync::Arc::new(deltalake::arrow::array::Int64Array::from(vec![1])),
+            std::sync::Arc::new(deltalake::arrow::array::StringArray::from(vec!["ZZ"])),
+            std::sync::Arc::new(deltalake::arrow::array::Int64Array::from(vec![1])),
+            std::sync::Arc::new(
+                deltalake::arrow::array::TimestampMicrosecondArray::from(vec![
+                    i64::from(days) * 86_400_000_000,
+                ])
+                .with_timezone("UTC"),
+            ),
+            std::sync::Arc::new(deltalake::arrow::array::Date32Array::from(vec![days])),
+        ],
+    )
+    .unwrap();
+    runtime()
+        .block_on(async {
+            table
+                .write(vec![batch])
+                .with_save_mode(deltalake::protocol::SaveMode::Append)
+                .await
+        })
+        .expect("append");
+}

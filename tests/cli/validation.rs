@@ -1,12 +1,6 @@
 //! Validation blocks bad publishes; write-audit-publish (stage-only, publish, discard, runs).
 
-use deltalake::arrow::array::{
-    Date32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
-};
-use deltalake::protocol::SaveMode;
-use std::sync::Arc;
-
-use crate::support::{Store, TestLake, json_ok, runtime, stderr, stdout};
+use crate::support::{Store, TestLake, append_event, json_ok, runtime, stderr, stdout};
 
 /// Writes `sql/events/v3.sql`: v2's header plus `validate`, and `select` as the query.
 fn events_model(lake: &TestLake, validate: &str, select: &str) {
@@ -340,72 +334,6 @@ fn discard_removes_every_staged_file(store: Store) {
         "a discarded run cannot be published: {}",
         stderr(&out)
     );
-}
-
-/// Appends one event into `events` with plain delta-rs, as another writer would.
-fn append_event(lake: &TestLake, date: &str, event_id: i64) {
-    let table = lake.open("events");
-    let days = (chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").unwrap()
-        - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap())
-    .num_days() as i32;
-    let schema = Arc::new(deltalake::arrow::datatypes::Schema::new(vec![
-        deltalake::arrow::datatypes::Field::new(
-            "event_id",
-            deltalake::arrow::datatypes::DataType::Int64,
-            true,
-        ),
-        deltalake::arrow::datatypes::Field::new(
-            "user_id",
-            deltalake::arrow::datatypes::DataType::Int64,
-            true,
-        ),
-        deltalake::arrow::datatypes::Field::new(
-            "country",
-            deltalake::arrow::datatypes::DataType::Utf8,
-            true,
-        ),
-        deltalake::arrow::datatypes::Field::new(
-            "amount_cents",
-            deltalake::arrow::datatypes::DataType::Int64,
-            true,
-        ),
-        deltalake::arrow::datatypes::Field::new(
-            "event_ts",
-            deltalake::arrow::datatypes::DataType::Timestamp(
-                deltalake::arrow::datatypes::TimeUnit::Microsecond,
-                Some("UTC".into()),
-            ),
-            true,
-        ),
-        deltalake::arrow::datatypes::Field::new(
-            "event_date",
-            deltalake::arrow::datatypes::DataType::Date32,
-            true,
-        ),
-    ]));
-    let batch = RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from(vec![event_id])),
-            Arc::new(Int64Array::from(vec![1])),
-            Arc::new(StringArray::from(vec!["ZZ"])),
-            Arc::new(Int64Array::from(vec![1])),
-            Arc::new(
-                TimestampMicrosecondArray::from(vec![i64::from(days) * 86_400_000_000])
-                    .with_timezone("UTC"),
-            ),
-            Arc::new(Date32Array::from(vec![days])),
-        ],
-    )
-    .unwrap();
-    runtime()
-        .block_on(async {
-            table
-                .write(vec![batch])
-                .with_save_mode(SaveMode::Append)
-                .await
-        })
-        .expect("append");
 }
 
 fn publish_after_a_conflicting_commit_is_refused(store: Store) {

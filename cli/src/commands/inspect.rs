@@ -76,6 +76,13 @@ pub(crate) async fn blame(
                         .map(|(table, version)| format!("{table}@{version}"))
                         .collect();
                     let _ = writeln!(text, "  run          {}", meta.run_id);
+                    if let Some(reverted) = &meta.revert_of {
+                        let _ = writeln!(
+                            text,
+                            "  revert of    {reverted}: the rows are those from before that run (see the versions before it with `lakefill history {}`)",
+                            report.table
+                        );
+                    }
                     let _ = writeln!(text, "  model        {}@{}", meta.model, meta.model_version);
                     let _ = writeln!(text, "  fingerprint  sha256:{}", meta.fingerprint);
                     let _ = writeln!(text, "  sources      {}", sources.join(", "));

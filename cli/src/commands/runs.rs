@@ -2,9 +2,9 @@
 
 use std::fmt::Write as _;
 
-use crate::args::{DiscardArgs, GcArgs, GlobalArgs, PublishArgs, RunsArgs};
+use crate::args::{DiscardArgs, GcArgs, GlobalArgs, NotifyArgs, PublishArgs, RevertArgs, RunsArgs};
 use crate::commands::backfill::finish;
-use crate::printer::{Printer, run_text};
+use crate::printer::{Printer, notifications_text, run_text};
 use crate::settings;
 
 pub(crate) async fn list(
@@ -31,7 +31,10 @@ pub(crate) async fn list(
             run.run_id,
             run.table,
             run.state.to_string(),
-            format!("{}@{}", run.model, run.model_version),
+            match &run.revert_of {
+                Some(_) => format!("revert of {}@{}", run.model, run.model_version),
+                None => format!("{}@{}", run.model, run.model_version),
+            },
             format!("{}..={}", run.range.from, run.range.to),
             run.read_version,
             run.published_version
@@ -51,6 +54,37 @@ pub(crate) async fn publish(
     let force = args.force_publish.then(|| args.reason.clone()).flatten();
     let run = lakefill::publish_run(&project, &args.run_id, force).await?;
     finish(printer, &run)
+}
+
+pub(crate) async fn revert(
+    global: &GlobalArgs,
+    args: &RevertArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let run = lakefill::revert_run(&project, &args.run_id, args.reason.clone()).await?;
+    printer.result(&run_text(&run), &run)
+}
+
+pub(crate) async fn notify(
+    global: &GlobalArgs,
+    args: &NotifyArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let window = lakefill::Window {
+        since: args.since,
+        replay: args.replay,
+    };
+    let deliveries = lakefill::notify(&project, &args.table, window).await?;
+    let mut text = notifications_text(&deliveries);
+    if deliveries
+        .iter()
+        .all(|d| d.delivered.is_empty() && d.failed.is_empty() && d.skipped.is_empty())
+    {
+        text = format!("{}: every sink is up to date\n", args.table);
+    }
+    printer.result(&text, &deliveries)
 }
 
 pub(crate) async fn discard(

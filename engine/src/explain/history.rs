@@ -37,6 +37,9 @@ pub struct HistoryEntry {
     pub files_added: u64,
     /// Files removed.
     pub files_removed: u64,
+    /// The run this commit reverted, when it is a revert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<String>,
     /// The run's metadata, as committed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lakefill: Option<CommitMetadata>,
@@ -75,9 +78,12 @@ fn entry(version: u64, commit: Commit, layout: Option<&Layout>) -> HistoryEntry 
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
         operation: info["operation"].as_str().map(str::to_string),
         run_id: commit.run_id().map(str::to_string),
-        model: lakefill
-            .as_ref()
-            .map(|m| format!("{}@{}", m.model, m.model_version)),
+        // A revert puts back what was there before the run; the model did not write it.
+        model: lakefill.as_ref().map(|m| match &m.revert_of {
+            Some(reverted) => format!("revert of {reverted}"),
+            None => format!("{}@{}", m.model, m.model_version),
+        }),
+        revert_of: lakefill.as_ref().and_then(|m| m.revert_of.clone()),
         reason: lakefill.as_ref().and_then(|m| m.reason.clone()),
         range: lakefill.as_ref().map(|m| m.range.clone()),
         partitions: partitions.into_iter().collect(),

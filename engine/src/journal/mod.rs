@@ -106,6 +106,9 @@ pub struct Journal {
     pub sequence: u64,
     /// The error that stopped the run, if any.
     pub error: Option<String>,
+    /// The run this one reverts, when it is a revert (`lakefill revert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<RunId>,
     /// When the run was created (RFC 3339).
     pub created_at: String,
     /// When the journal was last written (RFC 3339).
@@ -358,6 +361,9 @@ impl Journal {
     /// The `lakefill backfill` command that resumes this run (the same run id: same model file,
     /// range, pinned sources and spill policy).
     pub fn resume_command(&self) -> String {
+        if let Some(reverted) = &self.revert_of {
+            return format!("lakefill revert {reverted}");
+        }
         let mut command = format!(
             "lakefill backfill {} --from {} --to {} --model-version {}",
             self.model, self.range.from, self.range.to, self.model_version

@@ -35,6 +35,9 @@ pub struct CommitMetadata {
     /// The validation verdict, in short.
     #[serde(default)]
     pub validation: Option<ValidationSummary>,
+    /// The run this commit reverts, when it is a revert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<String>,
 }
 
 /// One partition of a commit's metadata.

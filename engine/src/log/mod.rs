@@ -48,6 +48,10 @@ pub(crate) struct Commit {
     pub(crate) added: u64,
     /// Files removed.
     pub(crate) removed: u64,
+    /// Paths of the files added, as written in the log.
+    pub(crate) added_paths: Vec<String>,
+    /// Paths of the files removed, as written in the log.
+    pub(crate) removed_paths: Vec<String>,
 }
 
 impl Commit {
@@ -83,6 +87,8 @@ pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Opti
         paths: Vec::new(),
         added: 0,
         removed: 0,
+        added_paths: Vec::new(),
+        removed_paths: Vec::new(),
     };
     for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
@@ -94,13 +100,17 @@ pub(crate) async fn read_commit(table: &DeltaTable, version: u64) -> Result<Opti
         if let Some(path) = action["cdc"]["path"].as_str() {
             commit.paths.push(path.to_string());
         }
-        for (kind, counter) in [("add", &mut commit.added), ("remove", &mut commit.removed)] {
+        for (kind, counter, paths) in [
+            ("add", &mut commit.added, &mut commit.added_paths),
+            ("remove", &mut commit.removed, &mut commit.removed_paths),
+        ] {
             let Some(file) = action.get(kind) else {
                 continue;
             };
             *counter += 1;
             if let Some(path) = file["path"].as_str() {
                 commit.paths.push(path.to_string());
+                paths.push(path.to_string());
             }
             if let Some(values) = file["partitionValues"].as_object() {
                 commit.partitions.push(
@@ -128,6 +138,33 @@ pub(crate) async fn find_run_commit(table: &DeltaTable, run_id: &str) -> Result<
         }
     }
     Ok(None)
+}
+
+/// The versions after `after` (up to `until`) whose commit added or removed files in `range`,
+/// or whose commit file is gone (log cleanup: it may have). By rows (`range_column`), files are
+/// not confined to the range's partitions, so any commit that added or removed a file counts.
+pub(crate) async fn commits_in_range(
+    table: &DeltaTable,
+    after: u64,
+    layout: &Layout,
+    range: &PartitionRange,
+    until: u64,
+) -> Result<Vec<u64>> {
+    let mut versions = Vec::new();
+    for version in after + 1..=until {
+        let touched = match read_commit(table, version).await? {
+            Some(commit) if layout.by_rows => commit.added + commit.removed > 0,
+            Some(commit) => commit
+                .partitions
+                .iter()
+                .any(|values| layout.label_in(range, values).is_some()),
+            None => true,
+        };
+        if touched {
+            versions.push(version);
+        }
+    }
+    Ok(versions)
 }
 
 /// Returns whether a commit after `after` (up to `until`) added or removed files in `range`.

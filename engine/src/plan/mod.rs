@@ -213,6 +213,7 @@ impl PlanBuilder {
             layout,
         };
         let mut plan = BackfillPlan {
+            target_config,
             report,
             model,
             rules,
@@ -673,6 +674,8 @@ pub struct BackfillPlan {
     pub(crate) model: Model,
     pub(crate) rules: ValidationRules,
     pub(crate) target: DeltaTable,
+    /// The target as the project configures it (its sinks, for notifications).
+    pub(crate) target_config: crate::config::TableConfig,
     pub(crate) sources: Vec<PlannedSource>,
     /// The schema staged files are written with (the target's, plus added columns).
     pub(crate) write_schema: Option<deltalake::arrow::datatypes::SchemaRef>,

@@ -65,6 +65,9 @@ pub struct RunSummary {
     pub created_at: String,
     /// When its journal was last written.
     pub updated_at: String,
+    /// The run this one reverts, when it is a revert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<String>,
 }
 
 impl From<&Journal> for RunSummary {
@@ -84,6 +87,7 @@ impl From<&Journal> for RunSummary {
             error: journal.error.clone(),
             created_at: journal.created_at.clone(),
             updated_at: journal.updated_at.clone(),
+            revert_of: journal.revert_of.as_ref().map(ToString::to_string),
         }
     }
 }
@@ -141,7 +145,10 @@ async fn repair(store: &Arc<dyn ObjectStore>, journal: &Journal) {
 }
 
 /// Finds the table holding the journal of `run_id`.
-async fn find_run(project: &Project, run_id: &RunId) -> Result<(TableConfig, DeltaTable)> {
+pub(crate) async fn find_run(
+    project: &Project,
+    run_id: &RunId,
+) -> Result<(TableConfig, DeltaTable)> {
     let mut searched = Vec::new();
     for config in project.tables() {
         let Ok(table) = open_table(config, None).await else {
@@ -165,7 +172,7 @@ async fn find_run(project: &Project, run_id: &RunId) -> Result<(TableConfig, Del
 
 /// Runs `work` on the run's journal while holding its lease; the journal is read (and
 /// reconciled with the log) after the lease is taken.
-async fn with_run<T>(
+pub(crate) async fn with_run<T>(
     project: &Project,
     run_id: &str,
     command: &str,
@@ -211,6 +218,17 @@ pub async fn publish_run(
     }
     with_run(project, run_id, "publish", async |config, latest, journal, lease| {
         let store = latest.object_store();
+        if let Some(reverted) = &journal.revert_of
+            && journal.state != RunState::Published
+        {
+            // A revert stages nothing: its commit is decided by `lakefill revert` alone.
+            return Err(Error::RunState {
+                run_id: run_id.to_string(),
+                state: journal.state.to_string(),
+                action: "published".into(),
+                next: format!("it is a revert that did not finish: run `lakefill revert {reverted}` again"),
+            });
+        }
         let (failed, violations) = journal
             .validation
             .as_ref()
@@ -278,11 +296,12 @@ pub async fn publish_run(
         if journal.state == RunState::FailedValidation {
             journal.forced = force_reason.clone();
         }
+        crate::notify::prepare(config, latest).await;
         let started = std::time::Instant::now();
         let at_read_version = open_table(config, Some(journal.read_version)).await?;
-        publish_journal(&at_read_version, journal, &store, lease).await?;
+        publish_journal(&at_read_version, journal, &store, lease, None).await?;
         let publish_ms = started.elapsed().as_millis() as u64;
-        Ok(RunReport::from_journal(
+        let mut report = RunReport::from_journal(
             journal,
             Outcome::Published,
             Timings {
@@ -290,7 +309,10 @@ pub async fn publish_run(
                 total_ms: publish_ms,
                 ..Timings::default()
             },
-        ))
+        );
+        report.notifications =
+            crate::notify::after_commit(config, latest, journal.published_version).await;
+        Ok(report)
     })
     .await
 }
@@ -305,12 +327,10 @@ pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
                 state: journal.state.to_string(),
                 action: "discarded".into(),
                 next: format!(
-                    "its files are the table's data since version {}; to undo its change, run a new backfill over {}..={} (e.g. with an older `--model-version`)",
+                    "its files are the table's data since version {}; to undo its change, run `lakefill revert {run_id}`",
                     journal
                         .published_version
                         .map_or_else(|| "?".into(), |v| v.to_string()),
-                    journal.range.from,
-                    journal.range.to
                 ),
             });
         }

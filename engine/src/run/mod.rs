@@ -12,6 +12,7 @@ pub(crate) mod manage;
 pub(crate) mod publish;
 pub(crate) mod reconcile;
 pub(crate) mod report;
+pub(crate) mod revert;
 pub(crate) mod validation;
 
 pub use report::{Outcome, RunReport, Timings};
@@ -195,9 +196,18 @@ impl BackfillBuilder {
                 }
                 Err(error) => return Err(error),
             };
+        crate::notify::prepare(&self.plan.target_config, &self.plan.target).await;
         let result = self.run_held(&lease).await;
         lease.release().await;
-        result
+        let mut report = result?;
+        // Consumers learn of the commit (and of any earlier one they missed).
+        let committed = (report.outcome == Outcome::Published)
+            .then_some(report.published_version)
+            .flatten();
+        report.notifications =
+            crate::notify::after_commit(&self.plan.target_config, &self.plan.target, committed)
+                .await;
+        Ok(report)
     }
 
     /// The run, while this process holds its lease: each step below, in order. A step that
@@ -460,7 +470,7 @@ impl BackfillBuilder {
             run_id: plan.report.run_id.to_string(),
             phase: "publishing".into(),
         });
-        publish_journal(&plan.target, journal, &store, lease)
+        publish_journal(&plan.target, journal, &store, lease, None)
             .await
             .map_err(|error| stopped(journal, "publishing", error))?;
         tracing::info!(run_id = %plan.report.run_id, version = ?journal.published_version, "published");
@@ -683,6 +693,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         published_version: None,
         sequence: report.publish_sequence,
         error: None,
+        revert_of: None,
         created_at: now(),
         updated_at: now(),
     }

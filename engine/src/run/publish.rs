@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use deltalake::DeltaTable;
 use deltalake::ObjectStore;
+use deltalake::kernel::Action;
 
 use crate::error::Error;
 use crate::error::Result;
@@ -14,23 +15,30 @@ use crate::journal::lease::RunLease;
 use crate::log::find_run_commit;
 use crate::log::published_sequence;
 use crate::log::registry::record_published_model;
-use crate::publish::commit;
+use crate::publish::{commit, commit_actions};
 
 /// Commits a validated run and records the outcome in its journal. After any error from the
 /// commit path the log is read again: if the commit landed after all, the run is published;
 /// otherwise it is back where it was (or `failed`, when the target moved under it).
+///
+/// The commit publishes the run's staged files in place of its range, or, for a revert,
+/// `actions` (see [`crate::run::revert`]).
 pub(crate) async fn publish_journal(
     target_at_read_version: &DeltaTable,
     journal: &mut Journal,
     store: &Arc<dyn ObjectStore>,
     lease: &RunLease,
+    actions: Option<Vec<Action>>,
 ) -> Result<()> {
     let before = journal.state;
     journal.transition(RunState::Publishing)?;
     journal.save(store, lease).await?;
     failpoint::reach("before-commit").await?;
     lease.check()?;
-    let committed = commit(target_at_read_version, journal).await;
+    let committed = match actions {
+        Some(actions) => commit_actions(target_at_read_version, journal, actions).await,
+        None => commit(target_at_read_version, journal).await,
+    };
     let error = match committed {
         Ok(version) => {
             failpoint::reach("after-commit").await?;
@@ -57,6 +65,8 @@ pub(crate) async fn publish_journal(
     journal.state = match error {
         // The read version is stale for the range: validating again needs a new attempt.
         Error::Conflict { .. } => RunState::Failed,
+        // A revert is decided afresh by the next `lakefill revert`, never published from here.
+        _ if journal.revert_of.is_some() => RunState::Failed,
         _ => before,
     };
     if let Err(e) = journal.save(store, lease).await {
@@ -74,7 +84,9 @@ pub(crate) async fn published(
     journal.transition(RunState::Published)?;
     journal.published_version = version;
     journal.error = None;
-    record_published_model(store, &journal.model_record()).await;
+    if journal.revert_of.is_none() {
+        record_published_model(store, &journal.model_record()).await;
+    }
     // The commit is in the log, which is the truth; a journal that cannot be written now is
     // repaired by the next command that reads the run.
     if let Err(error) = journal.save(store, lease).await {

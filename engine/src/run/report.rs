@@ -52,6 +52,12 @@ pub struct RunReport {
     pub forced: Option<String>,
     /// Wall time per phase.
     pub timings: Timings,
+    /// The run this one reverts, when it is a revert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<String>,
+    /// What each notification sink of the table was told (absent without sinks).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notifications: Vec<crate::notify::Delivery>,
 }
 
 /// What one invocation did.
@@ -70,6 +76,10 @@ pub enum Outcome {
     UpToDate,
     /// The run's staged files were deleted.
     Discarded,
+    /// A revert was committed: the run's range is as it was before the run.
+    Reverted,
+    /// The run had been reverted before; nothing changed.
+    AlreadyReverted,
 }
 
 /// Wall time per phase, in milliseconds.
@@ -109,6 +119,8 @@ impl RunReport {
             validation: journal.validation.clone(),
             forced: journal.forced.clone(),
             timings,
+            revert_of: journal.revert_of.as_ref().map(ToString::to_string),
+            notifications: Vec::new(),
         }
     }
 
@@ -137,6 +149,8 @@ impl RunReport {
             validation: None,
             forced: None,
             timings: Timings::default(),
+            revert_of: None,
+            notifications: Vec::new(),
         }
     }
 

@@ -1,0 +1,315 @@
+//! Reverting a published run (DESIGN §3 `revert`): one new commit that removes exactly the files
+//! the run added and puts back the files it removed, as the log recorded them at the version
+//! before the run's commit (paths, partition values, sizes, statistics, deletion vectors). Only
+//! the run's range changes; later commits elsewhere survive.
+//!
+//! Safe by default, it refuses (nothing committed) when a later commit changed the run's range
+//! (exit 4, naming the versions: reverting by files would undo them too), when a file it would
+//! put back is gone from storage (vacuumed; naming the files and the table's retention), or when
+//! the run is not published.
+//!
+//! A revert is a run of its own: its id is derived from the reverted run and the version of its
+//! commit, it has a journal (`revert_of`), it commits under its own application transaction (so
+//! a retried or repeated revert is found in the log and changes nothing), and its commit carries
+//! the usual metadata with `revert_of`, which `history` and `blame` show. Reverting a revert puts
+//! the run's output back. It stages nothing, so a crash before its commit leaves nothing to clean
+//! up, and one after it is reconciled from the log by the next command.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use deltalake::DeltaTable;
+use deltalake::kernel::{Action, LogicalFileView};
+use deltalake::logstore::object_store::ObjectStoreExt as _;
+use sha2::{Digest, Sha256};
+
+use crate::config::{Project, TableConfig};
+use crate::error::{DeltaContext, Error, Result};
+use crate::journal::lease::RunLease;
+use crate::journal::{Journal, PartitionChange, RunState};
+use crate::log::{commits_in_range, published_sequence, read_commit};
+use crate::run::manage::with_run;
+use crate::run::publish::publish_journal;
+use crate::run::reconcile::reconcile;
+use crate::run::report::{Outcome, RunReport, Timings};
+use crate::run_id::RunId;
+use crate::storage::{decode, live_rows, loaded_version, open_table};
+
+/// The label per-partition counts of a by-rows revert are kept under.
+const RANGE_LABEL: &str = "(range)";
+
+/// Reverts the published run `run_id`: see the module docs.
+pub async fn revert_run(
+    project: &Project,
+    run_id: &str,
+    reason: Option<String>,
+) -> Result<RunReport> {
+    if reason.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err(Error::InvalidOption {
+            option: "--reason".into(),
+            value: String::new(),
+            message: "the reason is recorded with the revert; it must not be empty".into(),
+        });
+    }
+    with_run(project, run_id, "revert", async |config, latest, journal, _lease| {
+        if journal.state != RunState::Published {
+            return Err(Error::RunState {
+                run_id: run_id.to_string(),
+                state: journal.state.to_string(),
+                action: "reverted".into(),
+                next: format!(
+                    "only a published run changed the table; `lakefill discard {run_id}` deletes what it staged"
+                ),
+            });
+        }
+        let version = journal.published_version.ok_or_else(|| {
+            Error::Internal(format!("run `{run_id}` is published but its version is unknown"))
+        })?;
+        let revert_id = revert_id(journal, version);
+        let store = latest.object_store();
+        let lease = RunLease::acquire(&store, config.name(), &revert_id, "revert").await?;
+        let result = revert_held(config, latest, journal, version, &revert_id, reason, &lease).await;
+        lease.release().await;
+        result
+    })
+    .await
+}
+
+/// The id of the revert of `journal`'s commit at `version`: the same for every attempt, another
+/// for a later publish of the same run.
+fn revert_id(journal: &Journal, version: u64) -> RunId {
+    let digest = hex::encode(Sha256::digest(format!(
+        "revert\n{}\n{version}",
+        journal.run_id
+    )));
+    RunId::derive(&journal.model, "revert", &digest)
+}
+
+/// The revert, holding the leases of the run and of its revert.
+async fn revert_held(
+    config: &TableConfig,
+    latest: &DeltaTable,
+    run: &Journal,
+    version: u64,
+    revert_id: &RunId,
+    reason: Option<String>,
+    lease: &RunLease,
+) -> Result<RunReport> {
+    let started = std::time::Instant::now();
+    let store = latest.object_store();
+    let latest_version = loaded_version(latest)?;
+    let mut revert = match Journal::load(&store, revert_id).await? {
+        Some(existing) if existing.revert_of.as_ref() == Some(&run.run_id) => existing,
+        _ => revert_journal(run, revert_id, latest_version, reason.clone()),
+    };
+    // The log is the truth: a revert already committed (by an earlier attempt whose journal
+    // never heard of it, or by a racing process) is reported, not made again.
+    if published_sequence(latest, revert_id).await?.is_some() {
+        if reconcile(latest, &mut revert).await? {
+            revert.save(&store, lease).await?;
+        }
+        return Ok(RunReport::from_journal(
+            &revert,
+            Outcome::AlreadyReverted,
+            Timings::default(),
+        ));
+    }
+    revert = revert_journal(run, revert_id, latest_version, reason);
+
+    let commit = read_commit(latest, version).await?.ok_or_else(|| Error::RunState {
+        run_id: run.run_id.to_string(),
+        state: run.state.to_string(),
+        action: "reverted".into(),
+        next: format!(
+            "its commit (version {version}) is no longer in the Delta log (log retention): recompute {}..={} with a backfill instead",
+            run.range.from, run.range.to
+        ),
+    })?;
+    let blocked = |versions: Vec<u64>| Error::RevertBlocked {
+        run_id: run.run_id.to_string(),
+        table: run.target.clone(),
+        versions,
+        range: format!("{}..={}", run.range.from, run.range.to),
+    };
+    let later = commits_in_range(latest, version, &run.layout, &run.range, latest_version).await?;
+    if !later.is_empty() {
+        return Err(blocked(later));
+    }
+
+    // What the run added must still be live, exactly.
+    let added: BTreeSet<String> = commit.added_paths.iter().map(|p| decode(p)).collect();
+    let removed: BTreeSet<String> = commit.removed_paths.iter().map(|p| decode(p)).collect();
+    let snapshot = latest
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?;
+    let current: Vec<LogicalFileView> = snapshot
+        .log_data()
+        .iter()
+        .filter(|file| added.contains(file.path().as_ref()))
+        .collect();
+    if current.len() != added.len() {
+        // Some file the run added is gone, yet no later commit touched the range as the log
+        // tells it: refuse, naming every later commit.
+        return Err(blocked((version + 1..=latest_version).collect()));
+    }
+    // What it removed, as the version before its commit had it.
+    let before = open_table(config, Some(version - 1)).await?;
+    let before_snapshot = before
+        .snapshot()
+        .delta_context(|| format!("cannot read version {} of `{}`", version - 1, run.target))?;
+    let restored: Vec<LogicalFileView> = before_snapshot
+        .log_data()
+        .iter()
+        .filter(|file| removed.contains(file.path().as_ref()))
+        .collect();
+    if restored.len() != removed.len() {
+        return Err(Error::Internal(format!(
+            "version {version} of `{}` removed {} files, but version {} holds only {} of them",
+            run.target,
+            removed.len(),
+            version - 1,
+            restored.len()
+        )));
+    }
+    let mut missing = Vec::new();
+    for file in &restored {
+        if store.head(&file.object_store_path()).await.is_err() {
+            missing.push(file.path().to_string());
+        }
+    }
+    if !missing.is_empty() {
+        let retention = snapshot
+            .metadata()
+            .configuration()
+            .get("delta.deletedFileRetentionDuration")
+            .cloned()
+            .unwrap_or_else(|| "interval 1 week, the default".into());
+        return Err(Error::RevertFilesGone {
+            run_id: run.run_id.to_string(),
+            table: run.target.clone(),
+            missing,
+            retention,
+        });
+    }
+
+    revert.partitions = partition_changes(run, &current, &restored);
+    crate::notify::prepare(config, latest).await;
+    let mut actions: Vec<Action> = current
+        .iter()
+        .map(|file| Action::Remove(file.remove_action(true)))
+        .collect();
+    actions.extend(restored.iter().map(|file| {
+        #[expect(
+            deprecated,
+            reason = "a revert re-adds the log's own add entries, as delta-rs's RESTORE does"
+        )]
+        let mut add = file.add_action();
+        add.data_change = true;
+        Action::Add(add)
+    }));
+    tracing::info!(
+        run_id = %run.run_id,
+        revert = %revert_id,
+        removes = current.len(),
+        adds = restored.len(),
+        "reverting"
+    );
+    publish_journal(latest, &mut revert, &store, lease, Some(actions)).await?;
+    let publish_ms = started.elapsed().as_millis() as u64;
+    let mut report = RunReport::from_journal(
+        &revert,
+        Outcome::Reverted,
+        Timings {
+            publish_ms,
+            total_ms: publish_ms,
+            ..Timings::default()
+        },
+    );
+    report.notifications =
+        crate::notify::after_commit(config, latest, revert.published_version).await;
+    Ok(report)
+}
+
+/// The journal of a revert of `run`, read at `read_version`: validated (it stages nothing and
+/// puts back files the log already had), ready to publish.
+fn revert_journal(
+    run: &Journal,
+    revert_id: &RunId,
+    read_version: u64,
+    reason: Option<String>,
+) -> Journal {
+    let now = crate::time::now();
+    Journal {
+        format: crate::journal::JOURNAL_FORMAT,
+        run_id: revert_id.clone(),
+        state: RunState::Validated,
+        model: run.model.clone(),
+        model_version: run.model_version.clone(),
+        fingerprint: run.fingerprint.clone(),
+        target: run.target.clone(),
+        layout: run.layout.clone(),
+        partition_column: None,
+        read_version,
+        range: run.range.clone(),
+        sources: run.sources.clone(),
+        self_sources: run.self_sources.clone(),
+        allow_spill: None,
+        reason: reason.or_else(|| Some(format!("revert of {}", run.run_id))),
+        added_columns: Vec::new(),
+        affected_files: Vec::new(),
+        planned_batches: Vec::new(),
+        batches: Vec::new(),
+        partitions: Vec::new(),
+        spill_dropped: 0,
+        validation: None,
+        validated_files: None,
+        forced: None,
+        published_version: None,
+        sequence: 1,
+        error: None,
+        revert_of: Some(run.run_id.clone()),
+        created_at: now.clone(),
+        updated_at: now,
+    }
+}
+
+/// Per partition of the range: the rows and files now (the run's output) and after the revert
+/// (what the run replaced), from the log's statistics.
+fn partition_changes(
+    run: &Journal,
+    current: &[LogicalFileView],
+    restored: &[LogicalFileView],
+) -> Vec<PartitionChange> {
+    #[derive(Default)]
+    struct Side {
+        rows: Option<u64>,
+        files: u64,
+    }
+    let label = |file: &LogicalFileView| {
+        run.layout
+            .label_in(&run.range, &file.partition_values_map())
+            .unwrap_or_else(|| RANGE_LABEL.to_string())
+    };
+    let mut sides: BTreeMap<String, (Side, Side)> = BTreeMap::new();
+    for (files, now) in [(current, true), (restored, false)] {
+        for file in files {
+            let entry = sides.entry(label(file)).or_default();
+            let side = if now { &mut entry.0 } else { &mut entry.1 };
+            side.files += 1;
+            side.rows = match (side.files, side.rows, live_rows(file)) {
+                (1, _, rows) => rows,
+                (_, Some(sum), Some(rows)) => Some(sum + rows),
+                _ => None,
+            };
+        }
+    }
+    sides
+        .into_iter()
+        .map(|(value, (now, after))| PartitionChange {
+            value,
+            old_rows: now.rows,
+            new_rows: after.rows.unwrap_or(0),
+            old_files: now.files,
+            new_files: after.files,
+        })
+        .collect()
+}

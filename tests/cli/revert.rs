@@ -1,0 +1,306 @@
+//! `lakefill revert`: one commit that puts back exactly what a run replaced, in its range only.
+//! Every expectation is read back with plain delta-rs and DataFusion (time travel to the version
+//! the run read), never from lakefill's own report.
+
+use std::collections::BTreeMap;
+
+use crate::support::{Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr};
+
+/// Every row of `events` at `version` (latest when `None`) whose day is in `days`, sorted.
+fn rows_in(lake: &TestLake, version: Option<u64>, from: &str, to: &str) -> Vec<Vec<String>> {
+    let table = match version {
+        Some(v) => lake.open_version("events", v),
+        None => lake.open("events"),
+    };
+    lake.query(
+        &[("events", table)],
+        &format!(
+            "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, \
+             CAST(amount_cents AS VARCHAR), CAST(event_ts AS VARCHAR) FROM events \
+             WHERE event_date BETWEEN DATE '{from}' AND DATE '{to}' ORDER BY 1, 2, 5"
+        ),
+    )
+}
+
+/// The data files of `events` at `version` in partitions `from..=to`: path -> size.
+fn files_in(lake: &TestLake, version: Option<u64>, from: &str, to: &str) -> BTreeMap<String, i64> {
+    let table = match version {
+        Some(v) => lake.open_version("events", v),
+        None => lake.open("events"),
+    };
+    table
+        .snapshot()
+        .expect("snapshot")
+        .log_data()
+        .iter()
+        .filter(|f| {
+            f.partition_values_map()
+                .get("event_date")
+                .cloned()
+                .flatten()
+                .is_some_and(|d| from <= d.as_str() && d.as_str() <= to)
+        })
+        .map(|f| (f.path().to_string(), f.size()))
+        .collect()
+}
+
+/// The lakefill metadata of each commit of `events`, newest first, read from the log directly.
+fn commits(lake: &TestLake) -> Vec<serde_json::Value> {
+    let table = lake.open("events");
+    let latest = table.version().expect("version");
+    runtime().block_on(async {
+        let mut out = Vec::new();
+        for version in (0..=latest).rev() {
+            let bytes = table
+                .log_store()
+                .read_commit_entry(version)
+                .await
+                .expect("read commit")
+                .expect("commit");
+            let info = bytes
+                .split(|b| *b == b'\n')
+                .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+                .find_map(|a| a.get("commitInfo").cloned())
+                .unwrap_or_default();
+            out.push(info["lakefill"].clone());
+        }
+        out
+    })
+}
+
+/// Backfills days 2..=5 with events@v2; returns (run id, read version, published version).
+fn fix(lake: &TestLake) -> (String, u64, u64) {
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(5),
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    (
+        report["run_id"].as_str().unwrap().to_string(),
+        report["read_version"].as_u64().unwrap(),
+        report["published_version"].as_u64().unwrap(),
+    )
+}
+
+fn revert(lake: &TestLake, run_id: &str) -> serde_json::Value {
+    json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]))
+}
+
+fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
+    let lake = TestLake::on(store);
+    let (from, to) = (lake.day(2), lake.day(5));
+    let (run_id, read_version, published) = fix(&lake);
+    let buggy = rows_in(&lake, Some(read_version), &from, &to);
+    let fixed = rows_in(&lake, Some(published), &from, &to);
+    assert_ne!(buggy, fixed, "the fix changed the range");
+    // Another writer appends a day outside the range afterwards: the revert must keep it.
+    append_event(&lake, &lake.day(8), 9_000_001);
+    let appended = lake.version("events");
+    let outside = |version: Option<u64>| {
+        let mut rows = rows_in(&lake, version, &lake.day(0), &lake.day(1));
+        rows.extend(rows_in(&lake, version, &lake.day(6), &lake.day(9)));
+        rows
+    };
+    let outside_before = outside(Some(appended));
+
+    let report = revert(&lake, &run_id);
+    assert_eq!(report["outcome"], "reverted", "{report}");
+    assert_eq!(report["revert_of"], run_id.as_str(), "{report}");
+    assert_eq!(lake.version("events"), appended + 1, "one new commit");
+    assert_eq!(
+        rows_in(&lake, None, &from, &to),
+        buggy,
+        "the range is as it was"
+    );
+    assert_eq!(
+        files_in(&lake, None, &from, &to),
+        files_in(&lake, Some(read_version), &from, &to),
+        "the very files the run replaced, re-added as they were"
+    );
+    assert_eq!(
+        outside(None),
+        outside_before,
+        "later commits elsewhere survive"
+    );
+    let newest = &commits(&lake)[0];
+    assert_eq!(newest["revert_of"], run_id.as_str(), "{newest}");
+    assert_eq!(newest["read_version"], appended, "{newest}");
+    let revert_id = report["run_id"].as_str().unwrap().to_string();
+    assert_eq!(newest["run_id"], revert_id.as_str(), "{newest}");
+
+    // Reverting again changes nothing.
+    let again = revert(&lake, &run_id);
+    assert_eq!(again["outcome"], "already_reverted", "{again}");
+    assert_eq!(again["run_id"], revert_id.as_str(), "{again}");
+    assert_eq!(lake.version("events"), appended + 1, "no new commit");
+
+    // Reverting the revert puts the fix back.
+    let redo = revert(&lake, &revert_id);
+    assert_eq!(redo["outcome"], "reverted", "{redo}");
+    assert_eq!(rows_in(&lake, None, &from, &to), fixed, "the fix is back");
+    assert_eq!(
+        outside(None),
+        outside_before,
+        "and the append is still there"
+    );
+
+    // Both show in history and in runs, and blame names the newest.
+    let history = json_ok(&lake.run(&["history", "events", "--output-format", "json"]));
+    assert_eq!(history[0]["revert_of"], revert_id.as_str(), "{history}");
+    assert_eq!(history[1]["revert_of"], run_id.as_str(), "{history}");
+    let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
+    let states: BTreeMap<String, String> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap().to_string(),
+                r["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states.get(&revert_id).map(String::as_str),
+        Some("published")
+    );
+    let blame = json_ok(&lake.run(&[
+        "blame",
+        "events",
+        "--partition",
+        &lake.day(3),
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(
+        blame["last_write"]["revert_of"],
+        revert_id.as_str(),
+        "{blame}"
+    );
+}
+
+both_stores!(a_revert_puts_back_exactly_what_the_run_replaced);
+
+#[test]
+fn a_revert_after_a_later_commit_in_its_range_is_refused() {
+    let lake = TestLake::new();
+    let (run_id, _, _) = fix(&lake);
+    append_event(&lake, &lake.day(3), 9_000_002);
+    let later = lake.version("events");
+    let files = lake.files("events");
+    let out = lake.run(&["revert", &run_id]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains(&format!("version {later}")), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+    assert_eq!(lake.version("events"), later, "nothing committed");
+    assert_eq!(lake.files("events"), files, "no file changed");
+}
+
+#[test]
+fn a_revert_whose_files_were_vacuumed_is_refused() {
+    let lake = TestLake::new();
+    let (run_id, _, _) = fix(&lake);
+    let table = lake.open("events");
+    runtime()
+        .block_on(async {
+            table
+                .vacuum()
+                .with_retention_period(chrono::Duration::zero())
+                .with_enforce_retention_duration(false)
+                .await
+        })
+        .expect("vacuum");
+    let version = lake.version("events");
+    let files = lake.files("events");
+    let out = lake.run(&["revert", &run_id]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("gone"), "{err}");
+    assert!(err.contains("deletedFileRetentionDuration"), "{err}");
+    assert_eq!(lake.version("events"), version, "nothing committed");
+    assert_eq!(lake.files("events"), files, "no file changed");
+}
+
+#[test]
+fn only_a_published_run_can_be_reverted() {
+    let lake = TestLake::new();
+    let run_id = lake.stage_events(2, 4);
+    let version = lake.version("events");
+    let out = lake.run(&["revert", &run_id]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("only a published run"),
+        "{}",
+        stderr(&out)
+    );
+    let out = lake.run(&["revert", "events-v9-000000000000"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = lake.run(&["revert", &run_id, "--reason", " "]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(lake.version("events"), version);
+}
+
+/// A revert stopped at each point of its commit converges: running it again leaves exactly one
+/// revert commit and the range as it was before the run.
+fn a_stopped_revert_converges(store: Store) {
+    for point in [
+        "before-commit",
+        "after-commit",
+        "lost-commit-response=error",
+    ] {
+        let lake = TestLake::on(store);
+        let (from, to) = (lake.day(2), lake.day(5));
+        let (run_id, read_version, published) = fix(&lake);
+        let out = lakefill_command(lake.path())
+            .args(["revert", &run_id])
+            .env("LAKEFILL_FAILPOINTS", point)
+            .output()
+            .unwrap();
+        let landed = lake.version("events") > published;
+        match point {
+            "before-commit" => assert!(!landed, "{point}: nothing committed"),
+            _ => assert!(landed, "{point}: the commit is in the log"),
+        }
+        if point.ends_with("=error") {
+            // The response was lost, but the log has the commit: the revert says so.
+            assert!(out.status.success(), "{point}: {}", stderr(&out));
+        } else {
+            assert!(!out.status.success(), "{point}: the process stopped");
+        }
+        let report = revert(&lake, &run_id);
+        let expected = if landed {
+            "already_reverted"
+        } else {
+            "reverted"
+        };
+        assert_eq!(report["outcome"], expected, "{point}: {report}");
+        assert_eq!(
+            rows_in(&lake, None, &from, &to),
+            rows_in(&lake, Some(read_version), &from, &to),
+            "{point}: the range is as before the run"
+        );
+        let reverts = commits(&lake)
+            .iter()
+            .filter(|m| m["revert_of"] == run_id.as_str())
+            .count();
+        assert_eq!(reverts, 1, "{point}: exactly one revert commit");
+        let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
+        let revert_run = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == report["run_id"])
+            .unwrap_or_else(|| panic!("{point}: the revert is listed: {runs}"))
+            .clone();
+        assert_eq!(revert_run["state"], "published", "{point}: {revert_run}");
+    }
+}
+
+both_stores!(a_stopped_revert_converges);
