@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need that cargo does not (moto's S3 server, which the
-# S3 tests start on loopback themselves), then runs every test of the workspace.
+# S3 tests start on loopback themselves; Chromium, which renders the HTML report), then runs every
+# test of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+# Debian's Chromium renders the HTML report in a test (headless, no display needed).
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
+      || { apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null; }
+  else
+    echo "scripts/test.sh: install Chromium first (e.g. sudo apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
 cargo test --workspace "$@"

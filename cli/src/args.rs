@@ -65,6 +65,9 @@ pub(crate) enum Command {
     /// Deliver the notifications of a table's published versions that its sinks have not had
     /// (a crash, a sink that was down), or again with `--replay`.
     Notify(NotifyArgs),
+    /// Write a run's report for people: verdict, thresholds, per-partition charts, row diff,
+    /// checks, lineage, model diff and the revert command, as HTML, Markdown or JSON.
+    Report(ReportArgs),
     /// Compare two versions of a table, or a version with a staged run.
     Diff(DiffArgs),
     /// Show a table's versions with operation, run, model@version, reason and partitions.
@@ -199,6 +202,9 @@ pub(crate) struct BackfillArgs {
     /// Sample rows per kind of difference in the validation report.
     #[arg(long, value_name = "N", default_value_t = lakefill::DEFAULT_SAMPLE)]
     pub(crate) sample: usize,
+    /// Also write the run's report for people to FILE (`.html`, `.md` or `.json`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) report: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -217,6 +223,9 @@ pub(crate) struct PublishArgs {
     /// Why validation is overridden.
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+    /// Also write the run's report for people to FILE (`.html`, `.md` or `.json`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) report: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -226,6 +235,29 @@ pub(crate) struct RevertArgs {
     /// Why it is reverted; the commit records it [default: `revert of RUN_ID`].
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// The run (see `lakefill runs`).
+    pub(crate) run_id: String,
+    /// The format [default: from the extension of `--out`, else html].
+    #[arg(long, value_enum)]
+    pub(crate) format: Option<ReportFormatArg>,
+    /// Where to write it [default: standard output].
+    #[arg(long, value_name = "FILE")]
+    pub(crate) out: Option<PathBuf>,
+}
+
+/// The formats of `lakefill report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ReportFormatArg {
+    /// One self-contained HTML file (no script, no external link).
+    Html,
+    /// Markdown, for a pull request or a chat.
+    Md,
+    /// The report's model as JSON.
+    Json,
 }
 
 #[derive(Debug, Args)]

@@ -93,6 +93,7 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::Discard(args) => commands::runs::discard(&cli.global, args, printer).await,
         Command::Revert(args) => commands::runs::revert(&cli.global, args, printer).await,
         Command::Notify(args) => commands::runs::notify(&cli.global, args, printer).await,
+        Command::Report(args) => commands::runs::report(&cli.global, args, printer).await,
         Command::Diff(args) => commands::inspect::diff(&cli.global, args, printer).await,
         Command::History(args) => commands::inspect::history(&cli.global, args, printer).await,
         Command::Blame(args) => commands::inspect::blame(&cli.global, args, printer).await,

@@ -83,6 +83,15 @@ impl Printer {
         Ok(())
     }
 
+    /// Prints a document (a report) on stdout as it is: already masked, and meant to be saved.
+    pub(crate) fn raw(&self, text: &str) -> anyhow::Result<()> {
+        RESULT_PRINTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(text.as_bytes())?;
+        stdout.flush()?;
+        Ok(())
+    }
+
     /// Prints shell completions for `lakefill` on stdout.
     pub(crate) fn completions(&self, shell: clap_complete::Shell) -> anyhow::Result<()> {
         use clap::CommandFactory as _;

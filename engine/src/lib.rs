@@ -20,8 +20,10 @@
 //!
 //! ```text
 //!  explain/   history, blame, sql, diff, gc        what happened, and what no history needs
+//!  report/    the report for people: model, SVG charts, HTML and Markdown templates
 //!  run/       the runner (sequences the phases), publish step, reconcile, cleanup,
-//!             manage (runs, publish, discard), report
+//!             manage (runs, publish, discard), revert, report
+//!  notify/    after a commit: the event, sinks (file, webhook), the outbox
 //!  ─────────────────────────────────────────────────────────────────────────────────────────
 //!  publish    the one Delta commit of a run           stage/     the model's output, staged
 //!  plan/      scope, batches, run id; query.rs: the model as a DataFusion query per batch
@@ -35,9 +37,8 @@
 //! ```
 //!
 //! A run moves through `plan → stage → validate → publish`; the runner only sequences those
-//! steps and keeps the journal current. A new phase (notify) is a module beside `publish` that
-//! the runner calls; composing runs (cascade) is a module above `run/` that plans and runs
-//! several.
+//! steps and keeps the journal current; after a commit, [`notify`] tells the table's sinks.
+//! Composing runs (cascade) is a module above `run/` that plans and runs several.
 //!
 //! ```no_run
 //! # async fn demo() -> lakefill::Result<()> {
@@ -62,6 +63,7 @@ mod partition;
 mod plan;
 mod protocol;
 mod publish;
+mod report;
 mod resources;
 mod rowhash;
 mod run;
@@ -92,6 +94,7 @@ pub use plan::{
     PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
 pub use protocol::{AddedColumn, FeatureSupport, RowRule, TableProtocol};
+pub use report::{REPORT_SCHEMA, Report, ReportFormat, render as render_report, report};
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
 pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};

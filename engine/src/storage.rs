@@ -368,3 +368,36 @@ pub(crate) fn live_rows(file: &deltalake::kernel::LogicalFileView) -> Option<u64
     file.num_records()
         .map(|n| u64::try_from(n).unwrap_or(0).saturating_sub(deleted))
 }
+
+/// The bytes of the object at `path`, or `None` when there is none.
+pub(crate) async fn read_object(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+) -> Result<Option<bytes::Bytes>> {
+    use deltalake::logstore::object_store::ObjectStoreExt as _;
+    let storage = |source| Error::Storage {
+        path: path.to_string(),
+        source,
+    };
+    match store.get(path).await {
+        Ok(result) => Ok(Some(result.bytes().await.map_err(storage)?)),
+        Err(deltalake::ObjectStoreError::NotFound { .. }) => Ok(None),
+        Err(source) => Err(storage(source)),
+    }
+}
+
+/// Every object under `prefix`.
+pub(crate) async fn list_objects(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<Vec<deltalake::ObjectMeta>> {
+    use futures::TryStreamExt as _;
+    store
+        .list(Some(prefix))
+        .try_collect()
+        .await
+        .map_err(|source| Error::Storage {
+            path: prefix.to_string(),
+            source,
+        })
+}

@@ -34,6 +34,7 @@ mod inspect;
 mod lifecycle;
 mod notify;
 mod protocol;
+mod report;
 mod resources;
 mod revert;
 mod s3;

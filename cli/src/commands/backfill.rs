@@ -54,6 +54,9 @@ pub(crate) async fn run(
     if run.outcome == Outcome::AlreadyPublished {
         printer.status("nothing to do: this run is already published");
     }
+    if let Some(path) = &args.report {
+        crate::commands::runs::write_report(&project, &run.run_id, None, path, printer).await?;
+    }
     finish(printer, &run)
 }
 

@@ -34,6 +34,16 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         Some(uri) => s3_location(uri)?,
     };
     let created = lake.create_at(&dir, &location).await?;
+    // Consumers of every table hear of each fix: one JSON line per published version.
+    let project_file = dir.join(lakefill::PROJECT_FILE);
+    let toml = std::fs::read_to_string(&project_file)?;
+    std::fs::write(
+        &project_file,
+        format!(
+            "# Every published version of every table is announced here (a webhook works alike).\n\
+             notify = [\"file:notifications.jsonl\"]\n\n{toml}"
+        ),
+    )?;
     let project = Project::load(&dir)?;
     let (from, to) = (created.first_day.to_string(), created.last_day.to_string());
 
@@ -86,12 +96,26 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
     text.push_str("\n== 5. history of events: every version says why it exists ==\n");
     text.push_str(&history_text(&history));
 
+    let report = lakefill::report(&project, &events.run_id).await?;
+    std::fs::write(
+        dir.join("report.html"),
+        lakefill::render_report(&report, lakefill::ReportFormat::Html)?,
+    )?;
+    let notified = std::fs::read_to_string(dir.join("notifications.jsonl"))
+        .map_or(0, |text| text.lines().count());
+    text.push_str(&format!(
+        "\nwrote {shown}/report.html, the report of the events fix for people (open it in a browser),\n\
+         and {shown}/notifications.jsonl, {notified} events for consumers (one per published version)\n"
+    ));
     text.push_str(&format!(
         "\nexplore the project:\n  cd {shown}\n  lakefill plan events --from {from} --to {to}\n  \
          lakefill backfill events --from {from} --to {to}    # already published: changes nothing\n  \
          lakefill blame events --partition {from}\n  \
          lakefill sql 'SELECT COUNT(*) FROM \"events@1\"'\n  \
-         lakefill diff daily_revenue --from-version 1 --to-version 2\n"
+         lakefill diff daily_revenue --from-version 1 --to-version 2\n  \
+         lakefill report {run} --format md\n  \
+         lakefill revert {run}    # undo the fix, in its range only\n",
+        run = events.run_id
     ));
     let value = json!({
         "dir": dir.display().to_string(),
@@ -102,6 +126,8 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         "diff": diff,
         "daily_revenue": revenue,
         "history": history,
+        "report": dir.join("report.html").display().to_string(),
+        "notifications": dir.join("notifications.jsonl").display().to_string(),
     });
     if printer.format() == OutputFormat::Json {
         printer.result("", &value)

@@ -1,8 +1,12 @@
-//! `lakefill runs`, `publish` and `discard`: the write-audit-publish workflow after staging.
+//! `lakefill runs`, `publish`, `discard`, `revert`, `notify`, `report` and `gc`: what happens to
+//! a run after staging.
 
 use std::fmt::Write as _;
 
-use crate::args::{DiscardArgs, GcArgs, GlobalArgs, NotifyArgs, PublishArgs, RevertArgs, RunsArgs};
+use crate::args::{
+    DiscardArgs, GcArgs, GlobalArgs, NotifyArgs, PublishArgs, ReportArgs, ReportFormatArg,
+    RevertArgs, RunsArgs,
+};
 use crate::commands::backfill::finish;
 use crate::printer::{Printer, notifications_text, run_text};
 use crate::settings;
@@ -53,6 +57,9 @@ pub(crate) async fn publish(
     let project = settings::project(global)?;
     let force = args.force_publish.then(|| args.reason.clone()).flatten();
     let run = lakefill::publish_run(&project, &args.run_id, force).await?;
+    if let Some(path) = &args.report {
+        write_report(&project, &run.run_id, None, path, printer).await?;
+    }
     finish(printer, &run)
 }
 
@@ -85,6 +92,48 @@ pub(crate) async fn notify(
         text = format!("{}: every sink is up to date\n", args.table);
     }
     printer.result(&text, &deliveries)
+}
+
+pub(crate) async fn report(
+    global: &GlobalArgs,
+    args: &ReportArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let format = args.format.map(|f| match f {
+        ReportFormatArg::Html => lakefill::ReportFormat::Html,
+        ReportFormatArg::Md => lakefill::ReportFormat::Markdown,
+        ReportFormatArg::Json => lakefill::ReportFormat::Json,
+    });
+    match &args.out {
+        Some(path) => write_report(&project, &args.run_id, format, path, printer).await,
+        None => {
+            let report = lakefill::report(&project, &args.run_id).await?;
+            let text =
+                lakefill::render_report(&report, format.unwrap_or(lakefill::ReportFormat::Html))?;
+            printer.raw(&text)
+        }
+    }
+}
+
+/// Writes the report of `run_id` to `path`, in `format` or the one its extension names (else
+/// HTML).
+pub(crate) async fn write_report(
+    project: &lakefill::Project,
+    run_id: &str,
+    format: Option<lakefill::ReportFormat>,
+    path: &std::path::Path,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let format = format
+        .or_else(|| lakefill::ReportFormat::from_path(path))
+        .unwrap_or(lakefill::ReportFormat::Html);
+    let report = lakefill::report(project, run_id).await?;
+    let text = lakefill::render_report(&report, format)?;
+    std::fs::write(path, text)
+        .map_err(|e| anyhow::anyhow!("cannot write the report to `{}`: {e}", path.display()))?;
+    printer.status(&format!("report of {run_id} written to {}", path.display()));
+    Ok(())
 }
 
 pub(crate) async fn discard(

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use deltalake::{ObjectStore, ObjectStoreError, Path};
-use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -388,14 +387,7 @@ async fn latest_generation(
     run_id: &RunId,
 ) -> Result<Option<(u64, Option<LeaseRecord>)>> {
     let dir = run_id.lease_dir();
-    let objects: Vec<_> = store
-        .list(Some(&dir))
-        .try_collect()
-        .await
-        .map_err(|source| Error::Storage {
-            path: dir.to_string(),
-            source,
-        })?;
+    let objects = crate::storage::list_objects(store, &dir).await?;
     let Some(latest) = objects
         .iter()
         .filter_map(|o| {

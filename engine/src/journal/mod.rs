@@ -204,18 +204,8 @@ impl Journal {
     /// Reads and checks the journal of `run_id`, if there is one.
     pub(crate) async fn load(store: &Arc<dyn ObjectStore>, run_id: &RunId) -> Result<Option<Self>> {
         let path = run_id.journal_path();
-        let bytes = match store.get(&path).await {
-            Ok(result) => result.bytes().await.map_err(|source| Error::Storage {
-                path: path.to_string(),
-                source,
-            })?,
-            Err(deltalake::ObjectStoreError::NotFound { .. }) => return Ok(None),
-            Err(source) => {
-                return Err(Error::Storage {
-                    path: path.to_string(),
-                    source,
-                });
-            }
+        let Some(bytes) = crate::storage::read_object(store, &path).await? else {
+            return Ok(None);
         };
         let damaged = |message: String| Error::Journal {
             path: path.to_string(),
@@ -297,16 +287,7 @@ impl Journal {
 
     /// Lists the journals under a table's root, newest first. A damaged journal is an error.
     pub(crate) async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<Self>> {
-        use futures::TryStreamExt;
-        let prefix = Path::from(RUNS_DIR);
-        let objects: Vec<_> = store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|source| Error::Storage {
-                path: prefix.to_string(),
-                source,
-            })?;
+        let objects = crate::storage::list_objects(store, &Path::from(RUNS_DIR)).await?;
         let mut journals = Vec::new();
         for object in objects {
             let Some(name) = object.location.filename() else {

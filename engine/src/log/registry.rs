@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use deltalake::logstore::object_store::{PutMode, PutOptions, PutPayload};
 use deltalake::{ObjectStore, ObjectStoreError};
 use serde::{Deserialize, Serialize};
 
@@ -65,18 +65,8 @@ pub(crate) async fn published_fingerprint(
     version: &str,
 ) -> Result<Option<String>> {
     let path = model_record_path(model, version);
-    let bytes = match store.get(&path).await {
-        Ok(result) => result.bytes().await.map_err(|source| Error::Storage {
-            path: path.to_string(),
-            source,
-        })?,
-        Err(ObjectStoreError::NotFound { .. }) => return Ok(None),
-        Err(source) => {
-            return Err(Error::Storage {
-                path: path.to_string(),
-                source,
-            });
-        }
+    let Some(bytes) = crate::storage::read_object(store, &path).await? else {
+        return Ok(None);
     };
     let record: ModelRecord = serde_json::from_slice(&bytes).map_err(|e| Error::Internal(format!(
         "the record of the published model version at `{path}` is not readable ({e}); restore it from a backup or delete it to accept the current file"

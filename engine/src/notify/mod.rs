@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 use deltalake::{DeltaTable, ObjectStore, Path};
-use futures::TryStreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Project, TableConfig};
@@ -282,15 +281,7 @@ async fn cursor(store: &Arc<dyn ObjectStore>, dir: &str, first: u64) -> Result<u
 
 /// The versions with a record under `dir`.
 async fn settled(store: &Arc<dyn ObjectStore>, dir: &str) -> Result<BTreeSet<u64>> {
-    let prefix = Path::from(dir);
-    let listed: Vec<_> = store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(|source| Error::Storage {
-            path: dir.to_string(),
-            source,
-        })?;
+    let listed = crate::storage::list_objects(store, &Path::from(dir)).await?;
     Ok(listed
         .iter()
         .filter_map(|meta| {
@@ -346,18 +337,8 @@ async fn get_json<T: serde::de::DeserializeOwned>(
     store: &Arc<dyn ObjectStore>,
     path: &Path,
 ) -> Result<Option<T>> {
-    let bytes = match store.get(path).await {
-        Ok(result) => result.bytes().await.map_err(|source| Error::Storage {
-            path: path.to_string(),
-            source,
-        })?,
-        Err(deltalake::ObjectStoreError::NotFound { .. }) => return Ok(None),
-        Err(source) => {
-            return Err(Error::Storage {
-                path: path.to_string(),
-                source,
-            });
-        }
+    let Some(bytes) = crate::storage::read_object(store, path).await? else {
+        return Ok(None);
     };
     // A damaged record is rebuilt rather than trusted.
     Ok(serde_json::from_slice(&bytes).ok())
