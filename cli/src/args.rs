@@ -126,9 +126,10 @@ pub(crate) struct ScopeArgs {
     /// Last partition of the range (inclusive).
     #[arg(long, value_name = "PARTITION")]
     pub(crate) to: String,
-    /// Model version to run [default: the newest, by natural sort].
+    /// Model version to run [default: the newest, by natural sort]; with `--cascade`, also
+    /// `MODEL=VERSION` for any model of the cascade (repeatable).
     #[arg(long, value_name = "VERSION")]
-    pub(crate) model_version: Option<String>,
+    pub(crate) model_version: Vec<String>,
     /// Partitions per batch [default: `[defaults] batch_partitions`, else 7].
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub(crate) batch_partitions: Option<usize>,
@@ -176,6 +177,13 @@ pub(crate) enum SpillPolicy {
 pub(crate) struct PlanArgs {
     #[command(flatten)]
     pub(crate) scope: ScopeArgs,
+    /// Plan the fix and every model computed from its table, downstream: each node's range
+    /// through its windows, explained per edge.
+    #[arg(long)]
+    pub(crate) cascade: bool,
+    /// With `--cascade`: the widest a node's range may span, relative to the root's [default: 4].
+    #[arg(long, value_name = "FACTOR", requires = "cascade")]
+    pub(crate) max_expansion: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -1,5 +1,6 @@
 //! Merges arguments, the project file and the environment into engine calls.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -26,7 +27,7 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
     }
     Ok(
         PlanBuilder::new(project, &scope.model, &scope.from, &scope.to)
-            .with_model_version(scope.model_version.clone())
+            .with_model_version(model_versions(scope, false)?.0)
             .with_batch_partitions(scope.batch_partitions)
             .with_source_versions(versions)
             .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
@@ -34,6 +35,43 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
             .with_max_partitions(scope.max_partitions)
             .with_reason(scope.reason.clone()),
     )
+}
+
+/// The root model's version, and every `MODEL=VERSION` pin of `--model-version`; pins of other
+/// models are refused unless `cascade`.
+pub(crate) fn model_versions(
+    scope: &ScopeArgs,
+    cascade: bool,
+) -> Result<(Option<String>, BTreeMap<String, String>), lakefill::Error> {
+    let mut root = None;
+    let mut pins = BTreeMap::new();
+    for entry in &scope.model_version {
+        let (model, version) = match entry.split_once('=') {
+            Some((model, version)) => (model.trim().to_string(), version.trim().to_string()),
+            None => (scope.model.clone(), entry.trim().to_string()),
+        };
+        let invalid = |message: String| lakefill::Error::InvalidOption {
+            option: "--model-version".into(),
+            value: entry.clone(),
+            message,
+        };
+        if version.is_empty() {
+            return Err(invalid("expected VERSION or MODEL=VERSION".into()));
+        }
+        if model != scope.model && !cascade {
+            return Err(invalid(format!(
+                "`{model}` is not the model run here (`{}`); other models are pinned only with `--cascade`",
+                scope.model
+            )));
+        }
+        if pins.insert(model.clone(), version.clone()).is_some() {
+            return Err(invalid(format!("`{model}` is pinned twice")));
+        }
+        if model == scope.model {
+            root = Some(version);
+        }
+    }
+    Ok((root, pins))
 }
 
 fn parse_source_version(pin: &str) -> Result<(String, u64), lakefill::Error> {

@@ -436,6 +436,15 @@ pub enum Error {
         /// The table's `delta.deletedFileRetentionDuration`.
         retention: String,
     },
+    /// A cascade cannot be planned as asked (a cycle, a table written by two models, a range
+    /// that would widen too far).
+    #[error("{message}")]
+    Cascade {
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: String,
+    },
     /// A run journal could not be read or written.
     #[error("run journal `{path}` is unreadable: {message}")]
     Journal {
@@ -481,7 +490,8 @@ impl Error {
             | Error::TooManyPartitions { .. }
             | Error::BeforeHistory { .. }
             | Error::Sql { .. }
-            | Error::Check { .. } => 2,
+            | Error::Check { .. }
+            | Error::Cascade { .. } => 2,
             Error::ValidationFailed { .. } => 3,
             Error::Conflict { .. }
             | Error::RunBusy { .. }
@@ -595,6 +605,7 @@ impl Error {
             Error::RevertBlocked { table, range, .. } => format!(
                 "see them with `lakefill history {table}`: a revert by files would undo them too. Revert those runs first (newest first), or put {range} back by a backfill with the model version that wrote it"
             ),
+            Error::Cascade { hint, .. } => hint.clone(),
             Error::RevertFilesGone { retention, table, .. } => format!(
                 "VACUUM deletes files a version no longer uses once they are older than the table's `delta.deletedFileRetentionDuration` ({retention}); they cannot be put back by files. Recompute the range with a backfill instead, and raise the retention of `{table}` if reverts must reach further back"
             ),
@@ -958,6 +969,10 @@ mod tests {
                 versions: vec![3, 4],
                 range: s(),
             },
+            Error::Cascade {
+                message: s(),
+                hint: s(),
+            },
             Error::RevertFilesGone {
                 run_id: s(),
                 table: s(),
@@ -1018,6 +1033,7 @@ mod tests {
                 | Error::StagedFilesMissing { .. }
                 | Error::RevertBlocked { .. }
                 | Error::RevertFilesGone { .. }
+                | Error::Cascade { .. }
                 | Error::Journal { .. }
                 | Error::Internal(_) => true,
             };

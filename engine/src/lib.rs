@@ -50,6 +50,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cascade;
 mod config;
 mod error;
 mod explain;
@@ -76,6 +77,9 @@ mod storage;
 mod time;
 mod validate;
 
+pub use cascade::{
+    CascadeBuilder, CascadeEdge, CascadeNode, CascadePlan, CascadeReport, DEFAULT_MAX_EXPANSION,
+};
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
 pub use explain::gc::{GcFile, GcReport, gc, parse_duration};

@@ -19,6 +19,7 @@ const VOLATILE: &[&str] = &[
     "total_ms",
     "elapsed_ms",
     "bytes",
+    "total_bytes",
     "bytes_written",
     "size",
     "holder",
@@ -102,6 +103,10 @@ fn every_json_document_keeps_its_shape() {
     insta::assert_json_snapshot!(
         "plan",
         json(&["plan", "events", "--from", &from, "--to", &to])
+    );
+    insta::assert_json_snapshot!(
+        "plan_cascade",
+        json(&["plan", "events", "--from", &from, "--to", &to, "--cascade"])
     );
     let staged = json(&[
         "backfill",

@@ -25,6 +25,7 @@ macro_rules! both_stores {
 }
 
 mod backfill;
+mod cascade;
 mod contract;
 mod errors;
 mod faults;

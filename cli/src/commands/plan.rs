@@ -1,7 +1,8 @@
-//! `lakefill plan`: scope a backfill without writing.
+//! `lakefill plan`: scope a backfill (or, with `--cascade`, a backfill and everything downstream)
+//! without writing.
 
 use crate::args::{GlobalArgs, PlanArgs};
-use crate::printer::{Printer, plan_text};
+use crate::printer::{Printer, cascade_text, plan_text};
 use crate::settings;
 
 pub(crate) async fn run(
@@ -10,6 +11,32 @@ pub(crate) async fn run(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
+    if args.cascade {
+        let scope = &args.scope;
+        for (given, flag) in [
+            (!scope.source_versions.is_empty(), "--source-version"),
+            (scope.allow_spill.is_some(), "--allow-spill"),
+            (scope.include_null, "--include-null"),
+            (scope.max_partitions.is_some(), "--max-partitions"),
+        ] {
+            if given {
+                return Err(lakefill::Error::InvalidOption {
+                    option: flag.into(),
+                    value: String::new(),
+                    message: "applies to one model; plan that model without `--cascade`".into(),
+                }
+                .into());
+            }
+        }
+        let (_, pins) = settings::model_versions(scope, true)?;
+        let cascade = lakefill::CascadeBuilder::new(&project, &scope.model, &scope.from, &scope.to)
+            .with_model_versions(pins)
+            .with_max_expansion(args.max_expansion)
+            .with_batch_partitions(scope.batch_partitions)
+            .with_reason(scope.reason.clone())
+            .await?;
+        return printer.result(&cascade_text(cascade.report()), cascade.report());
+    }
     let plan = settings::plan_builder(&project, &args.scope)?.await?;
     printer.result(&plan_text(plan.report()), plan.report())
 }

@@ -522,7 +522,7 @@ fn batches(
 }
 
 /// How a source's `window` selects times: its column(s), their encoding and grain.
-fn source_window(
+pub(crate) fn source_window(
     model: &Model,
     name: &str,
     spec: &SourceSpec,

@@ -1,0 +1,287 @@
+//! `plan --cascade`: the model graph from the model files, ranges through each edge's window
+//! (lookback, lookahead, a coarser child grain, clipping to the child's partitions, the hull of
+//! several parents), cycles and over-wide ranges refused. Expected ranges are computed by hand
+//! from day offsets.
+
+use deltalake::kernel::{DataType, StructField};
+
+use crate::support::{TestLake, json_ok, runtime, stderr};
+
+/// Declares table `name` in the project, creates it empty (partitioned by `partition`), writes
+/// `sql/<name>/v1.sql` with `header` and `select`, and fills its history with that model over
+/// every day of the lake.
+fn add_model(
+    lake: &TestLake,
+    name: &str,
+    columns: Vec<StructField>,
+    partition: &str,
+    header: &str,
+    select: &str,
+) {
+    let project = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project).unwrap();
+    let toml = toml.replacen(
+        "[defaults]",
+        &format!("[tables.{name}]\nuri = \"lake/{name}\"\n\n[defaults]"),
+        1,
+    );
+    std::fs::write(&project, toml).unwrap();
+    let dir = lake.path().join("lake").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = url::Url::from_directory_path(&dir).unwrap();
+    runtime()
+        .block_on(async {
+            deltalake::DeltaTableBuilder::from_url(url)
+                .unwrap()
+                .build()
+                .unwrap()
+                .create()
+                .with_table_name(name)
+                .with_columns(columns)
+                .with_partition_columns([partition])
+                .await
+        })
+        .expect("create table");
+    let sql = lake.path().join("sql").join(name);
+    std::fs::create_dir_all(&sql).unwrap();
+    std::fs::write(
+        sql.join("v1.sql"),
+        format!("/*\ntarget = \"{name}\"\npartition_by = \"{partition}\"\n{header}\n*/\n{select}"),
+    )
+    .unwrap();
+    let out = lake.run(&[
+        "backfill",
+        name,
+        "--from",
+        &lake.day(0),
+        "--to",
+        &lake.day(9),
+    ]);
+    assert!(out.status.success(), "history of {name}: {}", stderr(&out));
+}
+
+fn day_columns(value: &str) -> Vec<StructField> {
+    vec![
+        StructField::new("event_date", DataType::DATE, true),
+        StructField::new(value, DataType::LONG, true),
+    ]
+}
+
+/// A 7-day rolling sum over `daily_revenue` (lookback 6).
+fn add_rolling(lake: &TestLake) {
+    add_model(
+        lake,
+        "rolling_7d",
+        day_columns("revenue_7d"),
+        "event_date",
+        "[sources.daily_revenue]\nwindow = \"event_date\"\nlookback = 6",
+        "SELECT d.event_date, SUM(p.revenue_cents) AS revenue_7d \
+         FROM (SELECT DISTINCT event_date FROM daily_revenue WHERE event_date BETWEEN $start AND $end) d \
+         JOIN daily_revenue p ON p.event_date BETWEEN d.event_date - INTERVAL '6 days' AND d.event_date \
+         GROUP BY d.event_date",
+    );
+}
+
+fn plan(lake: &TestLake, from: u64, to: u64, extra: &[&str]) -> serde_json::Value {
+    let (from, to) = (lake.day(from), lake.day(to));
+    let mut args = vec![
+        "plan",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--cascade",
+        "--output-format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    json_ok(&lake.run(&args))
+}
+
+/// Each node's model and range, in the order planned.
+fn ranges(cascade: &serde_json::Value) -> Vec<(String, String, String)> {
+    cascade["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["model"].as_str().unwrap().to_string(),
+                n["range"]["from"].as_str().unwrap().to_string(),
+                n["range"]["to"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn ranges_follow_lookbacks_lookaheads_grains_and_the_childs_partitions() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    // Tomorrow's events per day: a row for d reads d ..= d + 1 (lookahead 1).
+    add_model(
+        &lake,
+        "next_day",
+        day_columns("events_next_day"),
+        "event_date",
+        "[sources.events]\nwindow = \"event_date\"\nlookahead = 1",
+        "SELECT e.event_date - INTERVAL '1 day' AS event_date, COUNT(*) AS events_next_day \
+         FROM events e WHERE e.event_date - INTERVAL '1 day' BETWEEN $start AND $end GROUP BY 1",
+    );
+    // Monthly revenue: a coarser grain.
+    add_model(
+        &lake,
+        "monthly_revenue",
+        vec![
+            StructField::new("month", DataType::DATE, true),
+            StructField::new("revenue_cents", DataType::LONG, true),
+        ],
+        "month",
+        "grain = \"month\"\n[sources.daily_revenue]\nwindow = \"event_date\"",
+        "SELECT CAST(date_trunc('month', event_date) AS DATE) AS month, SUM(revenue_cents) AS revenue_cents \
+         FROM daily_revenue WHERE event_date BETWEEN $start AND $end GROUP BY 1",
+    );
+    // A diamond: reads daily_revenue (lookback 2) and next_day (no lookback).
+    add_model(
+        &lake,
+        "combo",
+        day_columns("value"),
+        "event_date",
+        "[sources.daily_revenue]\nwindow = \"event_date\"\nlookback = 2\n[sources.next_day]\nwindow = \"event_date\"",
+        "SELECT n.event_date, MAX(n.events_next_day) + COUNT(d.country) AS value FROM next_day n \
+         LEFT JOIN daily_revenue d ON d.event_date BETWEEN n.event_date - INTERVAL '2 days' AND n.event_date \
+         WHERE n.event_date BETWEEN $start AND $end GROUP BY n.event_date",
+    );
+
+    let cascade = plan(&lake, 3, 4, &[]);
+    let d = |n: u64| lake.day(n);
+    let month = lake.day(0)[..7].to_string();
+    assert_eq!(
+        ranges(&cascade),
+        vec![
+            ("events".into(), d(3), d(4)),
+            // Lookback 0: the same days.
+            ("daily_revenue".into(), d(3), d(4)),
+            // Daily days rounded to the child's month.
+            ("monthly_revenue".into(), month.clone(), month),
+            // Lookahead 1: a row for d reads d + 1, so d = 2 sees the change of day 3.
+            ("next_day".into(), d(2), d(4)),
+            // The hull of daily_revenue 3..=4 + lookback 2 (3..=6) and next_day 2..=4.
+            ("combo".into(), d(2), d(6)),
+            // Lookback 6: days 3..=10, clipped to the days the table has (0..=9).
+            ("rolling_7d".into(), d(3), d(9)),
+        ],
+        "{cascade:#}"
+    );
+    let edges = cascade["edges"].as_array().unwrap();
+    assert_eq!(edges.len(), 6, "{cascade:#}");
+    let rolling = edges.iter().find(|e| e["child"] == "rolling_7d").unwrap();
+    assert_eq!(rolling["lookback"], 6);
+    assert_eq!(rolling["reaches"], serde_json::json!([d(3), d(9)]));
+    assert!(
+        rolling["explanation"].as_str().unwrap().contains("6 day"),
+        "{rolling}"
+    );
+    // The text names each node and edge.
+    let text = lake.run(&[
+        "plan",
+        "events",
+        "--from",
+        &d(3),
+        "--to",
+        &d(4),
+        "--cascade",
+    ]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    for model in [
+        "daily_revenue",
+        "next_day",
+        "combo",
+        "monthly_revenue",
+        "rolling_7d",
+    ] {
+        assert!(text.contains(&format!("{model}@v1")), "{text}");
+    }
+}
+
+#[test]
+fn a_range_that_would_widen_too_far_and_a_cycle_are_refused() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    // One day at the root reaches 7 days of rolling_7d: 7x, beyond the default 4x.
+    let d = |n: u64| lake.day(n);
+    let out = lake.run(&[
+        "plan",
+        "events",
+        "--from",
+        &d(2),
+        "--to",
+        &d(2),
+        "--cascade",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("rolling_7d") && err.contains("7.0 times"),
+        "{err}"
+    );
+    assert!(err.contains("--max-expansion 7"), "{err}");
+    let wide = plan(&lake, 2, 2, &["--max-expansion", "7"]);
+    assert_eq!(ranges(&wide)[2], ("rolling_7d".into(), d(2), d(8)));
+
+    // A cycle downstream of the root: loop_a reads events and loop_b's table, loop_b reads
+    // loop_a's.
+    let project = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project).unwrap().replacen(
+        "[defaults]",
+        "[tables.loop_a]\nuri = \"lake/loop_a\"\n\n[tables.loop_b]\nuri = \"lake/loop_b\"\n\n[defaults]",
+        1,
+    );
+    std::fs::write(&project, toml).unwrap();
+    for (name, sources) in [
+        ("loop_a", "[sources.events]\n[sources.loop_b]"),
+        ("loop_b", "[sources.loop_a]"),
+    ] {
+        let dir = lake.path().join("sql").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("v1.sql"),
+            format!("/*\ntarget = \"{name}\"\npartition_by = \"event_date\"\n{sources}\n*/\nSELECT 1 AS x"),
+        )
+        .unwrap();
+    }
+    let out = lake.run(&[
+        "plan",
+        "events",
+        "--from",
+        &d(2),
+        "--to",
+        &d(4),
+        "--cascade",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("loop_a -> loop_b -> loop_a"),
+        "{}",
+        stderr(&out)
+    );
+    // Pins of other models need --cascade.
+    let out = lake.run(&[
+        "plan",
+        "events",
+        "--from",
+        &d(2),
+        "--to",
+        &d(4),
+        "--model-version",
+        "daily_revenue=v1",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("only with `--cascade`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
