@@ -213,6 +213,13 @@ pub(crate) struct BackfillArgs {
     /// Also write the run's report for people to FILE (`.html`, `.md` or `.json`).
     #[arg(long, value_name = "FILE")]
     pub(crate) report: Option<PathBuf>,
+    /// Fix the model's table and every table computed from it: each node staged against its
+    /// parents' staged output, the whole cascade validated, then published in order.
+    #[arg(long, conflicts_with_all = ["force_publish", "report"])]
+    pub(crate) cascade: bool,
+    /// With `--cascade`: the widest a node's range may span, relative to the root's [default: 4].
+    #[arg(long, value_name = "FACTOR", requires = "cascade")]
+    pub(crate) max_expansion: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -77,6 +77,8 @@ mod storage;
 mod time;
 mod validate;
 
+pub use cascade::manage::{discard_cascade, is_cascade_id, publish_cascade, revert_cascade};
+pub use cascade::run::{CascadeRunReport, CascadeRunner};
 pub use cascade::{
     CascadeBuilder, CascadeEdge, CascadeNode, CascadePlan, CascadeReport, DEFAULT_MAX_EXPANSION,
 };

@@ -285,3 +285,265 @@ fn a_range_that_would_widen_too_far_and_a_cycle_are_refused() {
     );
 }
 
+/// Rows of `sql` over the tables at their latest versions.
+fn rows(lake: &TestLake, tables: &[&str], sql: &str) -> Vec<Vec<String>> {
+    let opened: Vec<(&str, deltalake::DeltaTable)> =
+        tables.iter().map(|t| (*t, lake.open(t))).collect();
+    lake.query(&opened, sql)
+}
+
+/// Each table of the chain equals a recompute from its (published) parent, on the cascade's
+/// ranges: events from raw_events, daily_revenue from events, rolling_7d from daily_revenue.
+fn assert_chain_consistent(lake: &TestLake, from: u64, to: u64) {
+    let (d0, d1) = (lake.day(from), lake.day(to));
+    let events = rows(
+        lake,
+        &["events"],
+        &format!(
+            "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR) FROM events \
+             WHERE event_date BETWEEN DATE '{d0}' AND DATE '{d1}' ORDER BY 1"
+        ),
+    );
+    let expected_events = rows(
+        lake,
+        &["raw_events"],
+        &format!(
+            "SELECT CAST(event_id AS VARCHAR), CAST(CAST(event_ts AS DATE) AS VARCHAR) FROM raw_events \
+             WHERE CAST(event_ts AS DATE) BETWEEN DATE '{d0}' AND DATE '{d1}' ORDER BY 1"
+        ),
+    );
+    assert_eq!(events, expected_events, "events is the fix of raw_events");
+    let revenue = rows(
+        lake,
+        &["daily_revenue"],
+        "SELECT CAST(event_date AS VARCHAR), country, CAST(revenue_cents AS VARCHAR), \
+         CAST(events AS VARCHAR) FROM daily_revenue ORDER BY 1, 2",
+    );
+    let expected_revenue = rows(
+        lake,
+        &["events"],
+        "SELECT CAST(event_date AS VARCHAR), country, CAST(r AS VARCHAR), CAST(n AS VARCHAR) \
+         FROM (SELECT event_date, country, SUM(amount_cents) AS r, COUNT(*) AS n FROM events \
+               GROUP BY event_date, country) ORDER BY 1, 2",
+    );
+    assert_eq!(
+        revenue, expected_revenue,
+        "daily_revenue is the sum of events"
+    );
+    let last = lake.day(9);
+    let rolling = rows(
+        lake,
+        &["rolling_7d"],
+        &format!(
+            "SELECT CAST(event_date AS VARCHAR), CAST(revenue_7d AS VARCHAR) FROM rolling_7d \
+             WHERE event_date BETWEEN DATE '{d0}' AND DATE '{last}' ORDER BY 1"
+        ),
+    );
+    let expected_rolling = rows(
+        lake,
+        &["daily_revenue"],
+        &format!(
+            "SELECT CAST(day AS VARCHAR), CAST(total AS VARCHAR) FROM ( \
+               SELECT d.event_date AS day, SUM(p.revenue_cents) AS total \
+               FROM (SELECT DISTINCT event_date FROM daily_revenue \
+                     WHERE event_date BETWEEN DATE '{d0}' AND DATE '{last}') d \
+               JOIN daily_revenue p ON p.event_date BETWEEN d.event_date - INTERVAL '6 days' AND d.event_date \
+               GROUP BY d.event_date) ORDER BY 1"
+        ),
+    );
+    assert_eq!(
+        rolling, expected_rolling,
+        "rolling_7d is the 7-day sum of daily_revenue"
+    );
+}
+
+fn cascade(lake: &TestLake, from: u64, to: u64, extra: &[&str]) -> std::process::Output {
+    let (from, to) = (lake.day(from), lake.day(to));
+    let mut args = vec![
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--cascade",
+    ];
+    args.extend_from_slice(extra);
+    lake.run(&args)
+}
+
+fn versions(lake: &TestLake) -> Vec<u64> {
+    ["events", "daily_revenue", "rolling_7d"]
+        .iter()
+        .map(|t| lake.version(t))
+        .collect()
+}
+
+#[test]
+fn a_cascade_fixes_every_level_staged_against_its_parents_and_publishes_once() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let before = versions(&lake);
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    let nodes = report["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3);
+    for node in nodes {
+        assert_eq!(node["outcome"], "published", "{node}");
+    }
+    assert_eq!(
+        versions(&lake),
+        before.iter().map(|v| v + 1).collect::<Vec<_>>(),
+        "one new version per table"
+    );
+    assert_chain_consistent(&lake, 3, 4);
+    // The same command again changes nothing.
+    let again = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(
+        versions(&lake),
+        before.iter().map(|v| v + 1).collect::<Vec<_>>(),
+        "{again:#}"
+    );
+}
+
+#[test]
+fn a_failing_check_in_the_last_node_publishes_nothing() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let dir = lake.path().join("sql/rolling_7d");
+    let v1 = std::fs::read_to_string(dir.join("v1.sql")).unwrap();
+    std::fs::write(
+        dir.join("v2.sql"),
+        v1.replacen(
+            "lookback = 6",
+            "lookback = 6\n[validate]\nchecks = [{ name = \"no_revenue\", sql = \"SELECT * FROM output WHERE revenue_7d > 0\" }]",
+            1,
+        ),
+    )
+    .unwrap();
+    let before = versions(&lake);
+    let out = cascade(&lake, 3, 4, &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no_revenue"), "{}", stderr(&out));
+    assert_eq!(versions(&lake), before, "nothing published anywhere");
+}
+
+#[test]
+fn a_cascade_stopped_between_publishes_is_finished_by_running_it_again() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let before = versions(&lake);
+    let (from, to) = (lake.day(3), lake.day(4));
+    let out = crate::support::lakefill_command(lake.path())
+        .args([
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--cascade",
+        ])
+        .env("LAKEFILL_FAILPOINTS", "cascade-between-publishes")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let stopped = versions(&lake);
+    assert_eq!(stopped[0], before[0] + 1, "the root landed");
+    assert_eq!(stopped[1..], before[1..], "the children did not");
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(
+        report["nodes"][0]["outcome"], "already_published",
+        "{report:#}"
+    );
+    assert_eq!(
+        versions(&lake),
+        before.iter().map(|v| v + 1).collect::<Vec<_>>(),
+        "each table exactly once"
+    );
+    assert_chain_consistent(&lake, 3, 4);
+}
+
+/// Every row of each table of the chain at `versions` (latest when `None`).
+fn snapshot(lake: &TestLake, versions: Option<&[u64]>) -> Vec<Vec<Vec<String>>> {
+    [
+        ("events", "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), CAST(amount_cents AS VARCHAR) FROM t ORDER BY 1, 2"),
+        ("daily_revenue", "SELECT CAST(event_date AS VARCHAR), country, CAST(revenue_cents AS VARCHAR), CAST(events AS VARCHAR) FROM t ORDER BY 1, 2"),
+        ("rolling_7d", "SELECT CAST(event_date AS VARCHAR), CAST(revenue_7d AS VARCHAR) FROM t ORDER BY 1"),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (table, sql))| {
+        let opened = match versions {
+            Some(v) => lake.open_version(table, v[i]),
+            None => lake.open(table),
+        };
+        lake.query(&[("t", opened)], sql)
+    })
+    .collect()
+}
+
+#[test]
+fn a_staged_cascade_is_published_and_reverted_by_its_id() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let before = versions(&lake);
+    let staged = json_ok(&cascade(
+        &lake,
+        3,
+        4,
+        &["--stage-only", "--output-format", "json"],
+    ));
+    assert_eq!(staged["outcome"], "staged", "{staged:#}");
+    assert_eq!(versions(&lake), before, "nothing published yet");
+    let id = staged["cascade_id"].as_str().unwrap().to_string();
+    let published = json_ok(&lake.run(&["publish", &id, "--output-format", "json"]));
+    assert_eq!(published["outcome"], "published", "{published:#}");
+    let after = before.iter().map(|v| v + 1).collect::<Vec<_>>();
+    assert_eq!(versions(&lake), after);
+    assert_chain_consistent(&lake, 3, 4);
+    let fixed = snapshot(&lake, None);
+
+    // Reverting the cascade puts every table back, children first.
+    let reverted = json_ok(&lake.run(&["revert", &id, "--output-format", "json"]));
+    let order: Vec<&str> = reverted["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["table"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        vec!["rolling_7d", "daily_revenue", "events"],
+        "{reverted:#}"
+    );
+    assert_eq!(
+        snapshot(&lake, None),
+        snapshot(&lake, Some(&before)),
+        "as before the cascade"
+    );
+    assert_ne!(snapshot(&lake, None), fixed);
+
+    // A staged cascade discarded by its id publishes nothing and keeps nothing staged.
+    let again = json_ok(&cascade(
+        &lake,
+        5,
+        6,
+        &["--stage-only", "--output-format", "json"],
+    ));
+    let id = again["cascade_id"].as_str().unwrap().to_string();
+    let versions_now = versions(&lake);
+    let discarded = json_ok(&lake.run(&["discard", &id, "--output-format", "json"]));
+    assert_eq!(discarded["outcome"], "discarded", "{discarded:#}");
+    assert_eq!(versions(&lake), versions_now);
+    let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
+    for node in again["nodes"].as_array().unwrap() {
+        let state = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == node["run_id"])
+            .map(|r| r["state"].clone());
+        assert_eq!(state, Some(serde_json::json!("discarded")), "{node}");
+    }
+}

@@ -22,6 +22,9 @@ pub(crate) async fn run(
             throttle: args.throttle.clone(),
         },
     )?;
+    if args.cascade {
+        return cascade(&project, args, &resolved, printer).await;
+    }
     let plan = settings::plan_builder(&project, &args.scope)?
         .with_batch_partitions(Some(resolved.batch_partitions))
         .await?;
@@ -88,6 +91,54 @@ fn quit_now() {
 }
 
 /// Prints a run report; a failed validation becomes exit code 3 after the report is out.
+/// `backfill --cascade`: plan, stage and validate every node, then publish them in order.
+async fn cascade(
+    project: &lakefill::Project,
+    args: &BackfillArgs,
+    resolved: &RunSettings,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let scope = &args.scope;
+    crate::commands::plan::refuse_single_model_flags(scope)?;
+    let (_, pins) = settings::model_versions(scope, true)?;
+    let plan = lakefill::CascadeBuilder::new(project, &scope.model, &scope.from, &scope.to)
+        .with_model_versions(pins)
+        .with_max_expansion(args.max_expansion)
+        .with_batch_partitions(Some(resolved.batch_partitions))
+        .with_reason(scope.reason.clone())
+        .await?;
+    printer.status(&format!(
+        "cascade {}: {} models, {} partitions in {} batches",
+        plan.report().cascade_id,
+        plan.report().nodes.len(),
+        plan.report().total_partitions,
+        plan.report().total_batches
+    ));
+    let run = lakefill::CascadeRunner::new(project, plan)
+        .with_stage_only(args.stage_only)
+        .with_memory_limit(resolved.memory_limit)
+        .with_max_parallel(Some(resolved.max_parallel))
+        .await?;
+    finish_cascade(printer, &run)
+}
+
+/// Prints a cascade's outcome and each node's run; a failed validation is exit 3.
+pub(crate) fn finish_cascade(
+    printer: Printer,
+    run: &lakefill::CascadeRunReport,
+) -> anyhow::Result<()> {
+    let mut text = format!("cascade {}: {}\n", run.cascade_id, run.outcome);
+    for node in &run.nodes {
+        text.push('\n');
+        text.push_str(&run_text(node));
+    }
+    printer.result(&text, run)?;
+    match run.validation_error() {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn finish(printer: Printer, run: &lakefill::RunReport) -> anyhow::Result<()> {
     printer.result(&run_text(run), run)?;
     match run.validation_error() {

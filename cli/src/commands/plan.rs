@@ -1,7 +1,7 @@
 //! `lakefill plan`: scope a backfill (or, with `--cascade`, a backfill and everything downstream)
 //! without writing.
 
-use crate::args::{GlobalArgs, PlanArgs};
+use crate::args::{GlobalArgs, PlanArgs, ScopeArgs};
 use crate::printer::{Printer, cascade_text, plan_text};
 use crate::settings;
 
@@ -13,21 +13,7 @@ pub(crate) async fn run(
     let project = settings::project(global)?;
     if args.cascade {
         let scope = &args.scope;
-        for (given, flag) in [
-            (!scope.source_versions.is_empty(), "--source-version"),
-            (scope.allow_spill.is_some(), "--allow-spill"),
-            (scope.include_null, "--include-null"),
-            (scope.max_partitions.is_some(), "--max-partitions"),
-        ] {
-            if given {
-                return Err(lakefill::Error::InvalidOption {
-                    option: flag.into(),
-                    value: String::new(),
-                    message: "applies to one model; plan that model without `--cascade`".into(),
-                }
-                .into());
-            }
-        }
+        refuse_single_model_flags(scope)?;
         let (_, pins) = settings::model_versions(scope, true)?;
         let cascade = lakefill::CascadeBuilder::new(&project, &scope.model, &scope.from, &scope.to)
             .with_model_versions(pins)
@@ -39,4 +25,23 @@ pub(crate) async fn run(
     }
     let plan = settings::plan_builder(&project, &args.scope)?.await?;
     printer.result(&plan_text(plan.report()), plan.report())
+}
+
+/// Flags that apply to one model are refused with `--cascade`.
+pub(crate) fn refuse_single_model_flags(scope: &ScopeArgs) -> Result<(), lakefill::Error> {
+    for (given, flag) in [
+        (!scope.source_versions.is_empty(), "--source-version"),
+        (scope.allow_spill.is_some(), "--allow-spill"),
+        (scope.include_null, "--include-null"),
+        (scope.max_partitions.is_some(), "--max-partitions"),
+    ] {
+        if given {
+            return Err(lakefill::Error::InvalidOption {
+                option: flag.into(),
+                value: String::new(),
+                message: "applies to one model; run that model without `--cascade`".into(),
+            });
+        }
+    }
+    Ok(())
 }

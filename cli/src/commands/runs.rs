@@ -55,6 +55,10 @@ pub(crate) async fn publish(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
+    if lakefill::is_cascade_id(&args.run_id) {
+        let run = lakefill::publish_cascade(&project, &args.run_id).await?;
+        return crate::commands::backfill::finish_cascade(printer, &run);
+    }
     let force = args.force_publish.then(|| args.reason.clone()).flatten();
     let run = lakefill::publish_run(&project, &args.run_id, force).await?;
     if let Some(path) = &args.report {
@@ -69,6 +73,10 @@ pub(crate) async fn revert(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
+    if lakefill::is_cascade_id(&args.run_id) {
+        let run = lakefill::revert_cascade(&project, &args.run_id, args.reason.clone()).await?;
+        return crate::commands::backfill::finish_cascade(printer, &run);
+    }
     let run = lakefill::revert_run(&project, &args.run_id, args.reason.clone()).await?;
     printer.result(&run_text(&run), &run)
 }
@@ -142,6 +150,10 @@ pub(crate) async fn discard(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
+    if lakefill::is_cascade_id(&args.run_id) {
+        let run = lakefill::discard_cascade(&project, &args.run_id).await?;
+        return crate::commands::backfill::finish_cascade(printer, &run);
+    }
     let run = lakefill::discard_run(&project, &args.run_id).await?;
     printer.result(&run_text(&run), &run)
 }

@@ -23,8 +23,12 @@ use crate::explain::history::table_layout;
 use crate::model::{Model, list_models};
 use crate::partition::{Layout, PartitionRange};
 use crate::plan::{BackfillPlan, PlanBuilder, source_window};
+use crate::run_id::RunId;
 use crate::storage::open_table;
 use crate::time::{Grain, Period};
+
+pub(crate) mod manage;
+pub(crate) mod run;
 
 /// How far a node's range may span, relative to the root's, unless raised.
 pub const DEFAULT_MAX_EXPANSION: f64 = 4.0;
@@ -204,6 +208,8 @@ impl CascadeBuilder {
         spans.insert(self.root.clone(), root_span);
         let mut why: BTreeMap<String, Vec<String>> = BTreeMap::new();
         why.insert(self.root.clone(), vec!["root".into()]);
+        let mut run_ids: BTreeMap<String, RunId> = BTreeMap::new();
+        run_ids.insert(self.root.clone(), root_plan.report().run_id.clone());
         let mut plans = vec![root_plan];
         let mut edges = Vec::new();
 
@@ -309,11 +315,30 @@ impl CascadeBuilder {
                 });
             }
             let (from, to) = labels(layout.time.grain, start, end);
-            let plan = plan_node(child, from, to).await?;
+            let mut plan = plan_node(child, from, to).await?;
+            let parents: Vec<(String, RunId)> = graph
+                .parents(child)
+                .filter_map(|p| {
+                    let table = graph.models[p].header().target.clone();
+                    run_ids.get(p).map(|id| (table, id.clone()))
+                })
+                .collect();
+            bind_to_parents(&mut plan, &parents).await?;
+            run_ids.insert(child.clone(), plan.report().run_id.clone());
             spans.insert(child.clone(), span(&plan.report().range)?);
             plans.push(plan);
         }
 
+        let mut resume = format!(
+            "lakefill backfill {} --from {} --to {} --cascade",
+            self.root, self.from, self.to
+        );
+        for (model, version) in &self.model_versions {
+            resume.push_str(&format!(" --model-version {model}={version}"));
+        }
+        for plan in &mut plans {
+            plan.resume = Some(resume.clone());
+        }
         let nodes: Vec<CascadeNode> = plans
             .iter()
             .map(|plan| {
@@ -528,6 +553,48 @@ impl Graph {
             .iter()
             .find_map(|m| visit(self, m, models, &mut Vec::new(), &mut done))
     }
+}
+
+/// Gives a child the run id of a node of the cascade: derived from its own inputs except the
+/// versions of its cascade parents, and from the parents' run ids instead (it reads their staged
+/// output, which their run ids name; and the id stays the same once they are published).
+async fn bind_to_parents(plan: &mut BackfillPlan, parents: &[(String, RunId)]) -> Result<()> {
+    let tables: BTreeSet<&str> = parents.iter().map(|(t, _)| t.as_str()).collect();
+    let own: Vec<crate::plan::SourcePlan> = plan
+        .report
+        .sources
+        .iter()
+        .filter(|s| !tables.contains(s.table.as_str()))
+        .cloned()
+        .collect();
+    let base = crate::plan::run_id(
+        &plan.model,
+        &own,
+        &plan.report.range,
+        plan.report.allow_spill.is_some(),
+    );
+    let mut hasher = Sha256::new();
+    hasher.update(format!("lakefill-cascade-node-v1\n{base}").as_bytes());
+    for (table, id) in parents {
+        hasher.update(format!("\nparent {table}={id}").as_bytes());
+    }
+    let run_id = RunId::derive(
+        plan.model.name(),
+        plan.model.version(),
+        &hex::encode(hasher.finalize()),
+    );
+    let (already, sequence) = crate::plan::publish_state(
+        &plan.target,
+        &run_id,
+        &plan.report.layout,
+        &plan.report.range,
+        plan.report.read_version,
+    )
+    .await?;
+    plan.report.run_id = run_id;
+    plan.report.already_published = already;
+    plan.report.publish_sequence = sequence;
+    Ok(())
 }
 
 /// The instants `[start, end)` a range covers.

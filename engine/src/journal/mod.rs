@@ -109,6 +109,10 @@ pub struct Journal {
     /// The run this one reverts, when it is a revert (`lakefill revert`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<RunId>,
+    /// The command that resumes the run when it is not its own backfill command (a node of a
+    /// cascade is resumed by the cascade's command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
     /// When the run was created (RFC 3339).
     pub created_at: String,
     /// When the journal was last written (RFC 3339).
@@ -344,6 +348,9 @@ impl Journal {
     pub fn resume_command(&self) -> String {
         if let Some(reverted) = &self.revert_of {
             return format!("lakefill revert {reverted}");
+        }
+        if let Some(command) = &self.resume {
+            return command.clone();
         }
         let mut command = format!(
             "lakefill backfill {} --from {} --to {} --model-version {}",

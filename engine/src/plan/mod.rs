@@ -10,6 +10,7 @@ pub(crate) mod query;
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use deltalake::DeltaTable;
 use serde::Serialize;
@@ -220,6 +221,7 @@ impl PlanBuilder {
             target,
             sources,
             write_schema: None,
+            resume: None,
         };
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
@@ -293,6 +295,7 @@ impl PlanBuilder {
                 spec: spec.clone(),
                 table,
                 window: window_time,
+                overlay: None,
             });
         }
         Ok((sources, source_plans))
@@ -613,7 +616,7 @@ pub(crate) fn source_window(
 /// Whether the run was published already and the publish sequence this application gets: a
 /// run published before is a new application (the next sequence) only if a later commit
 /// touched its range; otherwise there is nothing to do.
-async fn publish_state(
+pub(crate) async fn publish_state(
     target: &DeltaTable,
     run_id: &RunId,
     layout: &Layout,
@@ -679,6 +682,8 @@ pub struct BackfillPlan {
     pub(crate) sources: Vec<PlannedSource>,
     /// The schema staged files are written with (the target's, plus added columns).
     pub(crate) write_schema: Option<deltalake::arrow::datatypes::SchemaRef>,
+    /// The command that resumes the run when it is not its own backfill command (a cascade).
+    pub(crate) resume: Option<String>,
 }
 
 impl BackfillPlan {
@@ -699,6 +704,37 @@ pub(crate) struct PlannedSource {
     pub(crate) spec: SourceSpec,
     pub(crate) table: DeltaTable,
     pub(crate) window: Option<SourceWindow>,
+    /// In a cascade, a parent's staged output read in place of its range (see
+    /// [`crate::cascade`]).
+    pub(crate) overlay: Option<Overlay>,
+}
+
+/// Builds a provider over staged files for a session: `(session, table, table schema)`.
+pub(crate) type StagedProvider = Arc<
+    dyn Fn(
+            &deltalake::datafusion::prelude::SessionContext,
+            &DeltaTable,
+            &deltalake::arrow::datatypes::Schema,
+        ) -> Result<Arc<dyn deltalake::datafusion::catalog::TableProvider>>
+        + Send
+        + Sync,
+>;
+
+/// A source as its next version would be: its rows in `range` (of `layout`) replaced by the
+/// staged rows `staged` provides.
+#[derive(Clone)]
+pub(crate) struct Overlay {
+    pub(crate) layout: Layout,
+    pub(crate) range: PartitionRange,
+    pub(crate) staged: StagedProvider,
+}
+
+impl std::fmt::Debug for Overlay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overlay")
+            .field("range", &self.range)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a source's window column holds time.
@@ -919,7 +955,7 @@ pub struct DownstreamModel {
 }
 
 /// Derives the run id from everything that determines the output (DESIGN §4.1).
-fn run_id(
+pub(crate) fn run_id(
     model: &Model,
     sources: &[SourcePlan],
     range: &PartitionRange,

@@ -133,6 +133,19 @@ pub(crate) async fn register_source(
     let mut df = ctx
         .read_table(provider)
         .query_context(|| format!("cannot read source `{}`", source.name))?;
+    if let Some(overlay) = &source.overlay {
+        // The source's next version: its rows outside the overlaid range, and the staged ones.
+        let schema = df.schema().as_arrow().clone();
+        let in_range = overlay.layout.range_predicate(&overlay.range, &schema)?;
+        let staged = (overlay.staged)(ctx, &source.table, &schema)?;
+        let staged = ctx
+            .read_table(staged)
+            .query_context(|| format!("cannot read the staged output of `{}`", source.name))?;
+        df = df
+            .filter(in_range.is_not_true())
+            .and_then(|kept| kept.union_by_name(staged))
+            .query_context(|| format!("cannot overlay the staged output of `{}`", source.name))?;
+    }
     if let Some(window) = &source.window {
         let (low, high) = window_periods(plan, source, batch)?;
         let mut predicate =

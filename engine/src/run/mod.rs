@@ -694,6 +694,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         sequence: report.publish_sequence,
         error: None,
         revert_of: None,
+        resume: plan.resume.clone(),
         created_at: now(),
         updated_at: now(),
     }

@@ -267,6 +267,7 @@ fn revert_journal(
         sequence: 1,
         error: None,
         revert_of: Some(run.run_id.clone()),
+        resume: None,
         created_at: now.clone(),
         updated_at: now,
     }

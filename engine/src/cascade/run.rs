@@ -1,0 +1,282 @@
+//! Running a cascade (`backfill --cascade`): every node staged and validated before any is
+//! published, then published in dependency order, recorded in a cascade record.
+//!
+//! A child reads each parent of the cascade as the parent's next version would be: the parent
+//! at its current version with the parent run's range taken out and its staged files put in (an
+//! overlay), so the cascade is computed as if every parent had been published, without publishing
+//! anything. One failed validation (or a failure while staging) publishes nothing. Each node then
+//! publishes with its own application transaction, in order; the record under the root target
+//! (`_lakefill/cascades/<cascade id>.json`) says which tables are published, and running the same
+//! command again finishes the rest: a published node is found in its table's log, a staged one is
+//! taken over from its journal. Delta has no multi-table commit: between two node publishes a
+//! reader of both tables can see the new parent next to the old child.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::CascadePlan;
+use crate::config::Project;
+use crate::error::{Error, Result};
+use crate::journal::{Journal, RunState};
+use crate::plan::Overlay;
+use crate::run::report::{Outcome, RunReport};
+use crate::run::{BackfillBuilder, manage::publish_run};
+use crate::stage::staged::StagedTable;
+
+/// Where cascade records live under the root target's root.
+const CASCADES_DIR: &str = "_lakefill/cascades";
+
+/// What a cascade did.
+#[derive(Debug, Clone, Serialize)]
+pub struct CascadeRunReport {
+    /// The cascade.
+    pub cascade_id: String,
+    /// `published`, `staged`, `validation-failed` or `up-to-date`.
+    pub outcome: String,
+    /// Each node's run, in dependency order.
+    pub nodes: Vec<RunReport>,
+}
+
+impl CascadeRunReport {
+    /// The error a cascade that failed validation ends with (exit code 3), naming the node.
+    pub fn validation_error(&self) -> Option<Error> {
+        self.nodes.iter().find_map(RunReport::validation_error)
+    }
+}
+
+/// The record of a cascade: its nodes and, as they land, each table's new version.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CascadeRecord {
+    pub(crate) cascade_id: String,
+    pub(crate) root: String,
+    pub(crate) nodes: Vec<RecordNode>,
+    pub(crate) created_at: String,
+    pub(crate) updated_at: String,
+}
+
+/// One node of a cascade record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RecordNode {
+    pub(crate) model: String,
+    pub(crate) table: String,
+    pub(crate) run_id: String,
+    pub(crate) state: String,
+    pub(crate) published_version: Option<u64>,
+}
+
+/// The record of cascade `id` and the store of the table it lives under (the root target).
+pub(crate) async fn load_record(
+    project: &Project,
+    id: &str,
+) -> Result<(Arc<dyn deltalake::ObjectStore>, CascadeRecord)> {
+    let id = crate::run_id::RunId::parse(id)?;
+    let path = deltalake::Path::from(format!("{CASCADES_DIR}/{id}.json"));
+    let mut searched = Vec::new();
+    for config in project.tables() {
+        let Ok(table) = crate::storage::open_table(config, None).await else {
+            continue;
+        };
+        searched.push(config.name().to_string());
+        let store = table.object_store();
+        if let Some(bytes) = crate::storage::read_object(&store, &path).await? {
+            let record = serde_json::from_slice(&bytes).map_err(|e| Error::Journal {
+                path: path.to_string(),
+                message: e.to_string(),
+            })?;
+            return Ok((store, record));
+        }
+    }
+    Err(CascadeRecord::unknown(id.as_str(), searched))
+}
+
+/// Runs a planned cascade.
+#[must_use = "a CascadeRunner does nothing until it is awaited"]
+pub struct CascadeRunner {
+    project: Project,
+    plan: CascadePlan,
+    stage_only: bool,
+    memory_limit: Option<u64>,
+    max_parallel: Option<usize>,
+}
+
+impl CascadeRunner {
+    /// Prepares to run `plan` of `project`.
+    pub fn new(project: &Project, plan: CascadePlan) -> Self {
+        Self {
+            project: project.clone(),
+            plan,
+            stage_only: false,
+            memory_limit: Some(crate::settings::default_memory_limit()),
+            max_parallel: None,
+        }
+    }
+
+    /// Stops after every node is staged and validated.
+    pub fn with_stage_only(mut self, stage_only: bool) -> Self {
+        self.stage_only = stage_only;
+        self
+    }
+
+    /// Bounds the memory of each node's queries (`None`: unlimited).
+    pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
+    /// Sets the batches in flight of each node.
+    pub fn with_max_parallel(mut self, max_parallel: Option<usize>) -> Self {
+        self.max_parallel = max_parallel;
+        self
+    }
+
+    async fn run(self) -> Result<CascadeRunReport> {
+        let CascadePlan { report, nodes } = self.plan;
+        let root_store = nodes
+            .first()
+            .map(|n| n.target.object_store())
+            .ok_or_else(|| Error::Internal("a cascade without nodes".into()))?;
+        let mut record = CascadeRecord {
+            cascade_id: report.cascade_id.clone(),
+            root: report.root.clone(),
+            nodes: report
+                .nodes
+                .iter()
+                .map(|n| RecordNode {
+                    model: n.model.clone(),
+                    table: n.target.clone(),
+                    run_id: n.run_id.clone(),
+                    state: "planned".into(),
+                    published_version: None,
+                })
+                .collect(),
+            created_at: crate::time::now(),
+            updated_at: crate::time::now(),
+        };
+        save(&root_store, &mut record).await;
+
+        // Stage and validate every node; children read their parents' staged output.
+        let mut staged: Vec<(String, Journal)> = Vec::new();
+        let mut reports = Vec::new();
+        for (index, mut plan) in nodes.into_iter().enumerate() {
+            for source in &mut plan.sources {
+                let Some((_, parent)) = staged.iter().find(|(table, _)| *table == source.name)
+                else {
+                    continue;
+                };
+                source.overlay = overlay(parent);
+            }
+            let table = plan.report.target.clone();
+            let store = plan.target.object_store();
+            let run_id = plan.report.run_id.clone();
+            let run = BackfillBuilder::new(plan)
+                .with_stage_only(true)
+                .with_memory_limit(self.memory_limit)
+                .with_max_parallel(self.max_parallel)
+                .await?;
+            record.nodes[index].state = run.state.to_string();
+            save(&root_store, &mut record).await;
+            if run.outcome == Outcome::ValidationFailed {
+                reports.push(run);
+                return Ok(CascadeRunReport {
+                    cascade_id: report.cascade_id,
+                    outcome: "validation-failed".into(),
+                    nodes: reports,
+                });
+            }
+            if run.state == RunState::Validated
+                && let Some(journal) = Journal::load(&store, &run_id).await?
+            {
+                staged.push((table, journal));
+            }
+            reports.push(run);
+        }
+        if self.stage_only || staged.is_empty() {
+            let outcome = if staged.is_empty() {
+                "up-to-date"
+            } else {
+                "staged"
+            };
+            return Ok(CascadeRunReport {
+                cascade_id: report.cascade_id,
+                outcome: outcome.into(),
+                nodes: reports,
+            });
+        }
+        // Publish in dependency order; the record follows each landing.
+        for (index, run) in reports.iter_mut().enumerate() {
+            if run.state != RunState::Validated {
+                continue;
+            }
+            let published = publish_run(&self.project, &run.run_id, None).await?;
+            record.nodes[index].state = published.state.to_string();
+            record.nodes[index].published_version = published.published_version;
+            save(&root_store, &mut record).await;
+            *run = published;
+            crate::failpoint::reach("cascade-between-publishes").await?;
+        }
+        Ok(CascadeRunReport {
+            cascade_id: report.cascade_id,
+            outcome: "published".into(),
+            nodes: reports,
+        })
+    }
+}
+
+impl std::future::IntoFuture for CascadeRunner {
+    type Output = Result<CascadeRunReport>;
+    type IntoFuture = futures::future::BoxFuture<'static, Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+/// The parent's staged output as an overlay of its table for a child's queries.
+fn overlay(parent: &Journal) -> Option<Overlay> {
+    let adds: Vec<deltalake::kernel::Add> = parent.staged_files().cloned().collect();
+    let layout = parent.layout.clone();
+    let range = parent.range.clone();
+    let key = format!("cascade-{}", parent.run_id);
+    Some(Overlay {
+        layout,
+        range,
+        staged: Arc::new(move |ctx, table, schema| {
+            let staged = StagedTable::register_store(
+                ctx,
+                table,
+                schema,
+                &table_partition_columns(table),
+                &adds,
+                &key,
+            )?;
+            Ok(Arc::new(staged) as Arc<dyn deltalake::datafusion::catalog::TableProvider>)
+        }),
+    })
+}
+
+fn table_partition_columns(table: &deltalake::DeltaTable) -> Vec<String> {
+    table
+        .snapshot()
+        .map(|s| s.metadata().partition_columns().to_vec())
+        .unwrap_or_default()
+}
+
+/// Writes the record (best effort: the logs are the truth, the record a summary of them).
+pub(crate) async fn save(store: &Arc<dyn deltalake::ObjectStore>, record: &mut CascadeRecord) {
+    use deltalake::logstore::object_store::{ObjectStoreExt as _, PutPayload};
+    record.updated_at = crate::time::now();
+    let path = deltalake::Path::from(format!("{CASCADES_DIR}/{}.json", record.cascade_id));
+    let Ok(text) = serde_json::to_string_pretty(record) else {
+        return;
+    };
+    if let Err(error) = store
+        .put(
+            &path,
+            PutPayload::from(crate::secrets::mask(&text).into_bytes()),
+        )
+        .await
+    {
+        tracing::warn!(%error, cascade = %record.cascade_id, "cannot write the cascade record");
+    }
+}
