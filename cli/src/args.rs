@@ -340,6 +340,10 @@ pub(crate) struct SqlArgs {
     /// Rows to print at most.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub(crate) max_rows: usize,
+    /// Read every table of this cascade (not given a version) at the version the cascade
+    /// published it as: one consistent release.
+    #[arg(long, value_name = "CASCADE_ID")]
+    pub(crate) cascade: Option<String>,
 }
 
 #[derive(Debug, Args)]

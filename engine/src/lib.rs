@@ -85,6 +85,7 @@ pub use cascade::{
 pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
 pub use explain::gc::{GcFile, GcReport, gc, parse_duration};
+pub use explain::sql::sql_in_release;
 pub use explain::{
     BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
 };

@@ -397,13 +397,57 @@ fn a_cascade_fixes_every_level_staged_against_its_parents_and_publishes_once() {
         "one new version per table"
     );
     assert_chain_consistent(&lake, 3, 4);
-    // The same command again changes nothing.
-    let again = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    let id = report["cascade_id"].as_str().unwrap().to_string();
+
+    // `runs` groups the nodes under their cascade.
+    let runs = lake.run(&["runs"]);
+    let text = String::from_utf8_lossy(&runs.stdout).into_owned();
+    assert!(text.contains(&format!("{id}: ")), "{text}");
+
+    // The release: after another writer appends to events, `sql --cascade` still reads every
+    // table at the version the cascade published it as.
+    crate::support::append_event(&lake, &lake.day(8), 9_000_001);
+    let release = json_ok(&lake.run(&[
+        "sql",
+        "--cascade",
+        &id,
+        "SELECT (SELECT COUNT(*) FROM events) AS e, (SELECT COUNT(*) FROM daily_revenue) AS d",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(release["tables"]["events"], before[0] + 1, "{release:#}");
     assert_eq!(
-        versions(&lake),
-        before.iter().map(|v| v + 1).collect::<Vec<_>>(),
-        "{again:#}"
+        release["tables"]["daily_revenue"],
+        before[1] + 1,
+        "{release:#}"
     );
+    let published_events = lake
+        .query(
+            &[("events", lake.open_version("events", before[0] + 1))],
+            "SELECT CAST(COUNT(*) AS VARCHAR) FROM events",
+        )
+        .remove(0)
+        .remove(0);
+    assert_eq!(
+        release["rows"][0][0],
+        published_events.as_str(),
+        "{release:#}"
+    );
+    let latest = json_ok(&lake.run(&[
+        "sql",
+        "SELECT COUNT(*) AS e FROM events",
+        "--output-format",
+        "json",
+    ]));
+    assert_ne!(
+        latest["rows"][0][0], release["rows"][0][0],
+        "the append is after the release"
+    );
+
+    // The same command again changes nothing.
+    let current = versions(&lake);
+    let again = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(versions(&lake), current, "{again:#}");
 }
 
 #[test]

@@ -115,7 +115,13 @@ pub(crate) async fn sql(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
-    let result = lakefill::sql(&project, &args.query, args.max_rows).await?;
+    let result = lakefill::sql_in_release(
+        &project,
+        &args.query,
+        args.max_rows,
+        args.cascade.as_deref(),
+    )
+    .await?;
     let mut text = result.to_table()?;
     text.push('\n');
     if result.truncated {

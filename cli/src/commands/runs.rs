@@ -46,6 +46,19 @@ pub(crate) async fn list(
             run.created_at
         );
     }
+    // Cascades, with their nodes.
+    let mut cascades: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for run in &runs {
+        if let Some(cascade) = &run.cascade {
+            cascades
+                .entry(cascade)
+                .or_default()
+                .push(format!("{} ({})", run.run_id, run.state));
+        }
+    }
+    for (cascade, nodes) in cascades {
+        let _ = writeln!(text, "\n{cascade}: {}", nodes.join(", "));
+    }
     printer.result(&text, &runs)
 }
 

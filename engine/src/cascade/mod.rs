@@ -369,6 +369,9 @@ impl CascadeBuilder {
                 .collect::<Vec<_>>()
                 .join("\n"),
         ));
+        for plan in &mut plans {
+            plan.cascade = Some(format!("cascade-{}", &digest[..12]));
+        }
         let report = CascadeReport {
             cascade_id: format!("cascade-{}", &digest[..12]),
             root: self.root.clone(),

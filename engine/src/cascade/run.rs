@@ -65,6 +65,28 @@ pub(crate) struct RecordNode {
     pub(crate) published_version: Option<u64>,
 }
 
+/// The version each table of cascade `id` was published as; refused unless every node is
+/// published (a half-published cascade is no release).
+pub(crate) async fn release(
+    project: &Project,
+    id: &str,
+) -> Result<std::collections::BTreeMap<String, u64>> {
+    let (_, record) = load_record(project, id).await?;
+    let mut versions = std::collections::BTreeMap::new();
+    for node in &record.nodes {
+        let version = node.published_version.ok_or_else(|| Error::RunState {
+            run_id: id.to_string(),
+            state: format!("{} is {}", node.table, node.state),
+            action: "read as a release".into(),
+            next: format!(
+                "publish the cascade first (`lakefill publish {id}`), or read each table at a version with \"table@VERSION\""
+            ),
+        })?;
+        versions.insert(node.table.clone(), version);
+    }
+    Ok(versions)
+}
+
 /// The record of cascade `id` and the store of the table it lives under (the root target).
 pub(crate) async fn load_record(
     project: &Project,

@@ -43,6 +43,21 @@ impl QueryResult {
 /// Runs a read-only query over the project's tables. `name@VERSION` and `name@TIMESTAMP`
 /// (RFC 3339) read a table by time travel; quote them: `"events@12"`.
 pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<QueryResult> {
+    sql_in_release(project, query, max_rows, None).await
+}
+
+/// [`sql`], with every table of the cascade `cascade` that the query names without a version
+/// read at the version that cascade published it as: a consistent release of all of them.
+pub async fn sql_in_release(
+    project: &Project,
+    query: &str,
+    max_rows: usize,
+    cascade: Option<&str>,
+) -> Result<QueryResult> {
+    let release = match cascade {
+        Some(id) => crate::cascade::run::release(project, id).await?,
+        None => BTreeMap::new(),
+    };
     if query.len() > MAX_QUERY_BYTES {
         return Err(Error::InvalidOption {
             option: "QUERY".into(),
@@ -87,6 +102,10 @@ pub async fn sql(project: &Project, query: &str, max_rows: usize) -> Result<Quer
     for reference in references {
         let name = reference.table().to_string();
         let (base, at) = parse_table_at(&name)?;
+        let at = match (at, release.get(base)) {
+            (TableVersion::Latest, Some(version)) => TableVersion::Version(*version),
+            (at, _) => at,
+        };
         let config = project.table(base, "the query")?;
         let opened = open_table_at(config, at).await?;
         tables.insert(name.clone(), loaded_version(&opened)?);

@@ -113,6 +113,9 @@ pub struct Journal {
     /// cascade is resumed by the cascade's command).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<String>,
+    /// The cascade the run is a node of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<String>,
     /// When the run was created (RFC 3339).
     pub created_at: String,
     /// When the journal was last written (RFC 3339).

@@ -222,6 +222,7 @@ impl PlanBuilder {
             sources,
             write_schema: None,
             resume: None,
+            cascade: None,
         };
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
@@ -684,6 +685,8 @@ pub struct BackfillPlan {
     pub(crate) write_schema: Option<deltalake::arrow::datatypes::SchemaRef>,
     /// The command that resumes the run when it is not its own backfill command (a cascade).
     pub(crate) resume: Option<String>,
+    /// The cascade the run is a node of.
+    pub(crate) cascade: Option<String>,
 }
 
 impl BackfillPlan {

@@ -68,6 +68,9 @@ pub struct RunSummary {
     /// The run this one reverts, when it is a revert.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<String>,
+    /// The cascade the run is a node of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<String>,
 }
 
 impl From<&Journal> for RunSummary {
@@ -88,6 +91,7 @@ impl From<&Journal> for RunSummary {
             created_at: journal.created_at.clone(),
             updated_at: journal.updated_at.clone(),
             revert_of: journal.revert_of.as_ref().map(ToString::to_string),
+            cascade: journal.cascade.clone(),
         }
     }
 }

@@ -695,6 +695,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         error: None,
         revert_of: None,
         resume: plan.resume.clone(),
+        cascade: plan.cascade.clone(),
         created_at: now(),
         updated_at: now(),
     }

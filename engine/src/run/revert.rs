@@ -268,6 +268,7 @@ fn revert_journal(
         error: None,
         revert_of: Some(run.run_id.clone()),
         resume: None,
+        cascade: None,
         created_at: now.clone(),
         updated_at: now,
     }
