@@ -1,17 +1,18 @@
 //! `lakefill demo`: build a lake with a timezone bug and walk through the fix.
 
-use lakefill::{BackfillBuilder, DiffTarget, PlanBuilder, Project};
+use lakefill::{CascadeBuilder, CascadeRunner, DiffTarget, Project};
 use lakefill_fixtures::{DemoLake, LakeLocation};
 use serde_json::json;
 
 use crate::args::{DemoArgs, OutputFormat};
-use crate::printer::{Printer, diff_text, history_text, plan_text, run_text};
+use crate::printer::{Printer, cascade_text, diff_text, history_text, run_text};
 use crate::settings::display_path;
 
 pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()> {
     let lake = DemoLake {
         days: args.days.max(1),
         events_per_day: args.events_per_day.max(1),
+        rolling: true,
         ..DemoLake::default()
     };
     let dir = std::path::absolute(&args.dir)?;
@@ -49,21 +50,37 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
 
     let mut text = String::new();
     text.push_str(&format!(
-        "The demo lake is in {shown}: raw_events ({} rows), events and daily_revenue written by v1.\n\
+        "The demo lake is in {shown}: raw_events ({} rows), and events, daily_revenue and revenue_7d (a 7-day\n\
+         rolling revenue over daily_revenue) written by v1.\n\
          events@v1 dates each event at a fixed UTC-8 offset, so events before 08:00 UTC sit one day early.\n\n",
         created.raw_rows
     ));
 
-    printer.status("1/5 planning events@v2 (the fix) over the whole history");
-    let plan = PlanBuilder::new(&project, "events", &from, &to).await?;
-    text.push_str("== 1. plan: events@v2 over the whole history ==\n");
-    text.push_str(&plan_text(plan.report()));
+    printer.status(
+        "1/5 planning events@v2 (the fix) over the whole history, and everything computed from it",
+    );
+    let plan = CascadeBuilder::new(&project, "events", &from, &to).await?;
+    text.push_str("== 1. plan --cascade: events@v2, and the tables downstream of events ==\n");
+    text.push_str(&cascade_text(plan.report()));
     let plan_json = serde_json::to_value(plan.report())?;
 
-    printer.status("2/5 backfilling events@v2: stage, validate, publish");
-    let events = BackfillBuilder::new(plan).await?;
-    text.push_str("\n== 2. backfill events@v2: rows move to their UTC day ==\n");
-    text.push_str(&run_text(&events));
+    printer.status(
+        "2/5 backfilling the cascade: stage and validate every table, then publish in order",
+    );
+    let cascade = CascadeRunner::new(&project, plan).await?;
+    text.push_str(&format!(
+        "\n== 2. backfill --cascade: events, daily_revenue and revenue_7d fixed together ({}) ==\n",
+        cascade.outcome
+    ));
+    for node in &cascade.nodes {
+        text.push_str(&run_text(node));
+        text.push('\n');
+    }
+    let events = cascade
+        .nodes
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("the cascade has no nodes"))?;
 
     printer.status("3/5 comparing the two versions of events by time travel");
     let published = events.published_version.unwrap_or(events.read_version);
@@ -82,20 +99,12 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
     ));
     text.push_str(&diff_text(&diff)?);
 
-    printer
-        .status("4/5 backfilling daily_revenue@v1 over the same range, from the corrected events");
-    let plan = PlanBuilder::new(&project, "daily_revenue", &from, &to)
-        .with_reason(Some("recompute after the events timezone fix".into()))
-        .await?;
-    let revenue = BackfillBuilder::new(plan).await?;
-    text.push_str("\n== 4. backfill daily_revenue@v1 from the corrected events ==\n");
-    text.push_str(&run_text(&revenue));
-
-    printer.status("5/5 reading the history of events");
+    printer.status("4/5 reading the history of events");
     let history = lakefill::history(&project, "events", 10).await?;
-    text.push_str("\n== 5. history of events: every version says why it exists ==\n");
+    text.push_str("\n== 4. history of events: every version says why it exists ==\n");
     text.push_str(&history_text(&history));
 
+    printer.status("5/5 writing the report of the fix and the consumers' notifications");
     let report = lakefill::report(&project, &events.run_id).await?;
     std::fs::write(
         dir.join("report.html"),
@@ -108,23 +117,24 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
          and {shown}/notifications.jsonl, {notified} events for consumers (one per published version)\n"
     ));
     text.push_str(&format!(
-        "\nexplore the project:\n  cd {shown}\n  lakefill plan events --from {from} --to {to}\n  \
-         lakefill backfill events --from {from} --to {to}    # already published: changes nothing\n  \
+        "\nexplore the project:\n  cd {shown}\n  lakefill plan events --from {from} --to {to} --cascade\n  \
+         lakefill backfill events --from {from} --to {to} --cascade    # already published: changes nothing\n  \
+         lakefill sql --cascade {cascade_id} 'SELECT COUNT(*) FROM revenue_7d'\n  \
          lakefill blame events --partition {from}\n  \
          lakefill sql 'SELECT COUNT(*) FROM \"events@1\"'\n  \
          lakefill diff daily_revenue --from-version 1 --to-version 2\n  \
          lakefill report {run} --format md\n  \
          lakefill revert {run}    # undo the fix, in its range only\n",
-        run = events.run_id
+        run = events.run_id,
+        cascade_id = cascade.cascade_id
     ));
     let value = json!({
         "dir": dir.display().to_string(),
         "raw_rows": created.raw_rows,
         "range": [from, to],
         "plan": plan_json,
-        "events": events,
+        "cascade": cascade,
         "diff": diff,
-        "daily_revenue": revenue,
         "history": history,
         "report": dir.join("report.html").display().to_string(),
         "notifications": dir.join("notifications.jsonl").display().to_string(),
