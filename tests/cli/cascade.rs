@@ -591,3 +591,95 @@ fn a_staged_cascade_is_published_and_reverted_by_its_id() {
         assert_eq!(state, Some(serde_json::json!("discarded")), "{node}");
     }
 }
+
+/// Appends one row to `daily_revenue` with plain delta-rs, as another writer would.
+fn append_revenue(lake: &TestLake, date: &str) {
+    use deltalake::arrow::array::{Date32Array, Int64Array, RecordBatch, StringArray};
+    use deltalake::arrow::datatypes::{DataType as Arrow, Field, Schema};
+    let days = (chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").unwrap()
+        - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap())
+    .num_days() as i32;
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("event_date", Arrow::Date32, true),
+        Field::new("country", Arrow::Utf8, true),
+        Field::new("revenue_cents", Arrow::Int64, true),
+        Field::new("events", Arrow::Int64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            std::sync::Arc::new(Date32Array::from(vec![days])),
+            std::sync::Arc::new(StringArray::from(vec!["ZZ"])),
+            std::sync::Arc::new(Int64Array::from(vec![1])),
+            std::sync::Arc::new(Int64Array::from(vec![1])),
+        ],
+    )
+    .unwrap();
+    let table = lake.open("daily_revenue");
+    runtime()
+        .block_on(async {
+            table
+                .write(vec![batch])
+                .with_save_mode(deltalake::protocol::SaveMode::Append)
+                .await
+        })
+        .expect("append");
+}
+
+#[test]
+fn a_conflict_on_a_middle_node_leaves_a_truthful_record_and_a_rerun_completes() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let before = versions(&lake);
+    let staged = json_ok(&cascade(
+        &lake,
+        3,
+        4,
+        &["--stage-only", "--output-format", "json"],
+    ));
+    let id = staged["cascade_id"].as_str().unwrap().to_string();
+    // Another writer appends into daily_revenue's range after the cascade read it.
+    append_revenue(&lake, &lake.day(3));
+    let out = lake.run(&["publish", &id]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let now = versions(&lake);
+    assert_eq!(
+        now[0],
+        before[0] + 1,
+        "events, first in order, is published"
+    );
+    assert_eq!(
+        now[1],
+        before[1] + 1,
+        "daily_revenue has only the other writer's append"
+    );
+    assert_eq!(now[2], before[2], "revenue_7d waits");
+    // The record says so.
+    let record_path = lake
+        .path()
+        .join("lake/events/_lakefill/cascades")
+        .join(format!("{id}.json"));
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(record_path).unwrap()).unwrap();
+    let states: Vec<&str> = record["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states[0], "published", "{record:#}");
+    assert!(states[1].starts_with("failed: "), "{record:#}");
+    assert!(
+        record["nodes"][0]["published_version"].is_u64(),
+        "{record:#}"
+    );
+    // Running the cascade again recomputes what is left against the new versions.
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    assert_eq!(
+        versions(&lake)[0],
+        before[0] + 1,
+        "events is not published twice"
+    );
+    assert_chain_consistent(&lake, 3, 4);
+}

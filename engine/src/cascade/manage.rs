@@ -22,7 +22,15 @@ pub async fn publish_cascade(project: &Project, id: &str) -> Result<CascadeRunRe
     let mut nodes = Vec::new();
     for index in 0..record.nodes.len() {
         let run_id = record.nodes[index].run_id.clone();
-        let report = publish_run(project, &run_id, None).await?;
+        let report = match publish_run(project, &run_id, None).await {
+            Ok(report) => report,
+            Err(error) => {
+                // The record says exactly how far the release got.
+                record.nodes[index].state = format!("failed: {error}");
+                save(&store, &mut record).await;
+                return Err(error);
+            }
+        };
         record.nodes[index].state = report.state.to_string();
         record.nodes[index].published_version = report.published_version;
         save(&store, &mut record).await;

@@ -230,7 +230,14 @@ impl CascadeRunner {
             if run.state != RunState::Validated {
                 continue;
             }
-            let published = publish_run(&self.project, &run.run_id, None).await?;
+            let published = match publish_run(&self.project, &run.run_id, None).await {
+                Ok(published) => published,
+                Err(error) => {
+                    record.nodes[index].state = format!("failed: {error}");
+                    save(&root_store, &mut record).await;
+                    return Err(error);
+                }
+            };
             record.nodes[index].state = published.state.to_string();
             record.nodes[index].published_version = published.published_version;
             save(&root_store, &mut record).await;
