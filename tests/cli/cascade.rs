@@ -448,6 +448,7 @@ fn a_cascade_fixes_every_level_staged_against_its_parents_and_publishes_once() {
     let current = versions(&lake);
     let again = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
     assert_eq!(versions(&lake), current, "{again:#}");
+    assert_eq!(again["outcome"], "already-published", "{again:#}");
 }
 
 #[test]

@@ -32,7 +32,8 @@ const CASCADES_DIR: &str = "_lakefill/cascades";
 pub struct CascadeRunReport {
     /// The cascade.
     pub cascade_id: String,
-    /// `published`, `staged`, `validation-failed` or `up-to-date`.
+    /// `published`, `staged`, `validation-failed`, `up-to-date` (no node changes anything) or
+    /// `already-published` (the cascade was published before).
     pub outcome: String,
     /// Each node's run, in dependency order.
     pub nodes: Vec<RunReport>,
@@ -214,10 +215,15 @@ impl CascadeRunner {
             reports.push(run);
         }
         if self.stage_only || staged.is_empty() {
-            let outcome = if staged.is_empty() {
-                "up-to-date"
-            } else {
+            let outcome = if !staged.is_empty() {
                 "staged"
+            } else if reports
+                .iter()
+                .all(|r| r.outcome == Outcome::AlreadyPublished)
+            {
+                "already-published"
+            } else {
+                "up-to-date"
             };
             return Ok(CascadeRunReport {
                 cascade_id: report.cascade_id,
