@@ -272,29 +272,17 @@ fn overlay(parent: &Journal) -> Option<Overlay> {
     let adds: Vec<deltalake::kernel::Add> = parent.staged_files().cloned().collect();
     let layout = parent.layout.clone();
     let range = parent.range.clone();
+    let partition_columns = layout.partition_columns.clone();
     let key = format!("cascade-{}", parent.run_id);
     Some(Overlay {
         layout,
         range,
         staged: Arc::new(move |ctx, table, schema| {
-            let staged = StagedTable::register_store(
-                ctx,
-                table,
-                schema,
-                &table_partition_columns(table),
-                &adds,
-                &key,
-            )?;
+            let staged =
+                StagedTable::register_store(ctx, table, schema, &partition_columns, &adds, &key)?;
             Ok(Arc::new(staged) as Arc<dyn deltalake::datafusion::catalog::TableProvider>)
         }),
     })
-}
-
-fn table_partition_columns(table: &deltalake::DeltaTable) -> Vec<String> {
-    table
-        .snapshot()
-        .map(|s| s.metadata().partition_columns().to_vec())
-        .unwrap_or_default()
 }
 
 /// Writes the record (best effort: the logs are the truth, the record a summary of them).

@@ -164,6 +164,7 @@ async fn deliver(
         crate::failpoint::reach("mid-notify").await?;
     }
     let mut deliveries = Vec::new();
+    let mut events: std::collections::BTreeMap<u64, Option<Event>> = Default::default();
     for sink in config.sinks() {
         let dir = format!("{OUTBOX}/sinks/{}", sink.id());
         // A sink seen for the first time starts after what it has not been told of: the
@@ -183,50 +184,47 @@ async fn deliver(
             failed: Vec::new(),
             error: None,
         };
-        let mut all_settled = true;
-        let mut settled_up_to = cursor;
+        let mut first_failure = None;
         for version in from.max(1)..=latest_version {
             if delivered.contains(&version) {
-                if all_settled {
-                    settled_up_to = settled_up_to.max(version);
-                }
                 continue;
             }
-            let Some(event) = event_of(config, latest, &store, version).await? else {
-                if all_settled {
-                    settled_up_to = settled_up_to.max(version);
+            // Each version's event is read (or derived) once, whatever the number of sinks.
+            let event = match events.entry(version) {
+                std::collections::btree_map::Entry::Occupied(known) => known.into_mut(),
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(event_of(config, latest, &store, version).await?)
                 }
+            };
+            let Some(event) = event.as_ref() else {
                 continue;
             };
             let marker = Path::from(format!("{dir}/delivered/{version:020}.json"));
-            if !sink.wants(&event) {
-                put_json(&store, &marker, &record(&event, Some("filtered"), None)).await?;
+            if !sink.wants(event) {
+                put_json(&store, &marker, &record(event, Some("filtered"), None)).await?;
                 outcome.skipped.push(version);
-            } else {
-                let body = serde_json::to_string(&event)
-                    .map_err(|e| Error::Internal(format!("event: {e}")))?;
-                match sink.deliver(&event, &body).await {
-                    Ok(()) => {
-                        put_json(&store, &marker, &record(&event, None, None)).await?;
-                        outcome.delivered.push(version);
-                    }
-                    Err(error) => {
-                        let error = crate::secrets::mask(&error);
-                        let failed = Path::from(format!("{dir}/failed/{version:020}.json"));
-                        put_json(&store, &failed, &record(&event, None, Some(error.clone())))
-                            .await?;
-                        tracing::warn!(sink = %sink.name(), version, %error, "notification not delivered; it is retried by the next command");
-                        outcome.failed.push(version);
-                        outcome.error = Some(error);
-                        all_settled = false;
-                        continue;
-                    }
+                continue;
+            }
+            let body =
+                serde_json::to_string(event).map_err(|e| Error::Internal(format!("event: {e}")))?;
+            match sink.deliver(event, &body).await {
+                Ok(()) => {
+                    put_json(&store, &marker, &record(event, None, None)).await?;
+                    outcome.delivered.push(version);
+                }
+                Err(error) => {
+                    let error = crate::secrets::mask(&error);
+                    let failed = Path::from(format!("{dir}/failed/{version:020}.json"));
+                    put_json(&store, &failed, &record(event, None, Some(error.clone()))).await?;
+                    tracing::warn!(sink = %sink.name(), version, %error, "notification not delivered; it is retried by the next command");
+                    outcome.failed.push(version);
+                    outcome.error = Some(error);
+                    first_failure.get_or_insert(version);
                 }
             }
-            if all_settled {
-                settled_up_to = settled_up_to.max(version);
-            }
         }
+        // Every version before the first failure is settled for this sink.
+        let settled_up_to = first_failure.map_or(latest_version, |v: u64| v - 1);
         if settled_up_to > cursor && window.since.is_none() {
             put_json(
                 &store,
