@@ -58,6 +58,27 @@ fn main() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
+    if let Some(position) = args.iter().position(|a| a == "--build-lake") {
+        // For profiling: build the lake in DIR with the fix (`vfix`) and the bug (`vbug`) as
+        // models, and stop.
+        let project = PathBuf::from(&args[position + 1]);
+        let lake = bench_lake();
+        runtime().block_on(lake.create(&project)).unwrap();
+        for (version, shift) in [("vfix", 0), ("vbug", 8)] {
+            std::fs::write(
+                project.join(format!("sql/events/{version}.sql")),
+                model(version, shift, false),
+            )
+            .unwrap();
+        }
+        println!(
+            "built {} x {} events in {}",
+            lake.days,
+            lake.events_per_day,
+            project.display()
+        );
+        return;
+    }
     orchestrate();
 }
 
@@ -88,7 +109,12 @@ fn peak_rss() -> u64 {
 /// A model of events that takes the date at `shift` hours from UTC (0 is the fix, 8 the bug),
 /// adding a cent to the amounts of every tenth day of the year when `tweak` is set.
 fn model(version: &str, shift: u32, tweak: bool) -> String {
-    let date = format!("CAST(event_ts - INTERVAL '{shift} hours' AS DATE)");
+    // The fix is the very expression the floor and DuckDB compute.
+    let date = if shift == 0 {
+        "CAST(event_ts AS DATE)".to_string()
+    } else {
+        format!("CAST(event_ts - INTERVAL '{shift} hours' AS DATE)")
+    };
     let amount = if tweak {
         format!(
             "CASE WHEN CAST(date_part('doy', {date}) AS BIGINT) % 10 = 0 \
@@ -113,6 +139,17 @@ struct Measured {
     outcome: Value,
 }
 
+/// The lake the benchmark measures on (`LAKEFILL_BENCH_DAYS` x `LAKEFILL_BENCH_ROWS`).
+fn bench_lake() -> DemoLake {
+    DemoLake {
+        days: env_number("LAKEFILL_BENCH_DAYS", 365) as u32,
+        events_per_day: env_number("LAKEFILL_BENCH_ROWS", 100_000) as u32,
+        days_per_commit: 30,
+        start: chrono::NaiveDate::from_ymd_opt(2025, 1, 1).unwrap(),
+        ..DemoLake::default()
+    }
+}
+
 fn orchestrate() {
     let days = env_number("LAKEFILL_BENCH_DAYS", 365) as u32;
     let rows = env_number("LAKEFILL_BENCH_ROWS", 100_000) as u32;
@@ -131,13 +168,7 @@ fn orchestrate() {
     );
     let duckdb = duckdb_available();
 
-    let lake = DemoLake {
-        days,
-        events_per_day: rows,
-        days_per_commit: 30,
-        start: chrono::NaiveDate::from_ymd_opt(2025, 1, 1).unwrap(),
-        ..DemoLake::default()
-    };
+    let lake = bench_lake();
     let started = Instant::now();
     runtime().block_on(lake.create(&project)).unwrap();
     println!(

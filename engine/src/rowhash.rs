@@ -15,6 +15,7 @@ use std::hash::BuildHasher as _;
 use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, UInt64Array};
+use deltalake::arrow::buffer::NullBuffer;
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::DataType;
 use deltalake::datafusion::common::hash_utils::{RandomState, create_hashes};
@@ -81,10 +82,15 @@ mod u128_text {
 
 /// Hashes every row of `columns` (all of length `rows`).
 pub(crate) fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
+    hash_rows_with(&STATE, columns, rows)
+}
+
+/// [`hash_rows`] with the value hashes of `state`.
+fn hash_rows_with(state: &RandomState, columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
     let mut hashes = vec![EMPTY_ROW_HASH; rows];
     let mut column_hashes = vec![0u64; rows];
     for (index, column) in columns.iter().enumerate() {
-        column_value_hashes(column, &mut column_hashes)?;
+        column_value_hashes(state, column, &mut column_hashes)?;
         let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         for (row, (hash, value)) in hashes.iter_mut().zip(column_hashes.iter()).enumerate() {
             let value = if column.is_null(row) {
@@ -106,43 +112,43 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// Hashes the values of one column (NULL rows are overwritten by the caller).
-fn column_value_hashes(column: &ArrayRef, out: &mut [u64]) -> Result<()> {
+fn column_value_hashes(state: &RandomState, column: &ArrayRef, out: &mut [u64]) -> Result<()> {
     // Strings and bytes are hashed as bytes, whatever their Arrow flavour.
-    fn bytes<'a>(values: impl Iterator<Item = Option<&'a [u8]>>, out: &mut [u64]) {
+    let bytes = |values: &mut dyn Iterator<Item = Option<&[u8]>>, out: &mut [u64]| {
         for (slot, value) in out.iter_mut().zip(values) {
-            *slot = value.map_or(NULL_HASH, |v| STATE.hash_one(v));
+            *slot = value.map_or(NULL_HASH, |v| state.hash_one(v));
         }
-    }
+    };
     match column.data_type() {
         DataType::Utf8 => bytes(
-            column
+            &mut column
                 .as_string::<i32>()
                 .iter()
                 .map(|v| v.map(str::as_bytes)),
             out,
         ),
         DataType::LargeUtf8 => bytes(
-            column
+            &mut column
                 .as_string::<i64>()
                 .iter()
                 .map(|v| v.map(str::as_bytes)),
             out,
         ),
         DataType::Utf8View => bytes(
-            column.as_string_view().iter().map(|v| v.map(str::as_bytes)),
+            &mut column.as_string_view().iter().map(|v| v.map(str::as_bytes)),
             out,
         ),
-        DataType::Binary => bytes(column.as_binary::<i32>().iter(), out),
-        DataType::LargeBinary => bytes(column.as_binary::<i64>().iter(), out),
-        DataType::BinaryView => bytes(column.as_binary_view().iter(), out),
+        DataType::Binary => bytes(&mut column.as_binary::<i32>().iter(), out),
+        DataType::LargeBinary => bytes(&mut column.as_binary::<i64>().iter(), out),
+        DataType::BinaryView => bytes(&mut column.as_binary_view().iter(), out),
         DataType::Dictionary(_, value_type) => {
             let values = cast(column, value_type)
                 .map_err(|e| Error::Internal(format!("cannot hash a dictionary column: {e}")))?;
-            column_value_hashes(&values, out)?;
+            column_value_hashes(state, &values, out)?;
         }
         _ => {
             out.fill(0);
-            create_hashes([Arc::clone(column)], &STATE, out)
+            create_hashes([Arc::clone(column)], state, out)
                 .map_err(|e| Error::Internal(format!("cannot hash a column: {e}")))?;
         }
     }
@@ -184,6 +190,118 @@ impl ScalarUDFImpl for RowHashUdf {
             hash_rows(&columns, rows).map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(ColumnarValue::Array(Arc::new(UInt64Array::from(hashes))))
     }
+}
+
+/// The SQL name of the key hash function.
+pub(crate) const KEY_HASH_FUNCTION: &str = "lakefill_key_hash";
+
+/// The value hashes of the two halves of a key hash: seeded apart from [`STATE`] and from each
+/// other, so that the halves are independent 64-bit hashes and a key hash is 128 bits.
+const KEY_STATES: [RandomState; 2] = [
+    RandomState::with_seed(0x6b65_795f_6861_7368),
+    RandomState::with_seed(0x7365_636f_6e64_5f68),
+];
+
+/// The hashes of every row's key `columns` under the state of `half` (0 or 1): `None` for a
+/// row with a NULL in any key column (such a key equals no other, as in SQL).
+pub(crate) fn key_hashes(half: usize, columns: &[ArrayRef], rows: usize) -> Result<UInt64Array> {
+    let state = &KEY_STATES[half.min(1)];
+    let hashes = hash_rows_with(state, columns, rows)?;
+    let nulls: Vec<_> = columns.iter().map(|c| c.logical_nulls()).collect();
+    let nulls = NullBuffer::union_many(nulls.iter().map(Option::as_ref));
+    Ok(UInt64Array::new(hashes.into(), nulls))
+}
+
+/// Whether a key column of type `data_type` can be compared by [`key_hashes`]: two values hash
+/// alike exactly when SQL's `=` holds. Not for floats (`-0.0 = 0.0` yet their bits differ; NaN)
+/// nor nested types (whose equality treats nested NULLs its own way).
+pub(crate) fn key_hashable(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Dictionary(_, value) => key_hashable(value),
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => false,
+        t => {
+            t.is_primitive()
+                || matches!(
+                    t,
+                    DataType::Boolean
+                        | DataType::Utf8
+                        | DataType::LargeUtf8
+                        | DataType::Utf8View
+                        | DataType::Binary
+                        | DataType::LargeBinary
+                        | DataType::BinaryView
+                        | DataType::FixedSizeBinary(_)
+                )
+        }
+    }
+}
+
+/// The type a key column hashes as: string and binary flavours, and dictionaries, are one.
+pub(crate) fn key_type_class(data_type: &DataType) -> DataType {
+    match data_type {
+        DataType::Dictionary(_, value) => key_type_class(value),
+        DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
+        DataType::LargeBinary | DataType::BinaryView => DataType::Binary,
+        t => t.clone(),
+    }
+}
+
+/// `lakefill_key_hash(half, col, ...)`: the `half` (0 or 1) of [`key_hashes`], as a `UInt64`,
+/// NULL when any key column is NULL.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct KeyHashUdf {
+    signature: Signature,
+}
+
+impl KeyHashUdf {
+    /// The function, ready to register in a session.
+    pub(crate) fn udf() -> ScalarUDF {
+        ScalarUDF::from(Self {
+            signature: Signature::variadic_any(Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for KeyHashUdf {
+    fn name(&self) -> &str {
+        KEY_HASH_FUNCTION
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::UInt64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let rows = args.number_rows;
+        let Some((ColumnarValue::Scalar(half), keys)) = args.args.split_first() else {
+            return Err(DataFusionError::Execution(format!(
+                "{KEY_HASH_FUNCTION} takes a literal half (0 or 1), then the key columns"
+            )));
+        };
+        let half = match half {
+            deltalake::datafusion::common::ScalarValue::Int64(Some(h)) => *h as usize,
+            other => {
+                return Err(DataFusionError::Execution(format!(
+                    "{KEY_HASH_FUNCTION}: the half must be 0 or 1, not {other}"
+                )));
+            }
+        };
+        let columns = ColumnarValue::values_to_arrays(keys)?;
+        let hashes =
+            key_hashes(half, &columns, rows).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        Ok(ColumnarValue::Array(Arc::new(hashes)))
+    }
+}
+
+/// The SQL expression of one half of the key hash of `columns`; the session must have
+/// [`KeyHashUdf`] registered.
+pub(crate) fn key_hash_sql(half: usize, columns: &[String]) -> String {
+    let columns: Vec<String> = columns.iter().map(|c| crate::sqltext::ident(c)).collect();
+    format!("{KEY_HASH_FUNCTION}({half}, {})", columns.join(", "))
 }
 
 /// The SQL expression of the hash of a row's `columns` (the empty row's hash when there are

@@ -520,10 +520,20 @@ fn partition_writer(
     let prefix = layout.staging_prefix(values, &plan.report.run_id);
     let prefix = Path::parse(&prefix)
         .map_err(|e| Error::Internal(format!("invalid staging path `{prefix}`: {e}")))?;
-    let properties = WriterProperties::builder()
+    let mut properties = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .build();
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
+    // A key's values are unique: a dictionary of them never pays for the time spent building
+    // it, and the writer would only give it up after a megabyte of each row group.
+    for key in &plan.rules.key {
+        if file_schema.index_of(key).is_ok() {
+            properties = properties.set_column_dictionary_enabled(
+                deltalake::parquet::schema::types::ColumnPath::from(key.as_str()),
+                false,
+            );
+        }
+    }
+    let properties = properties.build();
     let partition_values: IndexMap<String, Scalar> = layout
         .partition_columns
         .iter()

@@ -10,6 +10,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::keymerge::{KeyFacts, merge_diff};
 use super::rowdiff::row_diff;
 use super::rows::{run, text_column};
 use crate::error::{QueryContext, Result};
@@ -47,6 +48,16 @@ impl PartitionKey {
     /// `CAST(<column> AS VARCHAR) AS __lf_t<i>` for each key column, reading `qualify(column)`.
     /// By rows, a date or timestamp is cut to its period first, so rows group by period.
     pub(crate) fn select(&self, qualify: impl Fn(&str) -> String) -> Vec<String> {
+        self.select_raw(qualify)
+            .into_iter()
+            .enumerate()
+            .map(|(i, raw)| format!("CAST({raw} AS VARCHAR) AS __lf_t{i}"))
+            .collect()
+    }
+
+    /// The expressions of [`Self::select`] before their cast to text: grouping by these and
+    /// casting the groups costs a cast per partition instead of one per row.
+    pub(crate) fn select_raw(&self, qualify: impl Fn(&str) -> String) -> Vec<String> {
         let truncate = match self {
             PartitionKey::Time(layout) if layout.by_rows => match &layout.time.encoding {
                 TimeEncoding::Date { .. } | TimeEncoding::Timestamp { .. } => {
@@ -58,13 +69,9 @@ impl PartitionKey {
         };
         self.columns()
             .iter()
-            .enumerate()
-            .map(|(i, c)| match truncate {
-                Some(grain) => format!(
-                    "CAST(date_trunc('{grain}', {}) AS VARCHAR) AS __lf_t{i}",
-                    qualify(c)
-                ),
-                None => format!("CAST({} AS VARCHAR) AS __lf_t{i}", qualify(c)),
+            .map(|c| match truncate {
+                Some(grain) => format!("date_trunc('{grain}', {})", qualify(c)),
+                None => qualify(c),
             })
             .collect()
     }
@@ -221,6 +228,17 @@ pub(crate) async fn compare(
     old_counts: KnownCounts,
     new_counts: KnownCounts,
 ) -> Result<Comparison> {
+    Ok(compare_keyed(ctx, spec, old_counts, new_counts).await?.0)
+}
+
+/// [`compare`], and what the row diff saw of the new rows' keys when it could count them in
+/// the same pass (`None` when it did not: then the key checks need a query of their own).
+pub(crate) async fn compare_keyed(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old_counts: KnownCounts,
+    new_counts: KnownCounts,
+) -> Result<(Comparison, Option<KeyFacts>)> {
     let started = std::time::Instant::now();
     if spec.checksum_columns.is_some() {
         ctx.register_udf(RowHashUdf::udf());
@@ -268,11 +286,31 @@ pub(crate) async fn compare(
     }
 
     let mut samples = Samples::default();
+    let mut facts = None;
     // Identical sides have no row differences: the join would only confirm it.
     if !spec.key.is_empty() && identical != Some(true) {
         let started = std::time::Instant::now();
-        let (old_rows, new_rows) = differing_partitions(ctx, spec, &old, &new).await?;
-        let diff = row_diff(ctx, spec, &old_rows, &new_rows).await?;
+        let differing = differing_predicate(ctx, spec, &old, &new).await?;
+        let expected_rows = old.values().chain(new.values()).map(|t| t.rows).sum();
+        let merged = merge_diff(
+            ctx,
+            spec,
+            "previous",
+            "output",
+            differing.clone(),
+            expected_rows,
+        )
+        .await?;
+        let diff = match merged {
+            Some((diff, key_facts)) => {
+                facts = Some(key_facts);
+                diff
+            }
+            None => {
+                let (old_rows, new_rows) = differing_views(ctx, differing).await?;
+                row_diff(ctx, spec, &old_rows, &new_rows).await?
+            }
+        };
         tracing::debug!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compared rows by key"
@@ -315,7 +353,7 @@ pub(crate) async fn compare(
         .filter(|p| p.old_rows > 0 && p.new_rows == 0)
         .map(|p| p.value.clone())
         .collect();
-    Ok(Comparison {
+    let comparison = Comparison {
         key: spec.key.clone(),
         partitions,
         totals,
@@ -323,7 +361,8 @@ pub(crate) async fn compare(
         disappeared,
         samples,
         identical,
-    })
+    };
+    Ok((comparison, facts))
 }
 
 /// What one side holds in one partition.
@@ -334,22 +373,20 @@ struct SideTotals {
     checksum: Option<RowChecksum>,
 }
 
-/// The old and new rows the row diff needs to look at: only the partitions whose checksums
-/// differ (a partition whose rows are the same on both sides has no row that differs), as views
-/// registered for the purpose, or the whole sides when every partition differs or no checksums
-/// were taken.
-async fn differing_partitions(
+/// The rows the row diff needs to look at: only the partitions whose checksums differ (a
+/// partition whose rows are the same on both sides has no row that differs), as a predicate;
+/// `None` for the whole sides, when every partition differs or no checksums were taken.
+async fn differing_predicate(
     ctx: &SessionContext,
     spec: &CompareSpec,
     old: &SideAggregates,
     new: &SideAggregates,
-) -> Result<(String, String)> {
-    let whole = || Ok(("previous".to_string(), "output".to_string()));
+) -> Result<Option<Expr>> {
     let PartitionKey::Time(layout) = &spec.partitions else {
-        return whole();
+        return Ok(None);
     };
     if spec.checksum_columns.is_none() {
-        return whole();
+        return Ok(None);
     }
     let checksum = |side: &SideAggregates, p: &String| side.get(p).and_then(|t| t.checksum);
     let labels: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
@@ -359,7 +396,7 @@ async fn differing_partitions(
         .filter(|p| checksum(old, p).unwrap_or_default() != checksum(new, p).unwrap_or_default())
         .collect();
     if differing.len() == labels.len() {
-        return whole();
+        return Ok(None);
     }
     let schema = ctx
         .table("previous")
@@ -368,8 +405,17 @@ async fn differing_partitions(
         .schema()
         .as_arrow()
         .clone();
-    let Some(predicate) = periods_predicate(layout, &differing, &schema)? else {
-        return whole();
+    periods_predicate(layout, &differing, &schema)
+}
+
+/// The old and new rows of `differing` (or the whole sides), as views registered for the row
+/// diff.
+async fn differing_views(
+    ctx: &SessionContext,
+    differing: Option<Expr>,
+) -> Result<(String, String)> {
+    let Some(predicate) = differing else {
+        return Ok(("previous".to_string(), "output".to_string()));
     };
     let mut names = Vec::new();
     for table in ["previous", "output"] {
@@ -493,7 +539,21 @@ async fn side_aggregates(
             .collect());
     }
     let keys = spec.partitions.columns().len();
-    let mut select = spec.partitions.select(ident);
+    let mut select: Vec<String> = spec
+        .partitions
+        .select_raw(ident)
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| format!("{raw} AS __lf_t{i}"))
+        .collect();
+    let mut outer: Vec<String> = (0..keys)
+        .map(|i| format!("CAST(__lf_t{i} AS VARCHAR) AS __lf_t{i}"))
+        .collect();
+    outer.push("__lf_rows".into());
+    outer.extend((0..spec.measures.len()).map(|i| format!("__lf_m{i}")));
+    if spec.checksum_columns.is_some() {
+        outer.push("__lf_hash".into());
+    }
     select.push("COUNT(*) AS __lf_rows".to_string());
     for (i, measure) in spec.measures.iter().enumerate() {
         select.push(format!(
@@ -511,7 +571,8 @@ async fn side_aggregates(
         .collect::<Vec<_>>()
         .join(", ");
     let sql = format!(
-        "SELECT {} FROM {table} GROUP BY {group_by}",
+        "SELECT {} FROM (SELECT {} FROM {table} GROUP BY {group_by}) __lf_groups",
+        outer.join(", "),
         select.join(", ")
     );
     let mut out = SideAggregates::new();

@@ -25,10 +25,11 @@ use serde_json::{Map, Value, json};
 use super::compare::{CompareSpec, Samples};
 use super::rows::{column_names, formatters_for, run};
 use crate::error::{QueryContext, Result};
-use crate::rowhash::{RowHashUdf, row_hash_sql};
+use crate::rowhash::{RowHashUdf, key_hash_sql, row_hash_sql};
 use crate::sqltext::ident;
 
 /// Differences by key.
+#[derive(Debug)]
 pub(crate) struct RowDiff {
     /// Per partition: added, removed, changed.
     pub(crate) counts: BTreeMap<String, [u64; 3]>,
@@ -37,29 +38,55 @@ pub(crate) struct RowDiff {
 }
 
 /// The kinds of difference, as the diff query numbers them.
-const ADDED: usize = 0;
-const REMOVED: usize = 1;
-const CHANGED: usize = 2;
+pub(crate) const ADDED: usize = 0;
+pub(crate) const REMOVED: usize = 1;
+pub(crate) const CHANGED: usize = 2;
 
 /// One side of a sampled difference: the row's partition column values and its hash.
-type SideOfRow = Option<(Vec<ScalarValue>, u64)>;
+pub(crate) type SideOfRow = Option<(Vec<ScalarValue>, u64)>;
 
-/// Rows to read back: partition column values and key values.
-type Wanted<'a> = Vec<(Vec<ScalarValue>, &'a [ScalarValue])>;
+/// Rows to read back: partition column values and the key.
+type Wanted<'a> = Vec<(Vec<ScalarValue>, &'a SampledKey)>;
+
+/// How a sampled row's key is known.
+#[derive(Debug, Clone)]
+pub(crate) enum SampledKey {
+    /// By its values.
+    Values(Vec<ScalarValue>),
+    /// By the two halves of its hash ([`crate::rowhash::key_hashes`]).
+    Hashes(u64, u64),
+    /// A key with a NULL in it (known by the row's hash only).
+    Null,
+}
+
+impl SampledKey {
+    /// How rows read back by hash are matched to it.
+    pub(crate) fn identity(&self) -> String {
+        match self {
+            SampledKey::Hashes(k1, k2) => hash_identity(Some((*k1, *k2))),
+            _ => hash_identity(None),
+        }
+    }
+}
+
+/// The identity of a row read back by key hash.
+fn hash_identity(key: Option<(u64, u64)>) -> String {
+    key.map_or_else(|| "null".into(), |(k1, k2)| format!("{k1:016x}{k2:016x}"))
+}
 
 /// A sampled difference, until its whole rows are read back.
-struct Sampled {
-    kind: usize,
+pub(crate) struct Sampled {
+    pub(crate) kind: usize,
     /// The partition label the comparison reports it under.
-    partition: String,
+    pub(crate) partition: String,
     /// The key, as text (how rows read back are matched to it).
-    key_text: String,
-    /// The key's values.
-    key: Vec<ScalarValue>,
+    pub(crate) key_text: String,
+    /// The key.
+    pub(crate) key: SampledKey,
     /// The old row's partition column values and hash, when there is an old row.
-    old: SideOfRow,
+    pub(crate) old: SideOfRow,
     /// The new row's, when there is a new row.
-    new: SideOfRow,
+    pub(crate) new: SideOfRow,
 }
 
 /// Compares `old` with `new` (tables or views registered in `ctx`) by `spec.key`.
@@ -184,7 +211,7 @@ pub(crate) async fn row_diff(
                 key_text: key_text((key_at..key_at + spec.key.len()).map(|i| {
                     (!batch.column(i).is_null(row)).then(|| formatters[i].value(row).to_string())
                 })),
-                key: scalars(key_at, spec.key.len())?,
+                key: SampledKey::Values(scalars(key_at, spec.key.len())?),
                 old: side(old_parts_at, old_hash_at)?,
                 new: side(new_parts_at, new_hash_at)?,
             });
@@ -224,29 +251,35 @@ impl Labels<'_> {
                 out.push(label.clone());
                 continue;
             }
-            let texts = values
-                .iter()
-                .map(|value| {
-                    if value.is_null() {
-                        return Ok(None);
-                    }
-                    let array = value
-                        .to_array()
-                        .query_context(|| "cannot read a partition value".into())?;
-                    let text = deltalake::arrow::compute::cast(
-                        &array,
-                        &deltalake::arrow::datatypes::DataType::Utf8,
-                    )
-                    .map_err(|e| crate::error::Error::Internal(e.to_string()))?;
-                    Ok(Some(text.as_string::<i32>().value(0).to_string()))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let label = self.spec.partitions.label(&texts);
+            let label = partition_label(self.spec, &values)?;
             self.known.insert(values, label.clone());
             out.push(label);
         }
         Ok(out)
     }
+}
+
+/// The partition label of a row's partition column values, read as text the way
+/// `CAST(... AS VARCHAR)` reads them.
+pub(crate) fn partition_label(spec: &CompareSpec, values: &[ScalarValue]) -> Result<String> {
+    let texts = values
+        .iter()
+        .map(|value| {
+            if value.is_null() {
+                return Ok(None);
+            }
+            let array = value
+                .to_array()
+                .query_context(|| "cannot read a partition value".into())?;
+            let text = deltalake::arrow::compute::cast(
+                &array,
+                &deltalake::arrow::datatypes::DataType::Utf8,
+            )
+            .map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+            Ok(Some(text.as_string::<i32>().value(0).to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(spec.partitions.label(&texts))
 }
 
 /// The key as one text, NULLs told apart from the text `NULL`.
@@ -261,7 +294,7 @@ fn key_text(values: impl Iterator<Item = Option<String>>) -> String {
 /// as the comparison reports them: whole rows for added and removed ones, and for changed ones
 /// the key with the old and new values of the columns that differ.
 #[allow(clippy::too_many_arguments)]
-async fn read_back(
+pub(crate) async fn read_back(
     ctx: &SessionContext,
     spec: &CompareSpec,
     common: &[String],
@@ -278,7 +311,7 @@ async fn read_back(
     let wanted = |pick: fn(&Sampled) -> &SideOfRow| -> Wanted<'_> {
         sampled
             .iter()
-            .filter_map(|s| pick(s).as_ref().map(|(p, _)| (p.clone(), s.key.as_slice())))
+            .filter_map(|s| pick(s).as_ref().map(|(p, _)| (p.clone(), &s.key)))
             .collect()
     };
     let old_rows = fetch(
@@ -361,15 +394,31 @@ async fn fetch(
             column.eq(lit(value.clone()))
         }
     };
+    let by_hash = wanted
+        .iter()
+        .any(|(_, k)| !matches!(k, SampledKey::Values(_)));
+    // By hash, rows are selected by partition only, and picked out by their key hashes as they
+    // stream back (the hashes computed once a row, not once for every sample).
+    let mut identities: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut partitions: Vec<&Vec<ScalarValue>> = Vec::new();
     let Some(predicate) = wanted
         .iter()
-        .filter_map(|(part_values, key_values)| {
-            parts
-                .iter()
-                .zip(part_values)
-                .chain(key.iter().zip(key_values.iter()))
-                .map(|(c, v)| equal(c, v))
-                .reduce(Expr::and)
+        .filter_map(|(part_values, sampled_key)| {
+            let parts = parts.iter().zip(part_values).map(|(c, v)| equal(c, v));
+            let keys: Vec<Expr> = match sampled_key {
+                SampledKey::Values(values) => {
+                    key.iter().zip(values).map(|(c, v)| equal(c, v)).collect()
+                }
+                hashed => {
+                    identities.insert(hashed.identity());
+                    if partitions.contains(&part_values) {
+                        return None;
+                    }
+                    partitions.push(part_values);
+                    Vec::new()
+                }
+            };
+            parts.chain(keys).reduce(Expr::and)
         })
         .reduce(Expr::or)
     else {
@@ -383,16 +432,19 @@ async fn fetch(
         .query_context(|| format!("cannot select the sampled rows of `{table}`"))?;
     ctx.register_table(view.as_str(), filtered.into_view())
         .query_context(|| "cannot register the sampled rows".into())?;
-    let columns: Vec<String> = common.iter().map(|c| ident(c)).collect();
-    let sql = format!(
-        "SELECT {}, {hash} AS __lf_h FROM {view}",
-        columns.join(", ")
-    );
+    let mut columns: Vec<String> = common.iter().map(|c| ident(c)).collect();
+    columns.push(format!("{hash} AS __lf_h"));
+    if by_hash {
+        columns.push(key_hash_sql(0, key));
+        columns.push(key_hash_sql(1, key));
+    }
+    let sql = format!("SELECT {} FROM {view}", columns.join(", "));
     let result = async {
         let mut stream = run(ctx, &sql, "read the sampled rows").await?;
         while let Some(batch) = stream.next().await {
             let batch = batch.query_context(|| "cannot read the sampled rows".into())?;
-            collect_rows(&batch, common, key, &mut out)?;
+            let wanted = by_hash.then_some(&identities);
+            collect_rows(&batch, common, key, wanted, &mut out)?;
         }
         Ok::<_, crate::error::Error>(())
     }
@@ -402,11 +454,14 @@ async fn fetch(
     Ok(out)
 }
 
-/// Adds each row of `batch` (the common columns, then the hash) under its key text and hash.
+/// Adds each row of `batch` (the common columns, the hash, then, by hash, the halves of the key
+/// hash) under its key text (or key hash) and hash; by hash, only rows whose key hash is one of
+/// `by_hash`.
 fn collect_rows(
     batch: &RecordBatch,
     common: &[String],
     key: &[String],
+    by_hash: Option<&std::collections::HashSet<String>>,
     out: &mut BTreeMap<(String, u64), Map<String, Value>>,
 ) -> Result<()> {
     let formatters = formatters_for(batch)?;
@@ -415,10 +470,20 @@ fn collect_rows(
         let cell = |i: usize| {
             (!batch.column(i).is_null(row)).then(|| formatters[i].value(row).to_string())
         };
-        let key_text = key_text(
-            key.iter()
-                .map(|k| common.iter().position(|c| c == k).and_then(cell)),
-        );
+        let key_text = if let Some(wanted) = by_hash {
+            let k1 = batch.column(common.len() + 1).as_primitive::<UInt64Type>();
+            let k2 = batch.column(common.len() + 2).as_primitive::<UInt64Type>();
+            let identity = hash_identity(k1.is_valid(row).then(|| (k1.value(row), k2.value(row))));
+            if !wanted.contains(&identity) {
+                continue;
+            }
+            identity
+        } else {
+            key_text(
+                key.iter()
+                    .map(|k| common.iter().position(|c| c == k).and_then(cell)),
+            )
+        };
         let values: Map<String, Value> = common
             .iter()
             .enumerate()
@@ -719,5 +784,140 @@ mod tests {
                 assert_eq!(sample["row"].as_object().expect("row").len(), 6, "{sample}");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn the_merge_of_key_hashes_gives_exactly_the_whole_row_join_and_counts_keys() {
+        use crate::validate::keymerge::{KeyFacts, merge_diff};
+        let (old, new) = sides();
+        let ctx = session(&old, &new).await;
+        for key in [vec!["id"], vec!["id", "s"], vec!["d", "id"]] {
+            let spec = CompareSpec {
+                partitions: PartitionKey::Column("d".into()),
+                key: key.iter().map(|k| k.to_string()).collect(),
+                measures: Vec::new(),
+                sample: 5,
+                checksum_columns: None,
+            };
+            // In memory, and through buckets on disk (as for a side of a billion rows).
+            let (merged, facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0)
+                .await
+                .expect("merge")
+                .expect("an integer and text key is hashable");
+            let (spilled, spilled_facts) =
+                merge_diff(&ctx, &spec, "previous", "output", None, 1 << 30)
+                    .await
+                    .expect("merge")
+                    .expect("hashable");
+            assert_eq!(spilled.counts, merged.counts);
+            assert_eq!(spilled_facts, facts);
+            let reference = full_join_diff(&ctx, &spec).await.expect("reference");
+            assert_eq!(merged.counts, reference.counts, "key {key:?}");
+            assert_eq!(merged.samples.changed.len(), 5, "key {key:?}");
+            for sample in &merged.samples.changed {
+                assert_ne!(sample["old"], sample["new"], "{sample}");
+                assert!(
+                    !sample["key"].as_object().expect("key").is_empty(),
+                    "{sample}"
+                );
+            }
+            for sample in merged.samples.added.iter().chain(&merged.samples.removed) {
+                assert_eq!(sample["row"].as_object().expect("row").len(), 6, "{sample}");
+            }
+            // The key facts, against plain SQL over the new rows.
+            let columns = key.join(", ");
+            let any_null = key
+                .iter()
+                .map(|k| format!("{k} IS NULL"))
+                .collect::<Vec<_>>()
+                .join(" OR ");
+            let count = |sql: String| {
+                let ctx = &ctx;
+                async move {
+                    let batches = ctx
+                        .sql(&sql)
+                        .await
+                        .expect("sql")
+                        .collect()
+                        .await
+                        .expect("rows");
+                    batches[0].column(0).as_primitive::<Int64Type>().value(0) as u64
+                }
+            };
+            let expected = KeyFacts {
+                duplicate_keys: count(format!(
+                    "SELECT COUNT(*) FROM (SELECT {columns} FROM output WHERE NOT ({any_null}) \
+                     GROUP BY {columns} HAVING COUNT(*) > 1)"
+                ))
+                .await,
+                null_rows: count(format!("SELECT COUNT(*) FROM output WHERE {any_null}")).await,
+            };
+            assert_eq!(facts, expected, "key {key:?}");
+            assert!(expected.duplicate_keys > 0 && expected.null_rows > 0);
+        }
+        // Float keys, and keys whose types differ between the sides, are left to the join.
+        let spec = |key: &str| CompareSpec {
+            partitions: PartitionKey::Column("d".into()),
+            key: vec![key.to_string()],
+            measures: Vec::new(),
+            sample: 5,
+            checksum_columns: None,
+        };
+        assert!(
+            merge_diff(&ctx, &spec("x"), "previous", "output", None, 0)
+                .await
+                .expect("x")
+                .is_none()
+        );
+        ctx.register_table(
+            "recast",
+            ctx.sql("SELECT CAST(id AS INT) AS id, d, x, s, st, l FROM output")
+                .await
+                .expect("sql")
+                .into_view(),
+        )
+        .expect("register");
+        assert!(
+            merge_diff(&ctx, &spec("id"), "previous", "recast", None, 0)
+                .await
+                .expect("id")
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_merge_diffs_only_flagged_partitions_but_counts_every_new_key() {
+        use crate::validate::keymerge::merge_diff;
+        use deltalake::datafusion::prelude::col;
+        let (old, new) = sides();
+        let ctx = session(&old, &new).await;
+        let spec = CompareSpec {
+            partitions: PartitionKey::Column("d".into()),
+            key: vec!["id".into()],
+            measures: Vec::new(),
+            sample: 3,
+            checksum_columns: None,
+        };
+        let only_a = col("d").eq(lit("a"));
+        let (merged, _) = merge_diff(&ctx, &spec, "previous", "output", Some(only_a.clone()), 0)
+            .await
+            .expect("merge")
+            .expect("hashable");
+        // The reference: the join over the views of partition `a` alone.
+        for table in ["previous", "output"] {
+            let view = ctx
+                .table(table)
+                .await
+                .expect("table")
+                .filter(only_a.clone())
+                .expect("filter");
+            ctx.register_table(format!("a_{table}").as_str(), view.into_view())
+                .expect("register");
+        }
+        let reference = row_diff(&ctx, &spec, "a_previous", "a_output")
+            .await
+            .expect("reference");
+        assert_eq!(merged.counts, reference.counts);
+        assert!(!merged.counts.is_empty());
     }
 }

@@ -1,0 +1,829 @@
+//! The row-level diff by key as a merge of two sorted streams of hashes, with the key checks in
+//! the same pass.
+//!
+//! Each side is reduced to rows of four narrow values: the partition columns, a 128-bit hash of
+//! the key (two independent 64-bit halves, NULL when a key column is NULL) and the 64-bit hash of
+//! every other column both sides have ([`crate::rowhash`]), 28 bytes a row with the partition as
+//! a label number. The rows go to buckets by the top bits of the key hash (in memory for small
+//! sides, else spill files of the session's disk manager, sized so that one bucket of both sides
+//! is about 64 MiB), and each bucket is sorted and merged on its own: rows whose key hashes agree
+//! are paired, and a pair whose row hashes differ is a changed row. Memory stays at one bucket
+//! whatever the size of the sides; no join, no sort of whole rows. The new side is read whole, so the same pass counts repeated keys and NULL keys
+//! of every new row ([`KeyFacts`]); rows of partitions whose checksums already agree are only
+//! counted there, not diffed.
+//!
+//! It gives what the full outer join of whole rows on the key gives (the tests hold it to that
+//! reference): a NULL key matches nothing, a repeated key pairs every old row with every new one,
+//! a changed row counts under its new partition. Keys that hashing cannot compare as SQL's `=`
+//! does (floats, nested types, or types that differ between the sides) are left to the join of
+//! [`super::rowdiff`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use deltalake::arrow::datatypes::{Schema, UInt64Type};
+use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::datafusion::common::ScalarValue;
+use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::datafusion::logical_expr::Expr;
+use deltalake::datafusion::prelude::SessionContext;
+use futures::StreamExt;
+
+use super::compare::CompareSpec;
+use super::rowdiff::{
+    ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, partition_label, read_back,
+};
+use super::rows::{column_names, run};
+use crate::error::{Error, QueryContext, Result};
+use crate::rowhash::{
+    KeyHashUdf, RowHashUdf, key_hash_sql, key_hashable, key_type_class, row_hash_sql,
+};
+use crate::sqltext::ident;
+
+/// What the pass saw of the new rows' keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KeyFacts {
+    /// Keys that more than one new row has.
+    pub(crate) duplicate_keys: u64,
+    /// New rows with a NULL in a key column.
+    pub(crate) null_rows: u64,
+}
+
+/// Compares `old` (the rows of the differing partitions) with `new` (every new row; those for
+/// which `differing` does not hold only count towards [`KeyFacts`]) by `spec.key`. `None` when
+/// the key cannot be compared by its hashes: then use [`super::rowdiff::row_diff`].
+/// `expected_rows` (both sides) sizes the buckets.
+pub(crate) async fn merge_diff(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old: &str,
+    new: &str,
+    differing: Option<Expr>,
+    expected_rows: u64,
+) -> Result<Option<(RowDiff, KeyFacts)>> {
+    let schema = |table: &str| {
+        let table = table.to_string();
+        async move {
+            ctx.table(table.as_str())
+                .await
+                .query_context(|| format!("table `{table}` is not registered"))
+                .map(|df| df.schema().as_arrow().clone())
+        }
+    };
+    let (old_schema, new_schema) = (schema(old).await?, schema(new).await?);
+    if !hashable_keys(spec, &old_schema, &new_schema) {
+        return Ok(None);
+    }
+    ctx.register_udf(RowHashUdf::udf());
+    ctx.register_udf(KeyHashUdf::udf());
+    let old_columns = column_names(ctx, old).await?;
+    let new_columns = column_names(ctx, new).await?;
+    let common: Vec<String> = old_columns
+        .iter()
+        .filter(|c| new_columns.contains(c))
+        .cloned()
+        .collect();
+    let compared: Vec<String> = common
+        .iter()
+        .filter(|c| !spec.key.contains(c))
+        .cloned()
+        .collect();
+    let parts = spec.partitions.columns();
+    let hash = row_hash_sql(&compared);
+    let narrow = |table: &str, flag: &str| {
+        let mut select: Vec<String> = parts.iter().map(|c| ident(c)).collect();
+        select.push(format!("{} AS __lf_k1", key_hash_sql(0, &spec.key)));
+        select.push(format!("{} AS __lf_k2", key_hash_sql(1, &spec.key)));
+        select.push(format!("{hash} AS __lf_h"));
+        select.push(format!("{flag} AS __lf_d"));
+        format!("SELECT {} FROM {table}", select.join(", "))
+    };
+    // The old side: only the differing partitions. The new side: every row, flagged.
+    let mut views = Vec::new();
+    let (old_table, new_flag) = match &differing {
+        Some(predicate) => {
+            let old_view = "__lf_merge_previous".to_string();
+            let rows = ctx
+                .table(old)
+                .await
+                .and_then(|df| df.filter(predicate.clone()))
+                .query_context(|| "cannot select the differing partitions".into())?;
+            ctx.register_table(old_view.as_str(), rows.into_view())
+                .query_context(|| "cannot register the differing partitions".into())?;
+            let new_view = "__lf_merge_output".to_string();
+            let rows = ctx
+                .table(new)
+                .await
+                .and_then(|df| df.with_column("__lf_in_diff", predicate.clone()))
+                .query_context(|| "cannot flag the differing partitions".into())?;
+            ctx.register_table(new_view.as_str(), rows.into_view())
+                .query_context(|| "cannot register the flagged rows".into())?;
+            views.push(old_view.clone());
+            views.push(new_view.clone());
+            (old_view, (new_view, "COALESCE(__lf_in_diff, FALSE)"))
+        }
+        None => (old.to_string(), (new.to_string(), "TRUE")),
+    };
+    let result = async {
+        let old_stream = run(ctx, &narrow(&old_table, "TRUE"), "hash the old rows by key").await?;
+        let new_stream = run(
+            ctx,
+            &narrow(&new_flag.0, new_flag.1),
+            "hash the new rows by key",
+        )
+        .await?;
+        let mut merge = Merge::new(spec, parts.len());
+        merge
+            .run(ctx, old_stream, new_stream, expected_rows)
+            .await?;
+        let (counts, sampled, facts) = merge.finish();
+        let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
+        Ok::<_, Error>((RowDiff { counts, samples }, facts))
+    }
+    .await;
+    for view in views {
+        let _ = ctx.deregister_table(view.as_str());
+    }
+    result.map(Some)
+}
+
+/// Whether every key column exists on both sides with one type class that hashing compares as
+/// SQL's `=` does.
+fn hashable_keys(spec: &CompareSpec, old: &Schema, new: &Schema) -> bool {
+    !spec.key.is_empty()
+        && spec
+            .key
+            .iter()
+            .all(|k| match (old.field_with_name(k), new.field_with_name(k)) {
+                (Ok(o), Ok(n)) => {
+                    key_hashable(o.data_type())
+                        && key_hashable(n.data_type())
+                        && key_type_class(o.data_type()) == key_type_class(n.data_type())
+                }
+                _ => false,
+            })
+}
+
+/// One row of a side, as the merge keeps it while pairing a key.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    k1: u64,
+    k2: u64,
+    hash: u64,
+    /// Index into [`Merge::labels`].
+    label: u32,
+    /// Whether it is in a differing partition (always, on the old side).
+    diffed: bool,
+}
+
+/// A partition value seen, with its label.
+struct Label {
+    values: Vec<ScalarValue>,
+    text: String,
+}
+
+/// The partition labels of one side's rows, each distinct partition value worked out once.
+#[derive(Default)]
+struct SideLabels {
+    converter: Option<RowConverter>,
+    /// Partition values (in the row format) to label indexes.
+    known: deltalake::datafusion::common::HashMap<Box<[u8]>, u32>,
+}
+
+/// The size of a row in a bucket: both halves of the key hash, the row hash, and the label
+/// with the differing-partition flag in its lowest bit.
+const RECORD: usize = 28;
+
+/// Rows per side at most kept in memory whole; beyond, each side goes to buckets on disk.
+const IN_MEMORY_ROWS: u64 = 2 * 1024 * 1024;
+
+/// Bytes of rows a bucket of both sides is meant to hold (what pairing one bucket keeps in
+/// memory).
+const BUCKET_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How many buckets the rows go to: one (in memory) for few rows, else enough that a bucket of
+/// both sides holds about [`BUCKET_BYTES`], and at least 64.
+fn bucket_count(expected_rows: u64) -> usize {
+    if expected_rows <= IN_MEMORY_ROWS {
+        return 1;
+    }
+    let needed = (expected_rows * RECORD as u64).div_ceil(BUCKET_BYTES);
+    usize::try_from(needed.next_power_of_two().clamp(64, 1 << 14)).unwrap_or(1 << 14)
+}
+
+/// One side's rows, by bucket: in memory when there is one bucket, else in spill files of the
+/// session's disk manager (removed when dropped).
+struct Side {
+    labels: SideLabels,
+    shift: u32,
+    store: Store,
+}
+
+enum Store {
+    Memory(Vec<Entry>),
+    Files {
+        files: Vec<Arc<dyn deltalake::datafusion::execution::spill_file::SpillFile>>,
+        writers: Vec<
+            Option<
+                std::io::BufWriter<
+                    Box<dyn deltalake::datafusion::execution::spill_file::SpillWriter>,
+                >,
+            >,
+        >,
+    },
+}
+
+impl Side {
+    fn new(buckets: usize, ctx: &SessionContext, what: &str) -> Result<Self> {
+        let store = if buckets == 1 {
+            Store::Memory(Vec::new())
+        } else {
+            let disk = &ctx.runtime_env().disk_manager;
+            let mut files = Vec::with_capacity(buckets);
+            let mut writers = Vec::with_capacity(buckets);
+            for _ in 0..buckets {
+                let file = disk
+                    .create_tmp_file(&format!("comparing the {what} rows by key"))
+                    .query_context(|| "cannot create a spill file to compare rows by key".into())?;
+                let writer = file
+                    .open_writer()
+                    .query_context(|| "cannot write a spill file to compare rows by key".into())?;
+                writers.push(Some(std::io::BufWriter::with_capacity(32 * 1024, writer)));
+                files.push(file);
+            }
+            Store::Files { files, writers }
+        };
+        Ok(Self {
+            labels: SideLabels::default(),
+            shift: 64 - buckets.trailing_zeros(),
+            store,
+        })
+    }
+
+    fn push(&mut self, entry: &Entry) -> Result<()> {
+        match &mut self.store {
+            Store::Memory(rows) => rows.push(*entry),
+            Store::Files { writers, .. } => {
+                let bucket = (entry.k1 >> self.shift) as usize;
+                let mut record = [0u8; RECORD];
+                record[0..8].copy_from_slice(&entry.k1.to_le_bytes());
+                record[8..16].copy_from_slice(&entry.k2.to_le_bytes());
+                record[16..24].copy_from_slice(&entry.hash.to_le_bytes());
+                let tag = (entry.label << 1) | u32::from(entry.diffed);
+                record[24..28].copy_from_slice(&tag.to_le_bytes());
+                if let Some(writer) = writers.get_mut(bucket).and_then(Option::as_mut) {
+                    std::io::Write::write_all(writer, &record).map_err(spill_error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_writing(&mut self) -> Result<()> {
+        if let Store::Files { writers, .. } = &mut self.store {
+            for writer in writers.iter_mut() {
+                if let Some(mut w) = writer.take() {
+                    std::io::Write::flush(&mut w).map_err(spill_error)?;
+                    let mut inner = w.into_inner().map_err(|e| spill_error(e.into_error()))?;
+                    inner
+                        .finish()
+                        .query_context(|| "cannot finish a spill file".into())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row, when they are kept in memory; else the spill files of each bucket.
+    fn into_parts(self) -> std::result::Result<Vec<Entry>, Vec<SpillFileRef>> {
+        match self.store {
+            Store::Memory(rows) => Ok(rows),
+            Store::Files { files, .. } => Err(files),
+        }
+    }
+}
+
+/// A spill file of one bucket of one side.
+type SpillFileRef = Arc<dyn deltalake::datafusion::execution::spill_file::SpillFile>;
+
+/// The rows of one bucket's spill file.
+fn read_bucket(file: &SpillFileRef) -> Result<Vec<Entry>> {
+    let Some(path) = file.path() else {
+        return Err(Error::Internal("a spill file has no local path".into()));
+    };
+    let bytes = std::fs::read(path).map_err(spill_error)?;
+    let mut out = Vec::with_capacity(bytes.len() / RECORD);
+    for record in bytes.chunks_exact(RECORD) {
+        let word =
+            |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or_default());
+        let tag = u32::from_le_bytes(record[24..28].try_into().unwrap_or_default());
+        out.push(Entry {
+            k1: word(0),
+            k2: word(8),
+            hash: word(16),
+            label: tag >> 1,
+            diffed: tag & 1 == 1,
+        });
+    }
+    Ok(out)
+}
+
+/// Sorts both sides' rows of a bucket by key hash and pairs them.
+fn pair_bucket(
+    mut old: Vec<Entry>,
+    mut new: Vec<Entry>,
+    nullable: &[bool],
+    sample: usize,
+) -> Tally {
+    let mut tally = Tally::new(nullable.len(), sample);
+    old.sort_unstable_by_key(|e| e.k1);
+    new.sort_unstable_by_key(|e| e.k1);
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        let key = match (old.get(i), new.get(j)) {
+            (Some(o), Some(n)) => o.k1.min(n.k1),
+            (Some(o), None) => o.k1,
+            (None, Some(n)) => n.k1,
+            (None, None) => break,
+        };
+        let (from_i, from_j) = (i, j);
+        while old.get(i).is_some_and(|e| e.k1 == key) {
+            i += 1;
+        }
+        while new.get(j).is_some_and(|e| e.k1 == key) {
+            j += 1;
+        }
+        tally.pair(key, &old[from_i..i], &new[from_j..j], nullable);
+    }
+    tally
+}
+
+/// What pairing one bucket found, to be added up in bucket order.
+struct Tally {
+    /// Per label index (as read).
+    counts: Vec<[u64; 3]>,
+    /// Changed rows whose new partition has a NULL value, by new and old label (their label is
+    /// worked out when the tallies are added up).
+    coalesced: BTreeMap<(u32, u32), u64>,
+    /// The first differences of each kind.
+    samples: [Vec<Pending>; 3],
+    sample: usize,
+    duplicate_keys: u64,
+}
+
+/// A sampled difference, before its label is known for sure.
+struct Pending {
+    label: u32,
+    /// The old row's label, when the label is the new one's with NULLs taken from it.
+    coalesce_with: Option<u32>,
+    key: SampledKey,
+    new: Option<Entry>,
+    old: Option<Entry>,
+}
+
+impl Tally {
+    fn new(labels: usize, sample: usize) -> Self {
+        Self {
+            counts: vec![[0; 3]; labels],
+            coalesced: BTreeMap::new(),
+            samples: [Vec::new(), Vec::new(), Vec::new()],
+            sample,
+            duplicate_keys: 0,
+        }
+    }
+
+    fn count(
+        &mut self,
+        kind: usize,
+        label: u32,
+        key: (u64, u64),
+        new: Option<Entry>,
+        old: Option<Entry>,
+        nullable: &[bool],
+    ) {
+        // A changed row counts under its new partition, each NULL value taken from the old.
+        let coalesce_with = match (kind, old) {
+            (CHANGED, Some(o)) if nullable[label as usize] => Some(o.label),
+            _ => None,
+        };
+        match coalesce_with {
+            Some(o) => *self.coalesced.entry((label, o)).or_default() += 1,
+            None => self.counts[label as usize][kind] += 1,
+        }
+        if self.samples[kind].len() < self.sample {
+            self.samples[kind].push(Pending {
+                label,
+                coalesce_with,
+                key: SampledKey::Hashes(key.0, key.1),
+                new,
+                old,
+            });
+        }
+    }
+
+    /// Pairs the rows of one first half of a key hash (almost always one row a side); rows whose
+    /// second halves differ have different keys.
+    fn pair(&mut self, k1: u64, old: &[Entry], new: &[Entry], nullable: &[bool]) {
+        // The common cases, without sorting anything out: one row a side, or one side alone.
+        match (old, new) {
+            ([o], [n]) if o.k2 == n.k2 => {
+                if n.diffed && o.hash != n.hash {
+                    self.count(CHANGED, n.label, (k1, o.k2), Some(*n), Some(*o), nullable);
+                } else if !n.diffed {
+                    self.count(REMOVED, o.label, (k1, o.k2), None, Some(*o), nullable);
+                }
+                return;
+            }
+            ([o], []) => {
+                self.count(REMOVED, o.label, (k1, o.k2), None, Some(*o), nullable);
+                return;
+            }
+            ([], [n]) => {
+                if n.diffed {
+                    self.count(ADDED, n.label, (k1, n.k2), Some(*n), None, nullable);
+                }
+                return;
+            }
+            _ => {}
+        }
+        let mut k2s: Vec<u64> = old.iter().chain(new).map(|e| e.k2).collect();
+        k2s.sort_unstable();
+        k2s.dedup();
+        for k2 in k2s {
+            if new.iter().filter(|e| e.k2 == k2).count() > 1 {
+                self.duplicate_keys += 1;
+            }
+            let news: Vec<&Entry> = new.iter().filter(|e| e.k2 == k2 && e.diffed).collect();
+            let mut any_old = false;
+            for o in old.iter().filter(|e| e.k2 == k2) {
+                any_old = true;
+                if news.is_empty() {
+                    self.count(REMOVED, o.label, (k1, k2), None, Some(*o), nullable);
+                }
+                for n in &news {
+                    if o.hash != n.hash {
+                        self.count(CHANGED, n.label, (k1, k2), Some(**n), Some(*o), nullable);
+                    }
+                }
+            }
+            if !any_old {
+                for n in news {
+                    self.count(ADDED, n.label, (k1, k2), Some(*n), None, nullable);
+                }
+            }
+        }
+    }
+}
+
+fn spill_error(error: std::io::Error) -> Error {
+    Error::Internal(format!(
+        "cannot use a spill file to compare rows by key: {error}"
+    ))
+}
+
+/// A batch with its columns picked out.
+struct Loaded {
+    k1: UInt64Array,
+    k2: UInt64Array,
+    hash: UInt64Array,
+    flag: BooleanArray,
+    labels: Vec<u32>,
+    rows: usize,
+}
+
+/// The merge: labels, counts and samples so far, and the key facts.
+struct Merge<'a> {
+    spec: &'a CompareSpec,
+    width: usize,
+    labels: Vec<Label>,
+    by_values: HashMap<Vec<ScalarValue>, u32>,
+    coalesced: HashMap<(u32, u32), u32>,
+    counts: Vec<[u64; 3]>,
+    sampled: Vec<Sampled>,
+    taken: [usize; 3],
+    facts: KeyFacts,
+}
+
+impl<'a> Merge<'a> {
+    fn new(spec: &'a CompareSpec, width: usize) -> Self {
+        Self {
+            spec,
+            width,
+            labels: Vec::new(),
+            by_values: HashMap::new(),
+            coalesced: HashMap::new(),
+            counts: Vec::new(),
+            sampled: Vec::new(),
+            taken: [0; 3],
+            facts: KeyFacts::default(),
+        }
+    }
+
+    /// Reads both sides into buckets by key hash, then pairs the rows of each bucket.
+    async fn run(
+        &mut self,
+        ctx: &SessionContext,
+        old: SendableRecordBatchStream,
+        new: SendableRecordBatchStream,
+        expected_rows: u64,
+    ) -> Result<()> {
+        let buckets = bucket_count(expected_rows);
+        let mut old_side = Side::new(buckets, ctx, "old")?;
+        let mut new_side = Side::new(buckets, ctx, "new")?;
+        let started = std::time::Instant::now();
+        self.read(old, &mut old_side, false).await?;
+        let old_ms = started.elapsed().as_millis() as u64;
+        self.read(new, &mut new_side, true).await?;
+        let new_ms = started.elapsed().as_millis() as u64 - old_ms;
+        let nullable: Arc<Vec<bool>> = Arc::new(
+            self.labels
+                .iter()
+                .map(|l| l.values.iter().any(ScalarValue::is_null))
+                .collect(),
+        );
+        let sample = self.spec.sample;
+        match (old_side.into_parts(), new_side.into_parts()) {
+            (Ok(old_rows), Ok(new_rows)) => {
+                let tally = pair_bucket(old_rows, new_rows, &nullable, sample);
+                self.absorb(tally)?;
+            }
+            (Err(old_files), Err(new_files)) => {
+                // The buckets are independent: pair them on every core, add them up in order.
+                let workers = std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .clamp(1, 8);
+                let mut tasks = Vec::new();
+                for worker in 0..workers {
+                    let files: Vec<(usize, SpillFileRef, SpillFileRef)> = (worker..buckets)
+                        .step_by(workers)
+                        .map(|b| (b, Arc::clone(&old_files[b]), Arc::clone(&new_files[b])))
+                        .collect();
+                    let nullable = Arc::clone(&nullable);
+                    tasks.push(tokio::task::spawn_blocking(move || {
+                        files
+                            .into_iter()
+                            .map(|(bucket, old, new)| {
+                                let tally = pair_bucket(
+                                    read_bucket(&old)?,
+                                    read_bucket(&new)?,
+                                    &nullable,
+                                    sample,
+                                );
+                                Ok((bucket, tally))
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    }));
+                }
+                let mut tallies = Vec::with_capacity(buckets);
+                for task in tasks {
+                    let done = task.await.map_err(|e| {
+                        Error::Internal(format!("pairing rows by key failed: {e}"))
+                    })??;
+                    tallies.extend(done);
+                }
+                tallies.sort_by_key(|(bucket, _)| *bucket);
+                for (_, tally) in tallies {
+                    self.absorb(tally)?;
+                }
+            }
+            _ => return Err(Error::Internal("the sides were bucketed apart".into())),
+        }
+        tracing::debug!(
+            buckets,
+            old_ms,
+            new_ms,
+            pair_ms = started.elapsed().as_millis() as u64 - old_ms - new_ms,
+            "merged rows by key hash"
+        );
+        Ok(())
+    }
+
+    /// Streams one side: rows with a NULL key are settled at once (they match nothing), the
+    /// others go to their bucket.
+    async fn read(
+        &mut self,
+        mut stream: SendableRecordBatchStream,
+        side: &mut Side,
+        is_new: bool,
+    ) -> Result<()> {
+        while let Some(batch) = stream.next().await {
+            let batch = batch.query_context(|| "cannot hash rows by key".into())?;
+            let loaded = side.labels.load(&batch, self)?;
+            for row in 0..loaded.rows {
+                let entry = Entry {
+                    k1: loaded.k1.value(row),
+                    k2: loaded.k2.value(row),
+                    hash: loaded.hash.value(row),
+                    label: loaded.labels[row],
+                    diffed: loaded.flag.is_valid(row) && loaded.flag.value(row),
+                };
+                if loaded.k1.is_valid(row) {
+                    side.push(&entry)?;
+                } else if is_new {
+                    self.facts.null_rows += 1;
+                    if entry.diffed {
+                        self.count(ADDED, entry.label, Some(entry), None);
+                    }
+                } else {
+                    self.count(REMOVED, entry.label, None, Some(entry));
+                }
+            }
+        }
+        side.finish_writing()
+    }
+
+    /// Adds a bucket's tally: counts, changed rows under their coalesced labels, samples while
+    /// there is room.
+    fn absorb(&mut self, tally: Tally) -> Result<()> {
+        for (total, counts) in self.counts.iter_mut().zip(&tally.counts) {
+            for (t, c) in total.iter_mut().zip(counts) {
+                *t += c;
+            }
+        }
+        for ((new, old), n) in tally.coalesced {
+            let label = self.coalesce(new, old)?;
+            self.counts[label as usize][CHANGED] += n;
+        }
+        self.facts.duplicate_keys += tally.duplicate_keys;
+        for (kind, pending) in tally.samples.into_iter().enumerate() {
+            for p in pending {
+                if self.taken[kind] >= self.spec.sample {
+                    break;
+                }
+                self.taken[kind] += 1;
+                let label = match p.coalesce_with {
+                    Some(old) => self.coalesce(p.label, old)?,
+                    None => p.label,
+                };
+                self.sample(kind, label, p.key, p.new, p.old);
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&mut self, kind: usize, label: u32, new: Option<Entry>, old: Option<Entry>) {
+        self.counts[label as usize][kind] += 1;
+        if self.taken[kind] < self.spec.sample {
+            self.taken[kind] += 1;
+            self.sample(kind, label, SampledKey::Null, new, old);
+        }
+    }
+
+    fn sample(
+        &mut self,
+        kind: usize,
+        label: u32,
+        key: SampledKey,
+        new: Option<Entry>,
+        old: Option<Entry>,
+    ) {
+        let side = |entry: Option<Entry>| {
+            entry.map(|e| (self.labels[e.label as usize].values.clone(), e.hash))
+        };
+        self.sampled.push(Sampled {
+            kind,
+            partition: self.labels[label as usize].text.clone(),
+            key_text: key.identity(),
+            key,
+            old: side(old),
+            new: side(new),
+        });
+    }
+
+    /// The label a changed row counts under: the new row's partition values, each NULL one
+    /// taken from the old row (as `COALESCE(new, old)` per column).
+    fn coalesce(&mut self, new: u32, old: u32) -> Result<u32> {
+        if !self.labels[new as usize]
+            .values
+            .iter()
+            .any(ScalarValue::is_null)
+        {
+            return Ok(new);
+        }
+        if let Some(label) = self.coalesced.get(&(new, old)) {
+            return Ok(*label);
+        }
+        let values: Vec<ScalarValue> = self.labels[new as usize]
+            .values
+            .iter()
+            .zip(&self.labels[old as usize].values)
+            .map(|(n, o)| if n.is_null() { o.clone() } else { n.clone() })
+            .collect();
+        let label = self.intern(values)?;
+        self.coalesced.insert((new, old), label);
+        Ok(label)
+    }
+
+    /// The label index of a partition value.
+    fn intern(&mut self, values: Vec<ScalarValue>) -> Result<u32> {
+        if let Some(label) = self.by_values.get(&values) {
+            return Ok(*label);
+        }
+        let text = partition_label(self.spec, &values)?;
+        let label = u32::try_from(self.labels.len())
+            .map_err(|_| Error::Internal("too many partition values".into()))?;
+        self.labels.push(Label {
+            values: values.clone(),
+            text,
+        });
+        self.counts.push([0; 3]);
+        self.by_values.insert(values, label);
+        Ok(label)
+    }
+
+    fn finish(self) -> (BTreeMap<String, [u64; 3]>, Vec<Sampled>, KeyFacts) {
+        let mut counts: BTreeMap<String, [u64; 3]> = BTreeMap::new();
+        for (label, c) in self.labels.iter().zip(&self.counts) {
+            if c.iter().any(|n| *n > 0) {
+                let entry = counts.entry(label.text.clone()).or_default();
+                for (e, n) in entry.iter_mut().zip(c) {
+                    *e += n;
+                }
+            }
+        }
+        (counts, self.sampled, self.facts)
+    }
+}
+
+impl SideLabels {
+    fn load(&mut self, batch: &RecordBatch, merge: &mut Merge<'_>) -> Result<Loaded> {
+        let width = merge.width;
+        let column = |i: usize| -> Result<UInt64Array> {
+            batch
+                .column(width + i)
+                .as_primitive_opt::<UInt64Type>()
+                .cloned()
+                .ok_or_else(|| Error::Internal("a key or row hash is not a UInt64".into()))
+        };
+        let flag = batch
+            .column(width + 3)
+            .as_boolean_opt()
+            .cloned()
+            .ok_or_else(|| Error::Internal("the partition flag is not a boolean".into()))?;
+        let parts: Vec<ArrayRef> = (0..width).map(|i| Arc::clone(batch.column(i))).collect();
+        let labels = self.labels(&parts, batch.num_rows(), merge)?;
+        Ok(Loaded {
+            k1: column(0)?,
+            k2: column(1)?,
+            hash: column(2)?,
+            flag,
+            labels,
+            rows: batch.num_rows(),
+        })
+    }
+
+    /// The label index of every row.
+    fn labels(
+        &mut self,
+        parts: &[ArrayRef],
+        rows: usize,
+        merge: &mut Merge<'_>,
+    ) -> Result<Vec<u32>> {
+        if parts.is_empty() {
+            let label = merge.intern(Vec::new())?;
+            return Ok(vec![label; rows]);
+        }
+        let converter = match &mut self.converter {
+            Some(c) => c,
+            None => {
+                let fields = parts
+                    .iter()
+                    .map(|p| SortField::new(p.data_type().clone()))
+                    .collect();
+                self.converter.insert(
+                    RowConverter::new(fields).map_err(|e| {
+                        Error::Internal(format!("cannot read partition values: {e}"))
+                    })?,
+                )
+            }
+        };
+        let converted = converter
+            .convert_columns(parts)
+            .map_err(|e| Error::Internal(format!("cannot read partition values: {e}")))?;
+        let mut out: Vec<u32> = Vec::with_capacity(rows);
+        for row in 0..rows {
+            let bytes = converted.row(row);
+            // Rows come in runs of one partition (a file holds one).
+            if row > 0 && converted.row(row - 1) == bytes {
+                out.push(out[row - 1]);
+                continue;
+            }
+            if let Some(label) = self.known.get(bytes.as_ref()) {
+                out.push(*label);
+                continue;
+            }
+            let values = parts
+                .iter()
+                .map(|p| {
+                    ScalarValue::try_from_array(p, row)
+                        .query_context(|| "cannot read a partition value".into())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let label = merge.intern(values)?;
+            self.known.insert(bytes.as_ref().into(), label);
+            out.push(label);
+        }
+        Ok(out)
+    }
+}
