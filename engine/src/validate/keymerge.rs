@@ -19,7 +19,9 @@
 //! [`super::rowdiff`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use deltalake::datafusion::execution::disk_manager::DiskManager;
 
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use deltalake::arrow::datatypes::{Schema, UInt64Type};
@@ -34,7 +36,7 @@ use super::compare::CompareSpec;
 use super::rowdiff::{
     ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, partition_label, read_back,
 };
-use super::rows::{column_names, run};
+use super::rows::column_names;
 use crate::error::{Error, QueryContext, Result};
 use crate::rowhash::{
     KeyHashUdf, RowHashUdf, key_hash_sql, key_hashable, key_type_class, row_hash_sql,
@@ -126,17 +128,10 @@ pub(crate) async fn merge_diff(
         None => (old.to_string(), (new.to_string(), "TRUE")),
     };
     let result = async {
-        let old_stream = run(ctx, &narrow(&old_table, "TRUE"), "hash the old rows by key").await?;
-        let new_stream = run(
-            ctx,
-            &narrow(&new_flag.0, new_flag.1),
-            "hash the new rows by key",
-        )
-        .await?;
+        let old_sql = narrow(&old_table, "TRUE");
+        let new_sql = narrow(&new_flag.0, new_flag.1);
         let mut merge = Merge::new(spec, parts.len());
-        merge
-            .run(ctx, old_stream, new_stream, expected_rows)
-            .await?;
+        merge.run(ctx, &old_sql, &new_sql, expected_rows).await?;
         let (counts, sampled, facts) = merge.finish();
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
         Ok::<_, Error>((RowDiff { counts, samples }, facts))
@@ -215,7 +210,6 @@ fn bucket_count(expected_rows: u64) -> usize {
 /// One side's rows, by bucket: in memory when there is one bucket, else in spill files of the
 /// session's disk manager (removed when dropped).
 struct Side {
-    labels: SideLabels,
     shift: u32,
     store: Store,
 }
@@ -235,11 +229,10 @@ enum Store {
 }
 
 impl Side {
-    fn new(buckets: usize, ctx: &SessionContext, what: &str) -> Result<Self> {
+    fn new(buckets: usize, disk: &Arc<DiskManager>, what: &str) -> Result<Self> {
         let store = if buckets == 1 {
             Store::Memory(Vec::new())
         } else {
-            let disk = &ctx.runtime_env().disk_manager;
             let mut files = Vec::with_capacity(buckets);
             let mut writers = Vec::with_capacity(buckets);
             for _ in 0..buckets {
@@ -255,7 +248,6 @@ impl Side {
             Store::Files { files, writers }
         };
         Ok(Self {
-            labels: SideLabels::default(),
             shift: 64 - buckets.trailing_zeros(),
             store,
         })
@@ -295,25 +287,50 @@ impl Side {
         Ok(())
     }
 
-    /// Every row, when they are kept in memory; else the spill files of each bucket.
-    fn into_parts(self) -> std::result::Result<Vec<Entry>, Vec<SpillFileRef>> {
-        match self.store {
-            Store::Memory(rows) => Ok(rows),
-            Store::Files { files, .. } => Err(files),
+    /// Every row of `sides`, when they are kept in memory; else the spill files of each bucket.
+    fn gather(
+        sides: Vec<Side>,
+        buckets: usize,
+    ) -> std::result::Result<Vec<Entry>, Vec<Vec<SpillFileRef>>> {
+        if buckets == 1 {
+            let mut rows = Vec::new();
+            for side in sides {
+                if let Store::Memory(more) = side.store {
+                    rows.extend(more);
+                }
+            }
+            return Ok(rows);
         }
+        let mut files: Vec<Vec<SpillFileRef>> = vec![Vec::new(); buckets];
+        for side in sides {
+            if let Store::Files { files: mine, .. } = side.store {
+                for (bucket, file) in mine.into_iter().enumerate() {
+                    files[bucket].push(file);
+                }
+            }
+        }
+        Err(files)
     }
 }
 
 /// A spill file of one bucket of one side.
 type SpillFileRef = Arc<dyn deltalake::datafusion::execution::spill_file::SpillFile>;
 
-/// The rows of one bucket's spill file.
-fn read_bucket(file: &SpillFileRef) -> Result<Vec<Entry>> {
+/// The rows of one bucket, from its spill files (one per reading task).
+fn read_bucket(files: &[SpillFileRef]) -> Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    for file in files {
+        read_bucket_file(file, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn read_bucket_file(file: &SpillFileRef, out: &mut Vec<Entry>) -> Result<()> {
     let Some(path) = file.path() else {
         return Err(Error::Internal("a spill file has no local path".into()));
     };
     let bytes = std::fs::read(path).map_err(spill_error)?;
-    let mut out = Vec::with_capacity(bytes.len() / RECORD);
+    out.reserve(bytes.len() / RECORD);
     for record in bytes.chunks_exact(RECORD) {
         let word =
             |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or_default());
@@ -326,7 +343,7 @@ fn read_bucket(file: &SpillFileRef) -> Result<Vec<Entry>> {
             diffed: tag & 1 == 1,
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Sorts both sides' rows of a bucket by key hash and pairs them.
@@ -496,8 +513,7 @@ struct Loaded {
 struct Merge<'a> {
     spec: &'a CompareSpec,
     width: usize,
-    labels: Vec<Label>,
-    by_values: HashMap<Vec<ScalarValue>, u32>,
+    labels: LabelTable,
     coalesced: HashMap<(u32, u32), u32>,
     counts: Vec<[u64; 3]>,
     sampled: Vec<Sampled>,
@@ -510,8 +526,7 @@ impl<'a> Merge<'a> {
         Self {
             spec,
             width,
-            labels: Vec::new(),
-            by_values: HashMap::new(),
+            labels: LabelTable::default(),
             coalesced: HashMap::new(),
             counts: Vec::new(),
             sampled: Vec::new(),
@@ -524,26 +539,30 @@ impl<'a> Merge<'a> {
     async fn run(
         &mut self,
         ctx: &SessionContext,
-        old: SendableRecordBatchStream,
-        new: SendableRecordBatchStream,
+        old_sql: &str,
+        new_sql: &str,
         expected_rows: u64,
     ) -> Result<()> {
         let buckets = bucket_count(expected_rows);
-        let mut old_side = Side::new(buckets, ctx, "old")?;
-        let mut new_side = Side::new(buckets, ctx, "new")?;
         let started = std::time::Instant::now();
-        self.read(old, &mut old_side, false).await?;
+        let old_sides = self.read(ctx, old_sql, buckets, false).await?;
         let old_ms = started.elapsed().as_millis() as u64;
-        self.read(new, &mut new_side, true).await?;
+        let new_sides = self.read(ctx, new_sql, buckets, true).await?;
         let new_ms = started.elapsed().as_millis() as u64 - old_ms;
+        let labels = self.labels.labels.len();
+        self.counts.resize(labels, [0; 3]);
         let nullable: Arc<Vec<bool>> = Arc::new(
             self.labels
+                .labels
                 .iter()
                 .map(|l| l.values.iter().any(ScalarValue::is_null))
                 .collect(),
         );
         let sample = self.spec.sample;
-        match (old_side.into_parts(), new_side.into_parts()) {
+        match (
+            Side::gather(old_sides, buckets),
+            Side::gather(new_sides, buckets),
+        ) {
             (Ok(old_rows), Ok(new_rows)) => {
                 let tally = pair_bucket(old_rows, new_rows, &nullable, sample);
                 self.absorb(tally)?;
@@ -555,9 +574,10 @@ impl<'a> Merge<'a> {
                     .clamp(1, 8);
                 let mut tasks = Vec::new();
                 for worker in 0..workers {
-                    let files: Vec<(usize, SpillFileRef, SpillFileRef)> = (worker..buckets)
+                    let files: Vec<(usize, Vec<SpillFileRef>, Vec<SpillFileRef>)> = (worker
+                        ..buckets)
                         .step_by(workers)
-                        .map(|b| (b, Arc::clone(&old_files[b]), Arc::clone(&new_files[b])))
+                        .map(|b| (b, old_files[b].clone(), new_files[b].clone()))
                         .collect();
                     let nullable = Arc::clone(&nullable);
                     tasks.push(tokio::task::spawn_blocking(move || {
@@ -599,38 +619,82 @@ impl<'a> Merge<'a> {
         Ok(())
     }
 
-    /// Streams one side: rows with a NULL key are settled at once (they match nothing), the
-    /// others go to their bucket.
+    /// Reads one side, a task per partition of the query: rows with a NULL key are settled at
+    /// once (they match nothing), the others go to their bucket.
     async fn read(
         &mut self,
-        mut stream: SendableRecordBatchStream,
-        side: &mut Side,
+        ctx: &SessionContext,
+        sql: &str,
+        buckets: usize,
         is_new: bool,
-    ) -> Result<()> {
-        while let Some(batch) = stream.next().await {
-            let batch = batch.query_context(|| "cannot hash rows by key".into())?;
-            let loaded = side.labels.load(&batch, self)?;
-            for row in 0..loaded.rows {
-                let entry = Entry {
-                    k1: loaded.k1.value(row),
-                    k2: loaded.k2.value(row),
-                    hash: loaded.hash.value(row),
-                    label: loaded.labels[row],
-                    diffed: loaded.flag.is_valid(row) && loaded.flag.value(row),
-                };
-                if loaded.k1.is_valid(row) {
-                    side.push(&entry)?;
-                } else if is_new {
-                    self.facts.null_rows += 1;
-                    if entry.diffed {
-                        self.count(ADDED, entry.label, Some(entry), None);
-                    }
-                } else {
-                    self.count(REMOVED, entry.label, None, Some(entry));
+    ) -> Result<Vec<Side>> {
+        let what = if is_new { "new" } else { "old" };
+        let streams = ctx
+            .sql_with_options(sql, crate::sqltext::read_only())
+            .await
+            .query_context(|| format!("cannot plan the query to hash the {what} rows by key"))?
+            .execute_stream_partitioned()
+            .await
+            .query_context(|| format!("cannot run the query to hash the {what} rows by key"))?;
+        let table = Arc::new(Mutex::new(std::mem::take(&mut self.labels)));
+        let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+        let spec = Arc::new(self.spec.clone());
+        let mut tasks = Vec::new();
+        for stream in streams {
+            let side = Side::new(buckets, &disk, what)?;
+            let reader = Reader {
+                side,
+                labels: SideLabels::default(),
+                table: Arc::clone(&table),
+                spec: Arc::clone(&spec),
+                width: self.width,
+                is_new,
+                nulls: ReadTally::default(),
+            };
+            tasks.push(tokio::spawn(reader.read(stream)));
+        }
+        let mut sides = Vec::new();
+        let mut failure = None;
+        let mut tallies = Vec::new();
+        for task in tasks {
+            match task.await {
+                Ok(Ok((side, tally))) => {
+                    sides.push(side);
+                    tallies.push(tally);
+                }
+                Ok(Err(e)) => failure = failure.or(Some(e)),
+                Err(e) => {
+                    failure = failure.or(Some(Error::Internal(format!(
+                        "reading the {what} rows by key failed: {e}"
+                    ))))
                 }
             }
         }
-        side.finish_writing()
+        self.labels = Arc::try_unwrap(table)
+            .map_err(|_| Error::Internal("the partition labels are still shared".into()))?
+            .into_inner()
+            .map_err(|_| Error::Internal("the partition labels were poisoned".into()))?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        self.counts.resize(self.labels.labels.len(), [0; 3]);
+        for tally in tallies {
+            self.facts.null_rows += tally.null_rows;
+            for (label, counts) in tally.counts {
+                for (t, c) in self.counts[label as usize].iter_mut().zip(counts) {
+                    *t += c;
+                }
+            }
+            for (kind, pending) in tally.samples.into_iter().enumerate() {
+                for p in pending {
+                    if self.taken[kind] < self.spec.sample {
+                        self.taken[kind] += 1;
+                        self.sample(kind, p.label, p.key, p.new, p.old);
+                    }
+                }
+            }
+        }
+        Ok(sides)
     }
 
     /// Adds a bucket's tally: counts, changed rows under their coalesced labels, samples while
@@ -662,14 +726,6 @@ impl<'a> Merge<'a> {
         Ok(())
     }
 
-    fn count(&mut self, kind: usize, label: u32, new: Option<Entry>, old: Option<Entry>) {
-        self.counts[label as usize][kind] += 1;
-        if self.taken[kind] < self.spec.sample {
-            self.taken[kind] += 1;
-            self.sample(kind, label, SampledKey::Null, new, old);
-        }
-    }
-
     fn sample(
         &mut self,
         kind: usize,
@@ -679,11 +735,11 @@ impl<'a> Merge<'a> {
         old: Option<Entry>,
     ) {
         let side = |entry: Option<Entry>| {
-            entry.map(|e| (self.labels[e.label as usize].values.clone(), e.hash))
+            entry.map(|e| (self.labels.labels[e.label as usize].values.clone(), e.hash))
         };
         self.sampled.push(Sampled {
             kind,
-            partition: self.labels[label as usize].text.clone(),
+            partition: self.labels.labels[label as usize].text.clone(),
             key_text: key.identity(),
             key,
             old: side(old),
@@ -694,47 +750,28 @@ impl<'a> Merge<'a> {
     /// The label a changed row counts under: the new row's partition values, each NULL one
     /// taken from the old row (as `COALESCE(new, old)` per column).
     fn coalesce(&mut self, new: u32, old: u32) -> Result<u32> {
-        if !self.labels[new as usize]
-            .values
-            .iter()
-            .any(ScalarValue::is_null)
-        {
+        let labels = &self.labels.labels;
+        if !labels[new as usize].values.iter().any(ScalarValue::is_null) {
             return Ok(new);
         }
         if let Some(label) = self.coalesced.get(&(new, old)) {
             return Ok(*label);
         }
-        let values: Vec<ScalarValue> = self.labels[new as usize]
+        let values: Vec<ScalarValue> = labels[new as usize]
             .values
             .iter()
-            .zip(&self.labels[old as usize].values)
+            .zip(&labels[old as usize].values)
             .map(|(n, o)| if n.is_null() { o.clone() } else { n.clone() })
             .collect();
-        let label = self.intern(values)?;
+        let label = self.labels.intern(self.spec, values)?;
+        self.counts.resize(self.labels.labels.len(), [0; 3]);
         self.coalesced.insert((new, old), label);
-        Ok(label)
-    }
-
-    /// The label index of a partition value.
-    fn intern(&mut self, values: Vec<ScalarValue>) -> Result<u32> {
-        if let Some(label) = self.by_values.get(&values) {
-            return Ok(*label);
-        }
-        let text = partition_label(self.spec, &values)?;
-        let label = u32::try_from(self.labels.len())
-            .map_err(|_| Error::Internal("too many partition values".into()))?;
-        self.labels.push(Label {
-            values: values.clone(),
-            text,
-        });
-        self.counts.push([0; 3]);
-        self.by_values.insert(values, label);
         Ok(label)
     }
 
     fn finish(self) -> (BTreeMap<String, [u64; 3]>, Vec<Sampled>, KeyFacts) {
         let mut counts: BTreeMap<String, [u64; 3]> = BTreeMap::new();
-        for (label, c) in self.labels.iter().zip(&self.counts) {
+        for (label, c) in self.labels.labels.iter().zip(&self.counts) {
             if c.iter().any(|n| *n > 0) {
                 let entry = counts.entry(label.text.clone()).or_default();
                 for (e, n) in entry.iter_mut().zip(c) {
@@ -746,9 +783,103 @@ impl<'a> Merge<'a> {
     }
 }
 
+/// Every partition value seen, with its label, shared by the reading tasks.
+#[derive(Default)]
+struct LabelTable {
+    labels: Vec<Label>,
+    by_values: HashMap<Vec<ScalarValue>, u32>,
+}
+
+impl LabelTable {
+    /// The label index of a partition value.
+    fn intern(&mut self, spec: &CompareSpec, values: Vec<ScalarValue>) -> Result<u32> {
+        if let Some(label) = self.by_values.get(&values) {
+            return Ok(*label);
+        }
+        let text = partition_label(spec, &values)?;
+        let label = u32::try_from(self.labels.len())
+            .map_err(|_| Error::Internal("too many partition values".into()))?;
+        self.labels.push(Label {
+            values: values.clone(),
+            text,
+        });
+        self.by_values.insert(values, label);
+        Ok(label)
+    }
+}
+
+/// What a reading task settled itself: the rows with a NULL key.
+#[derive(Default)]
+struct ReadTally {
+    counts: BTreeMap<u32, [u64; 3]>,
+    samples: [Vec<Pending>; 3],
+    null_rows: u64,
+}
+
+/// One task reading one partition of a side's query into its own buckets.
+struct Reader {
+    side: Side,
+    labels: SideLabels,
+    table: Arc<Mutex<LabelTable>>,
+    spec: Arc<CompareSpec>,
+    width: usize,
+    is_new: bool,
+    nulls: ReadTally,
+}
+
+impl Reader {
+    async fn read(mut self, mut stream: SendableRecordBatchStream) -> Result<(Side, ReadTally)> {
+        while let Some(batch) = stream.next().await {
+            let batch = batch.query_context(|| "cannot hash rows by key".into())?;
+            let loaded = self
+                .labels
+                .load(&batch, self.width, &self.table, &self.spec)?;
+            for row in 0..loaded.rows {
+                let entry = Entry {
+                    k1: loaded.k1.value(row),
+                    k2: loaded.k2.value(row),
+                    hash: loaded.hash.value(row),
+                    label: loaded.labels[row],
+                    diffed: loaded.flag.is_valid(row) && loaded.flag.value(row),
+                };
+                if loaded.k1.is_valid(row) {
+                    self.side.push(&entry)?;
+                    continue;
+                }
+                let (kind, new, old) = if self.is_new {
+                    self.nulls.null_rows += 1;
+                    if !entry.diffed {
+                        continue;
+                    }
+                    (ADDED, Some(entry), None)
+                } else {
+                    (REMOVED, None, Some(entry))
+                };
+                self.nulls.counts.entry(entry.label).or_default()[kind] += 1;
+                if self.nulls.samples[kind].len() < self.spec.sample {
+                    self.nulls.samples[kind].push(Pending {
+                        label: entry.label,
+                        coalesce_with: None,
+                        key: SampledKey::Null,
+                        new,
+                        old,
+                    });
+                }
+            }
+        }
+        self.side.finish_writing()?;
+        Ok((self.side, self.nulls))
+    }
+}
+
 impl SideLabels {
-    fn load(&mut self, batch: &RecordBatch, merge: &mut Merge<'_>) -> Result<Loaded> {
-        let width = merge.width;
+    fn load(
+        &mut self,
+        batch: &RecordBatch,
+        width: usize,
+        table: &Mutex<LabelTable>,
+        spec: &CompareSpec,
+    ) -> Result<Loaded> {
         let column = |i: usize| -> Result<UInt64Array> {
             batch
                 .column(width + i)
@@ -762,7 +893,7 @@ impl SideLabels {
             .cloned()
             .ok_or_else(|| Error::Internal("the partition flag is not a boolean".into()))?;
         let parts: Vec<ArrayRef> = (0..width).map(|i| Arc::clone(batch.column(i))).collect();
-        let labels = self.labels(&parts, batch.num_rows(), merge)?;
+        let labels = self.labels(&parts, batch.num_rows(), table, spec)?;
         Ok(Loaded {
             k1: column(0)?,
             k2: column(1)?,
@@ -778,10 +909,17 @@ impl SideLabels {
         &mut self,
         parts: &[ArrayRef],
         rows: usize,
-        merge: &mut Merge<'_>,
+        table: &Mutex<LabelTable>,
+        spec: &CompareSpec,
     ) -> Result<Vec<u32>> {
+        let intern = |values: Vec<ScalarValue>| {
+            table
+                .lock()
+                .map_err(|_| Error::Internal("the partition labels were poisoned".into()))?
+                .intern(spec, values)
+        };
         if parts.is_empty() {
-            let label = merge.intern(Vec::new())?;
+            let label = intern(Vec::new())?;
             return Ok(vec![label; rows]);
         }
         let converter = match &mut self.converter {
@@ -820,7 +958,7 @@ impl SideLabels {
                         .query_context(|| "cannot read a partition value".into())
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let label = merge.intern(values)?;
+            let label = intern(values)?;
             self.known.insert(bytes.as_ref().into(), label);
             out.push(label);
         }

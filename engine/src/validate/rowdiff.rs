@@ -743,8 +743,14 @@ mod tests {
     async fn session(old: &[Row], new: &[Row]) -> SessionContext {
         let ctx = SessionContext::new();
         for (name, rows) in [("previous", old), ("output", new)] {
+            // Two partitions, so that the merge reads each side with two tasks.
             let batch = batch(rows);
-            let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).expect("memtable");
+            let half = batch.num_rows() / 2;
+            let parts = vec![
+                vec![batch.slice(0, half)],
+                vec![batch.slice(half, batch.num_rows() - half)],
+            ];
+            let table = MemTable::try_new(batch.schema(), parts).expect("memtable");
             ctx.register_table(name, Arc::new(table)).expect("register");
         }
         ctx.register_udf(RowHashUdf::udf());
