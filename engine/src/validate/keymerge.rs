@@ -6,7 +6,8 @@
 //! every other column both sides have ([`crate::rowhash`]), 28 bytes a row with the partition as
 //! a label number. The rows go to buckets by the top bits of the key hash (in memory for small
 //! sides, else spill files of the session's disk manager, sized so that one bucket of both sides
-//! is about 64 MiB), and each bucket is sorted and merged on its own: rows whose key hashes agree
+//! is at most 64 MiB, less under a small memory pool), and each bucket is sorted and merged on
+//! its own, a bucket per core at a time: rows whose key hashes agree
 //! are paired, and a pair whose row hashes differ is a changed row. Memory stays at one bucket
 //! whatever the size of the sides; no join, no sort of whole rows. The new side is read whole, so the same pass counts repeated keys and NULL keys
 //! of every new row ([`KeyFacts`]); rows of partitions whose checksums already agree are only
@@ -93,7 +94,7 @@ pub(crate) async fn merge_diff(
         .collect();
     let parts = spec.partitions.columns();
     let hash = row_hash_sql(&compared);
-    let narrow = |table: &str, flag: &str| {
+    let narrow = |table: &str, hash: &str, flag: &str| {
         let mut select: Vec<String> = parts.iter().map(|c| ident(c)).collect();
         select.push(format!("{} AS __lf_k1", key_hash_sql(0, &spec.key)));
         select.push(format!("{} AS __lf_k2", key_hash_sql(1, &spec.key)));
@@ -101,37 +102,42 @@ pub(crate) async fn merge_diff(
         select.push(format!("{flag} AS __lf_d"));
         format!("SELECT {} FROM {table}", select.join(", "))
     };
-    // The old side: only the differing partitions. The new side: every row, flagged.
+    // The old side: only the differing partitions. The new side: every row, those of the other
+    // partitions only for their keys (no row hash: a scan of the key columns alone).
     let mut views = Vec::new();
-    let (old_table, new_flag) = match &differing {
+    let mut register = |name: &str, rows: deltalake::datafusion::dataframe::DataFrame| {
+        views.push(name.to_string());
+        ctx.register_table(name, rows.into_view())
+            .query_context(|| "cannot register the differing partitions".into())
+    };
+    let (old_sql, new_sqls) = match &differing {
         Some(predicate) => {
-            let old_view = "__lf_merge_previous".to_string();
-            let rows = ctx
-                .table(old)
-                .await
-                .and_then(|df| df.filter(predicate.clone()))
-                .query_context(|| "cannot select the differing partitions".into())?;
-            ctx.register_table(old_view.as_str(), rows.into_view())
-                .query_context(|| "cannot register the differing partitions".into())?;
-            let new_view = "__lf_merge_output".to_string();
-            let rows = ctx
-                .table(new)
-                .await
-                .and_then(|df| df.with_column("__lf_in_diff", predicate.clone()))
-                .query_context(|| "cannot flag the differing partitions".into())?;
-            ctx.register_table(new_view.as_str(), rows.into_view())
-                .query_context(|| "cannot register the flagged rows".into())?;
-            views.push(old_view.clone());
-            views.push(new_view.clone());
-            (old_view, (new_view, "COALESCE(__lf_in_diff, FALSE)"))
+            let select = |table: &str, predicate: Expr| {
+                let table = table.to_string();
+                async move {
+                    ctx.table(table.as_str())
+                        .await
+                        .and_then(|df| df.filter(predicate))
+                        .query_context(|| "cannot select the differing partitions".into())
+                }
+            };
+            let rest = std::ops::Not::not(predicate.clone().is_true());
+            register("__lf_merge_previous", select(old, predicate.clone()).await?)?;
+            register("__lf_merge_output", select(new, predicate.clone()).await?)?;
+            register("__lf_merge_output_rest", select(new, rest).await?)?;
+            (
+                narrow("__lf_merge_previous", &hash, "TRUE"),
+                vec![
+                    narrow("__lf_merge_output", &hash, "TRUE"),
+                    narrow("__lf_merge_output_rest", "arrow_cast(0, 'UInt64')", "FALSE"),
+                ],
+            )
         }
-        None => (old.to_string(), (new.to_string(), "TRUE")),
+        None => (narrow(old, &hash, "TRUE"), vec![narrow(new, &hash, "TRUE")]),
     };
     let result = async {
-        let old_sql = narrow(&old_table, "TRUE");
-        let new_sql = narrow(&new_flag.0, new_flag.1);
         let mut merge = Merge::new(spec, parts.len());
-        merge.run(ctx, &old_sql, &new_sql, expected_rows).await?;
+        merge.run(ctx, &old_sql, &new_sqls, expected_rows).await?;
         let (counts, sampled, facts) = merge.finish();
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
         Ok::<_, Error>((RowDiff { counts, samples }, facts))
@@ -190,20 +196,30 @@ struct SideLabels {
 /// with the differing-partition flag in its lowest bit.
 const RECORD: usize = 28;
 
-/// Rows per side at most kept in memory whole; beyond, each side goes to buckets on disk.
-const IN_MEMORY_ROWS: u64 = 2 * 1024 * 1024;
-
 /// Bytes of rows a bucket of both sides is meant to hold (what pairing one bucket keeps in
-/// memory).
+/// memory), at most.
 const BUCKET_BYTES: u64 = 64 * 1024 * 1024;
 
-/// How many buckets the rows go to: one (in memory) for few rows, else enough that a bucket of
-/// both sides holds about [`BUCKET_BYTES`], and at least 64.
-fn bucket_count(expected_rows: u64) -> usize {
-    if expected_rows <= IN_MEMORY_ROWS {
+/// The bytes a bucket may hold under the session's memory pool: an eighth of the pool a worker
+/// (every core pairs a bucket at a time), between 1 and 64 MiB.
+fn bucket_bytes(ctx: &SessionContext) -> u64 {
+    use deltalake::datafusion::execution::memory_pool::MemoryLimit;
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    match ctx.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(pool) => (pool as u64 / 8 / workers).clamp(1 << 20, BUCKET_BYTES),
+        _ => BUCKET_BYTES,
+    }
+}
+
+/// How many buckets the rows go to: one (in memory) when both sides fit in one, else enough
+/// that a bucket of both sides holds about `bytes`, and at least 64.
+fn bucket_count(expected_rows: u64, bytes: u64) -> usize {
+    // Rows take a little more room in memory than on disk (padding).
+    let in_memory = expected_rows * std::mem::size_of::<Entry>() as u64;
+    if in_memory <= bytes {
         return 1;
     }
-    let needed = (expected_rows * RECORD as u64).div_ceil(BUCKET_BYTES);
+    let needed = in_memory.div_ceil(bytes);
     usize::try_from(needed.next_power_of_two().clamp(64, 1 << 14)).unwrap_or(1 << 14)
 }
 
@@ -540,14 +556,17 @@ impl<'a> Merge<'a> {
         &mut self,
         ctx: &SessionContext,
         old_sql: &str,
-        new_sql: &str,
+        new_sqls: &[String],
         expected_rows: u64,
     ) -> Result<()> {
-        let buckets = bucket_count(expected_rows);
+        let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
         let started = std::time::Instant::now();
         let old_sides = self.read(ctx, old_sql, buckets, false).await?;
         let old_ms = started.elapsed().as_millis() as u64;
-        let new_sides = self.read(ctx, new_sql, buckets, true).await?;
+        let mut new_sides = Vec::new();
+        for new_sql in new_sqls {
+            new_sides.extend(self.read(ctx, new_sql, buckets, true).await?);
+        }
         let new_ms = started.elapsed().as_millis() as u64 - old_ms;
         let labels = self.labels.labels.len();
         self.counts.resize(labels, [0; 3]);

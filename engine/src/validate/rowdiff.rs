@@ -905,10 +905,18 @@ mod tests {
             checksum_columns: None,
         };
         let only_a = col("d").eq(lit("a"));
-        let (merged, _) = merge_diff(&ctx, &spec, "previous", "output", Some(only_a.clone()), 0)
+        let (merged, facts) =
+            merge_diff(&ctx, &spec, "previous", "output", Some(only_a.clone()), 0)
+                .await
+                .expect("merge")
+                .expect("hashable");
+        // The keys of every new row count, differing partition or not.
+        let (_, all_facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0)
             .await
             .expect("merge")
             .expect("hashable");
+        assert_eq!(facts, all_facts);
+        assert!(facts.duplicate_keys > 0 && facts.null_rows > 0);
         // The reference: the join over the views of partition `a` alone.
         for table in ["previous", "output"] {
             let view = ctx
