@@ -47,6 +47,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
         spill_dropped: journal.spill_dropped,
         validation,
         revert_of: journal.revert_of.as_ref().map(ToString::to_string),
+        cascade: journal.cascade.clone(),
     }
 }
 

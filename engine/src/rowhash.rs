@@ -308,7 +308,8 @@ pub(crate) fn key_hash_sql(half: usize, columns: &[String]) -> String {
 /// none); the session must have [`RowHashUdf`] registered.
 pub(crate) fn row_hash_sql(columns: &[String]) -> String {
     if columns.is_empty() {
-        return EMPTY_ROW_HASH.to_string();
+        // Typed like the function's result, so that readers of the hash see one type.
+        return format!("arrow_cast({EMPTY_ROW_HASH}, 'UInt64')");
     }
     let columns: Vec<String> = columns.iter().map(|c| crate::sqltext::ident(c)).collect();
     format!("{ROW_HASH_FUNCTION}({})", columns.join(", "))

@@ -383,6 +383,14 @@ fn versions(lake: &TestLake) -> Vec<u64> {
 fn a_cascade_fixes_every_level_staged_against_its_parents_and_publishes_once() {
     let lake = TestLake::new();
     add_rolling(&lake);
+    // Every table tells a file sink (project-wide).
+    let config = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("notify = [\"file:notifications.jsonl\"]\n{toml}"),
+    )
+    .unwrap();
     let before = versions(&lake);
     let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
     assert_eq!(report["outcome"], "published", "{report:#}");
@@ -391,6 +399,34 @@ fn a_cascade_fixes_every_level_staged_against_its_parents_and_publishes_once() {
     for node in nodes {
         assert_eq!(node["outcome"], "published", "{node}");
     }
+    // Each node's version is announced as a cascade event naming the cascade, valid against
+    // the schema, one per table at the version the cascade made.
+    let lines = std::fs::read_to_string(lake.path().join("notifications.jsonl")).unwrap();
+    let events: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| {
+            crate::notify::assert_valid_event(l);
+            serde_json::from_str(l).unwrap()
+        })
+        .collect();
+    let mut announced: Vec<(String, u64)> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], "cascade.published", "{e:#}");
+            assert_eq!(e["cascade"], report["cascade_id"], "{e:#}");
+            (
+                e["table"]["name"].as_str().unwrap().to_string(),
+                e["version_after"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    announced.sort();
+    let mut expected: Vec<(String, u64)> = ["events", "daily_revenue", "rolling_7d"]
+        .iter()
+        .map(|t| (t.to_string(), lake.version(t)))
+        .collect();
+    expected.sort();
+    assert_eq!(announced, expected);
     assert_eq!(
         versions(&lake),
         before.iter().map(|v| v + 1).collect::<Vec<_>>(),

@@ -131,7 +131,7 @@ fn python_signature(id: &str, timestamp: &str, body: &str) -> String {
 }
 
 /// Validates `event` against the committed JSON Schema with python's `jsonschema`.
-fn assert_valid_event(event: &str) {
+pub(crate) fn assert_valid_event(event: &str) {
     let schema = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../schemas/event-v1.schema.json"

@@ -38,6 +38,9 @@ pub struct CommitMetadata {
     /// The run this commit reverts, when it is a revert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<String>,
+    /// The cascade the run is a node of, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<String>,
 }
 
 /// One partition of a commit's metadata.

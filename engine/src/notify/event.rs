@@ -26,7 +26,8 @@ pub struct Event {
     pub schema: String,
     /// Stable id of the event: the same for every delivery of it (deduplicate by it).
     pub event_id: String,
-    /// `backfill.published` or `backfill.reverted`.
+    /// `backfill.published`, `backfill.reverted`, or `cascade.published` for a node of a
+    /// cascade.
     #[serde(rename = "type")]
     pub kind: String,
     /// When the commit was made (RFC 3339, from the commit).
@@ -49,6 +50,9 @@ pub struct Event {
     pub sources: BTreeMap<String, u64>,
     /// The run this commit reverts, for `backfill.reverted`.
     pub revert_of: Option<String>,
+    /// The cascade, for `cascade.published` (every node of it announces its own version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<String>,
     /// Per partition: rows and measure sums before and after.
     pub partitions: Vec<EventPartition>,
     /// Rows before and after, and the difference, over the range.
@@ -252,6 +256,8 @@ impl Event {
             event_id: event_id(url, version, &metadata.run_id),
             kind: if metadata.revert_of.is_some() {
                 "backfill.reverted"
+            } else if metadata.cascade.is_some() {
+                "cascade.published"
             } else {
                 "backfill.published"
             }
@@ -276,6 +282,11 @@ impl Event {
             },
             sources: metadata.sources.clone(),
             revert_of: metadata.revert_of.clone(),
+            cascade: metadata
+                .revert_of
+                .is_none()
+                .then(|| metadata.cascade.clone())
+                .flatten(),
             totals: EventTotals {
                 old_rows,
                 new_rows,

@@ -23,7 +23,11 @@ use url::Url;
 use super::event::Event;
 
 /// The event types a sink may filter on.
-pub const EVENT_TYPES: &[&str] = &["backfill.published", "backfill.reverted"];
+pub const EVENT_TYPES: &[&str] = &[
+    "backfill.published",
+    "backfill.reverted",
+    "cascade.published",
+];
 
 /// Attempts per delivery before it is left for a later command.
 const ATTEMPTS: u32 = 3;
