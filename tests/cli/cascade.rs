@@ -510,6 +510,65 @@ fn a_failing_check_in_the_last_node_publishes_nothing() {
 }
 
 #[test]
+fn ctrl_c_stops_a_cascade_cleanly_and_the_same_command_finishes_it() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let before = versions(&lake);
+    let (from, to) = (lake.day(3), lake.day(4));
+    // One partition a batch: the root stages two batches and pauses in the second.
+    let args = [
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--cascade",
+        "--batch-partitions",
+        "1",
+    ];
+    let log = lake.path().join("interrupted.log");
+    let mut child = crate::support::lakefill_command(lake.path())
+        .args(args)
+        .env("LAKEFILL_FAILPOINTS", "stage-batch-2=pause")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("failpoint hit: pausing")
+    {
+        assert!(child.try_wait().unwrap().is_none(), "ended before pausing");
+        assert!(std::time::Instant::now() < deadline, "never paused");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted"), "{text}");
+    assert!(text.contains("run the same command again"), "{text}");
+    assert_eq!(versions(&lake), before, "nothing published anywhere");
+
+    // The same command goes on from the journaled batch and publishes every level.
+    let mut again = args.to_vec();
+    again.extend(["--output-format", "json"]);
+    let report = json_ok(&lake.run(&again));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    assert_eq!(
+        versions(&lake),
+        before.iter().map(|v| v + 1).collect::<Vec<_>>()
+    );
+    assert_chain_consistent(&lake, 3, 4);
+}
+
+#[test]
 fn a_cascade_stopped_between_publishes_is_finished_by_running_it_again() {
     let lake = TestLake::new();
     add_rolling(&lake);

@@ -115,6 +115,7 @@ async fn cascade(
         plan.report().total_batches
     ));
     let run = lakefill::CascadeRunner::new(project, plan)
+        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
         .with_stage_only(args.stage_only)
         .with_memory_limit(resolved.memory_limit)
         .with_max_parallel(Some(resolved.max_parallel))

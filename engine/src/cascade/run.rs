@@ -121,6 +121,7 @@ pub struct CascadeRunner {
     stage_only: bool,
     memory_limit: Option<u64>,
     max_parallel: Option<usize>,
+    interrupt: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl CascadeRunner {
@@ -132,7 +133,17 @@ impl CascadeRunner {
             stage_only: false,
             memory_limit: Some(crate::settings::default_memory_limit()),
             max_parallel: None,
+            interrupt: None,
         }
+    }
+
+    /// Stops cleanly when `interrupt` turns `true` (e.g. on Ctrl-C): the node being staged stops
+    /// as a single run does (its finished batches journaled, resumable), no later node starts,
+    /// and nothing is published if the publishing has not begun; once it has, every node is
+    /// published (a commit is never interrupted). Running the same cascade again goes on.
+    pub fn with_interrupt(mut self, interrupt: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
+        self.interrupt = interrupt;
+        self
     }
 
     /// Stops after every node is staged and validated.
@@ -155,6 +166,7 @@ impl CascadeRunner {
 
     async fn run(self) -> Result<CascadeRunReport> {
         let CascadePlan { report, nodes } = self.plan;
+        let interrupted = || self.interrupt.as_ref().is_some_and(|i| *i.borrow());
         let root_store = nodes
             .first()
             .map(|n| n.target.object_store())
@@ -182,6 +194,11 @@ impl CascadeRunner {
         let mut staged: Vec<(String, Journal)> = Vec::new();
         let mut reports = Vec::new();
         for (index, mut plan) in nodes.into_iter().enumerate() {
+            if interrupted() {
+                record.nodes[index].state = "interrupted".into();
+                save(&root_store, &mut record).await;
+                return Err(Error::Interrupted);
+            }
             for source in &mut plan.sources {
                 let Some((_, parent)) = staged.iter().find(|(table, _)| *table == source.name)
                 else {
@@ -196,7 +213,18 @@ impl CascadeRunner {
                 .with_stage_only(true)
                 .with_memory_limit(self.memory_limit)
                 .with_max_parallel(self.max_parallel)
-                .await?;
+                .with_interrupt(self.interrupt.clone())
+                .await;
+            let run = match run {
+                Ok(run) => run,
+                Err(error) => {
+                    if matches!(error, Error::Interrupted) {
+                        record.nodes[index].state = "interrupted".into();
+                        save(&root_store, &mut record).await;
+                    }
+                    return Err(error);
+                }
+            };
             record.nodes[index].state = run.state.to_string();
             save(&root_store, &mut record).await;
             if run.outcome == Outcome::ValidationFailed {
@@ -231,7 +259,11 @@ impl CascadeRunner {
                 nodes: reports,
             });
         }
-        // Publish in dependency order; the record follows each landing.
+        // Publish in dependency order; the record follows each landing. An interrupt before
+        // this point publishes nothing; after it, the publishing runs to the end.
+        if interrupted() {
+            return Err(Error::Interrupted);
+        }
         for (index, run) in reports.iter_mut().enumerate() {
             if run.state != RunState::Validated {
                 continue;
