@@ -487,6 +487,52 @@ fn a_cascade_fixes_every_level_staged_against_its_parents_and_publishes_once() {
     assert_eq!(again["outcome"], "already-published", "{again:#}");
 }
 
+/// A `daily_revenue` v2 whose check reads the fixed events through `staged.events`.
+fn add_cross_model_check(lake: &TestLake, name: &str, condition: &str) {
+    let dir = lake.path().join("sql/daily_revenue");
+    let v1 = std::fs::read_to_string(dir.join("v1.sql")).unwrap();
+    let check = format!(
+        "checks = [{{ name = \"{name}\", sql = \"SELECT o.event_date FROM output o JOIN \
+         (SELECT event_date, country, SUM(amount_cents) AS s FROM staged.events GROUP BY 1, 2) e \
+         ON o.event_date = e.event_date AND o.country = e.country WHERE {condition}\" }}]"
+    );
+    std::fs::write(
+        dir.join("v2.sql"),
+        v1.replacen(
+            "measures = [\"revenue_cents\", \"events\"]",
+            &format!("measures = [\"revenue_cents\", \"events\"]\n{check}"),
+            1,
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_check_reads_another_nodes_staged_output() {
+    // Revenue equals the fixed events' sums: the check sees the staged events, not the old.
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    add_cross_model_check(&lake, "revenue_matches_events", "o.revenue_cents <> e.s");
+    let before = versions(&lake);
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    assert_eq!(
+        versions(&lake),
+        before.iter().map(|v| v + 1).collect::<Vec<_>>()
+    );
+
+    // The opposite condition finds every row: it fails, names the node's check, publishes
+    // nothing.
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    add_cross_model_check(&lake, "revenue_differs", "o.revenue_cents = e.s");
+    let before = versions(&lake);
+    let out = cascade(&lake, 3, 4, &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("revenue_differs"), "{}", stderr(&out));
+    assert_eq!(versions(&lake), before, "nothing published anywhere");
+}
+
 #[test]
 fn a_failing_check_in_the_last_node_publishes_nothing() {
     let lake = TestLake::new();

@@ -192,6 +192,8 @@ impl CascadeRunner {
 
         // Stage and validate every node; children read their parents' staged output.
         let mut staged: Vec<(String, Journal)> = Vec::new();
+        let mut staged_tables: std::collections::HashMap<String, deltalake::DeltaTable> =
+            std::collections::HashMap::new();
         let mut reports = Vec::new();
         for (index, mut plan) in nodes.into_iter().enumerate() {
             if interrupted() {
@@ -206,7 +208,19 @@ impl CascadeRunner {
                 };
                 source.overlay = overlay(parent);
             }
+            // Every node staged before, for the checks' `staged.<table>`.
+            for (table, journal) in &staged {
+                let Some(next) = overlay(journal) else {
+                    continue;
+                };
+                let Some(opened) = staged_tables.get(table) else {
+                    continue;
+                };
+                plan.cascade_staged
+                    .push((table.clone(), opened.clone(), next));
+            }
             let table = plan.report.target.clone();
+            let target_table = plan.target.clone();
             let store = plan.target.object_store();
             let run_id = plan.report.run_id.clone();
             let run = BackfillBuilder::new(plan)
@@ -238,6 +252,7 @@ impl CascadeRunner {
             if run.state == RunState::Validated
                 && let Some(journal) = Journal::load(&store, &run_id).await?
             {
+                staged_tables.insert(table.clone(), target_table.clone());
                 staged.push((table, journal));
             }
             reports.push(run);

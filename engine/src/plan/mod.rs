@@ -223,6 +223,7 @@ impl PlanBuilder {
             write_schema: None,
             resume: None,
             cascade: None,
+            cascade_staged: Vec::new(),
         };
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
@@ -687,6 +688,9 @@ pub struct BackfillPlan {
     pub(crate) resume: Option<String>,
     /// The cascade the run is a node of.
     pub(crate) cascade: Option<String>,
+    /// In a cascade, every node staged before this one, by table: its next version, for the
+    /// checks' `staged.<table>`.
+    pub(crate) cascade_staged: Vec<(String, DeltaTable, Overlay)>,
 }
 
 impl BackfillPlan {

@@ -134,17 +134,7 @@ pub(crate) async fn register_source(
         .read_table(provider)
         .query_context(|| format!("cannot read source `{}`", source.name))?;
     if let Some(overlay) = &source.overlay {
-        // The source's next version: its rows outside the overlaid range, and the staged ones.
-        let schema = df.schema().as_arrow().clone();
-        let in_range = overlay.layout.range_predicate(&overlay.range, &schema)?;
-        let staged = (overlay.staged)(ctx, &source.table, &schema)?;
-        let staged = ctx
-            .read_table(staged)
-            .query_context(|| format!("cannot read the staged output of `{}`", source.name))?;
-        df = df
-            .filter(in_range.is_not_true())
-            .and_then(|kept| kept.union_by_name(staged))
-            .query_context(|| format!("cannot overlay the staged output of `{}`", source.name))?;
+        df = overlaid(ctx, df, &source.name, &source.table, overlay)?;
     }
     if let Some(window) = &source.window {
         let (low, high) = window_periods(plan, source, batch)?;
@@ -165,6 +155,26 @@ pub(crate) async fn register_source(
     ctx.register_table(source.name.as_str(), df.into_view())
         .query_context(|| format!("cannot register source `{}`", source.name))?;
     Ok(())
+}
+
+/// `df` (all of `table`) as its next version under `overlay`: its rows outside the overlaid
+/// range, and the staged ones.
+pub(crate) fn overlaid(
+    ctx: &SessionContext,
+    df: deltalake::datafusion::dataframe::DataFrame,
+    name: &str,
+    table: &deltalake::DeltaTable,
+    overlay: &super::Overlay,
+) -> Result<deltalake::datafusion::dataframe::DataFrame> {
+    let schema = df.schema().as_arrow().clone();
+    let in_range = overlay.layout.range_predicate(&overlay.range, &schema)?;
+    let staged = (overlay.staged)(ctx, table, &schema)?;
+    let staged = ctx
+        .read_table(staged)
+        .query_context(|| format!("cannot read the staged output of `{name}`"))?;
+    df.filter(in_range.is_not_true())
+        .and_then(|kept| kept.union_by_name(staged))
+        .query_context(|| format!("cannot overlay the staged output of `{name}`"))
 }
 
 /// The periods (of the source's grain) a source is read over for a batch: those the batch's

@@ -33,6 +33,36 @@ use crate::validate::validate;
 
 /// Registers `previous` (the target at the read version, affected partitions only) and `output`
 /// (the staged files) in a new session and validates them.
+/// In a cascade, each node staged before this one as `staged.<table>` (its next version: what
+/// the table holds once the cascade is published), for the checks.
+async fn register_cascade_staged(ctx: &SessionContext, plan: &BackfillPlan) -> Result<()> {
+    use deltalake::datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+    if plan.cascade_staged.is_empty() {
+        return Ok(());
+    }
+    let schema = Arc::new(MemorySchemaProvider::new());
+    for (name, table, overlay) in &plan.cascade_staged {
+        let provider = table
+            .table_provider()
+            .await
+            .query_context(|| format!("cannot scan `{name}`"))?;
+        let df = ctx
+            .read_table(provider)
+            .query_context(|| format!("cannot read `{name}`"))?;
+        let next = crate::plan::query::overlaid(ctx, df, name, table, overlay)?;
+        schema
+            .register_table(name.clone(), next.into_view())
+            .query_context(|| format!("cannot register `staged.{name}`"))?;
+    }
+    let catalog = ctx
+        .catalog(&ctx.state().config().options().catalog.default_catalog)
+        .ok_or_else(|| Error::Internal("the session has no default catalog".into()))?;
+    catalog
+        .register_schema("staged", schema)
+        .query_context(|| "cannot register the staged tables of the cascade".into())?;
+    Ok(())
+}
+
 pub(crate) async fn run_validation(
     plan: &BackfillPlan,
     journal: &Journal,
@@ -90,6 +120,7 @@ pub(crate) async fn run_validation(
         ctx.register_table("output", Arc::new(staged))
             .query_context(|| "cannot register the staged files".into())?;
     }
+    register_cascade_staged(&ctx, plan).await?;
     let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
     for batch in &journal.batches {
         for (partition, checksum) in &batch.checksums {
