@@ -135,6 +135,11 @@ pub struct ValidateSpec {
     /// User checks: queries that must return no rows.
     #[serde(default)]
     pub checks: Vec<CheckSpec>,
+    /// Measures whose total over the range must equal another table's column over the same
+    /// range: `{ revenue_cents = "events.amount_cents" }` (in a cascade, the other node as staged;
+    /// else a source of the model at its pinned version).
+    #[serde(default)]
+    pub conserve_with: std::collections::BTreeMap<String, String>,
 }
 
 /// A user check of the `[validate]` section.

@@ -533,6 +533,76 @@ fn a_check_reads_another_nodes_staged_output() {
     assert_eq!(versions(&lake), before, "nothing published anywhere");
 }
 
+/// A `daily_revenue` v2 with `conserve_with = { MEASURE = "OTHER" }`.
+fn add_conserve_with(lake: &TestLake, measure: &str, other: &str) {
+    let dir = lake.path().join("sql/daily_revenue");
+    let v1 = std::fs::read_to_string(dir.join("v1.sql")).unwrap();
+    std::fs::write(
+        dir.join("v2.sql"),
+        v1.replacen(
+            "measures = [\"revenue_cents\", \"events\"]",
+            &format!(
+                "measures = [\"revenue_cents\", \"events\"]\nconserve_with = {{ {measure} = \"{other}\" }}"
+            ),
+            1,
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn conservation_holds_across_the_models_of_a_cascade() {
+    // Revenue over the range equals the fixed events' amounts over it.
+    let lake = TestLake::new();
+    add_conserve_with(&lake, "revenue_cents", "events.amount_cents");
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    // Alone, the model compares with its source as read.
+    let alone = json_ok(&lake.run(&[
+        "backfill",
+        "daily_revenue",
+        "--from",
+        &lake.day(5),
+        "--to",
+        &lake.day(6),
+        "--output-format",
+        "json",
+    ]));
+    let check = alone["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "conserve_with(revenue_cents = events.amount_cents)")
+        .cloned()
+        .unwrap_or_else(|| panic!("{alone:#}"));
+    assert_eq!(check["passed"], true, "{check:#}");
+
+    // Events counted against amounts: not conserved, nothing published, the check named.
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    add_conserve_with(&lake, "events", "events.amount_cents");
+    let before = versions(&lake);
+    let out = cascade(&lake, 3, 4, &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("conserve_with(events = events.amount_cents)"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(versions(&lake), before);
+
+    // A table that is neither upstream in the cascade nor a source is refused, with a hint.
+    let lake = TestLake::new();
+    add_conserve_with(&lake, "revenue_cents", "raw_events.amount_cents");
+    let out = cascade(&lake, 3, 4, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("neither a table of the cascade"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_failing_check_in_the_last_node_publishes_nothing() {
     let lake = TestLake::new();

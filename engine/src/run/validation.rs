@@ -63,6 +63,120 @@ async fn register_cascade_staged(ctx: &SessionContext, plan: &BackfillPlan) -> R
     Ok(())
 }
 
+/// The check that the total of `measure` over the new rows equals the total of `column` of
+/// `table` over the same range: `table` as the cascade staged it, else as the model read it.
+async fn conserve_with(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    measure: &str,
+    table: &str,
+    column: &str,
+) -> Result<CheckResult> {
+    use crate::sqltext::ident;
+    let name = format!("conserve_with({measure} = {table}.{column})");
+    let other = if plan.cascade_staged.iter().any(|(t, _, _)| t == table) {
+        format!("staged.{}", ident(table))
+    } else if let Some(source) = plan.sources.iter().find(|s| s.name == table) {
+        let provider = source
+            .table
+            .table_provider()
+            .await
+            .query_context(|| format!("cannot scan `{table}`"))?;
+        let view = format!("__lf_conserve_{table}");
+        ctx.register_table(view.as_str(), provider)
+            .query_context(|| format!("cannot register `{table}`"))?;
+        ident(&view)
+    } else {
+        return Err(Error::Model {
+            path: plan.model.path().to_path_buf(),
+            message: format!(
+                "`validate.conserve_with` compares with `{table}`, which is neither a table of the cascade staged before this model nor a source of it"
+            ),
+            hint: format!(
+                "run it with `--cascade` from a model upstream of `{table}`'s, or read `{table}` as a source of the model"
+            ),
+        });
+    };
+    let other_schema = ctx
+        .table(other.as_str())
+        .await
+        .query_context(|| format!("cannot read `{table}`"))?
+        .schema()
+        .as_arrow()
+        .clone();
+    let in_range = journal
+        .layout
+        .range_predicate(&journal.range, &other_schema)
+        .map_err(|_| Error::Model {
+            path: plan.model.path().to_path_buf(),
+            message: format!(
+                "`validate.conserve_with` cannot restrict `{table}` to the range: it lacks the target's time column(s) {}",
+                journal.layout.time.encoding.columns().join(", ")
+            ),
+            hint: "compare with a table partitioned by the same time column".into(),
+        })?;
+    let other_total = ctx
+        .table(other.as_str())
+        .await
+        .and_then(|df| df.filter(in_range))
+        .and_then(|df| {
+            df.aggregate(
+                vec![],
+                vec![deltalake::datafusion::functions_aggregate::expr_fn::sum(
+                    deltalake::datafusion::prelude::cast(
+                        deltalake::datafusion::logical_expr::Expr::Column(
+                            deltalake::datafusion::common::Column::new_unqualified(column),
+                        ),
+                        deltalake::arrow::datatypes::DataType::Float64,
+                    ),
+                )],
+            )
+        })
+        .query_context(|| format!("cannot sum `{table}.{column}`"))?;
+    let own_total = ctx
+        .sql(&format!(
+            "SELECT SUM(CAST({} AS DOUBLE)) FROM output",
+            ident(measure)
+        ))
+        .await
+        .query_context(|| format!("cannot sum `{measure}`"))?;
+    let first = |batches: Vec<deltalake::arrow::array::RecordBatch>| {
+        batches
+            .first()
+            .and_then(|b| {
+                use deltalake::arrow::array::{Array, AsArray};
+                let c = b
+                    .column(0)
+                    .as_primitive::<deltalake::arrow::datatypes::Float64Type>();
+                (b.num_rows() > 0 && c.is_valid(0)).then(|| c.value(0))
+            })
+            .unwrap_or(0.0)
+    };
+    let other_total = first(
+        other_total
+            .collect()
+            .await
+            .query_context(|| format!("cannot sum `{table}.{column}`"))?,
+    );
+    let own_total = first(
+        own_total
+            .collect()
+            .await
+            .query_context(|| format!("cannot sum `{measure}`"))?,
+    );
+    let tolerance = 1e-9 * other_total.abs().max(1.0);
+    let failures = if (own_total - other_total).abs() > tolerance {
+        vec![json!({
+            "measure": measure, "total": own_total, "other": format!("{table}.{column}"),
+            "other_total": other_total, "difference": own_total - other_total,
+        })]
+    } else {
+        Vec::new()
+    };
+    Ok(CheckResult::new(name, failures, Vec::new()))
+}
+
 pub(crate) async fn run_validation(
     plan: &BackfillPlan,
     journal: &Journal,
@@ -121,6 +235,10 @@ pub(crate) async fn run_validation(
             .query_context(|| "cannot register the staged files".into())?;
     }
     register_cascade_staged(&ctx, plan).await?;
+    let mut extra_checks = extra_checks;
+    for (measure, table, column) in &rules.conserve_with {
+        extra_checks.push(conserve_with(&ctx, plan, journal, measure, table, column).await?);
+    }
     let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
     for batch in &journal.batches {
         for (partition, checksum) in &batch.checksums {
@@ -173,7 +291,6 @@ pub(crate) async fn run_validation(
         .map(|f| f.name().clone())
         .filter(|name| !layout.partition_columns.contains(name))
         .collect();
-    let mut extra_checks = extra_checks;
     if layout.by_rows && !journal.affected_files.is_empty() {
         extra_checks.push(
             carried_check(

@@ -12,6 +12,8 @@ pub(crate) struct ValidationRules {
     pub(crate) max_row_change: Option<Threshold>,
     pub(crate) max_measure_change: Option<Threshold>,
     pub(crate) conserve: Vec<String>,
+    /// Measure of the target, and the table and column whose total it must equal.
+    pub(crate) conserve_with: Vec<(String, String, String)>,
     pub(crate) checks: Vec<CheckSpec>,
     /// Rules of the target's protocol (constraints, NOT NULL, invariants, generated columns).
     pub(crate) protocol: Vec<RowRule>,
@@ -115,6 +117,29 @@ impl ValidationRules {
                 })
                 .transpose()
         };
+        let mut conserve_with = Vec::new();
+        for (measure, other) in &spec.conserve_with {
+            if !columns.contains(measure) {
+                return Err(model_error(
+                    format!(
+                        "`validate.conserve_with` names `{measure}`, which the target does not have"
+                    ),
+                    format!("use columns of the target: {}", known()),
+                ));
+            }
+            let Some((table, column)) = other
+                .split_once('.')
+                .filter(|(t, c)| !t.is_empty() && !c.is_empty())
+            else {
+                return Err(model_error(
+                    format!("`validate.conserve_with.{measure}` is `{other}`, not `table.column`"),
+                    format!(
+                        "write `conserve_with = {{ {measure} = \"events.amount_cents\" }}`: a table of the cascade (or a source of the model) and its column"
+                    ),
+                ));
+            };
+            conserve_with.push((measure.clone(), table.to_string(), column.to_string()));
+        }
         for check in &spec.checks {
             let statements = deltalake::datafusion::sql::parser::DFParser::parse_sql_with_dialect(
                 &check.sql,
@@ -139,6 +164,7 @@ impl ValidationRules {
             max_row_change: threshold("max_row_change", &spec.max_row_change)?,
             max_measure_change: threshold("max_measure_change", &spec.max_measure_change)?,
             conserve: spec.conserve.clone(),
+            conserve_with,
             checks: spec.checks.clone(),
             protocol: Vec::new(),
         })
