@@ -115,13 +115,12 @@ fn ranges(cascade: &serde_json::Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-#[test]
-fn ranges_follow_lookbacks_lookaheads_grains_and_the_childs_partitions() {
-    let lake = TestLake::new();
-    add_rolling(&lake);
+/// `next_day` (tomorrow's events per day, lookahead 1 on `events`) and `combo`, a diamond over
+/// `daily_revenue` (lookback 2) and `next_day`.
+fn add_diamond(lake: &TestLake) {
     // Tomorrow's events per day: a row for d reads d ..= d + 1 (lookahead 1).
     add_model(
-        &lake,
+        lake,
         "next_day",
         day_columns("events_next_day"),
         "event_date",
@@ -129,6 +128,79 @@ fn ranges_follow_lookbacks_lookaheads_grains_and_the_childs_partitions() {
         "SELECT e.event_date - INTERVAL '1 day' AS event_date, COUNT(*) AS events_next_day \
          FROM events e WHERE e.event_date - INTERVAL '1 day' BETWEEN $start AND $end GROUP BY 1",
     );
+    // A diamond: reads daily_revenue (lookback 2) and next_day (no lookback).
+    add_model(
+        lake,
+        "combo",
+        day_columns("value"),
+        "event_date",
+        "[sources.daily_revenue]\nwindow = \"event_date\"\nlookback = 2\n[sources.next_day]\nwindow = \"event_date\"",
+        "SELECT n.event_date, MAX(n.events_next_day) + COUNT(d.country) AS value FROM next_day n \
+         LEFT JOIN daily_revenue d ON d.event_date BETWEEN n.event_date - INTERVAL '2 days' AND n.event_date \
+         WHERE n.event_date BETWEEN $start AND $end GROUP BY n.event_date",
+    );
+}
+
+#[test]
+fn a_diamond_is_computed_from_both_fixed_parents() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    add_diamond(&lake);
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    assert_eq!(report["nodes"].as_array().unwrap().len(), 5, "{report:#}");
+    assert_chain_consistent(&lake, 3, 4);
+    // Every row of next_day and combo equals a recompute from their published parents (so the
+    // ranges reached every row the fix changed).
+    let (first, last) = (lake.day(0), lake.day(8));
+    let next_day = rows(
+        &lake,
+        &["next_day"],
+        &format!(
+            "SELECT CAST(event_date AS VARCHAR), CAST(events_next_day AS VARCHAR) FROM next_day \
+             WHERE event_date BETWEEN DATE '{first}' AND DATE '{last}' ORDER BY 1"
+        ),
+    );
+    let expected_next_day = rows(
+        &lake,
+        &["events"],
+        &format!(
+            "SELECT CAST(d AS VARCHAR), CAST(n AS VARCHAR) FROM (SELECT CAST(event_date - INTERVAL '1 day' AS DATE) AS d, \
+             COUNT(*) AS n FROM events GROUP BY 1) WHERE d BETWEEN DATE '{first}' AND DATE '{last}' ORDER BY 1"
+        ),
+    );
+    assert_eq!(
+        next_day, expected_next_day,
+        "next_day counts tomorrow's events"
+    );
+    let combo = rows(
+        &lake,
+        &["combo"],
+        &format!(
+            "SELECT CAST(event_date AS VARCHAR), CAST(value AS VARCHAR) FROM combo \
+             WHERE event_date BETWEEN DATE '{first}' AND DATE '{last}' ORDER BY 1"
+        ),
+    );
+    let expected_combo = rows(
+        &lake,
+        &["next_day", "daily_revenue"],
+        &format!(
+            "SELECT CAST(day AS VARCHAR), CAST(v AS VARCHAR) FROM ( \
+               SELECT n.event_date AS day, MAX(n.events_next_day) + COUNT(d.country) AS v \
+               FROM next_day n LEFT JOIN daily_revenue d \
+                 ON d.event_date BETWEEN n.event_date - INTERVAL '2 days' AND n.event_date \
+               WHERE n.event_date BETWEEN DATE '{first}' AND DATE '{last}' GROUP BY n.event_date) \
+             ORDER BY 1"
+        ),
+    );
+    assert_eq!(combo, expected_combo, "combo reads both fixed parents");
+}
+
+#[test]
+fn ranges_follow_lookbacks_lookaheads_grains_and_the_childs_partitions() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    add_diamond(&lake);
     // Monthly revenue: a coarser grain.
     add_model(
         &lake,
@@ -142,18 +214,6 @@ fn ranges_follow_lookbacks_lookaheads_grains_and_the_childs_partitions() {
         "SELECT CAST(date_trunc('month', event_date) AS DATE) AS month, SUM(revenue_cents) AS revenue_cents \
          FROM daily_revenue WHERE event_date BETWEEN $start AND $end GROUP BY 1",
     );
-    // A diamond: reads daily_revenue (lookback 2) and next_day (no lookback).
-    add_model(
-        &lake,
-        "combo",
-        day_columns("value"),
-        "event_date",
-        "[sources.daily_revenue]\nwindow = \"event_date\"\nlookback = 2\n[sources.next_day]\nwindow = \"event_date\"",
-        "SELECT n.event_date, MAX(n.events_next_day) + COUNT(d.country) AS value FROM next_day n \
-         LEFT JOIN daily_revenue d ON d.event_date BETWEEN n.event_date - INTERVAL '2 days' AND n.event_date \
-         WHERE n.event_date BETWEEN $start AND $end GROUP BY n.event_date",
-    );
-
     let cascade = plan(&lake, 3, 4, &[]);
     let d = |n: u64| lake.day(n);
     let month = lake.day(0)[..7].to_string();
