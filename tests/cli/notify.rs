@@ -425,3 +425,63 @@ fn a_revert_is_announced_and_bad_sinks_are_refused() {
         assert!(stderr(&out).contains(says), "{sink}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn an_openlineage_sink_gets_a_complete_run_event_with_the_versions() {
+    let lake = TestLake::new();
+    let receiver = Receiver::start(0);
+    add_sinks(&lake, &format!("\"openlineage+{}\"", receiver.url));
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(3),
+        "--output-format",
+        "json",
+    ]));
+    let version = report["published_version"].as_u64().unwrap();
+    let received = receiver.received();
+    assert_eq!(received.len(), 1, "{report}");
+    let event: serde_json::Value = serde_json::from_str(&received[0].body).unwrap();
+    assert_eq!(event["eventType"], "COMPLETE", "{event:#}");
+    assert!(
+        event["schemaURL"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://openlineage.io/spec/"),
+        "{event:#}"
+    );
+    let run_id = event["run"]["runId"].as_str().unwrap();
+    assert_eq!(run_id.len(), 36, "a UUID: {run_id}");
+    assert_eq!(run_id.matches('-').count(), 4, "a UUID: {run_id}");
+    assert_eq!(event["job"]["name"], "events", "{event:#}");
+    let output = &event["outputs"][0];
+    assert_eq!(output["name"], "events", "{event:#}");
+    assert_eq!(
+        output["facets"]["version"]["datasetVersion"],
+        version.to_string(),
+        "{event:#}"
+    );
+    // The inputs are the sources at the versions the run read.
+    let inputs = event["inputs"].as_array().unwrap();
+    assert_eq!(inputs[0]["name"], "raw_events", "{event:#}");
+    // The run read raw_events at its latest version (nothing wrote it since).
+    let read = lake.version("raw_events");
+    assert_eq!(
+        inputs[0]["facets"]["version"]["datasetVersion"],
+        read.to_string(),
+        "{event:#}"
+    );
+    // The change per partition rides along, with rows that add up to the table's.
+    let change = &output["outputFacets"]["lakefill_change"];
+    let partitions = change["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 2, "{change:#}");
+    let after = rows_per_day(&lake, version);
+    for p in partitions {
+        let day = p["partition"].as_str().unwrap();
+        let rows = after.iter().find(|(d, _)| d == day).map_or(0, |(_, n)| *n);
+        assert_eq!(p["new_rows"], rows, "{p}");
+    }
+}

@@ -12,6 +12,7 @@
 //! later. A sink added to a project starts with the versions after the one it first saw.
 
 pub(crate) mod event;
+pub(crate) mod lineage;
 pub(crate) mod sink;
 
 use std::collections::BTreeSet;

@@ -1,4 +1,5 @@
-//! Where events go: `file:PATH` appends a JSON line, `http(s)://…` POSTs the event (signed as the
+//! Where events go: `file:PATH` appends a JSON line, `openlineage+http(s)://…` POSTs an OpenLineage
+//! RunEvent of it ([`super::lineage`]), `http(s)://…` POSTs the event (signed as the
 //! Standard Webhooks convention says when a secret is set), each with optional filters.
 //!
 //! In `lakefill.toml`, per table (`[tables.NAME] notify = [...]`) or for every table (a
@@ -54,6 +55,8 @@ pub struct Sink {
 enum Target {
     File(PathBuf),
     Http(Url),
+    /// `openlineage+http(s)://…`: an OpenLineage RunEvent POSTed to the URL without the prefix.
+    OpenLineage(Url),
 }
 
 impl std::fmt::Debug for Sink {
@@ -139,9 +142,14 @@ impl Sink {
             Target::File(root.join(path))
         } else if expanded.starts_with("http://") || expanded.starts_with("https://") {
             Target::Http(Url::parse(&expanded).map_err(|e| format!("`{url}` is not a URL: {e}"))?)
+        } else if let Some(http) = expanded
+            .strip_prefix("openlineage+")
+            .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
+        {
+            Target::OpenLineage(Url::parse(http).map_err(|e| format!("`{url}` is not a URL: {e}"))?)
         } else {
             return Err(format!(
-                "`{url}` is not a sink: use `file:PATH` or an `http(s)://` URL"
+                "`{url}` is not a sink: use `file:PATH`, an `http(s)://` URL or an `openlineage+http(s)://` URL"
             ));
         };
         if secret.is_some() && matches!(target, Target::File(_)) {
@@ -167,6 +175,7 @@ impl Sink {
         let target = match &self.target {
             Target::File(path) => format!("file:{}", path.display()),
             Target::Http(url) => url.to_string(),
+            Target::OpenLineage(url) => format!("openlineage+{url}"),
         };
         hex::encode(sha2::Sha256::digest(target))[..16].to_string()
     }
@@ -192,6 +201,10 @@ impl Sink {
             let result = match &self.target {
                 Target::File(path) => append_line(path, &event.event_id, body),
                 Target::Http(url) => self.post(url, event, body).await,
+                Target::OpenLineage(url) => {
+                    let run_event = super::lineage::run_event(event).to_string();
+                    self.post(url, event, &run_event).await
+                }
             };
             match result {
                 Ok(()) => return Ok(()),
