@@ -5,7 +5,7 @@
 //! those hashes. Two partitions with equal checksums hold the same multiset of rows, but for a
 //! chance of about 2⁻⁶⁴. The staging side computes the checksum while writing
 //! ([`hash_rows`]), the old side in SQL through the `lakefill_row_hash` function
-//! ([`RowHashUdf`]); both run the same code, so identical rows hash alike whatever Arrow flavour
+//! ([`register_hash_functions`]); both run the same code, so identical rows hash alike whatever Arrow flavour
 //! (`Utf8` or `Utf8View`, dictionary or not) each side reads them in.
 //!
 //! Deciding what "up to date" means is left to [`crate::validate`].
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// The SQL name of the row hash function.
-pub(crate) const ROW_HASH_FUNCTION: &str = "lakefill_row_hash";
+const ROW_HASH_FUNCTION: &str = "lakefill_row_hash";
 
 /// The fixed hash state: the same seed in every process, so checksums stored in a journal can be
 /// compared with ones computed later.
@@ -155,45 +155,8 @@ fn column_value_hashes(state: &RandomState, column: &ArrayRef, out: &mut [u64]) 
     Ok(())
 }
 
-/// `lakefill_row_hash(col, ...)`: the row hash of [`hash_rows`] as a `UInt64`.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub(crate) struct RowHashUdf {
-    signature: Signature,
-}
-
-impl RowHashUdf {
-    /// The function, ready to register in a session.
-    pub(crate) fn udf() -> ScalarUDF {
-        ScalarUDF::from(Self {
-            signature: Signature::variadic_any(Volatility::Immutable),
-        })
-    }
-}
-
-impl ScalarUDFImpl for RowHashUdf {
-    fn name(&self) -> &str {
-        ROW_HASH_FUNCTION
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
-        Ok(DataType::UInt64)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let rows = args.number_rows;
-        let columns = ColumnarValue::values_to_arrays(&args.args)?;
-        let hashes =
-            hash_rows(&columns, rows).map_err(|e| DataFusionError::External(Box::new(e)))?;
-        Ok(ColumnarValue::Array(Arc::new(UInt64Array::from(hashes))))
-    }
-}
-
-/// The SQL name of the key hash function.
-pub(crate) const KEY_HASH_FUNCTION: &str = "lakefill_key_hash";
+/// The SQL name of the key hash functions, before `_0` or `_1`.
+const KEY_HASH_FUNCTION: &str = "lakefill_key_hash";
 
 /// The value hashes of the two halves of a key hash: seeded apart from [`STATE`] and from each
 /// other, so that the halves are independent 64-bit hashes and a key hash is 128 bits.
@@ -246,25 +209,42 @@ pub(crate) fn key_type_class(data_type: &DataType) -> DataType {
     }
 }
 
-/// `lakefill_key_hash(half, col, ...)`: the `half` (0 or 1) of [`key_hashes`], as a `UInt64`,
-/// NULL when any key column is NULL.
+/// What a hash function of [`HashUdf`] computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum HashKind {
+    /// [`hash_rows`] of the arguments.
+    Row,
+    /// One half (0 or 1) of [`key_hashes`] of the arguments, NULL when any is NULL.
+    KeyHalf(usize),
+}
+
+/// `lakefill_row_hash(col, ...)`, `lakefill_key_hash_0(col, ...)` and `lakefill_key_hash_1(col,
+/// ...)`: the row hash and the two halves of the key hash, as `UInt64`s.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub(crate) struct KeyHashUdf {
+struct HashUdf {
+    kind: HashKind,
+    name: String,
     signature: Signature,
 }
 
-impl KeyHashUdf {
-    /// The function, ready to register in a session.
-    pub(crate) fn udf() -> ScalarUDF {
-        ScalarUDF::from(Self {
+/// Registers the hash functions in `ctx` (every query that hashes rows or keys needs them).
+pub(crate) fn register_hash_functions(ctx: &deltalake::datafusion::prelude::SessionContext) {
+    for (kind, name) in [
+        (HashKind::Row, ROW_HASH_FUNCTION.to_string()),
+        (HashKind::KeyHalf(0), format!("{KEY_HASH_FUNCTION}_0")),
+        (HashKind::KeyHalf(1), format!("{KEY_HASH_FUNCTION}_1")),
+    ] {
+        ctx.register_udf(ScalarUDF::from(HashUdf {
+            kind,
+            name,
             signature: Signature::variadic_any(Volatility::Immutable),
-        })
+        }));
     }
 }
 
-impl ScalarUDFImpl for KeyHashUdf {
+impl ScalarUDFImpl for HashUdf {
     fn name(&self) -> &str {
-        KEY_HASH_FUNCTION
+        &self.name
     }
 
     fn signature(&self) -> &Signature {
@@ -277,35 +257,29 @@ impl ScalarUDFImpl for KeyHashUdf {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         let rows = args.number_rows;
-        let Some((ColumnarValue::Scalar(half), keys)) = args.args.split_first() else {
-            return Err(DataFusionError::Execution(format!(
-                "{KEY_HASH_FUNCTION} takes a literal half (0 or 1), then the key columns"
-            )));
-        };
-        let half = match half {
-            deltalake::datafusion::common::ScalarValue::Int64(Some(h)) => *h as usize,
-            other => {
-                return Err(DataFusionError::Execution(format!(
-                    "{KEY_HASH_FUNCTION}: the half must be 0 or 1, not {other}"
-                )));
-            }
-        };
-        let columns = ColumnarValue::values_to_arrays(keys)?;
-        let hashes =
-            key_hashes(half, &columns, rows).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let columns = ColumnarValue::values_to_arrays(&args.args)?;
+        let hashes = match self.kind {
+            HashKind::Row => hash_rows(&columns, rows).map(UInt64Array::from),
+            HashKind::KeyHalf(half) => key_hashes(half, &columns, rows),
+        }
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(ColumnarValue::Array(Arc::new(hashes)))
     }
 }
 
-/// The SQL expression of one half of the key hash of `columns`; the session must have
-/// [`KeyHashUdf`] registered.
+/// The SQL expression of one half (0 or 1) of the key hash of `columns`; the session must have
+/// the [hash functions](register_hash_functions) registered.
 pub(crate) fn key_hash_sql(half: usize, columns: &[String]) -> String {
     let columns: Vec<String> = columns.iter().map(|c| crate::sqltext::ident(c)).collect();
-    format!("{KEY_HASH_FUNCTION}({half}, {})", columns.join(", "))
+    format!(
+        "{KEY_HASH_FUNCTION}_{}({})",
+        half.min(1),
+        columns.join(", ")
+    )
 }
 
 /// The SQL expression of the hash of a row's `columns` (the empty row's hash when there are
-/// none); the session must have [`RowHashUdf`] registered.
+/// none); the session must have the [hash functions](register_hash_functions) registered.
 pub(crate) fn row_hash_sql(columns: &[String]) -> String {
     if columns.is_empty() {
         // Typed like the function's result, so that readers of the hash see one type.

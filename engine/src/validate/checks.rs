@@ -16,7 +16,7 @@ use super::rows::{batch_to_json, run};
 use super::rules::ValidationRules;
 use crate::error::{Error, QueryContext, Result};
 use crate::protocol::RowRule;
-use crate::rowhash::{RowChecksum, RowHashUdf, row_hash_sql};
+use crate::rowhash::{RowChecksum, row_hash_sql};
 use crate::sqltext::ident;
 
 /// Runs every check of `rules` over `previous` and `output` in `ctx`.
@@ -231,7 +231,7 @@ pub(crate) async fn checksum_of(
     table: &str,
     columns: &[String],
 ) -> Result<RowChecksum> {
-    ctx.register_udf(RowHashUdf::udf());
+    crate::rowhash::register_hash_functions(ctx);
     let hash = row_hash_sql(columns);
     let sql = format!("SELECT COUNT(*), SUM(CAST({hash} AS DECIMAL(38, 0))) FROM {table}");
     let mut stream = run(ctx, &sql, &format!("checksum `{table}`")).await?;

@@ -17,7 +17,7 @@ use crate::error::{QueryContext, Result};
 use crate::partition::{
     Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeEncoding, label_of,
 };
-use crate::rowhash::{PartitionChecksums, RowChecksum, RowHashUdf, row_hash_sql};
+use crate::rowhash::{PartitionChecksums, RowChecksum, row_hash_sql};
 use crate::sqltext::ident;
 use crate::time::Period;
 
@@ -241,7 +241,7 @@ pub(crate) async fn compare_keyed(
 ) -> Result<(Comparison, Option<KeyFacts>)> {
     let started = std::time::Instant::now();
     if spec.checksum_columns.is_some() {
-        ctx.register_udf(RowHashUdf::udf());
+        crate::rowhash::register_hash_functions(ctx);
     }
     let old = side_aggregates(ctx, "previous", spec, old_counts).await?;
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;

@@ -35,13 +35,11 @@ use futures::StreamExt;
 
 use super::compare::CompareSpec;
 use super::rowdiff::{
-    ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, partition_label, read_back,
+    ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, compared_columns, partition_label,
+    read_back,
 };
-use super::rows::column_names;
 use crate::error::{Error, QueryContext, Result};
-use crate::rowhash::{
-    KeyHashUdf, RowHashUdf, key_hash_sql, key_hashable, key_type_class, row_hash_sql,
-};
+use crate::rowhash::{key_hash_sql, key_hashable, key_type_class, row_hash_sql};
 use crate::sqltext::ident;
 
 /// What the pass saw of the new rows' keys.
@@ -78,20 +76,8 @@ pub(crate) async fn merge_diff(
     if !hashable_keys(spec, &old_schema, &new_schema) {
         return Ok(None);
     }
-    ctx.register_udf(RowHashUdf::udf());
-    ctx.register_udf(KeyHashUdf::udf());
-    let old_columns = column_names(ctx, old).await?;
-    let new_columns = column_names(ctx, new).await?;
-    let common: Vec<String> = old_columns
-        .iter()
-        .filter(|c| new_columns.contains(c))
-        .cloned()
-        .collect();
-    let compared: Vec<String> = common
-        .iter()
-        .filter(|c| !spec.key.contains(c))
-        .cloned()
-        .collect();
+    crate::rowhash::register_hash_functions(ctx);
+    let (common, compared) = compared_columns(ctx, spec, old, new).await?;
     let parts = spec.partitions.columns();
     let hash = row_hash_sql(&compared);
     let narrow = |table: &str, hash: &str, flag: &str| {

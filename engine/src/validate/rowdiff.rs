@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 use super::compare::{CompareSpec, Samples};
 use super::rows::{column_names, formatters_for, run};
 use crate::error::{QueryContext, Result};
-use crate::rowhash::{RowHashUdf, key_hash_sql, row_hash_sql};
+use crate::rowhash::{key_hash_sql, row_hash_sql};
 use crate::sqltext::ident;
 
 /// Differences by key.
@@ -96,19 +96,8 @@ pub(crate) async fn row_diff(
     old: &str,
     new: &str,
 ) -> Result<RowDiff> {
-    ctx.register_udf(RowHashUdf::udf());
-    let old_columns = column_names(ctx, old).await?;
-    let new_columns = column_names(ctx, new).await?;
-    let common: Vec<String> = old_columns
-        .iter()
-        .filter(|c| new_columns.contains(c))
-        .cloned()
-        .collect();
-    let compared: Vec<String> = common
-        .iter()
-        .filter(|c| !spec.key.contains(c))
-        .cloned()
-        .collect();
+    crate::rowhash::register_hash_functions(ctx);
+    let (common, compared) = compared_columns(ctx, spec, old, new).await?;
     let parts = spec.partitions.columns();
     // The narrow row: partition columns and key (each once), and the hash of the rest.
     let mut narrow: Vec<String> = parts.clone();
@@ -219,6 +208,28 @@ pub(crate) async fn row_diff(
     }
     let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
     Ok(RowDiff { counts, samples })
+}
+
+/// The columns both sides have (in the old side's order), and those of them a row's hash covers
+/// (all but the key).
+pub(crate) async fn compared_columns(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old: &str,
+    new: &str,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let old_columns = column_names(ctx, old).await?;
+    let new_columns = column_names(ctx, new).await?;
+    let common: Vec<String> = old_columns
+        .into_iter()
+        .filter(|c| new_columns.contains(c))
+        .collect();
+    let compared = common
+        .iter()
+        .filter(|c| !spec.key.contains(c))
+        .cloned()
+        .collect();
+    Ok((common, compared))
 }
 
 /// Partition labels of diff rows, each worked out once per distinct value of the partition
@@ -753,7 +764,7 @@ mod tests {
             let table = MemTable::try_new(batch.schema(), parts).expect("memtable");
             ctx.register_table(name, Arc::new(table)).expect("register");
         }
-        ctx.register_udf(RowHashUdf::udf());
+        crate::rowhash::register_hash_functions(&ctx);
         ctx
     }
 
