@@ -250,6 +250,21 @@ pub(crate) struct RevertArgs {
     /// Why it is reverted; the commit records it [default: `revert of RUN_ID`].
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+    /// Recompute the range as it was before the run instead of putting its files back: staged,
+    /// validated and published like a backfill, so later commits in the range (compaction,
+    /// appends, other fixes) do not block it; their changes in the range are replaced too.
+    #[arg(long)]
+    pub(crate) logical: bool,
+    /// Check (and, with `--logical`, stage and validate) without committing; publish later
+    /// with `lakefill publish REVERT_ID`.
+    #[arg(long)]
+    pub(crate) stage_only: bool,
+    /// With `--logical`: memory for its queries, as for `backfill` [default: as for `backfill`].
+    #[arg(long, value_name = "SIZE", requires = "logical")]
+    pub(crate) memory_limit: Option<String>,
+    /// With `--logical`: batches in flight, as for `backfill` [default: as for `backfill`].
+    #[arg(long, value_name = "N", value_parser = at_least_one, requires = "logical")]
+    pub(crate) max_parallel: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -602,8 +602,8 @@ impl Error {
             Error::Conflict { .. } => {
                 "another writer changed the affected partitions; re-run the same command to recompute against the new version".into()
             }
-            Error::RevertBlocked { table, range, .. } => format!(
-                "see them with `lakefill history {table}`: a revert by files would undo them too. Revert those runs first (newest first), or put {range} back by a backfill with the model version that wrote it"
+            Error::RevertBlocked { table, range, run_id, .. } => format!(
+                "see them with `lakefill history {table}`: a revert by files would undo them too. Revert those runs first (newest first), or recompute {range} as it was before the run with `lakefill revert {run_id} --logical` (their changes in the range are replaced too; `--stage-only` to review it first)"
             ),
             Error::Cascade { hint, .. } => hint.clone(),
             Error::RevertFilesGone { retention, table, .. } => format!(

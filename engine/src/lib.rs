@@ -105,7 +105,7 @@ pub use report::{REPORT_SCHEMA, Report, ReportFormat, render as render_report, r
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
 pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};
-pub use run::revert::revert_run;
+pub use run::revert::{logical_revert_plan, revert_run};
 pub use run::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, RunReport, Timings};
 pub use run_id::RunId;
 pub use secrets::{MASK, mask as mask_secrets};

@@ -327,6 +327,18 @@ impl Model {
         &self.sql
     }
 
+    /// This model (its name, version, fingerprint and validation) reading `sources` with `sql`
+    /// in place of its file's: what a logical revert runs to recompute a range as it was.
+    pub(crate) fn restoring(&self, sql: String, sources: BTreeMap<String, SourceSpec>) -> Self {
+        let mut header = self.header.clone();
+        header.sources = sources;
+        Self {
+            header,
+            sql,
+            ..self.clone()
+        }
+    }
+
     /// Returns whether the model may add columns to the target.
     pub(crate) fn adds_columns(&self) -> bool {
         self.header.schema.as_deref() == Some("add-columns")

@@ -84,7 +84,7 @@ fn added_columns_metadata(
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the
 /// new version.
 pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64> {
-    if journal.revert_of.is_some() {
+    if journal.revert_of.is_some() && !journal.revert_logical {
         return Err(Error::Internal(format!(
             "run `{}` is a revert: it has no staged files to publish",
             journal.run_id

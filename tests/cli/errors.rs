@@ -358,16 +358,7 @@ fn faulty_inputs_are_refused_and_change_nothing() {
                         &lake.day(9),
                     ],
                 );
-                let table = lake.open("events");
-                crate::support::runtime()
-                    .block_on(async {
-                        table
-                            .vacuum()
-                            .with_retention_period(chrono::Duration::zero())
-                            .with_enforce_retention_duration(false)
-                            .await
-                    })
-                    .expect("vacuum");
+                crate::support::vacuum_now(lake, "events");
                 [
                     "backfill",
                     "daily_revenue",

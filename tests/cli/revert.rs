@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::support::{Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr};
+use crate::support::{
+    Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr, vacuum_now,
+};
 
 /// Every row of `events` at `version` (latest when `None`) whose day is in `days`, sorted.
 fn rows_in(lake: &TestLake, version: Option<u64>, from: &str, to: &str) -> Vec<Vec<String>> {
@@ -203,29 +205,35 @@ fn a_revert_after_a_later_commit_in_its_range_is_refused() {
     assert_eq!(lake.files("events"), files, "no file changed");
 }
 
+/// Either way of reverting needs the files the run replaced: vacuumed, they are named with the
+/// retention setting that removed them, and nothing changes.
 #[test]
 fn a_revert_whose_files_were_vacuumed_is_refused() {
-    let lake = TestLake::new();
-    let (run_id, _, _) = fix(&lake);
-    let table = lake.open("events");
-    runtime()
-        .block_on(async {
-            table
-                .vacuum()
-                .with_retention_period(chrono::Duration::zero())
-                .with_enforce_retention_duration(false)
-                .await
-        })
-        .expect("vacuum");
-    let version = lake.version("events");
-    let files = lake.files("events");
-    let out = lake.run(&["revert", &run_id]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let err = stderr(&out);
-    assert!(err.contains("gone"), "{err}");
-    assert!(err.contains("deletedFileRetentionDuration"), "{err}");
-    assert_eq!(lake.version("events"), version, "nothing committed");
-    assert_eq!(lake.files("events"), files, "no file changed");
+    for logical in [false, true] {
+        let lake = TestLake::new();
+        let (run_id, _, _) = fix(&lake);
+        vacuum_now(&lake, "events");
+        let version = lake.version("events");
+        let files = lake.files("events");
+        let mut args = vec!["revert", run_id.as_str()];
+        if logical {
+            args.push("--logical");
+        }
+        let out = lake.run(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("gone"), "{args:?}: {err}");
+        assert!(
+            err.contains("deletedFileRetentionDuration"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(
+            lake.version("events"),
+            version,
+            "{args:?}: nothing committed"
+        );
+        assert_eq!(lake.files("events"), files, "{args:?}: no file changed");
+    }
 }
 
 #[test]
@@ -304,3 +312,205 @@ fn a_stopped_revert_converges(store: Store) {
 }
 
 both_stores!(a_stopped_revert_converges);
+
+/// Rows of `events` per day of `from..=to` at `version` (latest when `None`), counted with
+/// plain DataFusion: day -> rows.
+fn counts_in(lake: &TestLake, version: Option<u64>, from: &str, to: &str) -> BTreeMap<String, u64> {
+    let table = match version {
+        Some(v) => lake.open_version("events", v),
+        None => lake.open("events"),
+    };
+    lake.query(
+        &[("events", table)],
+        &format!(
+            "SELECT CAST(event_date AS VARCHAR), CAST(COUNT(*) AS VARCHAR) FROM events \
+             WHERE event_date BETWEEN DATE '{from}' AND DATE '{to}' GROUP BY 1 ORDER BY 1"
+        ),
+    )
+    .into_iter()
+    .map(|row| (row[0].clone(), row[1].parse().unwrap()))
+    .collect()
+}
+
+/// Compacts `events` with plain delta-rs, as a maintenance job would (only partitions of more
+/// than one file change); returns the files it removed.
+fn compact(lake: &TestLake) -> u64 {
+    let table = lake.open("events");
+    let (_, metrics) = runtime()
+        .block_on(async { table.optimize().await })
+        .expect("optimize");
+    metrics.num_files_removed
+}
+
+/// After later commits in the run's range (an append, a compaction), a revert by files is
+/// refused and `--logical` recomputes the range as it was before the run: staged and validated
+/// first, published by `publish`, once; later commits elsewhere survive.
+fn a_logical_revert_restores_the_range_despite_later_commits(store: Store) {
+    let lake = TestLake::on(store);
+    let (from, to) = (lake.day(2), lake.day(5));
+    let (run_id, read_version, _) = fix(&lake);
+    let buggy = rows_in(&lake, Some(read_version), &from, &to);
+    append_event(&lake, &lake.day(3), 9_000_002);
+    assert_eq!(
+        compact(&lake),
+        2,
+        "day 3 compacted: the run's file and the append"
+    );
+    append_event(&lake, &lake.day(8), 9_000_001);
+    let before_revert = lake.version("events");
+    let outside = |version: Option<u64>| {
+        let mut rows = rows_in(&lake, version, &lake.day(0), &lake.day(1));
+        rows.extend(rows_in(&lake, version, &lake.day(6), &lake.day(9)));
+        rows
+    };
+    let outside_before = outside(None);
+    let counts_now = counts_in(&lake, None, &from, &to);
+    let counts_restored = counts_in(&lake, Some(read_version), &from, &to);
+
+    let out = lake.run(&["revert", &run_id]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--logical"), "{}", stderr(&out));
+
+    let staged = json_ok(&lake.run(&[
+        "revert",
+        &run_id,
+        "--logical",
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(staged["outcome"], "staged", "{staged}");
+    assert_eq!(staged["revert_of"], run_id.as_str(), "{staged}");
+    assert_eq!(
+        lake.version("events"),
+        before_revert,
+        "nothing committed yet"
+    );
+    // Validation compared the range now (old) with the range restored (new), per partition.
+    let partitions: BTreeMap<String, (u64, u64)> = staged["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["value"].as_str().unwrap().to_string(),
+                (
+                    p["old_rows"].as_u64().unwrap(),
+                    p["new_rows"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    let expected: BTreeMap<String, (u64, u64)> = counts_now
+        .iter()
+        .map(|(day, rows)| (day.clone(), (*rows, counts_restored[day])))
+        .collect();
+    assert_eq!(partitions, expected, "{staged}");
+    assert_eq!(staged["validation"]["passed"], true, "{staged}");
+
+    let revert_id = staged["run_id"].as_str().unwrap().to_string();
+    let published = json_ok(&lake.run(&["publish", &revert_id, "--output-format", "json"]));
+    assert_eq!(published["outcome"], "published", "{published}");
+    assert_eq!(lake.version("events"), before_revert + 1, "one commit");
+    assert_eq!(
+        rows_in(&lake, None, &from, &to),
+        buggy,
+        "the range is exactly as the run found it"
+    );
+    assert_eq!(
+        outside(None),
+        outside_before,
+        "later commits elsewhere survive"
+    );
+    let newest = &commits(&lake)[0];
+    assert_eq!(newest["revert_of"], run_id.as_str(), "{newest}");
+    assert_eq!(newest["run_id"], revert_id.as_str(), "{newest}");
+
+    // Once reverted, either way of reverting changes nothing.
+    for args in [vec!["--logical"], vec![]] {
+        let mut command = vec!["revert", run_id.as_str(), "--output-format", "json"];
+        command.extend(args);
+        let again = json_ok(&lake.run(&command));
+        assert_eq!(again["outcome"], "already_reverted", "{again}");
+    }
+    assert_eq!(lake.version("events"), before_revert + 1, "no new commit");
+
+    // Reverting the revert puts back the range as it was just before it.
+    let redo = revert(&lake, &revert_id);
+    assert_eq!(redo["outcome"], "reverted", "{redo}");
+    assert_eq!(
+        rows_in(&lake, None, &from, &to),
+        rows_in(&lake, Some(before_revert), &from, &to)
+    );
+}
+
+both_stores!(a_logical_revert_restores_the_range_despite_later_commits);
+
+/// A logical revert stopped at each point converges: the same command finishes it with one
+/// commit and the range as the run found it.
+#[test]
+fn a_stopped_logical_revert_converges() {
+    for point in [
+        "after-stage",
+        "before-commit",
+        "after-commit",
+        "lost-commit-response=error",
+    ] {
+        let lake = TestLake::new();
+        let (from, to) = (lake.day(2), lake.day(5));
+        let (run_id, read_version, _) = fix(&lake);
+        append_event(&lake, &lake.day(4), 9_000_003);
+        let before = lake.version("events");
+        let out = lakefill_command(lake.path())
+            .args(["revert", &run_id, "--logical"])
+            .env("LAKEFILL_FAILPOINTS", point)
+            .output()
+            .unwrap();
+        let landed = lake.version("events") > before;
+        assert_eq!(
+            landed,
+            point.contains("commit") && point != "before-commit",
+            "{point}: {}",
+            stderr(&out)
+        );
+        let report =
+            json_ok(&lake.run(&["revert", &run_id, "--logical", "--output-format", "json"]));
+        let expected = if landed {
+            "already_reverted"
+        } else {
+            "reverted"
+        };
+        assert_eq!(report["outcome"], expected, "{point}: {report}");
+        assert_eq!(
+            rows_in(&lake, None, &from, &to),
+            rows_in(&lake, Some(read_version), &from, &to),
+            "{point}: the range is as the run found it"
+        );
+        let reverts = commits(&lake)
+            .iter()
+            .filter(|m| m["revert_of"] == run_id.as_str())
+            .count();
+        assert_eq!(reverts, 1, "{point}: exactly one revert commit");
+        assert_eq!(lake.version("events"), before + 1, "{point}");
+    }
+}
+
+/// `revert --stage-only` checks everything and commits nothing; `publish` then commits it.
+#[test]
+fn a_staged_revert_by_files_is_published_later() {
+    let lake = TestLake::new();
+    let (from, to) = (lake.day(2), lake.day(5));
+    let (run_id, read_version, published) = fix(&lake);
+    let staged =
+        json_ok(&lake.run(&["revert", &run_id, "--stage-only", "--output-format", "json"]));
+    assert_eq!(staged["outcome"], "staged", "{staged}");
+    assert_eq!(lake.version("events"), published, "nothing committed");
+    let revert_id = staged["run_id"].as_str().unwrap().to_string();
+    let report = json_ok(&lake.run(&["publish", &revert_id, "--output-format", "json"]));
+    assert_eq!(report["outcome"], "reverted", "{report}");
+    assert_eq!(lake.version("events"), published + 1, "one commit");
+    assert_eq!(
+        rows_in(&lake, None, &from, &to),
+        rows_in(&lake, Some(read_version), &from, &to)
+    );
+}

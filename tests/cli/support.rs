@@ -426,6 +426,20 @@ pub(crate) fn decoded(path: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Vacuums `table` with plain delta-rs and no retention: every file no version references goes.
+pub(crate) fn vacuum_now(lake: &TestLake, table: &str) {
+    let table = lake.open(table);
+    runtime()
+        .block_on(async {
+            table
+                .vacuum()
+                .with_retention_period(chrono::Duration::zero())
+                .with_enforce_retention_duration(false)
+                .await
+        })
+        .expect("vacuum");
+}
+
 /// Appends one event into `events` with plain delta-rs, as another writer would.
 pub(crate) fn append_event(lake: &TestLake, date: &str, event_id: i64) {
     let table = lake.open("events");

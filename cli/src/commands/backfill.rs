@@ -2,7 +2,7 @@
 
 use lakefill::{BackfillBuilder, Outcome, RunSettings, SettingFlags};
 
-use crate::args::{BackfillArgs, GlobalArgs};
+use crate::args::{BackfillArgs, GlobalArgs, RevertArgs};
 use crate::printer::{Printer, run_text};
 use crate::settings;
 
@@ -60,6 +60,53 @@ pub(crate) async fn run(
     if let Some(path) = &args.report {
         crate::commands::runs::write_report(&project, &run.run_id, None, path, printer).await?;
     }
+    finish(printer, &run)
+}
+
+/// `revert RUN_ID --logical`: the run's range recomputed as it was, run like a backfill.
+pub(crate) async fn revert_logical(
+    project: &lakefill::Project,
+    args: &RevertArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let resolved = RunSettings::resolve(
+        project,
+        &SettingFlags {
+            max_parallel: args.max_parallel,
+            memory_limit: args.memory_limit.clone(),
+            batch_partitions: None,
+            throttle: None,
+        },
+    )?;
+    let plan = lakefill::logical_revert_plan(
+        project,
+        &args.run_id,
+        args.reason.clone(),
+        Some(resolved.batch_partitions),
+    )
+    .await?;
+    let report = plan.report();
+    printer.status(&format!(
+        "reverting {} in {} ..= {} ({} partitions in {} batches, read version {})",
+        args.run_id,
+        report.range.from,
+        report.range.to,
+        report.partitions.len(),
+        report.batches.len(),
+        report.read_version
+    ));
+    if !report.already_published {
+        for note in &report.range_notes {
+            printer.status(&format!("note: {note}"));
+        }
+    }
+    let run = BackfillBuilder::new(plan)
+        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
+        .with_max_parallel(Some(resolved.max_parallel))
+        .with_memory_limit(resolved.memory_limit)
+        .with_progress(printer.progress())
+        .with_stage_only(args.stage_only)
+        .await?;
     finish(printer, &run)
 }
 

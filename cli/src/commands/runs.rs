@@ -87,10 +87,22 @@ pub(crate) async fn revert(
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
     if lakefill::is_cascade_id(&args.run_id) {
+        if args.logical || args.stage_only {
+            return Err(lakefill::Error::InvalidOption {
+                option: if args.logical { "--logical" } else { "--stage-only" }.into(),
+                value: args.run_id.clone(),
+                message: "a cascade is reverted by files, node by node; revert a node's run on its own for this (see `lakefill runs`)".into(),
+            }
+            .into());
+        }
         let run = lakefill::revert_cascade(&project, &args.run_id, args.reason.clone()).await?;
         return crate::commands::backfill::finish_cascade(printer, &run);
     }
-    let run = lakefill::revert_run(&project, &args.run_id, args.reason.clone()).await?;
+    if args.logical {
+        return crate::commands::backfill::revert_logical(&project, args, printer).await;
+    }
+    let run =
+        lakefill::revert_run(&project, &args.run_id, args.reason.clone(), args.stage_only).await?;
     printer.result(&run_text(&run), &run)
 }
 

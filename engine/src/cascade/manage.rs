@@ -80,7 +80,7 @@ pub async fn revert_cascade(
         {
             continue;
         }
-        let report = revert_run(project, &run_id, reason.clone()).await?;
+        let report = revert_run(project, &run_id, reason.clone(), false).await?;
         record.nodes[index].state = format!("reverted by {}", report.run_id);
         save(&store, &mut record).await;
         nodes.push(report);

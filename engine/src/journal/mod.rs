@@ -109,6 +109,10 @@ pub struct Journal {
     /// The run this one reverts, when it is a revert (`lakefill revert`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<RunId>,
+    /// A revert that recomputes the range as it was (`revert --logical`): it stages files and is
+    /// published like any run, not by `lakefill revert` alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revert_logical: bool,
     /// The command that resumes the run when it is not its own backfill command (a node of a
     /// cascade is resumed by the cascade's command).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -350,7 +354,12 @@ impl Journal {
     /// range, pinned sources and spill policy).
     pub fn resume_command(&self) -> String {
         if let Some(reverted) = &self.revert_of {
-            return format!("lakefill revert {reverted}");
+            let logical = if self.revert_logical {
+                " --logical"
+            } else {
+                ""
+            };
+            return format!("lakefill revert {reverted}{logical}");
         }
         if let Some(command) = &self.resume {
             return command.clone();

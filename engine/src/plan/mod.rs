@@ -6,6 +6,7 @@
 //! It writes nothing. Running the plan is left to [`crate::stage`] and [`crate::publish`].
 
 pub(crate) mod query;
+pub(crate) mod restore;
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
@@ -224,6 +225,7 @@ impl PlanBuilder {
             resume: None,
             cascade: None,
             cascade_staged: Vec::new(),
+            revert_of: None,
         };
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
@@ -691,6 +693,8 @@ pub struct BackfillPlan {
     /// In a cascade, every node staged before this one, by table: its next version, for the
     /// checks' `staged.<table>`.
     pub(crate) cascade_staged: Vec<(String, DeltaTable, Overlay)>,
+    /// The run a logical revert puts back the range of (see [`restore`]).
+    pub(crate) revert_of: Option<RunId>,
 }
 
 impl BackfillPlan {

@@ -220,12 +220,19 @@ pub async fn publish_run(
     if force_reason.as_deref().is_some_and(|r| r.trim().is_empty()) {
         return Err(empty_reason());
     }
+    // A revert by files staged with `--stage-only` is committed by the revert itself.
+    if let Some((reverted, reason)) =
+        crate::run::revert::staged_file_revert(project, run_id).await?
+    {
+        return crate::run::revert::revert_run(project, reverted.as_str(), reason, false).await;
+    }
     with_run(project, run_id, "publish", async |config, latest, journal, lease| {
         let store = latest.object_store();
         if let Some(reverted) = &journal.revert_of
+            && !journal.revert_logical
             && journal.state != RunState::Published
         {
-            // A revert stages nothing: its commit is decided by `lakefill revert` alone.
+            // A revert by files stages nothing: its commit is decided by `lakefill revert`.
             return Err(Error::RunState {
                 run_id: run_id.to_string(),
                 state: journal.state.to_string(),

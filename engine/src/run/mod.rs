@@ -207,6 +207,14 @@ impl BackfillBuilder {
         report.notifications =
             crate::notify::after_commit(&self.plan.target_config, &self.plan.target, committed)
                 .await;
+        if self.plan.revert_of.is_some() {
+            // A logical revert says what a revert by files says.
+            report.outcome = match report.outcome {
+                Outcome::Published => Outcome::Reverted,
+                Outcome::AlreadyPublished => Outcome::AlreadyReverted,
+                other => other,
+            };
+        }
         Ok(report)
     }
 
@@ -693,7 +701,8 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         published_version: None,
         sequence: report.publish_sequence,
         error: None,
-        revert_of: None,
+        revert_of: plan.revert_of.clone(),
+        revert_logical: plan.revert_of.is_some(),
         resume: plan.resume.clone(),
         cascade: plan.cascade.clone(),
         created_at: now(),

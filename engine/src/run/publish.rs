@@ -66,7 +66,7 @@ pub(crate) async fn publish_journal(
         // The read version is stale for the range: validating again needs a new attempt.
         Error::Conflict { .. } => RunState::Failed,
         // A revert is decided afresh by the next `lakefill revert`, never published from here.
-        _ if journal.revert_of.is_some() => RunState::Failed,
+        _ if journal.revert_of.is_some() && !journal.revert_logical => RunState::Failed,
         _ => before,
     };
     if let Err(e) = journal.save(store, lease).await {

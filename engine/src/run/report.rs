@@ -149,7 +149,7 @@ impl RunReport {
             validation: None,
             forced: None,
             timings: Timings::default(),
-            revert_of: None,
+            revert_of: plan.revert_of.as_ref().map(ToString::to_string),
             notifications: Vec::new(),
         }
     }

@@ -14,6 +14,10 @@
 //! the usual metadata with `revert_of`, which `history` and `blame` show. Reverting a revert puts
 //! the run's output back. It stages nothing, so a crash before its commit leaves nothing to clean
 //! up, and one after it is reconciled from the log by the next command.
+//!
+//! When later commits block a revert by files, [`logical_revert_plan`] recomputes the range as
+//! it was instead (`--logical`, see [`crate::plan::restore`]): a staged, validated run under the
+//! same revert id, so either way a run is reverted at most once.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,8 +30,10 @@ use crate::config::{Project, TableConfig};
 use crate::error::{DeltaContext, Error, Result};
 use crate::journal::lease::RunLease;
 use crate::journal::{Journal, PartitionChange, RunState};
-use crate::log::{commits_in_range, published_sequence, read_commit};
-use crate::run::manage::with_run;
+use crate::log::{Commit, commits_in_range, published_sequence, read_commit};
+use crate::plan::BackfillPlan;
+use crate::plan::restore::{Restore, restore_plan};
+use crate::run::manage::{find_run, with_run};
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::report::{Outcome, RunReport, Timings};
@@ -37,41 +43,205 @@ use crate::storage::{decode, live_rows, loaded_version, open_table};
 /// The label per-partition counts of a by-rows revert are kept under.
 const RANGE_LABEL: &str = "(range)";
 
-/// Reverts the published run `run_id`: see the module docs.
+/// Reverts the published run `run_id` by files: see the module docs. With `stage_only`, every
+/// check runs and the revert is recorded `validated`, for `lakefill publish REVERT_ID` to commit.
 pub async fn revert_run(
     project: &Project,
     run_id: &str,
     reason: Option<String>,
+    stage_only: bool,
 ) -> Result<RunReport> {
-    if reason.as_deref().is_some_and(|r| r.trim().is_empty()) {
+    check_reason(reason.as_deref())?;
+    with_run(
+        project,
+        run_id,
+        "revert",
+        async |config, latest, journal, _lease| {
+            let version = reverted_version(run_id, journal)?;
+            let revert_id = revert_id(journal, version);
+            let store = latest.object_store();
+            let lease = RunLease::acquire(&store, config.name(), &revert_id, "revert").await?;
+            let result = revert_held(
+                config, latest, journal, version, &revert_id, reason, stage_only, &lease,
+            )
+            .await;
+            lease.release().await;
+            result
+        },
+    )
+    .await
+}
+
+/// Plans the logical revert of the published run `run_id` (`lakefill revert RUN_ID --logical`):
+/// a backfill of its range that reads the table as it was just before the run's commit (see
+/// [`crate::plan::restore`]). Run it with [`crate::BackfillBuilder`] like any plan: it is staged,
+/// validated (old = the range now, new = the range restored), journaled and published with the
+/// usual conflict check, as the revert of `run_id`; a second revert of the same run publishes
+/// nothing. Unlike a revert by files, later commits in the range do not block it (they are
+/// named in the plan's notes: their changes in the range are replaced too).
+pub async fn logical_revert_plan(
+    project: &Project,
+    run_id: &str,
+    reason: Option<String>,
+    batch_partitions: Option<usize>,
+) -> Result<BackfillPlan> {
+    check_reason(reason.as_deref())?;
+    let batch_partitions = crate::settings::batch_partitions(project, batch_partitions)?;
+    with_run(
+        project,
+        run_id,
+        "revert",
+        async |config, latest, journal, _lease| {
+            let version = reverted_version(run_id, journal)?;
+            let revert_id = revert_id(journal, version);
+            let latest_version = loaded_version(latest)?;
+            let commit = run_commit(latest, journal, version).await?;
+            // The rows to restore are in the files the run replaced: they must still exist.
+            restorable_files(config, latest, journal, version, &commit).await?;
+            let later = commits_in_range(
+                latest,
+                version,
+                &journal.layout,
+                &journal.range,
+                latest_version,
+            )
+            .await?;
+            restore_plan(Restore {
+                project,
+                config,
+                latest,
+                run: journal,
+                version,
+                revert_id,
+                reason: reason.clone(),
+                batch_partitions,
+                later,
+            })
+            .await
+        },
+    )
+    .await
+}
+
+/// The revert by files of `run_id` staged with `--stage-only`, if that is what it is: the run it
+/// reverts and its reason.
+pub(crate) async fn staged_file_revert(
+    project: &Project,
+    run_id: &str,
+) -> Result<Option<(RunId, Option<String>)>> {
+    let Ok(run_id) = RunId::parse(run_id) else {
+        return Ok(None);
+    };
+    let Ok((_, latest)) = find_run(project, &run_id).await else {
+        return Ok(None);
+    };
+    Ok(Journal::load(&latest.object_store(), &run_id)
+        .await?
+        .filter(|j| !j.revert_logical && j.state == RunState::Validated)
+        .and_then(|j| {
+            j.revert_of
+                .clone()
+                .map(|reverted| (reverted, j.reason.clone()))
+        }))
+}
+
+/// A reason is recorded with the revert: it must say something.
+fn check_reason(reason: Option<&str>) -> Result<()> {
+    if reason.is_some_and(|r| r.trim().is_empty()) {
         return Err(Error::InvalidOption {
             option: "--reason".into(),
             value: String::new(),
             message: "the reason is recorded with the revert; it must not be empty".into(),
         });
     }
-    with_run(project, run_id, "revert", async |config, latest, journal, _lease| {
-        if journal.state != RunState::Published {
-            return Err(Error::RunState {
-                run_id: run_id.to_string(),
-                state: journal.state.to_string(),
-                action: "reverted".into(),
-                next: format!(
-                    "only a published run changed the table; `lakefill discard {run_id}` deletes what it staged"
-                ),
-            });
-        }
-        let version = journal.published_version.ok_or_else(|| {
-            Error::Internal(format!("run `{run_id}` is published but its version is unknown"))
-        })?;
-        let revert_id = revert_id(journal, version);
-        let store = latest.object_store();
-        let lease = RunLease::acquire(&store, config.name(), &revert_id, "revert").await?;
-        let result = revert_held(config, latest, journal, version, &revert_id, reason, &lease).await;
-        lease.release().await;
-        result
+    Ok(())
+}
+
+/// The version the published run `journal` committed; any other state is refused.
+fn reverted_version(run_id: &str, journal: &Journal) -> Result<u64> {
+    if journal.state != RunState::Published {
+        return Err(Error::RunState {
+            run_id: run_id.to_string(),
+            state: journal.state.to_string(),
+            action: "reverted".into(),
+            next: format!(
+                "only a published run changed the table; `lakefill discard {run_id}` deletes what it staged"
+            ),
+        });
+    }
+    journal.published_version.ok_or_else(|| {
+        Error::Internal(format!(
+            "run `{run_id}` is published but its version is unknown"
+        ))
     })
-    .await
+}
+
+/// The commit of the run, from the log.
+async fn run_commit(latest: &DeltaTable, run: &Journal, version: u64) -> Result<Commit> {
+    read_commit(latest, version).await?.ok_or_else(|| Error::RunState {
+        run_id: run.run_id.to_string(),
+        state: run.state.to_string(),
+        action: "reverted".into(),
+        next: format!(
+            "its commit (version {version}) is no longer in the Delta log (log retention): recompute {}..={} with a backfill instead",
+            run.range.from, run.range.to
+        ),
+    })
+}
+
+/// The files the run's commit removed, as the version before it had them; refused, naming them
+/// and the table's retention, when any is gone from storage (vacuumed).
+async fn restorable_files(
+    config: &TableConfig,
+    latest: &DeltaTable,
+    run: &Journal,
+    version: u64,
+    commit: &Commit,
+) -> Result<Vec<LogicalFileView>> {
+    let removed: BTreeSet<String> = commit.removed_paths.iter().map(|p| decode(p)).collect();
+    let before = open_table(config, Some(version - 1)).await?;
+    let before_snapshot = before
+        .snapshot()
+        .delta_context(|| format!("cannot read version {} of `{}`", version - 1, run.target))?;
+    let restored: Vec<LogicalFileView> = before_snapshot
+        .log_data()
+        .iter()
+        .filter(|file| removed.contains(file.path().as_ref()))
+        .collect();
+    if restored.len() != removed.len() {
+        return Err(Error::Internal(format!(
+            "version {version} of `{}` removed {} files, but version {} holds only {} of them",
+            run.target,
+            removed.len(),
+            version - 1,
+            restored.len()
+        )));
+    }
+    let store = latest.object_store();
+    let mut missing = Vec::new();
+    for file in &restored {
+        if store.head(&file.object_store_path()).await.is_err() {
+            missing.push(file.path().to_string());
+        }
+    }
+    if !missing.is_empty() {
+        let snapshot = latest
+            .snapshot()
+            .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?;
+        let retention = snapshot
+            .metadata()
+            .configuration()
+            .get("delta.deletedFileRetentionDuration")
+            .cloned()
+            .unwrap_or_else(|| "interval 1 week, the default".into());
+        return Err(Error::RevertFilesGone {
+            run_id: run.run_id.to_string(),
+            table: run.target.clone(),
+            missing,
+            retention,
+        });
+    }
+    Ok(restored)
 }
 
 /// The id of the revert of `journal`'s commit at `version`: the same for every attempt, another
@@ -85,6 +255,10 @@ fn revert_id(journal: &Journal, version: u64) -> RunId {
 }
 
 /// The revert, holding the leases of the run and of its revert.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the run, its commit and the revert's options, each used once"
+)]
 async fn revert_held(
     config: &TableConfig,
     latest: &DeltaTable,
@@ -92,6 +266,7 @@ async fn revert_held(
     version: u64,
     revert_id: &RunId,
     reason: Option<String>,
+    stage_only: bool,
     lease: &RunLease,
 ) -> Result<RunReport> {
     let started = std::time::Instant::now();
@@ -113,17 +288,21 @@ async fn revert_held(
             Timings::default(),
         ));
     }
+    if revert.revert_logical && !matches!(revert.state, RunState::Discarded | RunState::UpToDate) {
+        // Its staged files would be forgotten: it is finished or discarded first.
+        return Err(Error::RunState {
+            run_id: revert_id.to_string(),
+            state: revert.state.to_string(),
+            action: "replaced by a revert by files".into(),
+            next: format!(
+                "a logical revert of {} is under way: finish it with `lakefill revert {} --logical` (or `lakefill publish {revert_id}`), or `lakefill discard {revert_id}` first",
+                run.run_id, run.run_id
+            ),
+        });
+    }
     revert = revert_journal(run, revert_id, latest_version, reason);
 
-    let commit = read_commit(latest, version).await?.ok_or_else(|| Error::RunState {
-        run_id: run.run_id.to_string(),
-        state: run.state.to_string(),
-        action: "reverted".into(),
-        next: format!(
-            "its commit (version {version}) is no longer in the Delta log (log retention): recompute {}..={} with a backfill instead",
-            run.range.from, run.range.to
-        ),
-    })?;
+    let commit = run_commit(latest, run, version).await?;
     let blocked = |versions: Vec<u64>| Error::RevertBlocked {
         run_id: run.run_id.to_string(),
         table: run.target.clone(),
@@ -137,7 +316,6 @@ async fn revert_held(
 
     // What the run added must still be live, exactly.
     let added: BTreeSet<String> = commit.added_paths.iter().map(|p| decode(p)).collect();
-    let removed: BTreeSet<String> = commit.removed_paths.iter().map(|p| decode(p)).collect();
     let snapshot = latest
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?;
@@ -152,46 +330,21 @@ async fn revert_held(
         return Err(blocked((version + 1..=latest_version).collect()));
     }
     // What it removed, as the version before its commit had it.
-    let before = open_table(config, Some(version - 1)).await?;
-    let before_snapshot = before
-        .snapshot()
-        .delta_context(|| format!("cannot read version {} of `{}`", version - 1, run.target))?;
-    let restored: Vec<LogicalFileView> = before_snapshot
-        .log_data()
-        .iter()
-        .filter(|file| removed.contains(file.path().as_ref()))
-        .collect();
-    if restored.len() != removed.len() {
-        return Err(Error::Internal(format!(
-            "version {version} of `{}` removed {} files, but version {} holds only {} of them",
-            run.target,
-            removed.len(),
-            version - 1,
-            restored.len()
-        )));
-    }
-    let mut missing = Vec::new();
-    for file in &restored {
-        if store.head(&file.object_store_path()).await.is_err() {
-            missing.push(file.path().to_string());
-        }
-    }
-    if !missing.is_empty() {
-        let retention = snapshot
-            .metadata()
-            .configuration()
-            .get("delta.deletedFileRetentionDuration")
-            .cloned()
-            .unwrap_or_else(|| "interval 1 week, the default".into());
-        return Err(Error::RevertFilesGone {
-            run_id: run.run_id.to_string(),
-            table: run.target.clone(),
-            missing,
-            retention,
-        });
-    }
+    let restored = restorable_files(config, latest, run, version, &commit).await?;
 
     revert.partitions = partition_changes(run, &current, &restored);
+    if stage_only {
+        revert.save(&store, lease).await?;
+        let checked_ms = started.elapsed().as_millis() as u64;
+        return Ok(RunReport::from_journal(
+            &revert,
+            Outcome::Staged,
+            Timings {
+                total_ms: checked_ms,
+                ..Timings::default()
+            },
+        ));
+    }
     crate::notify::prepare(config, latest).await;
     let mut actions: Vec<Action> = current
         .iter()
@@ -267,6 +420,7 @@ fn revert_journal(
         sequence: 1,
         error: None,
         revert_of: Some(run.run_id.clone()),
+        revert_logical: false,
         resume: None,
         cascade: None,
         created_at: now.clone(),
