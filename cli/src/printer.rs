@@ -577,7 +577,7 @@ pub(crate) fn run_text(report: &RunReport) -> String {
     }
     out.push_str(&notifications_text(&report.notifications));
     let t = &report.timings;
-    if report.outcome == Outcome::Reverted && report.validation.is_none() {
+    if report.outcome == Outcome::Reverted && report.files_written == 0 {
         let _ = writeln!(
             out,
             "  removed the {} files the run added, re-added the {} it replaced | {:.1}s",

@@ -115,6 +115,33 @@ fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
     assert_eq!(report["outcome"], "reverted", "{report}");
     assert_eq!(report["revert_of"], run_id.as_str(), "{report}");
     assert_eq!(lake.version("events"), appended + 1, "one new commit");
+    // Its report compares the range now with the range put back: the model's measure per
+    // partition, as plain DataFusion sums it at both versions.
+    let reported: BTreeMap<String, (i64, i64)> = report["validation"]["comparison"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let sum = &p["measures"]["amount_cents"];
+            (
+                p["value"].as_str().unwrap().to_string(),
+                (
+                    sum["old"].as_f64().unwrap() as i64,
+                    sum["new"].as_f64().unwrap() as i64,
+                ),
+            )
+        })
+        .collect();
+    let (now, then) = (
+        sums_in(&lake, appended, &from, &to),
+        sums_in(&lake, read_version, &from, &to),
+    );
+    let expected: BTreeMap<String, (i64, i64)> = now
+        .iter()
+        .map(|(day, sum)| (day.clone(), (*sum, then[day])))
+        .collect();
+    assert_eq!(reported, expected, "{report}");
+    assert_ne!(now, then, "the fix changed the sums");
     assert_eq!(
         rows_in(&lake, None, &from, &to),
         buggy,
@@ -324,6 +351,20 @@ fn counts_in(lake: &TestLake, version: Option<u64>, from: &str, to: &str) -> BTr
         &[("events", table)],
         &format!(
             "SELECT CAST(event_date AS VARCHAR), CAST(COUNT(*) AS VARCHAR) FROM events \
+             WHERE event_date BETWEEN DATE '{from}' AND DATE '{to}' GROUP BY 1 ORDER BY 1"
+        ),
+    )
+    .into_iter()
+    .map(|row| (row[0].clone(), row[1].parse().unwrap()))
+    .collect()
+}
+
+/// `SUM(amount_cents)` of `events` per day of `from..=to` at `version`, with plain DataFusion.
+fn sums_in(lake: &TestLake, version: u64, from: &str, to: &str) -> BTreeMap<String, i64> {
+    lake.query(
+        &[("events", lake.open_version("events", version))],
+        &format!(
+            "SELECT CAST(event_date AS VARCHAR), CAST(SUM(amount_cents) AS VARCHAR) FROM events \
              WHERE event_date BETWEEN DATE '{from}' AND DATE '{to}' GROUP BY 1 ORDER BY 1"
         ),
     )

@@ -31,14 +31,19 @@ use crate::error::{DeltaContext, Error, Result};
 use crate::journal::lease::RunLease;
 use crate::journal::{Journal, PartitionChange, RunState};
 use crate::log::{Commit, commits_in_range, published_sequence, read_commit};
+use crate::model::Model;
 use crate::plan::BackfillPlan;
 use crate::plan::restore::{Restore, restore_plan};
+use crate::resources::Resources;
 use crate::run::manage::{find_run, with_run};
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::report::{Outcome, RunReport, Timings};
+use crate::run::validation::register_range;
 use crate::run_id::RunId;
 use crate::storage::{decode, live_rows, loaded_version, open_table};
+use crate::validate::compare::{CompareSpec, PartitionKey, compare};
+use crate::validate::{CheckResult, ValidationReport, ValidationRules};
 
 /// The label per-partition counts of a by-rows revert are kept under.
 const RANGE_LABEL: &str = "(range)";
@@ -62,7 +67,7 @@ pub async fn revert_run(
             let store = latest.object_store();
             let lease = RunLease::acquire(&store, config.name(), &revert_id, "revert").await?;
             let result = revert_held(
-                config, latest, journal, version, &revert_id, reason, stage_only, &lease,
+                project, config, latest, journal, version, &revert_id, reason, stage_only, &lease,
             )
             .await;
             lease.release().await;
@@ -260,6 +265,7 @@ fn revert_id(journal: &Journal, version: u64) -> RunId {
     reason = "the run, its commit and the revert's options, each used once"
 )]
 async fn revert_held(
+    project: &Project,
     config: &TableConfig,
     latest: &DeltaTable,
     run: &Journal,
@@ -333,6 +339,7 @@ async fn revert_held(
     let restored = restorable_files(config, latest, run, version, &commit).await?;
 
     revert.partitions = partition_changes(run, &current, &restored);
+    revert.validation = Some(compare_versions(project, latest, run, version).await?);
     if stage_only {
         revert.save(&store, lease).await?;
         let checked_ms = started.elapsed().as_millis() as u64;
@@ -468,4 +475,56 @@ fn partition_changes(
             new_files: after.files,
         })
         .collect()
+}
+
+/// The range now (old) against the range as the version before the run's commit held it (new):
+/// rows and the model's measures per partition, and keys added, removed and changed, for the
+/// revert's report. It decides nothing: the files put back are the log's own.
+async fn compare_versions(
+    project: &Project,
+    latest: &DeltaTable,
+    run: &Journal,
+    version: u64,
+) -> Result<ValidationReport> {
+    let started = std::time::Instant::now();
+    let config = project.table(&run.target, "the run")?;
+    let before = open_table(config, Some(version - 1)).await?;
+    let schema = latest
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?
+        .snapshot()
+        .arrow_schema();
+    let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    // The key and measures the run was validated with, when its model file is still there.
+    let rules = match Model::load(project, &run.model, Some(&run.model_version)) {
+        Ok(model) => {
+            ValidationRules::from_spec(model.header().validate.as_ref(), &columns, model.path())?
+        }
+        Err(error) => {
+            tracing::warn!(%error, "the run's model is gone: the revert compares row counts only");
+            ValidationRules::default()
+        }
+    };
+    let resources = Resources::new(crate::settings::memory_limit(project, None)?);
+    let ctx = resources.session();
+    register_range(&ctx, "previous", latest, &run.layout, &run.range).await?;
+    register_range(&ctx, "output", &before, &run.layout, &run.range).await?;
+    let spec = CompareSpec {
+        partitions: PartitionKey::Time(run.layout.clone()),
+        key: rules.key.clone(),
+        measures: rules.summed_measures(),
+        sample: crate::run::DEFAULT_SAMPLE,
+        checksum_columns: None,
+    };
+    let comparison = compare(&ctx, &spec, None, None).await?;
+    Ok(ValidationReport {
+        passed: true,
+        checks: vec![CheckResult::new(
+            "files as the log had them",
+            Vec::new(),
+            Vec::new(),
+        )],
+        comparison,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
 }

@@ -367,6 +367,18 @@ pub(crate) async fn comparison_session(
     layout: &Layout,
     range: &PartitionRange,
 ) -> Result<SessionContext> {
+    register_range(&ctx, "previous", table, layout, range).await?;
+    Ok(ctx)
+}
+
+/// Registers `table` restricted to the partitions of `range` as `name` in `ctx`.
+pub(crate) async fn register_range(
+    ctx: &SessionContext,
+    name: &str,
+    table: &DeltaTable,
+    layout: &Layout,
+    range: &PartitionRange,
+) -> Result<()> {
     let schema = table
         .snapshot()
         .map_err(|source| Error::Delta {
@@ -384,9 +396,9 @@ pub(crate) async fn comparison_session(
         .read_table(provider)
         .and_then(|df| df.filter(predicate))
         .query_context(|| "cannot restrict the target to the range".into())?;
-    ctx.register_table("previous", df.into_view())
-        .query_context(|| "cannot register the old rows".into())?;
-    Ok(ctx)
+    ctx.register_table(name, df.into_view())
+        .query_context(|| format!("cannot register the rows of the range as `{name}`"))?;
+    Ok(())
 }
 
 /// Old and new row counts per partition: the plan's partitions plus any the model created.
