@@ -163,6 +163,33 @@ pub(crate) fn assert_valid_event(event: &str) {
     );
 }
 
+/// Checks `event` with the official OpenLineage client's model (generated from the spec's JSON
+/// Schema): see `openlineage_check.py`.
+fn assert_openlineage(event: &str) {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/cli/openlineage_check.py"
+    );
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(event.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "not an OpenLineage RunEvent: {}\n{event}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Rows per day of `events` at `version`, counted with DataFusion.
 fn rows_per_day(lake: &TestLake, version: u64) -> Vec<(String, u64)> {
     lake.query(
@@ -444,6 +471,7 @@ fn an_openlineage_sink_gets_a_complete_run_event_with_the_versions() {
     let version = report["published_version"].as_u64().unwrap();
     let received = receiver.received();
     assert_eq!(received.len(), 1, "{report}");
+    assert_openlineage(&received[0].body);
     let event: serde_json::Value = serde_json::from_str(&received[0].body).unwrap();
     assert_eq!(event["eventType"], "COMPLETE", "{event:#}");
     assert!(
