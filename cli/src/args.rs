@@ -269,7 +269,7 @@ pub(crate) struct RevertArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// The run (see `lakefill runs`).
+    /// The run, or a cascade (`cascade-…`): every table's run in one report (see `lakefill runs`).
     pub(crate) run_id: String,
     /// The format [default: from the extension of `--out`, else html].
     #[arg(long, value_enum)]

@@ -101,7 +101,10 @@ pub use plan::{
     PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
 pub use protocol::{AddedColumn, FeatureSupport, RowRule, TableProtocol};
-pub use report::{REPORT_SCHEMA, Report, ReportFormat, render as render_report, report};
+pub use report::{
+    CASCADE_REPORT_SCHEMA, CascadeDocument, NodeLine, REPORT_SCHEMA, Report, ReportFormat,
+    cascade_report, render as render_report, render_cascade, report,
+};
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
 pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};

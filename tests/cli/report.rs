@@ -195,3 +195,114 @@ fn a_failed_run_still_gets_its_report_and_a_revert_reports_itself() {
     assert_eq!(report["verdict"]["status"], "reverted", "{report}");
     assert_eq!(report["revert_of"], run_id);
 }
+
+/// `report CASCADE_ID`: one document for every table of a cascade, in the order they publish;
+/// each table's rows as plain DataFusion counts them at the version the cascade published, the
+/// verdict over all of them first, and the HTML as self-contained as a run's and rendered by a
+/// browser.
+#[test]
+fn a_cascade_gets_one_report_of_every_table() {
+    let lake = TestLake::new();
+    let run = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(4),
+        "--cascade",
+        "--output-format",
+        "json",
+    ]));
+    let cascade = run["cascade_id"].as_str().unwrap().to_string();
+    let report = json_ok(&lake.run(&["report", &cascade, "--format", "json"]));
+    assert_eq!(report["schema"], "lakefill.cascade-report/v1", "{report}");
+    assert_eq!(report["verdict"]["status"], "passed", "{report}");
+    let nodes = report["nodes"].as_array().unwrap();
+    let runs = run["nodes"].as_array().unwrap();
+    assert!(
+        nodes.len() >= 2,
+        "a fix and what is computed from it: {report}"
+    );
+    assert_eq!(nodes.len(), runs.len());
+    for ((node, ran), full) in nodes
+        .iter()
+        .zip(runs)
+        .zip(report["reports"].as_array().unwrap())
+    {
+        assert_eq!(node["run_id"], ran["run_id"], "in publishing order");
+        assert_eq!(full["run_id"], ran["run_id"]);
+        let table = node["table"].as_str().unwrap();
+        let version = node["published_version"].as_u64().unwrap();
+        assert_eq!(
+            lake.version(table),
+            version,
+            "{table}: nothing wrote it since"
+        );
+        let (from, to) = (
+            full["range"][0].as_str().unwrap(),
+            full["range"][1].as_str().unwrap(),
+        );
+        let counted = lake.query(
+            &[(table, lake.open_version(table, version))],
+            &format!(
+                "SELECT CAST(COUNT(*) AS VARCHAR) FROM {table} \
+                 WHERE event_date BETWEEN DATE '{from}' AND DATE '{to}'"
+            ),
+        );
+        assert_eq!(
+            node["new_rows"].as_u64().unwrap().to_string(),
+            counted[0][0],
+            "{table}: rows of {from}..={to}"
+        );
+    }
+    let commands: Vec<&str> = report["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["command"].as_str().unwrap())
+        .collect();
+    assert!(
+        commands.contains(&format!("lakefill revert {cascade}").as_str()),
+        "{commands:?}"
+    );
+
+    let markdown = lake.run(&["report", &cascade, "--format", "md"]);
+    assert!(markdown.status.success(), "{}", stderr(&markdown));
+    let markdown = String::from_utf8_lossy(&markdown.stdout);
+    assert!(
+        markdown.starts_with(&format!("# Cascade `{cascade}`: **PASSED**")),
+        "{markdown}"
+    );
+    for node in nodes {
+        let heading = format!("## {}: ", node["table"].as_str().unwrap());
+        assert!(markdown.contains(&heading), "{heading}: {markdown}");
+    }
+
+    let file = lake.path().join("cascade.html");
+    let out = lake.run(&["report", &cascade, "--out", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&file).unwrap();
+    for forbidden in [
+        "<script", " src=", "href=", "url(", "@import", "<link", "<iframe",
+    ] {
+        assert!(!html.contains(forbidden), "self-contained: {forbidden}");
+    }
+    let dom = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--dump-dom",
+            &format!("file://{}", file.display()),
+        ])
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(dom.contains("id=\"verdict\""), "{dom}");
+    for node in nodes {
+        let table = node["table"].as_str().unwrap();
+        assert!(dom.contains(&format!("id=\"table-{table}\"")), "{table}");
+        assert!(dom.contains(&format!("id=\"verdict-{table}\"")), "{table}");
+    }
+}

@@ -141,12 +141,29 @@ pub(crate) async fn report(
     match &args.out {
         Some(path) => write_report(&project, &args.run_id, format, path, printer).await,
         None => {
-            let report = lakefill::report(&project, &args.run_id).await?;
-            let text =
-                lakefill::render_report(&report, format.unwrap_or(lakefill::ReportFormat::Html))?;
+            let text = rendered_report(
+                &project,
+                &args.run_id,
+                format.unwrap_or(lakefill::ReportFormat::Html),
+            )
+            .await?;
             printer.raw(&text)
         }
     }
+}
+
+/// The report of a run, or of a cascade when `id` names one, as `format`.
+async fn rendered_report(
+    project: &lakefill::Project,
+    id: &str,
+    format: lakefill::ReportFormat,
+) -> anyhow::Result<String> {
+    if lakefill::is_cascade_id(id) {
+        let report = lakefill::cascade_report(project, id).await?;
+        return Ok(lakefill::render_cascade(&report, format)?);
+    }
+    let report = lakefill::report(project, id).await?;
+    Ok(lakefill::render_report(&report, format)?)
 }
 
 /// Writes the report of `run_id` to `path`, in `format` or the one its extension names (else
@@ -161,8 +178,7 @@ pub(crate) async fn write_report(
     let format = format
         .or_else(|| lakefill::ReportFormat::from_path(path))
         .unwrap_or(lakefill::ReportFormat::Html);
-    let report = lakefill::report(project, run_id).await?;
-    let text = lakefill::render_report(&report, format)?;
+    let text = rendered_report(project, run_id, format).await?;
     std::fs::write(path, text)
         .map_err(|e| anyhow::anyhow!("cannot write the report to `{}`: {e}", path.display()))?;
     printer.status(&format!("report of {run_id} written to {}", path.display()));

@@ -8,7 +8,12 @@
 //! the diff between the previous model version and this one, and the commands to look further
 //! and to undo.
 
+mod cascade;
 mod charts;
+
+pub use cascade::{
+    CASCADE_REPORT_SCHEMA, CascadeDocument, NodeLine, cascade_report, render_cascade,
+};
 
 use std::collections::BTreeMap;
 
@@ -291,6 +296,21 @@ pub fn render(report: &Report, format: ReportFormat) -> Result<String> {
         return serde_json::to_string_pretty(report)
             .map_err(|e| Error::Internal(format!("report: {e}")));
     }
+    let env = environment()?;
+    let name = match format {
+        ReportFormat::Html => "report.html",
+        _ => "report.md",
+    };
+    let rendered = env
+        .get_template(name)
+        .and_then(|t| t.render(node_context(report)))
+        .map_err(|e| Error::Internal(format!("cannot render the report: {e:#}")))?;
+    // Whatever the report quotes (reasons, sample values) is masked like every other output.
+    Ok(crate::secrets::mask(&rendered))
+}
+
+/// The templates of run and cascade reports (HTML escaped, Markdown as is).
+fn environment() -> Result<minijinja::Environment<'static>> {
     let mut env = minijinja::Environment::new();
     env.set_auto_escape_callback(|name| {
         if name.ends_with(".html") {
@@ -299,14 +319,23 @@ pub fn render(report: &Report, format: ReportFormat) -> Result<String> {
             minijinja::AutoEscape::None
         }
     });
-    let template = |name: &'static str, text: &'static str| (name, text);
-    let (name, text) = match format {
-        ReportFormat::Html => template("report.html", include_str!("report.html")),
-        _ => template("report.md", include_str!("report.md")),
-    };
-    env.add_template(name, text)
-        .map_err(|e| Error::Internal(format!("the {name} template: {e}")))?;
-    let context = minijinja::context! {
+    for (name, text) in [
+        ("style.html", include_str!("style.html")),
+        ("run.html", include_str!("run.html")),
+        ("report.html", include_str!("report.html")),
+        ("report.md", include_str!("report.md")),
+        ("cascade.html", include_str!("cascade.html")),
+        ("cascade.md", include_str!("cascade.md")),
+    ] {
+        env.add_template(name, text)
+            .map_err(|e| Error::Internal(format!("the {name} template: {e}")))?;
+    }
+    Ok(env)
+}
+
+/// What the templates of one run's report read: the report and its charts.
+fn node_context(report: &Report) -> minijinja::Value {
+    minijinja::context! {
         r => minijinja::Value::from_serialize(report),
         rows_chart => minijinja::Value::from_safe_string(report.charts.rows.clone()),
         measure_charts => report
@@ -315,13 +344,7 @@ pub fn render(report: &Report, format: ReportFormat) -> Result<String> {
             .iter()
             .map(|(name, svg)| (name.clone(), minijinja::Value::from_safe_string(svg.clone())))
             .collect::<Vec<_>>(),
-    };
-    let rendered = env
-        .get_template(name)
-        .and_then(|t| t.render(context))
-        .map_err(|e| Error::Internal(format!("cannot render the report: {e:#}")))?;
-    // Whatever the report quotes (reasons, sample values) is masked like every other output.
-    Ok(crate::secrets::mask(&rendered))
+    }
 }
 
 fn build(project: &Project, journal: &Journal) -> Report {
