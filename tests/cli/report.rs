@@ -140,6 +140,13 @@ fn the_json_report_holds_the_tables_numbers_and_markdown_keeps_its_shape() {
         "report_markdown",
         String::from_utf8_lossy(&markdown.stdout).replace(&run_id, "[run]")
     );
+    // The HTML keeps its shape too (the browser test above renders it).
+    let html = lake.run(&["report", &run_id, "--format", "html"]);
+    assert!(html.status.success(), "{}", stderr(&html));
+    insta::assert_snapshot!(
+        "report_html",
+        String::from_utf8_lossy(&html.stdout).replace(&run_id, "[run]")
+    );
 }
 
 #[test]
