@@ -150,6 +150,20 @@ pub(crate) struct ScopeArgs {
     /// Why this backfill runs; recorded in the commit [default: the model header's `reason`].
     #[arg(long, value_name = "TEXT")]
     pub(crate) reason: Option<String>,
+    /// How to publish: `rewrite` replaces the range's files; `adjustments` appends reversal and
+    /// correction rows (for append-only tables) [default: the model header's `publish`, else
+    /// rewrite].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub(crate) publish_as: Option<PublishAs>,
+}
+
+/// How a backfill publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PublishAs {
+    /// Replace the range's files with the new rows.
+    Rewrite,
+    /// Append reversal and correction rows.
+    Adjustments,
 }
 
 /// Parses a count that must be at least 1.

@@ -221,6 +221,24 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
         "  grain         {} ({})",
         layout.time.grain, layout.time.grain_reason
     );
+    if plan.publish == lakefill::PublishMode::Adjustments {
+        let _ = writeln!(
+            out,
+            "  publish       adjustments: reversal and correction rows are appended, nothing is removed{}",
+            if plan.added_columns.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (adds {})",
+                    plan.added_columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+    }
     let _ = writeln!(
         out,
         "  range         {} ..= {} ({} partitions, {} batches of up to {}; at most {} without `--max-partitions`)",
@@ -575,6 +593,13 @@ pub(crate) fn run_text(report: &RunReport) -> String {
     if let Some(reason) = &report.forced {
         let _ = writeln!(out, "  validation overridden: {reason}");
     }
+    if let Some(counts) = &report.adjustments {
+        let _ = writeln!(
+            out,
+            "  adjustments: {} reversals and {} corrections appended, nothing removed (files below)",
+            counts.reversals, counts.corrections
+        );
+    }
     out.push_str(&notifications_text(&report.notifications));
     let t = &report.timings;
     if report.outcome == Outcome::Reverted && report.files_written == 0 {
@@ -846,10 +871,20 @@ pub(crate) fn history_text(entries: &[lakefill::HistoryEntry]) -> String {
             .as_deref()
             .map(|r| format!("  \"{r}\""))
             .unwrap_or_default();
+        // Adjustments append: say so, since the operation alone reads like any write.
+        let operation = match e.lakefill.as_ref().and_then(|m| m.adjustments) {
+            Some(counts) => format!(
+                "{} (+{} reversals, +{} corrections)",
+                e.operation.as_deref().unwrap_or("WRITE"),
+                counts.reversals,
+                counts.corrections
+            ),
+            None => e.operation.clone().unwrap_or_else(|| "-".into()),
+        };
         vec![
             e.version.to_string(),
             e.timestamp.clone().unwrap_or_else(|| "-".into()),
-            e.operation.clone().unwrap_or_else(|| "-".into()),
+            operation,
             e.model.clone().unwrap_or_else(|| "-".into()),
             e.run_id.clone().unwrap_or_else(|| "-".into()),
             format!("{partitions}{reason}"),

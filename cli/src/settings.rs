@@ -33,7 +33,14 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
             .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
             .with_include_null(scope.include_null)
             .with_max_partitions(scope.max_partitions)
-            .with_reason(scope.reason.clone()),
+            .with_reason(scope.reason.clone())
+            .with_publish_as(scope.publish_as.map(|mode| {
+                match mode {
+                    crate::args::PublishAs::Rewrite => "rewrite",
+                    crate::args::PublishAs::Adjustments => "adjustments",
+                }
+                .to_string()
+            })),
     )
 }
 

@@ -50,6 +50,7 @@
 //! # Ok(()) }
 //! ```
 
+mod adjust;
 mod cascade;
 mod config;
 mod error;
@@ -77,6 +78,10 @@ mod storage;
 mod time;
 mod validate;
 
+pub use adjust::{
+    AdjustmentCounts, CORRECTION, KIND_COLUMN, LINEAGE_COLUMNS, PublishMode, REASON_COLUMN,
+    REVERSAL, RUN_ID_COLUMN,
+};
 pub use cascade::manage::{discard_cascade, is_cascade_id, publish_cascade, revert_cascade};
 pub use cascade::run::{CascadeRunReport, CascadeRunner};
 pub use cascade::{
@@ -108,7 +113,7 @@ pub use report::{
 pub use resources::{ProgressEvent, ProgressSink, parse_size};
 pub use rowhash::RowChecksum;
 pub use run::manage::{RunSummary, discard_run, list_runs, publish_run};
-pub use run::revert::{logical_revert_plan, revert_run};
+pub use run::revert::{logical_revert_plan, revert_run, reverts_logically};
 pub use run::{BackfillBuilder, DEFAULT_SAMPLE, Outcome, RunReport, Timings};
 pub use run_id::RunId;
 pub use secrets::{MASK, mask as mask_secrets};

@@ -56,6 +56,10 @@ pub struct ModelHeader {
     /// rows carried over).
     #[serde(default)]
     pub range_column: Option<String>,
+    /// How the run publishes: `rewrite` (the default: the range's files are replaced) or
+    /// `adjustments` (reversal and correction rows are appended; see [`crate::adjust`]).
+    #[serde(default)]
+    pub publish: Option<String>,
     /// Default reason recorded with each backfill.
     #[serde(default)]
     pub reason: Option<String>,

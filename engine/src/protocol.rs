@@ -52,7 +52,9 @@ pub struct RowRule {
 /// Features lakefill supports, with what it does for each.
 fn supported(name: &str) -> Option<&'static str> {
     Some(match name {
-        "appendOnly" => "honoured: refused when `delta.appendOnly` is true",
+        "appendOnly" => {
+            "honoured: a rewrite is refused when `delta.appendOnly` is true; adjustments append"
+        }
         "invariants" => "enforced on staged rows",
         "checkConstraints" => "enforced on staged rows",
         "generatedColumns" => "verified on staged rows",
@@ -77,7 +79,9 @@ fn supported(name: &str) -> Option<&'static str> {
 impl TableProtocol {
     /// Reads the protocol of `table` (named `name` in the project) and refuses any feature
     /// lakefill cannot honour.
-    pub(crate) fn read(table: &DeltaTable, name: &str) -> Result<Self> {
+    /// `appends`: the run publishes by appending only (adjustments), which an append-only table
+    /// accepts.
+    pub(crate) fn read(table: &DeltaTable, name: &str, appends: bool) -> Result<Self> {
         let snapshot = table
             .snapshot()
             .delta_context(|| format!("cannot read the snapshot of `{name}`"))?;
@@ -153,11 +157,13 @@ impl TableProtocol {
         let mut features = Vec::new();
         for feature in &names {
             match feature.as_str() {
-                "appendOnly" if config.get("delta.appendOnly").is_some_and(|v| v == "true") => {
+                "appendOnly"
+                    if !appends && config.get("delta.appendOnly").is_some_and(|v| v == "true") =>
+                {
                     return Err(refuse(
                         "appendOnly",
                         "`delta.appendOnly` is true: the table may only be appended to, and a backfill removes the files it replaces",
-                        "publishing a correction as adjustment rows appended to the table is planned (issue #17); until then, backfill a copy of the table",
+                        "publish the correction as adjustment rows appended to the table: `publish = \"adjustments\"` in the model header, or `--publish-as adjustments`",
                     ));
                 }
                 "columnMapping"

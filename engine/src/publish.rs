@@ -48,6 +48,8 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
         validation,
         revert_of: journal.revert_of.as_ref().map(ToString::to_string),
         cascade: journal.cascade.clone(),
+        adjustments: (journal.publish_as == crate::adjust::PublishMode::Adjustments)
+            .then(|| journal.adjustment_counts.unwrap_or_default()),
     }
 }
 
@@ -94,6 +96,18 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
     let layout = &journal.layout;
+    if journal.publish_as == crate::adjust::PublishMode::Adjustments {
+        // Adjustments only append: nothing of the table is removed.
+        let mut actions: Vec<Action> = journal
+            .published_files()
+            .cloned()
+            .map(Action::Add)
+            .collect();
+        if !journal.added_columns.is_empty() {
+            actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
+        }
+        return commit_actions(target, journal, actions).await;
+    }
     // Every file of the range's partitions (all their sub-partitions) at the read version.
     let affected: std::collections::BTreeSet<&str> =
         journal.affected_files.iter().map(String::as_str).collect();
@@ -112,7 +126,7 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         })
         .map(|file| Action::Remove(file.remove_action(true)))
         .collect();
-    actions.extend(journal.staged_files().cloned().map(Action::Add));
+    actions.extend(journal.published_files().cloned().map(Action::Add));
     if !journal.added_columns.is_empty() {
         // The added columns join the schema in the same commit; earlier versions keep theirs.
         actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
@@ -140,8 +154,14 @@ pub(crate) async fn commit_actions(
     let predicate = deltalake::datafusion::sql::unparser::expr_to_sql(&predicate)
         .map_err(|e| Error::Internal(format!("cannot write the range as SQL: {e}")))?
         .to_string();
+    // Adjustments append; the range as the predicate still makes a concurrent commit in it a
+    // conflict (the adjustments were derived from the rows the run read).
+    let mode = match journal.publish_as {
+        crate::adjust::PublishMode::Adjustments => SaveMode::Append,
+        crate::adjust::PublishMode::Rewrite => SaveMode::Overwrite,
+    };
     let operation = DeltaOperation::Write {
-        mode: SaveMode::Overwrite,
+        mode,
         partition_by: (!layout.partition_columns.is_empty())
             .then(|| layout.partition_columns.clone()),
         predicate: Some(predicate),

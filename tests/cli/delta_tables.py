@@ -5,6 +5,8 @@
     python3 delta_tables.py protocol PATH      # its protocol as JSON
     python3 delta_tables.py shape SHAPE URI    # a table partitioned as SHAPE (see `shapes`)
     python3 delta_tables.py all_rows URI       # every row as JSON, any schema, sorted
+    python3 delta_tables.py ledger KIND URI    # a ledger (`append_only`) or its source (`plain`)
+    python3 delta_tables.py added URI VERSION  # the rows of only the files VERSION added
 
 Every table has event_id (long), amount_cents (long) and event_date (date, the partition column),
 3 days x 4 rows; KIND adds what the feature needs.
@@ -196,6 +198,47 @@ def shape(name, uri):
     write_deltalake(uri, table, partition_by=partition_by, storage_options=storage_options())
 
 
+def ledger(kind, uri):
+    """event_id, country, amount_cents by event_date (3 days x 4 rows); `append_only` sets
+    `delta.appendOnly`."""
+    countries = ["FR", "US", "DE", "JP"]
+    data = rows()
+    data["country"] = [countries[i % 4] for i in range(len(data["event_id"]))]
+    schema = pa.schema(
+        [
+            pa.field("event_id", pa.int64()),
+            pa.field("country", pa.string()),
+            pa.field("amount_cents", pa.int64()),
+            pa.field("event_date", pa.date32()),
+        ]
+    )
+    configuration = {"delta.appendOnly": "true"} if kind == "append_only" else None
+    write_deltalake(
+        uri,
+        pa.table({f.name: data[f.name] for f in schema}, schema=schema),
+        partition_by=["event_date"],
+        configuration=configuration,
+        storage_options=storage_options(),
+    )
+
+
+def added(uri, version):
+    """Reads only the files that commit VERSION added (as a reader following appends would)."""
+    import pyarrow.dataset as ds
+
+    version = int(version)
+    before = set(DeltaTable(uri, version=version - 1, storage_options=storage_options()).file_uris())
+    table = DeltaTable(uri, version=version, storage_options=storage_options())
+    dataset = table.to_pyarrow_dataset()
+    fragments = [f for f in dataset.get_fragments() if not any(u.endswith(f.path) for u in before)]
+    new = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+    out = []
+    for row in new.to_table().to_pylist():
+        out.append({k: (v.isoformat() if isinstance(v, datetime.date) else v) for k, v in row.items()})
+    out.sort(key=lambda r: json.dumps(r, sort_keys=True))
+    print(json.dumps({"files": len(fragments), "rows": out}))
+
+
 def all_rows(uri):
     table = DeltaTable(uri, storage_options=storage_options()).to_pyarrow_table().to_pylist()
     def text(v):
@@ -235,6 +278,10 @@ if __name__ == "__main__":
     command = sys.argv[1]
     if command == "create":
         create(sys.argv[2], sys.argv[3])
+    elif command == "ledger":
+        ledger(sys.argv[2], sys.argv[3])
+    elif command == "added":
+        added(sys.argv[2], sys.argv[3])
     elif command == "rows":
         read_rows(sys.argv[2])
     elif command == "protocol":

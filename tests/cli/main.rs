@@ -24,6 +24,7 @@ macro_rules! both_stores {
     };
 }
 
+mod adjustments;
 mod backfill;
 mod cascade;
 mod contract;

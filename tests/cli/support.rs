@@ -507,3 +507,149 @@ pub(crate) fn append_event(lake: &TestLake, date: &str, event_id: i64) {
         })
         .expect("append");
 }
+
+fn python_helper() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/delta_tables.py")
+}
+
+/// A project whose tables python writes, on local disk or in a bucket of moto's server.
+pub(crate) struct PythonLake {
+    dir: tempfile::TempDir,
+    store: Store,
+    base: String,
+    env: Vec<(String, String)>,
+    pub(crate) tables: Vec<String>,
+}
+
+impl PythonLake {
+    pub(crate) fn new(store: Store) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, env) = match store {
+            Store::Local => (dir.path().join("lake").display().to_string(), Vec::new()),
+            Store::S3 => {
+                let server = s3_server();
+                let env = vec![
+                    ("AWS_ENDPOINT_URL".to_string(), server.endpoint.clone()),
+                    ("AWS_ALLOW_HTTP".to_string(), "true".to_string()),
+                    ("AWS_REGION".to_string(), "us-east-1".to_string()),
+                    ("AWS_ACCESS_KEY_ID".to_string(), "lakefill-test".to_string()),
+                    ("AWS_SECRET_ACCESS_KEY".to_string(), S3_SECRET.to_string()),
+                ];
+                (format!("s3://{}/lake", server.new_bucket()), env)
+            }
+        };
+        Self {
+            dir,
+            store,
+            base,
+            env,
+            tables: Vec::new(),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub(crate) fn uri(&self, table: &str) -> String {
+        format!("{}/{table}", self.base)
+    }
+
+    pub(crate) fn python(&self, args: &[&str]) -> String {
+        let out = Command::new("python3")
+            .arg(python_helper())
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "delta_tables.py {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Has python write table `name` shaped as `shape`, and declares it in the project.
+    pub(crate) fn table(&mut self, name: &str, shape: &str) {
+        self.python(&["shape", shape, &self.uri(name)]);
+        self.declare(name);
+    }
+
+    /// Declares table `name` (at [`Self::uri`]) in the project file.
+    pub(crate) fn declare(&mut self, name: &str) {
+        self.tables.push(name.to_string());
+        let mut toml = String::new();
+        if self.store == Store::S3 {
+            toml.push_str("[storage]\n");
+            for (key, value) in &self.env {
+                toml.push_str(&format!("{key} = \"{value}\"\n"));
+            }
+        }
+        for table in &self.tables {
+            let uri = match self.store {
+                Store::Local => format!("lake/{table}"),
+                Store::S3 => self.uri(table),
+            };
+            toml.push_str(&format!("[tables.{table}]\nuri = \"{uri}\"\n"));
+        }
+        std::fs::write(self.path().join("lakefill.toml"), toml).unwrap();
+    }
+
+    pub(crate) fn model(&self, name: &str, header: &str, sql: &str) {
+        let dir = self.path().join("sql").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("v1.sql"), format!("/*\n{header}\n*/\n{sql}\n")).unwrap();
+    }
+
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
+        run_in(self.path(), args)
+    }
+
+    /// Every row as python reads it, sorted.
+    pub(crate) fn rows(&self, table: &str) -> Vec<serde_json::Value> {
+        serde_json::from_str::<serde_json::Value>(&self.python(&["all_rows", &self.uri(table)]))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// `table` at its latest version, opened with delta-rs.
+    pub(crate) fn open(&self, table: &str) -> DeltaTable {
+        let url = match self.store {
+            Store::Local => {
+                url::Url::from_directory_path(self.path().join("lake").join(table)).unwrap()
+            }
+            Store::S3 => url::Url::parse(&format!("{}/", self.uri(table))).unwrap(),
+        };
+        let options: std::collections::HashMap<String, String> = self.env.iter().cloned().collect();
+        runtime().block_on(async move {
+            deltalake::DeltaTableBuilder::from_url(url)
+                .unwrap()
+                .with_storage_options(options)
+                .load()
+                .await
+                .unwrap()
+        })
+    }
+
+    /// Live files of `table` (path -> size) with their partition values, read with delta-rs.
+    pub(crate) fn files(
+        &self,
+        table: &str,
+    ) -> BTreeMap<String, (i64, BTreeMap<String, Option<String>>)> {
+        self.open(table)
+            .snapshot()
+            .unwrap()
+            .log_data()
+            .iter()
+            .map(|f| {
+                (
+                    f.path().to_string(),
+                    (f.size(), f.partition_values_map().into_iter().collect()),
+                )
+            })
+            .collect()
+    }
+}

@@ -83,6 +83,13 @@ pub(crate) async fn blame(
                             report.table
                         );
                     }
+                    if let Some(counts) = &meta.adjustments {
+                        let _ = writeln!(
+                            text,
+                            "  adjustments  {} reversals and {} corrections appended (rows with `_lakefill_run_id` = {}); the partition's rows are its net rows",
+                            counts.reversals, counts.corrections, meta.run_id
+                        );
+                    }
                     let _ = writeln!(text, "  model        {}@{}", meta.model, meta.model_version);
                     let _ = writeln!(text, "  fingerprint  sha256:{}", meta.fingerprint);
                     let _ = writeln!(text, "  sources      {}", sources.join(", "));

@@ -34,6 +34,7 @@ pub(crate) fn refuse_single_model_flags(scope: &ScopeArgs) -> Result<(), lakefil
         (scope.allow_spill.is_some(), "--allow-spill"),
         (scope.include_null, "--include-null"),
         (scope.max_partitions.is_some(), "--max-partitions"),
+        (scope.publish_as.is_some(), "--publish-as"),
     ] {
         if given {
             return Err(lakefill::Error::InvalidOption {

@@ -98,7 +98,8 @@ pub(crate) async fn revert(
         let run = lakefill::revert_cascade(&project, &args.run_id, args.reason.clone()).await?;
         return crate::commands::backfill::finish_cascade(printer, &run);
     }
-    if args.logical {
+    // A run that appended adjustments is reverted by appending their negation.
+    if args.logical || lakefill::reverts_logically(&project, &args.run_id).await? {
         return crate::commands::backfill::revert_logical(&project, args, printer).await;
     }
     let run =

@@ -575,6 +575,7 @@ async fn bind_to_parents(plan: &mut BackfillPlan, parents: &[(String, RunId)]) -
         &own,
         &plan.report.range,
         plan.report.allow_spill.is_some(),
+        plan.report.publish,
     );
     let mut hasher = Sha256::new();
     hasher.update(format!("lakefill-cascade-node-v1\n{base}").as_bytes());

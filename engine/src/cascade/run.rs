@@ -316,7 +316,7 @@ impl std::future::IntoFuture for CascadeRunner {
 
 /// The parent's staged output as an overlay of its table for a child's queries.
 fn overlay(parent: &Journal) -> Option<Overlay> {
-    let adds: Vec<deltalake::kernel::Add> = parent.staged_files().cloned().collect();
+    let adds: Vec<deltalake::kernel::Add> = parent.new_row_files().cloned().collect();
     let layout = parent.layout.clone();
     let range = parent.range.clone();
     let partition_columns = layout.partition_columns.clone();

@@ -130,7 +130,7 @@ pub async fn diff(
                     run_id: run_id.clone(),
                     searched: vec![table.to_string()],
                 })?;
-            let adds: Vec<_> = journal.staged_files().cloned().collect();
+            let adds: Vec<_> = journal.new_row_files().cloned().collect();
             let latest_schema = latest
                 .snapshot()
                 .delta_context(|| "cannot read the snapshot".into())?

@@ -23,6 +23,7 @@ use deltalake::logstore::object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::adjust::{AdjustmentCounts, PublishMode};
 use crate::error::{Error, Result};
 use crate::journal::lease::RunLease;
 pub(crate) use crate::journal::lifecycle::RunState;
@@ -120,6 +121,16 @@ pub struct Journal {
     /// The cascade the run is a node of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cascade: Option<String>,
+    /// How the run publishes (`adjustments`: the files of [`Self::adjustments`] are appended,
+    /// and the staged new rows serve validation only).
+    #[serde(default, skip_serializing_if = "PublishMode::is_rewrite")]
+    pub publish_as: PublishMode,
+    /// With adjustments: the reversal and correction rows, staged per batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adjustments: Vec<BatchRecord>,
+    /// With adjustments: how many of each kind, once staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjustment_counts: Option<AdjustmentCounts>,
     /// When the run was created (RFC 3339).
     pub created_at: String,
     /// When the journal was last written (RFC 3339).
@@ -315,9 +326,38 @@ impl Journal {
         Ok(journals)
     }
 
-    /// Returns every staged file of the run.
+    /// Returns every staged file of the run (with adjustments, the new rows and the adjustment
+    /// rows).
     pub(crate) fn staged_files(&self) -> impl Iterator<Item = &Add> {
+        self.batches
+            .iter()
+            .chain(&self.adjustments)
+            .flat_map(|b| b.files.iter())
+    }
+
+    /// Returns the staged files of the run's new rows (what validation compares with the old).
+    pub(crate) fn new_row_files(&self) -> impl Iterator<Item = &Add> {
         self.batches.iter().flat_map(|b| b.files.iter())
+    }
+
+    /// Returns the files the publish commits: the new rows, or with adjustments the adjustment
+    /// rows.
+    pub(crate) fn published_files(&self) -> impl Iterator<Item = &Add> {
+        let records = match self.publish_as {
+            PublishMode::Rewrite => &self.batches,
+            PublishMode::Adjustments => &self.adjustments,
+        };
+        records.iter().flat_map(|b| b.files.iter())
+    }
+
+    /// With adjustments, whether every batch has its adjustment rows staged.
+    pub(crate) fn adjusted(&self) -> bool {
+        self.publish_as == PublishMode::Rewrite
+            || (self.adjustment_counts.is_some()
+                && self
+                    .batches
+                    .iter()
+                    .all(|b| self.adjustments.iter().any(|a| a.index == b.index)))
     }
 
     /// Returns whether every planned batch has finished.

@@ -41,6 +41,10 @@ pub struct CommitMetadata {
     /// The cascade the run is a node of, when it is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cascade: Option<String>,
+    /// When the run appended adjustment rows instead of rewriting the range: how many of each
+    /// kind (the rows carry `_lakefill_run_id`, `_lakefill_kind`, `_lakefill_reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
 }
 
 /// One partition of a commit's metadata.

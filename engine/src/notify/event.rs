@@ -53,6 +53,10 @@ pub struct Event {
     /// The cascade, for `cascade.published` (every node of it announces its own version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cascade: Option<String>,
+    /// When the change was appended as adjustment rows (an append-only table): how many
+    /// reversals and corrections; the rows and sums above are the table's net rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
     /// Per partition: rows and measure sums before and after.
     pub partitions: Vec<EventPartition>,
     /// Rows before and after, and the difference, over the range.
@@ -287,6 +291,7 @@ impl Event {
                 .is_none()
                 .then(|| metadata.cascade.clone())
                 .flatten(),
+            adjustments: metadata.adjustments,
             totals: EventTotals {
                 old_rows,
                 new_rows,

@@ -17,6 +17,7 @@ use deltalake::DeltaTable;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::adjust::PublishMode;
 use crate::config::Project;
 use crate::error::{Error, Result};
 use crate::journal::Journal;
@@ -55,6 +56,7 @@ pub struct PlanBuilder {
     include_null: bool,
     max_partitions: Option<u64>,
     reason: Option<String>,
+    publish_as: Option<String>,
 }
 
 impl PlanBuilder {
@@ -77,6 +79,7 @@ impl PlanBuilder {
             include_null: false,
             max_partitions: None,
             reason: None,
+            publish_as: None,
         }
     }
 
@@ -142,6 +145,42 @@ impl PlanBuilder {
         self
     }
 
+    /// Publishes as `rewrite` or `adjustments`.
+    ///
+    /// By default, the model header's `publish`, else `rewrite`.
+    pub fn with_publish_as(mut self, mode: Option<String>) -> Self {
+        self.publish_as = mode;
+        self
+    }
+
+    /// The publication mode: the flag, else the header, else `rewrite`.
+    fn publish_mode(&self, model: &Model) -> Result<PublishMode> {
+        let (text, from_flag) = match (&self.publish_as, &model.header().publish) {
+            (Some(flag), _) => (flag, true),
+            (None, Some(header)) => (header, false),
+            (None, None) => return Ok(PublishMode::Rewrite),
+        };
+        PublishMode::parse(text).ok_or_else(|| {
+            let message =
+                format!("`{text}` is not a way to publish: use `rewrite` or `adjustments`");
+            if from_flag {
+                Error::InvalidOption {
+                    option: "--publish-as".into(),
+                    value: text.clone(),
+                    message,
+                }
+            } else {
+                Error::Model {
+                    path: model.path().to_path_buf(),
+                    message,
+                    hint:
+                        "set `publish = \"rewrite\"` or `publish = \"adjustments\"` in the header"
+                            .into(),
+                }
+            }
+        })
+    }
+
     async fn run(self) -> Result<BackfillPlan> {
         let project = &self.project;
         let model = Model::load(project, &self.model, self.model_version.as_deref())?;
@@ -153,8 +192,13 @@ impl PlanBuilder {
         let target = open_table(&target_config, None).await?;
         let read_version = loaded_version(&target)?;
         check_model_unedited(&target, &model).await?;
+        let publish = self.publish_mode(&model)?;
         // Before anything else: a feature lakefill cannot honour is refused by name.
-        let protocol = TableProtocol::read(&target, target_config.name())?;
+        let protocol = TableProtocol::read(
+            &target,
+            target_config.name(),
+            publish == PublishMode::Adjustments,
+        )?;
         let snapshot = target.snapshot().map_err(|source| Error::Delta {
             context: format!("cannot read the snapshot of `{}`", target_config.name()),
             source: Box::new(source),
@@ -173,16 +217,41 @@ impl PlanBuilder {
         let max_partitions = self.max_partitions.unwrap_or(DEFAULT_MAX_PARTITIONS);
         check_partition_count(&range, &layout, max_partitions)?;
 
-        let affected = affected(target_config.name(), &layout, &range, &files)?;
+        let mut affected = affected(target_config.name(), &layout, &range, &files)?;
+        if publish == PublishMode::Adjustments {
+            // Nothing is removed, so no rows are carried over.
+            affected.files.clear();
+        }
         let batches = batches(&range, &layout, batch_partitions, &affected.files);
         let (sources, source_plans) = self.plan_sources(&model, &target, read_version).await?;
-        let run_id = run_id(&model, &source_plans, &range, self.allow_spill_drop);
+        let run_id = run_id(
+            &model,
+            &source_plans,
+            &range,
+            self.allow_spill_drop,
+            publish,
+        );
         let (already_published, publish_sequence) =
             publish_state(&target, &run_id, &layout, &range, read_version).await?;
         let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let mut rules =
             ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
         rules.protocol = protocol.rules.clone();
+        if publish == PublishMode::Adjustments {
+            crate::adjust::check_plan(
+                &schema,
+                &rules.key,
+                &rules.summed_measures(),
+                &layout.partition_columns,
+                range.include_null,
+                model.adds_columns(),
+            )
+            .map_err(|message| Error::Model {
+                path: model.path().to_path_buf(),
+                message,
+                hint: "adjustments are described in the README (\"Append-only tables\")".into(),
+            })?;
+        }
 
         let report = PlanReport {
             run_id,
@@ -213,6 +282,7 @@ impl PlanBuilder {
             affected_files: affected.files,
             added_columns: Vec::new(),
             layout,
+            publish,
         };
         let mut plan = BackfillPlan {
             target_config,
@@ -878,6 +948,10 @@ pub struct PlanReport {
     /// Nullable columns the model adds to the table (`schema = "add-columns"`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub added_columns: Vec<AddedColumn>,
+    /// How the run publishes: `rewrite`, or `adjustments` appended (with the lineage columns
+    /// the publish adds to the table, if any).
+    #[serde(skip_serializing_if = "PublishMode::is_rewrite")]
+    pub publish: PublishMode,
 }
 
 /// Current state of one affected partition, from the Delta log.
@@ -971,6 +1045,7 @@ pub(crate) fn run_id(
     sources: &[SourcePlan],
     range: &PartitionRange,
     allow_spill_drop: bool,
+    publish: PublishMode,
 ) -> RunId {
     let mut hasher = Sha256::new();
     hasher.update(b"lakefill-run-v1\n");
@@ -985,6 +1060,10 @@ pub(crate) fn run_id(
         hasher.update(b"\ninclude_null");
     }
     hasher.update(format!("\nallow_spill_drop {allow_spill_drop}").as_bytes());
+    if publish == PublishMode::Adjustments {
+        // Other rows are published: another run.
+        hasher.update(b"\npublish adjustments");
+    }
     RunId::derive(
         model.name(),
         model.version(),

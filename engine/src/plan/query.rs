@@ -216,8 +216,11 @@ pub(crate) fn check_schema(
     target: &Schema,
 ) -> Result<(SchemaRef, Vec<AddedColumn>)> {
     let mut problems = Vec::new();
+    let adjustments = plan.report.publish == crate::adjust::PublishMode::Adjustments;
     for field in target.fields() {
         match output.field_with_name(field.name()) {
+            // Adjustments fill the lineage columns themselves.
+            Err(_) if adjustments && crate::adjust::is_lineage(field.name()) => {}
             Err(_) => problems.push(format!(
                 "  missing column `{}` (the table has {})",
                 field.name(),
@@ -263,6 +266,22 @@ pub(crate) fn check_schema(
                 )));
             }
             Err(message) => problems.push(format!("  new column `{}`: {message}", field.name())),
+        }
+    }
+    if adjustments {
+        // The lineage columns the table lacks join it with the first publish.
+        for column in crate::adjust::LINEAGE_COLUMNS {
+            if target.field_with_name(column).is_err() && output.field_with_name(column).is_err() {
+                added.push(AddedColumn {
+                    name: column.to_string(),
+                    delta_type: "string".into(),
+                });
+                fields.push(Arc::new(deltalake::arrow::datatypes::Field::new(
+                    column,
+                    DataType::Utf8,
+                    true,
+                )));
+            }
         }
     }
     if problems.is_empty() {

@@ -15,6 +15,7 @@ use super::{
     BackfillPlan, DEFAULT_MAX_PARTITIONS, PlanReport, PlannedSource, SourcePlan, affected, batches,
     check_model_unedited, find_downstream, log_files, source_window, storage_descriptions,
 };
+use crate::adjust::PublishMode;
 use crate::config::{Project, TableConfig};
 use crate::error::{DeltaContext, Result};
 use crate::journal::Journal;
@@ -57,7 +58,8 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     let model = Model::load(project, &run.model, Some(&run.model_version))?;
     check_model_unedited(latest, &model).await?;
     let read_version = loaded_version(latest)?;
-    let protocol = TableProtocol::read(latest, target)?;
+    let publish = run.publish_as;
+    let protocol = TableProtocol::read(latest, target, publish == PublishMode::Adjustments)?;
     let snapshot = latest
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{target}`"))?;
@@ -88,7 +90,20 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
             }
         })
         .collect();
-    let sql = format!("SELECT {} FROM {}", columns.join(", "), quote(target));
+    let sql = match publish {
+        PublishMode::Rewrite => format!("SELECT {} FROM {}", columns.join(", "), quote(target)),
+        // A table corrected by adjustments was what its net rows were.
+        PublishMode::Adjustments => {
+            let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+            let measures = ValidationRules::from_spec(
+                model.header().validate.as_ref(),
+                &columns,
+                model.path(),
+            )?
+            .summed_measures();
+            crate::adjust::net_sql(&quote(target), &before_schema, &measures)
+        }
+    };
     let spec = SourceSpec {
         window: Some(
             layout
@@ -176,6 +191,7 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         affected_files: affected.files,
         added_columns: Vec::new(),
         layout,
+        publish,
     };
     let mut plan = BackfillPlan {
         target_config: (*config).clone(),

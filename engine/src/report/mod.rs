@@ -78,6 +78,9 @@ pub struct Report {
     pub published_version: Option<u64>,
     /// The run this one reverts, when it is a revert.
     pub revert_of: Option<String>,
+    /// When the run appends adjustment rows: how many of each kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
     /// The thresholds of the model's `[validate]`.
     pub thresholds: Vec<Threshold>,
     /// Each check.
@@ -483,6 +486,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
         read_version: journal.read_version,
         published_version: journal.published_version,
         revert_of: journal.revert_of.as_ref().map(ToString::to_string),
+        adjustments: journal.adjustment_counts,
         thresholds,
         checks,
         key: comparison.map(|c| c.key.clone()).unwrap_or_default(),

@@ -237,6 +237,7 @@ impl BackfillBuilder {
         let spill = self
             .stage_step(&mut journal, &resources, &skip, lease, started)
             .await?;
+        self.adjust_step(&mut journal, &resources, lease).await?;
         let stage_ms = elapsed_ms(started);
         let validate_started = Instant::now();
         self.validate_step(&mut journal, &resources, &spill, lease)
@@ -375,6 +376,43 @@ impl BackfillBuilder {
         Ok(spill)
     }
 
+    /// With adjustments: stages the reversal and correction rows of every batch (see
+    /// [`crate::adjust`]) and journals them; the run stays `staged`.
+    async fn adjust_step(
+        &self,
+        journal: &mut Journal,
+        resources: &Resources,
+        lease: &RunLease,
+    ) -> Result<()> {
+        if journal.adjusted() {
+            return Ok(());
+        }
+        let plan = &self.plan;
+        self.emit(ProgressEvent::Phase {
+            run_id: plan.report.run_id.to_string(),
+            phase: "adjusting".into(),
+        });
+        let store = plan.target.object_store();
+        let staged = self
+            .interruptible(crate::adjust::stage(
+                plan,
+                &journal.batches,
+                resources,
+                Arc::clone(&store),
+            ))
+            .await;
+        match staged {
+            Ok((records, counts)) => {
+                journal.adjustments = records;
+                journal.adjustment_counts = Some(counts);
+                journal.save(&store, lease).await?;
+                failpoint::reach("after-adjust").await?;
+                Ok(())
+            }
+            Err(error) => Err(self.stop(journal, lease, "adjusting", error, false).await),
+        }
+    }
+
     /// Validates the staged rows against the old rows at the read version and records the
     /// report in the journal (still `validating`: [`Self::conclude`] decides).
     async fn validate_step(
@@ -421,8 +459,9 @@ impl BackfillBuilder {
             Ok(validation) => validation,
             Err(error) => return Err(self.stop(journal, lease, "validating", error, false).await),
         };
-        if report.layout.by_rows {
-            // The log cannot count a range's rows in shared files; validation did.
+        if report.layout.by_rows || report.publish == crate::adjust::PublishMode::Adjustments {
+            // The log cannot count a range's rows in shared files, nor a ledger's net rows;
+            // validation did.
             for change in &mut journal.partitions {
                 change.old_rows = Some(
                     validation
@@ -703,6 +742,9 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         error: None,
         revert_of: plan.revert_of.clone(),
         revert_logical: plan.revert_of.is_some(),
+        publish_as: report.publish,
+        adjustments: Vec::new(),
+        adjustment_counts: None,
         resume: plan.resume.clone(),
         cascade: plan.cascade.clone(),
         created_at: now(),
@@ -754,6 +796,8 @@ async fn reusable_batches(
     // batches that never finished (not in the journal).
     let mut leftover = previous;
     leftover.batches = kept.clone();
+    // Adjustments are derived again from the batches kept.
+    leftover.adjustments.clear();
     crate::run::cleanup::delete_unjournaled(&plan.target, &leftover).await?;
     Ok(kept)
 }

@@ -84,6 +84,20 @@ pub(crate) async fn published(
     journal.transition(RunState::Published)?;
     journal.published_version = version;
     journal.error = None;
+    if journal.publish_as == crate::adjust::PublishMode::Adjustments {
+        // The new rows served validation; the table got the adjustment rows. What cannot be
+        // deleted now is left to `gc` (no version references it).
+        for add in journal.new_row_files() {
+            if let Err(error) = deltalake::logstore::object_store::ObjectStoreExt::delete(
+                store.as_ref(),
+                &crate::storage::object_path(&add.path),
+            )
+            .await
+            {
+                tracing::debug!(path = %add.path, %error, "cannot delete a staged new-rows file");
+            }
+        }
+    }
     if journal.revert_of.is_none() {
         record_published_model(store, &journal.model_record()).await;
     }

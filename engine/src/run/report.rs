@@ -55,6 +55,10 @@ pub struct RunReport {
     /// The run this one reverts, when it is a revert.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<String>,
+    /// With adjustments (`publish = "adjustments"`): how many reversal and correction rows it
+    /// appends (`files_written`/`bytes_written` count them, `rows_written` the new rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
     /// What each notification sink of the table was told (absent without sinks).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notify::Delivery>,
@@ -98,7 +102,7 @@ pub struct Timings {
 impl RunReport {
     /// Builds the report of a run from its journal.
     pub(crate) fn from_journal(journal: &Journal, outcome: Outcome, timings: Timings) -> Self {
-        let files = || journal.staged_files();
+        let files = || journal.published_files();
         Self {
             run_id: journal.run_id.to_string(),
             state: journal.state,
@@ -120,6 +124,7 @@ impl RunReport {
             forced: journal.forced.clone(),
             timings,
             revert_of: journal.revert_of.as_ref().map(ToString::to_string),
+            adjustments: journal.adjustment_counts,
             notifications: Vec::new(),
         }
     }
@@ -150,6 +155,7 @@ impl RunReport {
             forced: None,
             timings: Timings::default(),
             revert_of: plan.revert_of.as_ref().map(ToString::to_string),
+            adjustments: None,
             notifications: Vec::new(),
         }
     }

@@ -63,6 +63,16 @@ pub async fn revert_run(
         "revert",
         async |config, latest, journal, _lease| {
             let version = reverted_version(run_id, journal)?;
+            if journal.publish_as == crate::adjust::PublishMode::Adjustments {
+                return Err(Error::RunState {
+                    run_id: run_id.to_string(),
+                    state: journal.state.to_string(),
+                    action: "reverted by removing its files".into(),
+                    next: format!(
+                        "it appended adjustments: `lakefill revert {run_id} --logical` appends their negation"
+                    ),
+                });
+            }
             let revert_id = revert_id(journal, version);
             let store = latest.object_store();
             let lease = RunLease::acquire(&store, config.name(), &revert_id, "revert").await?;
@@ -126,6 +136,16 @@ pub async fn logical_revert_plan(
         },
     )
     .await
+}
+
+/// Whether the published run `run_id` is reverted by recomputing its range (it appended
+/// adjustments: its revert appends their negation, and never removes a file).
+pub async fn reverts_logically(project: &Project, run_id: &str) -> Result<bool> {
+    let run_id = RunId::parse(run_id)?;
+    let (_, latest) = find_run(project, &run_id).await?;
+    Ok(Journal::load(&latest.object_store(), &run_id)
+        .await?
+        .is_some_and(|j| j.publish_as == crate::adjust::PublishMode::Adjustments))
 }
 
 /// The revert by files of `run_id` staged with `--stage-only`, if that is what it is: the run it
@@ -428,6 +448,9 @@ fn revert_journal(
         error: None,
         revert_of: Some(run.run_id.clone()),
         revert_logical: false,
+        publish_as: crate::adjust::PublishMode::Rewrite,
+        adjustments: Vec::new(),
+        adjustment_counts: None,
         resume: None,
         cascade: None,
         created_at: now.clone(),

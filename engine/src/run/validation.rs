@@ -195,7 +195,26 @@ pub(crate) async fn run_validation(
     }
     let layout = &journal.layout;
     let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
-    let adds: Vec<_> = journal.staged_files().cloned().collect();
+    let adjustments = journal.publish_as == crate::adjust::PublishMode::Adjustments;
+    if adjustments {
+        // The old rows of a table corrected by adjustments are its net rows.
+        let rows = ctx
+            .deregister_table("previous")
+            .query_context(|| "cannot take the old rows back".into())?
+            .ok_or_else(|| Error::Internal("the old rows are not registered".into()))?;
+        ctx.register_table("__lf_ledger_rows", rows)
+            .query_context(|| "cannot register the old rows".into())?;
+        let table_schema = table_schema(plan)?;
+        crate::adjust::register_net(
+            &ctx,
+            "previous",
+            "__lf_ledger_rows",
+            &table_schema,
+            &rules.summed_measures(),
+        )
+        .await?;
+    }
+    let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let write_schema = match &plan.write_schema {
         Some(schema) => Arc::clone(schema),
         None => plan
@@ -236,6 +255,39 @@ pub(crate) async fn run_validation(
     }
     register_cascade_staged(&ctx, plan).await?;
     let mut extra_checks = extra_checks;
+    if adjustments {
+        let adds: Vec<_> = journal
+            .adjustments
+            .iter()
+            .flat_map(|b| b.files.iter().cloned())
+            .collect();
+        let staged = StagedTable::register_store(
+            &ctx,
+            &plan.target,
+            &write_schema,
+            &layout.partition_columns,
+            &adds,
+            &journal.run_id,
+        )?;
+        ctx.register_table("adjustments", Arc::new(staged))
+            .query_context(|| "cannot register the adjustment rows".into())?;
+        let mut group = layout.partition_columns.clone();
+        for key in &rules.key {
+            if !group.contains(key) {
+                group.push(key.clone());
+            }
+        }
+        extra_checks.push(
+            crate::adjust::conservation_check(
+                &ctx,
+                &write_schema,
+                &group,
+                &rules.summed_measures(),
+                sample,
+            )
+            .await?,
+        );
+    }
     for (measure, table, column) in &rules.conserve_with {
         extra_checks.push(conserve_with(&ctx, plan, journal, measure, table, column).await?);
     }

@@ -123,8 +123,6 @@ async fn stage_batch(
     resources: &Resources,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<BatchRecord> {
-    let report = &plan.report;
-    let layout = &report.layout;
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
     crate::failpoint::reach(&format!("stage-batch-{}", batch.index)).await?;
     let (_ctx, df) = if batch.carry {
@@ -132,16 +130,38 @@ async fn stage_batch(
     } else {
         batch_dataframe(plan, batch, resources).await?
     };
-    // Put the columns in the target's order and types.
+    write_batch(plan, batch, df, target_schema, store).await
+}
+
+/// Streams `df` (rows of `batch`) into staged files, one writer per partition; returns what it
+/// staged: files, and per partition rows, measure sums and row checksums.
+pub(crate) async fn write_batch(
+    plan: &BackfillPlan,
+    batch: &BatchPlan,
+    df: DataFrame,
+    target_schema: SchemaRef,
+    store: Arc<dyn deltalake::ObjectStore>,
+) -> Result<BatchRecord> {
+    let report = &plan.report;
+    let layout = &report.layout;
+    // Put the columns in the target's order and types. The model leaves the lineage columns of
+    // adjustments to them: they are NULL in its rows.
+    let produced: BTreeSet<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     let projection: Vec<Expr> = target_schema
         .fields()
         .iter()
         .map(|f| {
-            cast(
-                Expr::Column(Column::new_unqualified(f.name())),
-                f.data_type().clone(),
-            )
-            .alias(f.name())
+            let value = if !produced.contains(f.name()) && crate::adjust::is_lineage(f.name()) {
+                Expr::Literal(deltalake::datafusion::common::ScalarValue::Null, None)
+            } else {
+                Expr::Column(Column::new_unqualified(f.name()))
+            };
+            cast(value, f.data_type().clone()).alias(f.name())
         })
         .collect();
     let df = df.select(projection).query_context(|| {

@@ -1,0 +1,421 @@
+//! Append-only targets (issue #17): a fix published as adjustment rows. The ledger and its
+//! source are written by python `deltalake` (the ledger with `delta.appendOnly = true`), every
+//! result is read back by python, and the expectations are computed here from the rows the
+//! helper writes, never from lakefill's output.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::support::{PythonLake, Store, json_ok, runtime, stderr};
+
+/// A row: (event_id, country, amount_cents, event_date).
+type Row = (i64, String, i64, String);
+
+const COUNTRIES: [&str; 4] = ["FR", "US", "DE", "JP"];
+
+/// A project with `events` (the source) and `ledger` (append-only), both holding the same rows,
+/// and model `fix` publishing as adjustments.
+fn ledger(store: Store) -> PythonLake {
+    let mut lake = PythonLake::new(store);
+    lake.python(&["ledger", "plain", &lake.uri("events")]);
+    lake.python(&["ledger", "append_only", &lake.uri("ledger")]);
+    lake.declare("events");
+    lake.declare("ledger");
+    // Consumers are told of every version (top-level keys come before the tables).
+    let project = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project).unwrap();
+    std::fs::write(
+        &project,
+        format!("notify = [\"file:events.jsonl\"]\n{toml}"),
+    )
+    .unwrap();
+    write_fix(&lake, "v1", 5);
+    lake
+}
+
+/// The newest event the file sink holds, checked against the committed JSON Schema.
+fn newest_event(lake: &PythonLake) -> Value {
+    let text = std::fs::read_to_string(lake.path().join("events.jsonl")).unwrap();
+    let line = text.lines().last().unwrap();
+    crate::notify::assert_valid_event(line);
+    serde_json::from_str(line).unwrap()
+}
+
+/// `fix` at `version`: even events gain `bump` cents, event 101 moves to the next day, event 103
+/// is dropped, and event 999 appears on the first day.
+fn write_fix(lake: &PythonLake, version: &str, bump: i64) {
+    let dir = lake.path().join("sql/fix");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{version}.sql")),
+        format!(
+            "/*\ntarget = \"ledger\"\npartition_by = \"event_date\"\nschema = \"add-columns\"\n\
+             publish = \"adjustments\"\nreason = \"refunds were counted twice\"\n\
+             [sources.events]\nwindow = \"event_date\"\n\
+             [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount_cents\"]\n*/\n\
+             SELECT event_id, country, \
+             CASE WHEN event_id % 2 = 0 THEN amount_cents + {bump} ELSE amount_cents END AS amount_cents, \
+             CASE WHEN event_id = 101 THEN DATE '2026-01-02' ELSE event_date END AS event_date \
+             FROM events WHERE event_date BETWEEN $start AND $end AND event_id <> 103 \
+             UNION ALL SELECT CAST(999 AS BIGINT), 'XX', CAST(7 AS BIGINT), DATE '2026-01-01'\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// The rows python writes (3 days x 4 events).
+fn original() -> BTreeSet<Row> {
+    let mut rows = BTreeSet::new();
+    for d in 0..3 {
+        for i in 0..4 {
+            rows.insert((
+                100 * (d + 1) + i,
+                COUNTRIES[i as usize].to_string(),
+                1000 + 10 * d + i,
+                format!("2026-01-0{}", d + 1),
+            ));
+        }
+    }
+    rows
+}
+
+/// The rows history should hold after the fix with `bump` over days 1..=2.
+fn fixed(bump: i64) -> BTreeSet<Row> {
+    let mut rows = BTreeSet::new();
+    for (id, country, amount, date) in original() {
+        if date.as_str() > "2026-01-02" {
+            rows.insert((id, country, amount, date));
+            continue;
+        }
+        if id == 103 {
+            continue;
+        }
+        let amount = if id % 2 == 0 { amount + bump } else { amount };
+        let date = if id == 101 { "2026-01-02".into() } else { date };
+        rows.insert((id, country, amount, date));
+    }
+    rows.insert((999, "XX".into(), 7, "2026-01-01".into()));
+    rows
+}
+
+/// The net rows of a ledger read by python: rows that are the same but for the amount and the
+/// lineage summed, kept while they outnumber their reversals.
+fn net(rows: &[Value]) -> BTreeSet<Row> {
+    let mut groups: BTreeMap<(i64, String, String), (i64, i64)> = BTreeMap::new();
+    for row in rows {
+        let weight = if row["_lakefill_kind"] == "reversal" {
+            -1
+        } else {
+            1
+        };
+        let entry = groups
+            .entry((
+                row["event_id"].as_i64().unwrap(),
+                row["country"].as_str().unwrap().to_string(),
+                row["event_date"].as_str().unwrap().to_string(),
+            ))
+            .or_default();
+        entry.0 += weight;
+        entry.1 += row["amount_cents"].as_i64().unwrap();
+    }
+    groups
+        .into_iter()
+        .filter(|(_, (weight, _))| *weight > 0)
+        .map(|((id, country, date), (_, amount))| (id, country, amount, date))
+        .collect()
+}
+
+/// The amount per key over every row (old rows plus adjustments).
+fn sums(rows: &[Value]) -> BTreeMap<i64, i64> {
+    let mut sums = BTreeMap::new();
+    for row in rows {
+        *sums.entry(row["event_id"].as_i64().unwrap()).or_default() +=
+            row["amount_cents"].as_i64().unwrap();
+    }
+    sums
+}
+
+/// The adjustment rows that take `old` to `new`: (kind, row), the reversals negated.
+fn adjustments(old: &BTreeSet<Row>, new: &BTreeSet<Row>) -> BTreeSet<(String, Row)> {
+    let reversals = old
+        .difference(new)
+        .map(|(id, c, amount, d)| ("reversal".to_string(), (*id, c.clone(), -amount, d.clone())));
+    let corrections = new
+        .difference(old)
+        .map(|row| ("correction".to_string(), row.clone()));
+    reversals.chain(corrections).collect()
+}
+
+/// The `remove` actions and the mode of commit `version` of `ledger`, from the log.
+fn commit_shape(lake: &PythonLake, version: u64) -> (usize, String) {
+    let table = lake.open("ledger");
+    runtime().block_on(async {
+        let bytes = table
+            .log_store()
+            .read_commit_entry(version)
+            .await
+            .unwrap()
+            .unwrap();
+        let actions: Vec<Value> = bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect();
+        let removes = actions.iter().filter(|a| a.get("remove").is_some()).count();
+        let mode = actions
+            .iter()
+            .find_map(|a| a["commitInfo"]["operationParameters"]["mode"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        (removes, mode)
+    })
+}
+
+fn backfill(lake: &PythonLake, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "backfill",
+        "fix",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--output-format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    json_ok(&lake.run(&args))
+}
+
+/// A fix of an append-only ledger is published as appended adjustment rows whose sum with the
+/// old rows is the fixed history; a reader of just the appended files gets exactly them; the
+/// same run again appends nothing; a second fix nets against the first; a revert appends the
+/// negation.
+fn a_fix_of_an_append_only_ledger_is_appended_as_adjustments(store: Store) {
+    let lake = ledger(store);
+    let version = |lake: &PythonLake| lake.open("ledger").version().unwrap();
+    let start = version(&lake);
+
+    // A rewrite would remove files: refused at plan time, with the way out.
+    let out = lake.run(&[
+        "plan",
+        "fix",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--publish-as",
+        "rewrite",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("appendOnly"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--publish-as adjustments"),
+        "{}",
+        stderr(&out)
+    );
+
+    let report = backfill(&lake, &[]);
+    assert_eq!(report["outcome"], "published", "{report}");
+    let first = version(&lake);
+    assert_eq!(first, start + 1, "one commit");
+    let expected = adjustments(&original(), &fixed(5));
+    let reversals = expected.iter().filter(|(k, _)| k == "reversal").count();
+    assert_eq!(report["adjustments"]["reversals"], reversals, "{report}");
+    assert_eq!(
+        report["adjustments"]["corrections"],
+        expected.len() - reversals,
+        "{report}"
+    );
+    assert_eq!(
+        commit_shape(&lake, first),
+        (0, "Append".into()),
+        "nothing removed"
+    );
+    let event = newest_event(&lake);
+    assert_eq!(event["type"], "backfill.published", "{event}");
+    assert_eq!(event["adjustments"], report["adjustments"], "{event}");
+    let config = lake
+        .open("ledger")
+        .snapshot()
+        .unwrap()
+        .metadata()
+        .configuration()
+        .clone();
+    assert_eq!(
+        config.get("delta.appendOnly").map(String::as_str),
+        Some("true"),
+        "the protocol is kept"
+    );
+    let rows = lake.rows("ledger");
+    assert_eq!(
+        net(&rows),
+        fixed(5),
+        "old rows plus adjustments are the fixed history"
+    );
+    let expected_sums: BTreeMap<i64, i64> =
+        fixed(5)
+            .iter()
+            .fold(BTreeMap::new(), |mut acc, (id, _, amount, _)| {
+                *acc.entry(*id).or_default() += amount;
+                acc
+            });
+    let mut got = sums(&rows);
+    got.retain(|_, sum| *sum != 0);
+    assert_eq!(got, expected_sums, "SUM per key");
+
+    // A reader of only the appended files gets exactly the adjustments, with their lineage.
+    let appended: Value =
+        serde_json::from_str(&lake.python(&["added", &lake.uri("ledger"), &first.to_string()]))
+            .unwrap();
+    let run_id = report["run_id"].as_str().unwrap();
+    let read: BTreeSet<(String, Row)> = appended["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["_lakefill_run_id"], run_id, "{r}");
+            assert_eq!(r["_lakefill_reason"], "refunds were counted twice", "{r}");
+            (
+                r["_lakefill_kind"].as_str().unwrap().to_string(),
+                (
+                    r["event_id"].as_i64().unwrap(),
+                    r["country"].as_str().unwrap().to_string(),
+                    r["amount_cents"].as_i64().unwrap(),
+                    r["event_date"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        read, expected,
+        "the appended files hold the adjustments and nothing else"
+    );
+
+    // The same run again appends nothing.
+    let again = backfill(&lake, &[]);
+    assert_eq!(again["outcome"], "already_published", "{again}");
+    assert_eq!(version(&lake), first);
+
+    // A second fix nets against the first: staged for review, then published.
+    write_fix(&lake, "v2", 6);
+    let staged = backfill(&lake, &["--stage-only"]);
+    assert_eq!(staged["outcome"], "staged", "{staged}");
+    assert_eq!(version(&lake), first, "nothing visible before publish");
+    let second_id = staged["run_id"].as_str().unwrap().to_string();
+    let published = json_ok(&lake.run(&["publish", &second_id, "--output-format", "json"]));
+    assert_eq!(published["outcome"], "published", "{published}");
+    let second = version(&lake);
+    assert_eq!(commit_shape(&lake, second), (0, "Append".into()));
+    assert_eq!(net(&lake.rows("ledger")), fixed(6));
+    let changed = adjustments(&fixed(5), &fixed(6));
+    assert_eq!(
+        published["adjustments"]["reversals"].as_u64().unwrap() as usize
+            + published["adjustments"]["corrections"].as_u64().unwrap() as usize,
+        changed.len(),
+        "only what the second fix changed: {published}"
+    );
+
+    // Its revert appends the negation: the first fix is what history says again.
+    let reverted = json_ok(&lake.run(&["revert", &second_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(version(&lake), second + 1);
+    assert_eq!(commit_shape(&lake, second + 1), (0, "Append".into()));
+    assert_eq!(net(&lake.rows("ledger")), fixed(5));
+    let event = newest_event(&lake);
+    assert_eq!(event["type"], "backfill.reverted", "{event}");
+    assert_eq!(event["revert_of"], second_id.as_str(), "{event}");
+}
+
+both_stores!(a_fix_of_an_append_only_ledger_is_appended_as_adjustments);
+
+/// Adjustments need a key and measures to negate, and lineage columns (or a model that may add
+/// them): each missing piece is a model error before anything is staged.
+#[test]
+fn adjustments_without_what_they_need_are_refused() {
+    let lake = ledger(Store::Local);
+    let model = lake.path().join("sql/fix/v1.sql");
+    let text = std::fs::read_to_string(&model).unwrap();
+    for (edit, says) in [
+        (
+            text.replace("measures = [\"amount_cents\"]\n", ""),
+            "measures",
+        ),
+        (
+            text.replace("schema = \"add-columns\"\n", ""),
+            "lineage columns",
+        ),
+        (
+            text.replace("measures = [\"amount_cents\"]", "measures = [\"country\"]"),
+            "signed numbers",
+        ),
+    ] {
+        std::fs::write(&model, edit).unwrap();
+        let out = lake.run(&[
+            "backfill",
+            "fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{says}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{says}: {}", stderr(&out));
+        assert!(stderr(&out).contains("hint:"), "{says}: {}", stderr(&out));
+    }
+    assert_eq!(lake.open("ledger").version(), Some(0), "nothing committed");
+}
+
+/// An adjustments run stopped at each point (staging, adjusting, validating, committing) is
+/// finished by the same command with exactly one append; discarded, it leaves nothing staged.
+#[test]
+fn a_stopped_adjustments_run_converges_and_a_discarded_one_leaves_nothing() {
+    for point in [
+        "stage-batch-0=error",
+        "after-stage",
+        "after-adjust",
+        "mid-validate=error",
+        "before-commit",
+        "after-commit",
+    ] {
+        let lake = ledger(Store::Local);
+        let out = crate::support::lakefill_command(lake.path())
+            .args([
+                "backfill",
+                "fix",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ])
+            .env("LAKEFILL_FAILPOINTS", point)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{point}: the run stopped");
+        let report = backfill(&lake, &[]);
+        let landed = point == "after-commit";
+        let expected = if landed {
+            "already_published"
+        } else {
+            "published"
+        };
+        assert_eq!(report["outcome"], expected, "{point}: {report}");
+        assert_eq!(
+            lake.open("ledger").version(),
+            Some(1),
+            "{point}: one append"
+        );
+        assert_eq!(net(&lake.rows("ledger")), fixed(5), "{point}");
+    }
+
+    let lake = ledger(Store::Local);
+    let staged = backfill(&lake, &["--stage-only"]);
+    let run_id = staged["run_id"].as_str().unwrap();
+    let out = lake.run(&["discard", run_id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let leftovers: Vec<String> = crate::support::files_under(&lake.path().join("lake/ledger"))
+        .into_iter()
+        .filter(|p| p.contains("/lakefill-") && p.ends_with(".parquet"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(lake.open("ledger").version(), Some(0));
+}
