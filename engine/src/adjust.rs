@@ -30,6 +30,7 @@ use serde_json::json;
 
 use crate::error::{QueryContext, Result};
 use crate::sqltext::ident;
+use crate::stage::staged::StagedTable;
 use crate::validate::CheckResult;
 
 /// The run that wrote an adjustment row.
@@ -462,16 +463,15 @@ pub(crate) async fn stage(
         crate::run::validation::register_range(&ctx, "__lf_rows", &plan.target, layout, &periods)
             .await?;
         register_net(&ctx, "__lf_old", "__lf_rows", &table_schema, &measures).await?;
-        let staged = crate::stage::staged::StagedTable::register_store(
+        StagedTable::register_as(
             &ctx,
+            "__lf_new",
             &plan.target,
             &write_schema,
             &layout.partition_columns,
             &new_rows.files,
             report.run_id.as_str(),
         )?;
-        ctx.register_table("__lf_new", Arc::new(staged))
-            .query_context(|| "cannot register the staged new rows".into())?;
         let sql = adjustments_sql(
             "__lf_old",
             "__lf_new",
@@ -493,16 +493,15 @@ pub(crate) async fn stage(
         )
         .await?;
         // Count them from what was written.
-        let written = crate::stage::staged::StagedTable::register_store(
+        StagedTable::register_as(
             &ctx,
+            "__lf_adjustments",
             &plan.target,
             &write_schema,
             &layout.partition_columns,
             &record.files,
-            report.run_id.as_str(),
+            &format!("{}-adjustments", report.run_id),
         )?;
-        ctx.register_table("__lf_adjustments", Arc::new(written))
-            .query_context(|| "cannot register the adjustment rows".into())?;
         let batch_counts = counts(&ctx, "__lf_adjustments").await?;
         counted.reversals += batch_counts.reversals;
         counted.corrections += batch_counts.corrections;

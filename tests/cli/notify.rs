@@ -136,30 +136,17 @@ pub(crate) fn assert_valid_event(event: &str) {
         env!("CARGO_MANIFEST_DIR"),
         "/../schemas/event-v1.schema.json"
     );
-    let mut child = Command::new("python3")
-        .args([
+    python_accepts(
+        &[
             "-c",
             "import json, sys, jsonschema\n\
              schema = json.load(open(sys.argv[1]))\n\
              jsonschema.Draft202012Validator.check_schema(schema)\n\
              jsonschema.Draft202012Validator(schema).validate(json.load(sys.stdin))",
             schema,
-        ])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(event.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "the event does not match the schema: {}\n{event}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        event,
+        "the event does not match the schema",
     );
 }
 
@@ -170,8 +157,14 @@ fn assert_openlineage(event: &str) {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/cli/openlineage_check.py"
     );
+    python_accepts(&[script], event, "not an OpenLineage RunEvent");
+}
+
+/// Runs `python3 args` with `input` on stdin; fails with `what` and python's stderr unless it
+/// succeeds.
+fn python_accepts(args: &[&str], input: &str, what: &str) {
     let mut child = Command::new("python3")
-        .arg(script)
+        .args(args)
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -180,12 +173,12 @@ fn assert_openlineage(event: &str) {
         .stdin
         .take()
         .unwrap()
-        .write_all(event.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "not an OpenLineage RunEvent: {}\n{event}",
+        "{what}: {}\n{input}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

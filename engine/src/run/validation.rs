@@ -261,16 +261,15 @@ pub(crate) async fn run_validation(
             .iter()
             .flat_map(|b| b.files.iter().cloned())
             .collect();
-        let staged = StagedTable::register_store(
+        StagedTable::register_as(
             &ctx,
+            "adjustments",
             &plan.target,
             &write_schema,
             &layout.partition_columns,
             &adds,
             &journal.run_id,
         )?;
-        ctx.register_table("adjustments", Arc::new(staged))
-            .query_context(|| "cannot register the adjustment rows".into())?;
         let mut group = layout.partition_columns.clone();
         for key in &rules.key {
             if !group.contains(key) {

@@ -41,6 +41,25 @@ pub(crate) struct StagedTable {
 }
 
 impl StagedTable {
+    /// [`Self::register_store`], and registers the table itself in `ctx` as `name`.
+    pub(crate) fn register_as(
+        ctx: &SessionContext,
+        name: &str,
+        target: &DeltaTable,
+        table_schema: &Schema,
+        partition_columns: &[String],
+        adds: &[Add],
+        key: &str,
+    ) -> Result<()> {
+        let table = Self::register_store(ctx, target, table_schema, partition_columns, adds, key)?;
+        ctx.register_table(name, Arc::new(table))
+            .map_err(|source| Error::Query {
+                context: format!("cannot register the staged files as `{name}`"),
+                source: Box::new(source),
+            })?;
+        Ok(())
+    }
+
     /// Builds the table over `adds` of `target` (with the schema `table_schema`, partitioned by
     /// `partition_columns`) and registers the store it reads from in `ctx`.
     ///
