@@ -597,9 +597,18 @@ impl PythonLake {
     }
 
     pub(crate) fn model(&self, name: &str, header: &str, sql: &str) {
+        self.model_version(name, "v1", header, sql);
+    }
+
+    /// Writes version `version` of model `name`.
+    pub(crate) fn model_version(&self, name: &str, version: &str, header: &str, sql: &str) {
         let dir = self.path().join("sql").join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("v1.sql"), format!("/*\n{header}\n*/\n{sql}\n")).unwrap();
+        std::fs::write(
+            dir.join(format!("{version}.sql")),
+            format!("/*\n{header}\n*/\n{sql}\n"),
+        )
+        .unwrap();
     }
 
     pub(crate) fn run(&self, args: &[&str]) -> Output {

@@ -152,6 +152,25 @@ pub(crate) async fn register_source(
             .filter(predicate)
             .query_context(|| format!("cannot restrict source `{}` to its window", source.name))?;
     }
+    if plan.report.publish == crate::adjust::PublishMode::Adjustments
+        && source.name == plan.report.target
+        && source.overlay.is_none()
+    {
+        // A table corrected by adjustments reads as its net rows (each reversal cancels what
+        // it reversed), also to a model that reads its own target.
+        let rows = format!("__lf_rows_{}", source.name);
+        let schema = df.schema().as_arrow().clone();
+        ctx.register_table(rows.as_str(), df.into_view())
+            .query_context(|| format!("cannot register source `{}`", source.name))?;
+        return crate::adjust::register_net(
+            ctx,
+            &source.name,
+            &crate::sqltext::ident(&rows),
+            &schema,
+            &plan.rules.summed_measures(),
+        )
+        .await;
+    }
     ctx.register_table(source.name.as_str(), df.into_view())
         .query_context(|| format!("cannot register source `{}`", source.name))?;
     Ok(())

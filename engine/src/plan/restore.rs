@@ -90,20 +90,8 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
             }
         })
         .collect();
-    let sql = match publish {
-        PublishMode::Rewrite => format!("SELECT {} FROM {}", columns.join(", "), quote(target)),
-        // A table corrected by adjustments was what its net rows were.
-        PublishMode::Adjustments => {
-            let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-            let measures = ValidationRules::from_spec(
-                model.header().validate.as_ref(),
-                &columns,
-                model.path(),
-            )?
-            .summed_measures();
-            crate::adjust::net_sql(&quote(target), &before_schema, &measures)
-        }
-    };
+    // (A table corrected by adjustments reads as its net rows: see `register_source`.)
+    let sql = format!("SELECT {} FROM {}", columns.join(", "), quote(target));
     let spec = SourceSpec {
         window: Some(
             layout
