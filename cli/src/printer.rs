@@ -261,7 +261,7 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
         }
     );
     for note in &plan.range_notes {
-        let _ = writeln!(out, "  rounded       {note}");
+        let _ = writeln!(out, "  note          {note}");
     }
     if plan.range.include_null {
         let _ = writeln!(

@@ -434,15 +434,6 @@ pub(crate) async fn stage(
     let report = &plan.report;
     let layout = &report.layout;
     let write_schema = Arc::new(crate::plan::query::target_schema(plan)?);
-    let table_schema = plan
-        .target
-        .snapshot()
-        .map_err(|source| crate::error::Error::Delta {
-            context: format!("cannot read the snapshot of `{}`", report.target),
-            source: Box::new(source),
-        })?
-        .snapshot()
-        .arrow_schema();
     let measures = plan.rules.summed_measures();
     let mut records = Vec::with_capacity(batches.len());
     let mut counted = AdjustmentCounts::default();
@@ -460,9 +451,15 @@ pub(crate) async fn stage(
             grain: report.range.grain,
             include_null: false,
         };
-        crate::run::validation::register_range(&ctx, "__lf_rows", &plan.target, layout, &periods)
-            .await?;
-        register_net(&ctx, "__lf_old", "__lf_rows", &table_schema, &measures).await?;
+        register_ledger_rows(&ctx, "__lf_rows", plan, &periods).await?;
+        let rows_schema = ctx
+            .table("__lf_rows")
+            .await
+            .query_context(|| "cannot read the old rows".into())?
+            .schema()
+            .as_arrow()
+            .clone();
+        register_net(&ctx, "__lf_old", "__lf_rows", &rows_schema, &measures).await?;
         StagedTable::register_as(
             &ctx,
             "__lf_new",
@@ -514,4 +511,122 @@ pub(crate) async fn stage(
         records.push(record);
     }
     Ok((records, counted))
+}
+
+/// Creates the companion table adjustments of `target` (named `of`) go to: the target's
+/// columns, the lineage columns, the same partitioning, `delta.appendOnly`. When another process
+/// created it first, that table is used.
+pub(crate) async fn create_companion(
+    config: &crate::config::TableConfig,
+    target: &deltalake::DeltaTable,
+    partition_columns: &[String],
+    of: &str,
+) -> Result<deltalake::DeltaTable> {
+    use crate::error::DeltaContext as _;
+    use deltalake::kernel::{DataType as DeltaType, StructField};
+    let schema = target
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{of}`"))?
+        .schema();
+    let mut fields: Vec<StructField> = schema.fields().cloned().collect();
+    for column in LINEAGE_COLUMNS {
+        if schema.field(column).is_none() {
+            fields.push(StructField::new(column, DeltaType::STRING, true));
+        }
+    }
+    let properties = deltalake::kernel::transaction::CommitProperties::default()
+        .with_metadata([("lakefill".to_string(), json!({"companion_of": of}))]);
+    let created = deltalake::operations::create::CreateBuilder::new()
+        .with_location(config.url().as_str())
+        .with_storage_options(crate::storage::effective_options(config))
+        .with_columns(fields)
+        .with_partition_columns(partition_columns.to_vec())
+        .with_configuration_property(deltalake::TableProperty::AppendOnly, Some("true"))
+        .with_commit_properties(properties)
+        .await;
+    match created {
+        Ok(table) => {
+            tracing::info!(
+                table = config.name(),
+                of,
+                "created the companion for adjustments"
+            );
+            Ok(table)
+        }
+        // Another process may have just created it.
+        Err(error) => {
+            crate::storage::open_table(config, None)
+                .await
+                .map_err(|_| crate::error::Error::Delta {
+                    context: format!(
+                        "cannot create `{}`, the companion table for adjustments of `{of}`",
+                        config.name()
+                    ),
+                    source: Box::new(error),
+                })
+        }
+    }
+}
+
+/// Registers as `name` the rows of the table a run corrects in `range`, at the versions the run
+/// read: the target's, and with a companion, the companion's too (the columns of both).
+pub(crate) async fn register_ledger_rows(
+    ctx: &SessionContext,
+    name: &str,
+    plan: &crate::plan::BackfillPlan,
+    range: &crate::partition::PartitionRange,
+) -> Result<()> {
+    let layout = &plan.report.layout;
+    match &plan.adjusted {
+        None => {
+            crate::run::validation::register_range(ctx, name, &plan.target, layout, range).await
+        }
+        Some(adjusted) => {
+            let ledger = format!("{name}__ledger");
+            let companion = format!("{name}__companion");
+            crate::run::validation::register_range(ctx, &ledger, &adjusted.table, layout, range)
+                .await?;
+            crate::run::validation::register_range(ctx, &companion, &plan.target, layout, range)
+                .await?;
+            let context = || "cannot read the table with its companion".to_string();
+            let rows = ctx.table(ledger.as_str()).await.query_context(context)?;
+            let companion_rows = ctx.table(companion.as_str()).await.query_context(context)?;
+            let union = rows.union_by_name(companion_rows).query_context(context)?;
+            ctx.register_table(name, union.into_view())
+                .query_context(|| format!("cannot register the rows as `{name}`"))?;
+            Ok(())
+        }
+    }
+}
+
+/// With a companion: refuses to publish when a commit after the version the run read changed
+/// the corrected table in the range (the adjustments were derived from the rows it held then).
+/// `table` is the corrected table at any version; its latest is read.
+pub(crate) async fn check_adjusted_unchanged(
+    table: &deltalake::DeltaTable,
+    journal: &crate::journal::Journal,
+) -> Result<()> {
+    let Some((name, read)) = &journal.adjusts else {
+        return Ok(());
+    };
+    let latest = crate::storage::latest(table).await?;
+    let until = crate::storage::loaded_version(&latest)?;
+    let later =
+        crate::log::commits_in_range(&latest, *read, &journal.layout, &journal.range, until)
+            .await?;
+    if later.is_empty() {
+        return Ok(());
+    }
+    Err(crate::error::Error::Conflict {
+        table: name.clone(),
+        read_version: *read,
+        source: Box::new(deltalake::DeltaTableError::Generic(format!(
+            "version(s) {} of `{name}` changed the range the adjustments were derived from",
+            later
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    })
 }

@@ -34,6 +34,7 @@ pub struct TableConfig {
     storage_options: BTreeMap<String, String>,
     table_storage_keys: Vec<String>,
     sinks: Vec<crate::notify::Sink>,
+    adjustments: Option<String>,
 }
 
 /// Defaults from `[defaults]`, overridable per command.
@@ -70,6 +71,9 @@ struct RawTable {
     storage: BTreeMap<String, String>,
     #[serde(default)]
     notify: Vec<crate::notify::sink::RawSink>,
+    /// The project table adjustments of this one go to (created on first use).
+    #[serde(default)]
+    adjustments: Option<String>,
 }
 
 impl Project {
@@ -179,8 +183,34 @@ impl Project {
                     storage_options,
                     table_storage_keys: table.storage.keys().cloned().collect(),
                     sinks,
+                    adjustments: table.adjustments,
                 },
             );
+        }
+        // A companion for adjustments is another declared table, and not itself a table with one.
+        for table in tables.values() {
+            let Some(companion) = &table.adjustments else {
+                continue;
+            };
+            let problem = match tables.get(companion) {
+                None => Some(format!(
+                    "`{companion}` is not a table of the project: declare it (`[tables.{companion}]` with its `uri`; the first publish of adjustments creates it)"
+                )),
+                Some(_) if companion == &table.name => {
+                    Some("a table cannot be its own companion: leave `adjustments` out to append to the table itself".into())
+                }
+                Some(other) if other.adjustments.is_some() => Some(format!(
+                    "`{companion}` has a companion of its own; a companion table holds adjustments only"
+                )),
+                Some(_) => None,
+            };
+            if let Some(message) = problem {
+                return Err(Error::ConfigValue {
+                    path: path.to_path_buf(),
+                    field: format!("tables.{}.adjustments", table.name),
+                    message,
+                });
+            }
         }
         // A table's location must not hold another table: deleting one's staged files could
         // otherwise reach into the other.
@@ -256,6 +286,11 @@ impl TableConfig {
     /// Returns the location as written in `lakefill.toml`.
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// The table adjustments of this one go to, when it has a companion (`adjustments = "…"`).
+    pub fn adjustments(&self) -> Option<&str> {
+        self.adjustments.as_deref()
     }
 
     /// Returns the notification sinks of the table (the project's, then its own).

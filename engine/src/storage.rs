@@ -121,7 +121,7 @@ fn is_object_store(table: &TableConfig) -> bool {
 /// The options passed to delta-rs: the project's (table over `[storage]`), plus bounded retries
 /// for object stores. delta-rs itself fills in `AWS_*` variables from the environment for keys
 /// that are still unset, so the environment comes last.
-fn effective_options(table: &TableConfig) -> HashMap<String, String> {
+pub(crate) fn effective_options(table: &TableConfig) -> HashMap<String, String> {
     let mut options: HashMap<String, String> = table
         .storage_options()
         .iter()

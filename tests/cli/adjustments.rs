@@ -149,7 +149,12 @@ fn adjustments(old: &BTreeSet<Row>, new: &BTreeSet<Row>) -> BTreeSet<(String, Ro
 
 /// The `remove` actions and the mode of commit `version` of `ledger`, from the log.
 fn commit_shape(lake: &PythonLake, version: u64) -> (usize, String) {
-    let table = lake.open("ledger");
+    commit_shape_of(lake, "ledger", version)
+}
+
+/// The `remove` actions and the mode of commit `version` of `table`, from the log.
+fn commit_shape_of(lake: &PythonLake, table: &str, version: u64) -> (usize, String) {
+    let table = lake.open(table);
     runtime().block_on(async {
         let bytes = table
             .log_store()
@@ -363,6 +368,27 @@ fn adjustments_without_what_they_need_are_refused() {
         assert!(stderr(&out).contains("hint:"), "{says}: {}", stderr(&out));
     }
     assert_eq!(lake.open("ledger").version(), Some(0), "nothing committed");
+
+    // A companion must be a table of the project.
+    std::fs::write(&model, text).unwrap();
+    let project = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project).unwrap();
+    std::fs::write(
+        &project,
+        toml.replacen(
+            "[tables.ledger]\n",
+            "[tables.ledger]\nadjustments = \"nope\"\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let out = lake.run(&["plan", "fix", "--from", "2026-01-01", "--to", "2026-01-02"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`nope` is not a table of the project"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// An adjustments run stopped at each point (staging, adjusting, validating, committing) is
@@ -419,3 +445,115 @@ fn a_stopped_adjustments_run_converges_and_a_discarded_one_leaves_nothing() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert_eq!(lake.open("ledger").version(), Some(0));
 }
+
+/// With `adjustments = "ledger_adj"` in `lakefill.toml`, the adjustments go to a companion table
+/// (created by the first backfill, never by `plan`) and the ledger is never written: the ledger's
+/// rows with the companion's are the fixed history. A commit to the ledger in the range after
+/// the run read it makes the publish a conflict; a revert appends the negation to the companion.
+fn a_companion_table_takes_the_adjustments(store: Store) {
+    let mut lake = ledger(store);
+    lake.declare("ledger_adj");
+    let project = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project).unwrap().replacen(
+        "[tables.ledger]\n",
+        "[tables.ledger]\nadjustments = \"ledger_adj\"\n",
+        1,
+    );
+    std::fs::write(&project, toml).unwrap();
+    // The ledger keeps its columns: the model need not add any.
+    let model = lake.path().join("sql/fix/v1.sql");
+    let text = std::fs::read_to_string(&model)
+        .unwrap()
+        .replace("schema = \"add-columns\"\n", "");
+    std::fs::write(&model, text).unwrap();
+    let both = |lake: &PythonLake| {
+        let mut rows = lake.rows("ledger");
+        rows.extend(lake.rows("ledger_adj"));
+        rows
+    };
+    let ledger_files = lake.files("ledger");
+
+    let plan = json_ok(&lake.run(&[
+        "plan",
+        "fix",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--output-format",
+        "json",
+    ]));
+    assert!(
+        plan["range_notes"]
+            .to_string()
+            .contains("does not exist yet"),
+        "{plan}"
+    );
+    let missing = lake.run(&["history", "ledger_adj"]);
+    assert!(!missing.status.success(), "plan created nothing");
+
+    let report = backfill(&lake, &[]);
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report["table"], "ledger_adj", "{report}");
+    assert_eq!(
+        lake.files("ledger"),
+        ledger_files,
+        "the ledger is untouched"
+    );
+    let companion = lake.open("ledger_adj");
+    let config = companion
+        .snapshot()
+        .unwrap()
+        .metadata()
+        .configuration()
+        .clone();
+    assert_eq!(
+        config.get("delta.appendOnly").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(companion.version(), Some(1), "created, then one append");
+    assert_eq!(
+        commit_shape_of(&lake, "ledger_adj", 1),
+        (0, "Append".into())
+    );
+    assert_eq!(net(&both(&lake)), fixed(5), "ledger plus companion");
+    let again = backfill(&lake, &[]);
+    assert_eq!(again["outcome"], "already_published", "{again}");
+
+    // Another writer appends to the ledger in the range after a second fix read it.
+    write_fix(&lake, "v2", 6);
+    let model = lake.path().join("sql/fix/v2.sql");
+    let text = std::fs::read_to_string(&model)
+        .unwrap()
+        .replace("schema = \"add-columns\"\n", "");
+    std::fs::write(&model, text).unwrap();
+    let staged = backfill(&lake, &["--stage-only"]);
+    let second = staged["run_id"].as_str().unwrap().to_string();
+    lake.python(&["append_ledger", &lake.uri("ledger")]);
+    let out = lake.run(&["publish", &second]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("ledger"), "{}", stderr(&out));
+    assert_eq!(
+        lake.open("ledger_adj").version(),
+        Some(1),
+        "nothing published"
+    );
+
+    // The first fix is reverted by appending its negation to the companion.
+    let first = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", first, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(
+        commit_shape_of(&lake, "ledger_adj", 2),
+        (0, "Append".into())
+    );
+    let mut expected = original();
+    expected.insert((777, "FR".into(), 5, "2026-01-01".into()));
+    assert_eq!(
+        net(&both(&lake)),
+        expected,
+        "as before the fix, with the later append"
+    );
+}
+
+both_stores!(a_companion_table_takes_the_adjustments);

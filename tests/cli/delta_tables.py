@@ -7,6 +7,7 @@
     python3 delta_tables.py all_rows URI       # every row as JSON, any schema, sorted
     python3 delta_tables.py ledger KIND URI    # a ledger (`append_only`) or its source (`plain`)
     python3 delta_tables.py added URI VERSION  # the rows of only the files VERSION added
+    python3 delta_tables.py append_ledger URI  # another writer appends event 777 on 2026-01-01
 
 Every table has event_id (long), amount_cents (long) and event_date (date, the partition column),
 3 days x 4 rows; KIND adds what the feature needs.
@@ -222,6 +223,13 @@ def ledger(kind, uri):
     )
 
 
+def append_ledger(uri):
+    schema = DeltaTable(uri, storage_options=storage_options()).schema().to_arrow()
+    row = {"event_id": 777, "country": "FR", "amount_cents": 5, "event_date": DAYS[0]}
+    table = pa.Table.from_pylist([{f.name: row.get(f.name) for f in schema}], schema=pa.schema(schema))
+    write_deltalake(uri, table, mode="append", storage_options=storage_options())
+
+
 def added(uri, version):
     """Reads only the files that commit VERSION added (as a reader following appends would)."""
     import pyarrow.dataset as ds
@@ -280,6 +288,8 @@ if __name__ == "__main__":
         create(sys.argv[2], sys.argv[3])
     elif command == "ledger":
         ledger(sys.argv[2], sys.argv[3])
+    elif command == "append_ledger":
+        append_ledger(sys.argv[2])
     elif command == "added":
         added(sys.argv[2], sys.argv[3])
     elif command == "rows":

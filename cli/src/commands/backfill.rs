@@ -27,6 +27,7 @@ pub(crate) async fn run(
     }
     let plan = settings::plan_builder(&project, &args.scope)?
         .with_batch_partitions(Some(resolved.batch_partitions))
+        .with_create_companion(true)
         .await?;
     let report = plan.report();
     printer.status(&format!(

@@ -131,6 +131,10 @@ pub struct Journal {
     /// With adjustments: how many of each kind, once staged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adjustment_counts: Option<AdjustmentCounts>,
+    /// When the adjustments go to a companion (the run's table): the table they correct and
+    /// the version of it the run read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjusts: Option<(String, u64)>,
     /// When the run was created (RFC 3339).
     pub created_at: String,
     /// When the journal was last written (RFC 3339).

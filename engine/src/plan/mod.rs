@@ -57,6 +57,7 @@ pub struct PlanBuilder {
     max_partitions: Option<u64>,
     reason: Option<String>,
     publish_as: Option<String>,
+    create_companion: bool,
 }
 
 impl PlanBuilder {
@@ -80,6 +81,7 @@ impl PlanBuilder {
             max_partitions: None,
             reason: None,
             publish_as: None,
+            create_companion: false,
         }
     }
 
@@ -150,6 +152,16 @@ impl PlanBuilder {
     /// By default, the model header's `publish`, else `rewrite`.
     pub fn with_publish_as(mut self, mode: Option<String>) -> Self {
         self.publish_as = mode;
+        self
+    }
+
+    /// Creates the companion table adjustments go to (`adjustments = "…"` of the target in
+    /// `lakefill.toml`) when it does not exist yet.
+    ///
+    /// By default, nothing is created: a plan whose companion is missing is made against the
+    /// target and says that the first backfill creates it.
+    pub fn with_create_companion(mut self, create: bool) -> Self {
+        self.create_companion = create;
         self
     }
 
@@ -237,6 +249,40 @@ impl PlanBuilder {
         let mut rules =
             ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
         rules.protocol = protocol.rules.clone();
+        // Adjustments may go to a companion table: then it is the table the run writes.
+        let mut range_notes = range_notes;
+        let companion = match (publish, target_config.adjustments()) {
+            (PublishMode::Adjustments, Some(name)) => {
+                let config = project
+                    .table(
+                        name,
+                        &format!("`tables.{}.adjustments`", target_config.name()),
+                    )?
+                    .clone();
+                let table = match open_table(&config, None).await {
+                    Ok(table) => Some(table),
+                    Err(Error::NotADeltaTable { .. }) if self.create_companion => Some(
+                        crate::adjust::create_companion(
+                            &config,
+                            &target,
+                            &layout.partition_columns,
+                            target_config.name(),
+                        )
+                        .await?,
+                    ),
+                    Err(Error::NotADeltaTable { .. }) => {
+                        range_notes.push(format!(
+                            "adjustments go to `{name}`, which does not exist yet: the first backfill creates it (the columns of `{}`, the lineage columns, `delta.appendOnly`)",
+                            target_config.name()
+                        ));
+                        None
+                    }
+                    Err(error) => return Err(error),
+                };
+                table.map(|table| (config, table))
+            }
+            _ => None,
+        };
         if publish == PublishMode::Adjustments {
             crate::adjust::check_plan(
                 &schema,
@@ -244,7 +290,8 @@ impl PlanBuilder {
                 &rules.summed_measures(),
                 &layout.partition_columns,
                 range.include_null,
-                model.adds_columns(),
+                // A companion carries the lineage columns, not the target.
+                model.adds_columns() || target_config.adjustments().is_some(),
             )
             .map_err(|message| Error::Model {
                 path: model.path().to_path_buf(),
@@ -296,7 +343,11 @@ impl PlanBuilder {
             cascade: None,
             cascade_staged: Vec::new(),
             revert_of: None,
+            adjusted: None,
         };
+        if let Some((config, table)) = companion {
+            plan.write_to_companion(config, table).await?;
+        }
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
         plan.write_schema = Some(write_schema);
@@ -763,11 +814,62 @@ pub struct BackfillPlan {
     /// In a cascade, every node staged before this one, by table: its next version, for the
     /// checks' `staged.<table>`.
     pub(crate) cascade_staged: Vec<(String, DeltaTable, Overlay)>,
+    /// When adjustments go to a companion table (then [`Self::target`]): the table they correct.
+    pub(crate) adjusted: Option<Adjusted>,
     /// The run a logical revert puts back the range of (see [`restore`]).
     pub(crate) revert_of: Option<RunId>,
 }
 
+/// The table a companion's adjustments correct, and the companion version whose rows count as
+/// part of it (the read version for a fix; the version before the run for its revert).
+#[derive(Debug, Clone)]
+pub(crate) struct Adjusted {
+    pub(crate) name: String,
+    pub(crate) table: DeltaTable,
+    pub(crate) companion_rows: DeltaTable,
+}
+
 impl BackfillPlan {
+    /// Makes the plan write `companion` (adjustments of its target go there): the run's table,
+    /// journal, staging, application transaction and commit are the companion's; its target is
+    /// read as the rows the adjustments correct.
+    pub(crate) async fn write_to_companion(
+        &mut self,
+        config: crate::config::TableConfig,
+        companion: DeltaTable,
+    ) -> Result<()> {
+        let version = loaded_version(&companion)?;
+        let (already, sequence) = publish_state(
+            &companion,
+            &self.report.run_id,
+            &self.report.layout,
+            &self.report.range,
+            version,
+        )
+        .await?;
+        let adjusted = Adjusted {
+            name: self.target_config.name().to_string(),
+            table: std::mem::replace(&mut self.target, companion.clone()),
+            companion_rows: companion,
+        };
+        self.report.range_notes.push(format!(
+            "adjustments of `{}` (read at version {}) go to `{}`",
+            adjusted.name,
+            loaded_version(&adjusted.table)?,
+            config.name()
+        ));
+        self.report.target = config.name().to_string();
+        self.report.target_uri = config.uri().to_string();
+        self.report.read_version = version;
+        self.report.already_published = already;
+        self.report.publish_sequence = sequence;
+        self.report.protocol = TableProtocol::read(&self.target, config.name(), true)?;
+        self.rules.protocol = self.report.protocol.rules.clone();
+        self.target_config = config;
+        self.adjusted = Some(adjusted);
+        Ok(())
+    }
+
     /// Returns the printable, serializable view of the plan.
     pub fn report(&self) -> &PlanReport {
         &self.report

@@ -153,11 +153,36 @@ pub(crate) async fn register_source(
             .query_context(|| format!("cannot restrict source `{}` to its window", source.name))?;
     }
     if plan.report.publish == crate::adjust::PublishMode::Adjustments
-        && source.name == plan.report.target
+        && source.name == plan.model.header().target
         && source.overlay.is_none()
     {
         // A table corrected by adjustments reads as its net rows (each reversal cancels what
-        // it reversed), also to a model that reads its own target.
+        // it reversed), also to a model that reads its own target; with a companion, its rows
+        // count too.
+        if let Some(adjusted) = &plan.adjusted {
+            let provider = adjusted
+                .companion_rows
+                .table_provider()
+                .await
+                .query_context(|| "cannot scan the companion table".into())?;
+            let mut companion = ctx
+                .read_table(provider)
+                .query_context(|| "cannot read the companion table".into())?;
+            if let Some(window) = &source.window {
+                let (low, high) = window_periods(plan, source, batch)?;
+                companion = companion
+                    .filter(window.time.predicate(
+                        low,
+                        high,
+                        window.partition_column,
+                        &window.data_type,
+                    )?)
+                    .query_context(|| "cannot restrict the companion to the window".into())?;
+            }
+            df = df
+                .union_by_name(companion)
+                .query_context(|| "cannot read the table with its companion".into())?;
+        }
         let rows = format!("__lf_rows_{}", source.name);
         let schema = df.schema().as_arrow().clone();
         ctx.register_table(rows.as_str(), df.into_view())
@@ -287,8 +312,9 @@ pub(crate) fn check_schema(
             Err(message) => problems.push(format!("  new column `{}`: {message}", field.name())),
         }
     }
-    if adjustments {
-        // The lineage columns the table lacks join it with the first publish.
+    // The lineage columns the table lacks join it with the first publish (a companion table
+    // has them from its creation).
+    if adjustments && plan.target_config.adjustments().is_none() {
         for column in crate::adjust::LINEAGE_COLUMNS {
             if target.field_with_name(column).is_err() && output.field_with_name(column).is_err() {
                 added.push(AddedColumn {

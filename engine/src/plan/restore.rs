@@ -69,9 +69,18 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     let range = run.range.clone();
 
     let before = open_table(config, Some(version - 1)).await?;
-    let before_schema = before
+    // What is read back: the table as it was; for adjustments in a companion, the corrected
+    // table now with the companion as it was (see `BackfillPlan::adjusted`).
+    let (source_name, source) = match &run.adjusts {
+        None => (target.to_string(), before.clone()),
+        Some((corrected, _)) => {
+            let corrected_config = project.table(corrected, "the run's journal")?;
+            (corrected.clone(), open_table(corrected_config, None).await?)
+        }
+    };
+    let before_schema = source
         .snapshot()
-        .delta_context(|| format!("cannot read version {} of `{target}`", version - 1))?
+        .delta_context(|| format!("cannot read `{source_name}`"))?
         .snapshot()
         .arrow_schema();
     // Exactly the table's columns now; a column added since reads as NULL, as in the old files.
@@ -91,7 +100,7 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         })
         .collect();
     // (A table corrected by adjustments reads as its net rows: see `register_source`.)
-    let sql = format!("SELECT {} FROM {}", columns.join(", "), quote(target));
+    let sql = format!("SELECT {} FROM {}", columns.join(", "), quote(&source_name));
     let spec = SourceSpec {
         window: Some(
             layout
@@ -109,8 +118,8 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         },
         ..SourceSpec::default()
     };
-    let model = model.restoring(sql, BTreeMap::from([(target.to_string(), spec.clone())]));
-    let window = source_window(&model, target, &spec, &before)?;
+    let model = model.restoring(sql, BTreeMap::from([(source_name.clone(), spec.clone())]));
+    let window = source_window(&model, &source_name, &spec, &source)?;
 
     let affected = affected(target, &layout, &range, &files)?;
     let batches = batches(&range, &layout, restore.batch_partitions, &affected.files);
@@ -155,8 +164,8 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         partitions: affected.partitions,
         totals: affected.totals,
         sources: vec![SourcePlan {
-            table: target.to_string(),
-            version: version - 1,
+            table: source_name.clone(),
+            version: loaded_version(&source)?,
             window: spec.window.as_ref().map(|w| w.join(", ")),
             window_time: window.as_ref().map(|w| w.time.clone()),
             lookback: 0,
@@ -188,9 +197,9 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         rules,
         target: (*latest).clone(),
         sources: vec![PlannedSource {
-            name: target.to_string(),
+            name: source_name.clone(),
             spec,
-            table: before,
+            table: source.clone(),
             window,
             overlay: None,
         }],
@@ -199,6 +208,11 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         cascade: None,
         cascade_staged: Vec::new(),
         revert_of: Some(run.run_id.clone()),
+        adjusted: run.adjusts.as_ref().map(|(name, _)| super::Adjusted {
+            name: name.clone(),
+            table: source.clone(),
+            companion_rows: before.clone(),
+        }),
     };
     let (write_schema, added_columns) = super::query::check_model(&plan).await?;
     plan.write_schema = Some(write_schema);

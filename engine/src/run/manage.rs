@@ -307,6 +307,10 @@ pub async fn publish_run(
         if journal.state == RunState::FailedValidation {
             journal.forced = force_reason.clone();
         }
+        if let Some((adjusted, _)) = &journal.adjusts {
+            let table = open_table(project.table(adjusted, "the run's journal")?, None).await?;
+            crate::adjust::check_adjusted_unchanged(&table, journal).await?;
+        }
         crate::notify::prepare(config, latest).await;
         let started = std::time::Instant::now();
         let at_read_version = open_table(config, Some(journal.read_version)).await?;

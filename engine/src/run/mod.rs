@@ -517,6 +517,11 @@ impl BackfillBuilder {
             run_id: plan.report.run_id.to_string(),
             phase: "publishing".into(),
         });
+        if let Some(adjusted) = &plan.adjusted {
+            crate::adjust::check_adjusted_unchanged(&adjusted.table, journal)
+                .await
+                .map_err(|error| stopped(journal, "publishing", error))?;
+        }
         publish_journal(&plan.target, journal, &store, lease, None)
             .await
             .map_err(|error| stopped(journal, "publishing", error))?;
@@ -745,6 +750,11 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         publish_as: report.publish,
         adjustments: Vec::new(),
         adjustment_counts: None,
+        adjusts: plan.adjusted.as_ref().and_then(|a| {
+            crate::storage::loaded_version(&a.table)
+                .ok()
+                .map(|version| (a.name.clone(), version))
+        }),
         resume: plan.resume.clone(),
         cascade: plan.cascade.clone(),
         created_at: now(),
@@ -768,7 +778,9 @@ async fn reusable_batches(
         previous.state,
         RunState::Discarded | RunState::UpToDate | RunState::Published
     ) && previous.sequence == report.publish_sequence
-        && (!reads_target || previous.read_version == report.read_version);
+        && (!reads_target || previous.read_version == report.read_version)
+        // With a companion, the version of the corrected table read is an input too.
+        && previous.adjusts == new_journal(plan).adjusts;
     let mut kept = Vec::new();
     for batch in &previous.batches {
         let same_batch = report

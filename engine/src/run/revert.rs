@@ -451,6 +451,7 @@ fn revert_journal(
         publish_as: crate::adjust::PublishMode::Rewrite,
         adjustments: Vec::new(),
         adjustment_counts: None,
+        adjusts: None,
         resume: None,
         cascade: None,
         created_at: now.clone(),

@@ -197,19 +197,23 @@ pub(crate) async fn run_validation(
     let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
     let adjustments = journal.publish_as == crate::adjust::PublishMode::Adjustments;
     if adjustments {
-        // The old rows of a table corrected by adjustments are its net rows.
-        let rows = ctx
-            .deregister_table("previous")
-            .query_context(|| "cannot take the old rows back".into())?
-            .ok_or_else(|| Error::Internal("the old rows are not registered".into()))?;
-        ctx.register_table("__lf_ledger_rows", rows)
-            .query_context(|| "cannot register the old rows".into())?;
-        let table_schema = table_schema(plan)?;
+        // The old rows of a table corrected by adjustments are its net rows (with a companion,
+        // of the table and the companion together).
+        ctx.deregister_table("previous")
+            .query_context(|| "cannot take the old rows back".into())?;
+        crate::adjust::register_ledger_rows(&ctx, "__lf_ledger_rows", plan, &journal.range).await?;
+        let rows_schema = ctx
+            .table("__lf_ledger_rows")
+            .await
+            .query_context(|| "cannot read the old rows".into())?
+            .schema()
+            .as_arrow()
+            .clone();
         crate::adjust::register_net(
             &ctx,
             "previous",
             "__lf_ledger_rows",
-            &table_schema,
+            &rows_schema,
             &rules.summed_measures(),
         )
         .await?;
