@@ -296,6 +296,46 @@ fn a_fix_of_an_append_only_ledger_is_appended_as_adjustments(store: Store) {
         "the appended files hold the adjustments and nothing else"
     );
 
+    // `diff` compares the ledger's net rows: the fix, not the appended rows.
+    let diff = json_ok(&lake.run(&[
+        "diff",
+        "ledger",
+        "--from-version",
+        &start.to_string(),
+        "--to-version",
+        &first.to_string(),
+        "--output-format",
+        "json",
+    ]));
+    let old_keys: BTreeMap<i64, Row> = original().into_iter().map(|r| (r.0, r)).collect();
+    let new_keys: BTreeMap<i64, Row> = fixed(5).into_iter().map(|r| (r.0, r)).collect();
+    let added = new_keys
+        .keys()
+        .filter(|k| !old_keys.contains_key(k))
+        .count();
+    let removed = old_keys
+        .keys()
+        .filter(|k| !new_keys.contains_key(k))
+        .count();
+    let changed = new_keys
+        .iter()
+        .filter(|(k, row)| old_keys.get(k).is_some_and(|old| old != *row))
+        .count();
+    let totals = &diff["comparison"]["totals"];
+    assert_eq!(
+        (
+            totals["added"].as_u64(),
+            totals["removed"].as_u64(),
+            totals["changed"].as_u64()
+        ),
+        (
+            Some(added as u64),
+            Some(removed as u64),
+            Some(changed as u64)
+        ),
+        "{diff}"
+    );
+
     // The same run again appends nothing.
     let again = backfill(&lake, &[]);
     assert_eq!(again["outcome"], "already_published", "{again}");

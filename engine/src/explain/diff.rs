@@ -168,6 +168,41 @@ pub async fn diff(
         }
     };
     register_filtered(&ctx, "previous", &old, &partitions, &changed).await?;
+    // A table corrected by adjustments compares as its net rows (reversals cancel what they
+    // reversed), so a fix shows as the change it is, not as appended rows.
+    let latest = open_table(config, None).await?;
+    let has_kind = |table: &DeltaTable| {
+        table.snapshot().is_ok_and(|s| {
+            s.snapshot()
+                .arrow_schema()
+                .field_with_name(crate::adjust::KIND_COLUMN)
+                .is_ok()
+        })
+    };
+    let netted = (has_kind(&old) || has_kind(&latest)) && !measures.is_empty();
+    if netted {
+        let sides: &[&str] = match &target {
+            DiffTarget::Version(_) => &["previous", "output"],
+            // A run's staged new rows are net rows already.
+            DiffTarget::Run(_) => &["previous"],
+        };
+        for side in sides {
+            let rows = ctx
+                .deregister_table(*side)
+                .query_context(|| format!("cannot take `{side}` back"))?
+                .ok_or_else(|| Error::Internal(format!("`{side}` is not registered")))?;
+            let raw = format!("__lf_raw_{side}");
+            let raw_schema = ctx
+                .read_table(Arc::clone(&rows))
+                .query_context(|| format!("cannot read `{side}`"))?
+                .schema()
+                .as_arrow()
+                .clone();
+            ctx.register_table(raw.as_str(), rows)
+                .query_context(|| format!("cannot register `{side}`"))?;
+            crate::adjust::register_net(&ctx, side, &raw, &raw_schema, &measures).await?;
+        }
+    }
     let old_counts: BTreeMap<String, u64> = old_files
         .iter()
         .filter(|(p, _)| changed.contains(p))
@@ -184,13 +219,9 @@ pub async fn diff(
         sample,
         checksum_columns: None,
     };
-    let comparison = compare(
-        &ctx,
-        &spec,
-        Some(KnownSide::rows(old_counts)),
-        Some(KnownSide::rows(new_counts)),
-    )
-    .await?;
+    // The log counts stored rows; net rows are counted by the scan.
+    let known = |counts: BTreeMap<String, u64>| (!netted).then(|| KnownSide::rows(counts));
+    let comparison = compare(&ctx, &spec, known(old_counts), known(new_counts)).await?;
     let all: BTreeSet<&String> = old_files.keys().collect();
     Ok(DiffReport {
         table: table.to_string(),
