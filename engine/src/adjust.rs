@@ -191,14 +191,20 @@ pub(crate) fn net_sql(rows: &str, schema: &Schema, measures: &[String]) -> Strin
             }
         })
         .collect();
-    let weight = if has_kind {
-        format!(
-            "CASE WHEN {} = '{REVERSAL}' THEN -1 ELSE 1 END",
-            ident(KIND_COLUMN)
-        )
-    } else {
-        "1".to_string()
-    };
+    if !has_kind {
+        // No adjustment was ever appended (the table has no lineage columns): its rows are its
+        // net rows, and grouping them would only cost.
+        let select: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|field| ident(field.name()))
+            .collect();
+        return format!("SELECT {} FROM {rows}", select.join(", "));
+    }
+    let weight = format!(
+        "CASE WHEN {} = '{REVERSAL}' THEN -1 ELSE 1 END",
+        ident(KIND_COLUMN)
+    );
     let group_by = if grouped.is_empty() {
         String::new()
     } else {
