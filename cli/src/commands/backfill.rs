@@ -154,6 +154,7 @@ async fn cascade(
         .with_max_expansion(args.max_expansion)
         .with_batch_partitions(Some(resolved.batch_partitions))
         .with_reason(scope.reason.clone())
+        .with_create_companion(true)
         .await?;
     printer.status(&format!(
         "cascade {}: {} models, {} partitions in {} batches",

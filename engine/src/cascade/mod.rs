@@ -44,6 +44,7 @@ pub struct CascadeBuilder {
     max_expansion: Option<f64>,
     batch_partitions: Option<usize>,
     reason: Option<String>,
+    create_companion: bool,
 }
 
 /// A planned cascade: one backfill plan per node, in dependency order.
@@ -153,6 +154,7 @@ impl CascadeBuilder {
             max_expansion: None,
             batch_partitions: None,
             reason: None,
+            create_companion: false,
         }
     }
 
@@ -184,6 +186,15 @@ impl CascadeBuilder {
         self
     }
 
+    /// Creates the companion tables of nodes that publish adjustments to one (see
+    /// [`PlanBuilder::with_create_companion`]).
+    ///
+    /// By default, nothing is created.
+    pub fn with_create_companion(mut self, create: bool) -> Self {
+        self.create_companion = create;
+        self
+    }
+
     async fn run(self) -> Result<CascadePlan> {
         let max_expansion = self.max_expansion.unwrap_or(DEFAULT_MAX_EXPANSION);
         if !(max_expansion >= 1.0 && max_expansion.is_finite()) {
@@ -200,6 +211,7 @@ impl CascadeBuilder {
                 .with_model_version(self.model_versions.get(model).cloned())
                 .with_batch_partitions(self.batch_partitions)
                 .with_reason(self.reason.clone())
+                .with_create_companion(self.create_companion)
         };
 
         let root_plan = plan_node(&self.root, self.from.clone(), self.to.clone()).await?;

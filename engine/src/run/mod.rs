@@ -186,6 +186,20 @@ impl BackfillBuilder {
         {
             return Err(crate::run::publish::empty_reason());
         }
+        if let Some(companion) = self.plan.target_config.adjustments()
+            && self.plan.report.publish == crate::adjust::PublishMode::Adjustments
+            && self.plan.adjusted.is_none()
+        {
+            // Planned without its companion: the adjustments would go into the table itself.
+            return Err(Error::InvalidOption {
+                option: "adjustments".into(),
+                value: companion.to_string(),
+                message: format!(
+                    "the companion table `{companion}` of `{}` does not exist yet; plan the run with the companion created (`PlanBuilder::with_create_companion(true)`, as `lakefill backfill` does)",
+                    self.plan.report.target
+                ),
+            });
+        }
         failpoint::reach("after-plan").await?;
         let lease =
             match RunLease::acquire(&store, &report.target, &report.run_id, "backfill").await {
