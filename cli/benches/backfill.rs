@@ -67,7 +67,7 @@ fn main() {
         for (version, shift) in [("vfix", 0), ("vbug", 8)] {
             std::fs::write(
                 project.join(format!("sql/events/{version}.sql")),
-                model(version, shift, false),
+                model(version, shift, false, false),
             )
             .unwrap();
         }
@@ -107,8 +107,9 @@ fn peak_rss() -> u64 {
 }
 
 /// A model of events that takes the date at `shift` hours from UTC (0 is the fix, 8 the bug),
-/// adding a cent to the amounts of every tenth day of the year when `tweak` is set.
-fn model(version: &str, shift: u32, tweak: bool) -> String {
+/// adding a cent to the amounts of every tenth day of the year when `tweak` is set, published
+/// as adjustment rows when `adjust` is set.
+fn model(version: &str, shift: u32, tweak: bool, adjust: bool) -> String {
     // The fix is the very expression the floor and DuckDB compute. The bug shifts the instant
     // as plain microseconds: the same work as the fix, where `event_ts - INTERVAL` would look up
     // the time zone of every row and make the run without validation look slower than it is.
@@ -128,8 +129,13 @@ fn model(version: &str, shift: u32, tweak: bool) -> String {
     } else {
         "amount_cents".into()
     };
+    let publish = if adjust {
+        "publish = \"adjustments\"\nschema = \"add-columns\"\n"
+    } else {
+        ""
+    };
     format!(
-        "/*\ntarget = \"events\"\npartition_by = \"event_date\"\n\n[sources.raw_events]\n\
+        "/*\ntarget = \"events\"\npartition_by = \"event_date\"\n{publish}\n[sources.raw_events]\n\
          window = \"ingest_date\"\nlookback = 0\nlookahead = 2\n\n[validate]\n\
          key = [\"event_id\"]\nmeasures = [\"amount_cents\"]\n*/\n\
          SELECT event_id, user_id, country, {amount} AS amount_cents, event_ts, {date} AS event_date\n\
@@ -185,12 +191,12 @@ fn orchestrate() {
         (lake.start.to_string(), to.to_string())
     };
     let mut models = 0;
-    let mut write_model = |shift: u32, tweak: bool| {
+    let mut write_model = |shift: u32, tweak: bool, adjust: bool| {
         models += 1;
         let version = format!("vbench{models:03}");
         std::fs::write(
             project.join(format!("sql/events/{version}.sql")),
-            model(&version, shift, tweak),
+            model(&version, shift, tweak, adjust),
         )
         .unwrap();
         version
@@ -203,14 +209,14 @@ fn orchestrate() {
         let (from, to) = range(*n);
         // Every validated run fixes a range that is wholly buggy; the run without validation
         // puts the bug back (the same work), so the next range starts buggy again.
-        let fix = write_model(0, false);
+        let fix = write_model(0, false, false);
         let outcome = child(&project, &["validate", &from, &to, &fix, "default"]);
         results.push(Measured {
             name: "backfill".into(),
             partitions: *n,
             outcome,
         });
-        let bug = write_model(8, false);
+        let bug = write_model(8, false, false);
         let outcome = child(&project, &["novalidate", &from, &to, &bug, "default"]);
         results.push(Measured {
             name: "backfill, no validation".into(),
@@ -234,7 +240,7 @@ fn orchestrate() {
     }
     // The whole range under a memory limit (the table is buggy again everywhere).
     let (from, to) = range(days);
-    let fix = write_model(0, false);
+    let fix = write_model(0, false, false);
     let outcome = child(
         &project,
         &["validate", &from, &to, &fix, &limit.to_string()],
@@ -245,14 +251,14 @@ fn orchestrate() {
         outcome,
     });
     // A fix that changes a tenth of the rows, all in a tenth of the partitions.
-    let tweak = write_model(0, true);
+    let tweak = write_model(0, true, false);
     let outcome = child(&project, &["validate", &from, &to, &tweak, "default"]);
     results.push(Measured {
         name: "backfill, 10% of partitions change".into(),
         partitions: days,
         outcome,
     });
-    let tweak_again = write_model(0, true);
+    let tweak_again = write_model(0, true, false);
     let outcome = child(
         &project,
         &["novalidate", &from, &to, &tweak_again, "default"],
@@ -262,6 +268,21 @@ fn orchestrate() {
         partitions: days,
         outcome,
     });
+    // Publishing as adjustment rows (an append-only ledger) over a month: the bug appended as
+    // adjustments to rows that never had any, then the fix netted against them.
+    let (from, to) = range(30.min(days));
+    for (name, shift) in [
+        ("adjustments, first (no earlier ones)", 8),
+        ("adjustments, netted against the first", 0),
+    ] {
+        let version = write_model(shift, false, true);
+        let outcome = child(&project, &["validate", &from, &to, &version, "default"]);
+        results.push(Measured {
+            name: name.into(),
+            partitions: 30.min(days),
+            outcome,
+        });
+    }
     // Planning on a long log.
     let many = dir.path().join("many");
     let plan = child(&many, &["plan", &commits.to_string(), "", "", "0"]);
