@@ -799,6 +799,48 @@ fn snapshot(lake: &TestLake, versions: Option<&[u64]>) -> Vec<Vec<Vec<String>>> 
     .collect()
 }
 
+/// A later commit in the root's range stops a cascade's revert by files at the root, after its
+/// children are reverted; `revert CASCADE_ID --logical` finishes it: every table is as before
+/// the cascade (the later row in the root's range is replaced too), each node reverted once.
+#[test]
+fn a_blocked_cascade_revert_is_finished_logically() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let before = versions(&lake);
+    let published = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    let id = published["cascade_id"].as_str().unwrap().to_string();
+    crate::support::append_event(&lake, &lake.day(3), 9_000_003);
+    let blocked = lake.run(&["revert", &id]);
+    assert_eq!(blocked.status.code(), Some(4), "{}", stderr(&blocked));
+    assert!(
+        stderr(&blocked).contains("--logical"),
+        "{}",
+        stderr(&blocked)
+    );
+
+    let reverted = json_ok(&lake.run(&["revert", &id, "--logical", "--output-format", "json"]));
+    let outcomes: Vec<(&str, &str)> = reverted["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["table"].as_str().unwrap(), n["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("rolling_7d", "already_reverted"),
+            ("daily_revenue", "already_reverted"),
+            ("events", "reverted"),
+        ],
+        "{reverted:#}"
+    );
+    assert_eq!(
+        snapshot(&lake, None),
+        snapshot(&lake, Some(&before)),
+        "every table as before the cascade"
+    );
+}
+
 #[test]
 fn a_staged_cascade_is_published_and_reverted_by_its_id() {
     let lake = TestLake::new();

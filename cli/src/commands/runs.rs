@@ -87,15 +87,17 @@ pub(crate) async fn revert(
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
     if lakefill::is_cascade_id(&args.run_id) {
-        if args.logical || args.stage_only {
+        if args.stage_only {
             return Err(lakefill::Error::InvalidOption {
-                option: if args.logical { "--logical" } else { "--stage-only" }.into(),
+                option: "--stage-only".into(),
                 value: args.run_id.clone(),
-                message: "a cascade is reverted by files, node by node; revert a node's run on its own for this (see `lakefill runs`)".into(),
+                message: "a cascade is reverted node by node, each committed as it goes; revert a node's run on its own to review it first (see `lakefill runs`)".into(),
             }
             .into());
         }
-        let run = lakefill::revert_cascade(&project, &args.run_id, args.reason.clone()).await?;
+        let run =
+            lakefill::revert_cascade(&project, &args.run_id, args.reason.clone(), args.logical)
+                .await?;
         return crate::commands::backfill::finish_cascade(printer, &run);
     }
     // A run that appended adjustments is reverted by appending their negation.

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::journal::RunState;
 use crate::run::manage::{discard_run, list_runs, publish_run};
 use crate::run::report::RunReport;
-use crate::run::revert::revert_run;
+use crate::run::revert::{logical_revert_plan, revert_run, reverts_logically};
 
 /// Whether `id` names a cascade rather than a run.
 pub fn is_cascade_id(id: &str) -> bool {
@@ -60,13 +60,16 @@ pub async fn discard_cascade(project: &Project, id: &str) -> Result<CascadeRunRe
     Ok(outcome(record, nodes, "discarded"))
 }
 
-/// Reverts every published node of the cascade `id`, children first. A node whose revert is
-/// refused (a later commit in its range) stops the revert there, with the nodes after it
-/// (its parents) untouched.
+/// Reverts every published node of the cascade `id`, children first: by files, or with
+/// `logical` by recomputing each node's range as it was (see [`crate::logical_revert_plan`]; a
+/// node that appended adjustments always is). A node whose revert is refused (by files, a later
+/// commit in its range) stops the revert there, with the nodes after it (its parents)
+/// untouched; the same command with `logical` finishes it.
 pub async fn revert_cascade(
     project: &Project,
     id: &str,
     reason: Option<String>,
+    logical: bool,
 ) -> Result<CascadeRunReport> {
     let (store, mut record) = load_record(project, id).await?;
     let states = states(project).await?;
@@ -80,7 +83,12 @@ pub async fn revert_cascade(
         {
             continue;
         }
-        let report = revert_run(project, &run_id, reason.clone(), false).await?;
+        let report = if logical || reverts_logically(project, &run_id).await? {
+            let plan = logical_revert_plan(project, &run_id, reason.clone(), None).await?;
+            crate::run::BackfillBuilder::new(plan).await?
+        } else {
+            revert_run(project, &run_id, reason.clone(), false).await?
+        };
         record.nodes[index].state = format!("reverted by {}", report.run_id);
         save(&store, &mut record).await;
         nodes.push(report);
