@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use deltalake::arrow::array::{Array, BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::catalog::Session;
 use deltalake::datafusion::catalog::TableProvider;
-use deltalake::datafusion::common::{Result as DfResult, ScalarValue};
+use deltalake::datafusion::common::{DFSchema, Result as DfResult, ScalarValue};
 use deltalake::datafusion::datasource::TableType;
 use deltalake::datafusion::datasource::listing::PartitionedFile;
 use deltalake::datafusion::datasource::physical_plan::{
@@ -21,6 +22,7 @@ use deltalake::datafusion::datasource::source::DataSourceExec;
 use deltalake::datafusion::datasource::table_schema::TableSchema;
 use deltalake::datafusion::execution::object_store::ObjectStoreUrl;
 use deltalake::datafusion::logical_expr::Expr;
+use deltalake::datafusion::logical_expr::TableProviderFilterPushDown;
 use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::physical_plan::empty::EmptyExec;
 use deltalake::datafusion::prelude::SessionContext;
@@ -163,6 +165,61 @@ fn partition_scalar(data_type: &DataType, value: Option<&str>) -> Result<ScalarV
     }
 }
 
+impl StagedTable {
+    /// Whether `filter` reads partition columns only (so it can be decided per file).
+    fn on_partitions(&self, filter: &Expr) -> bool {
+        let columns = filter.column_refs();
+        !columns.is_empty()
+            && columns.iter().all(|column| {
+                self.partition_fields
+                    .iter()
+                    .any(|field| field.name() == &column.name)
+            })
+    }
+
+    /// The files whose partition values may satisfy every partition filter among `filters`:
+    /// each filter is evaluated once per file, over its partition values; a file for which one
+    /// is false or NULL holds no row the query keeps.
+    fn pruned(&self, state: &dyn Session, filters: &[Expr]) -> DfResult<Vec<PartitionedFile>> {
+        let filters: Vec<&Expr> = filters.iter().filter(|f| self.on_partitions(f)).collect();
+        if filters.is_empty() || self.files.is_empty() {
+            return Ok(self.files.clone());
+        }
+        let schema = Arc::new(Schema::new(self.partition_fields.clone()));
+        let columns = (0..self.partition_fields.len())
+            .map(|i| {
+                ScalarValue::iter_to_array(
+                    self.files
+                        .iter()
+                        .map(|file| file.partition_values[i].clone()),
+                )
+            })
+            .collect::<DfResult<Vec<_>>>()?;
+        let values = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+        let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+        let mut keep = vec![true; self.files.len()];
+        for filter in filters {
+            let decided = state
+                .create_physical_expr((*filter).clone(), &df_schema)?
+                .evaluate(&values)?
+                .into_array(self.files.len())?;
+            let Some(decided) = decided.as_any().downcast_ref::<BooleanArray>() else {
+                continue;
+            };
+            for (i, kept) in keep.iter_mut().enumerate() {
+                *kept &= decided.is_valid(i) && decided.value(i);
+            }
+        }
+        Ok(self
+            .files
+            .iter()
+            .zip(keep)
+            .filter(|(_, kept)| *kept)
+            .map(|(file, _)| file.clone())
+            .collect())
+    }
+}
+
 #[async_trait]
 impl TableProvider for StagedTable {
     fn schema(&self) -> SchemaRef {
@@ -173,14 +230,32 @@ impl TableProvider for StagedTable {
         TableType::Base
     }
 
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        // Filters on partition columns prune files; the rows are filtered again above.
+        Ok(filters
+            .iter()
+            .map(|filter| {
+                if self.on_partitions(filter) {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if self.files.is_empty() {
+        let files = self.pruned(state, filters)?;
+        if files.is_empty() {
             let schema = match projection {
                 Some(indices) => Arc::new(self.schema.project(indices)?),
                 None => Arc::clone(&self.schema),
@@ -193,8 +268,8 @@ impl TableProvider for StagedTable {
         let source = Arc::new(ParquetSource::new(table_schema));
         // Two groups let two cores decode at once; order does not matter to any reader.
         let mut groups = vec![Vec::new(), Vec::new()];
-        for (i, file) in self.files.iter().enumerate() {
-            groups[i % 2].push(file.clone());
+        for (i, file) in files.into_iter().enumerate() {
+            groups[i % 2].push(file);
         }
         let groups: Vec<FileGroup> = groups
             .into_iter()
