@@ -457,15 +457,7 @@ pub(crate) async fn stage(
             grain: report.range.grain,
             include_null: false,
         };
-        register_ledger_rows(&ctx, "__lf_rows", plan, &periods).await?;
-        let rows_schema = ctx
-            .table("__lf_rows")
-            .await
-            .query_context(|| "cannot read the old rows".into())?
-            .schema()
-            .as_arrow()
-            .clone();
-        register_net(&ctx, "__lf_old", "__lf_rows", &rows_schema, &measures).await?;
+        register_net_rows(&ctx, "__lf_old", plan, &periods).await?;
         StagedTable::register_as(
             &ctx,
             "__lf_new",
@@ -574,9 +566,29 @@ pub(crate) async fn create_companion(
     }
 }
 
+/// Registers as `name` the net rows of the table a run corrects in `range` (with its
+/// companion's), at the versions the run read: the old rows of an adjustments run.
+pub(crate) async fn register_net_rows(
+    ctx: &SessionContext,
+    name: &str,
+    plan: &crate::plan::BackfillPlan,
+    range: &crate::partition::PartitionRange,
+) -> Result<()> {
+    let rows = format!("__lf_rows_of_{name}");
+    register_ledger_rows(ctx, &rows, plan, range).await?;
+    let schema = ctx
+        .table(rows.as_str())
+        .await
+        .query_context(|| "cannot read the old rows".into())?
+        .schema()
+        .as_arrow()
+        .clone();
+    register_net(ctx, name, &rows, &schema, &plan.rules.summed_measures()).await
+}
+
 /// Registers as `name` the rows of the table a run corrects in `range`, at the versions the run
 /// read: the target's, and with a companion, the companion's too (the columns of both).
-pub(crate) async fn register_ledger_rows(
+async fn register_ledger_rows(
     ctx: &SessionContext,
     name: &str,
     plan: &crate::plan::BackfillPlan,

@@ -45,12 +45,7 @@ pub(crate) async fn run(
         .force_publish
         .then(|| args.scope.reason.clone())
         .flatten();
-    let run = BackfillBuilder::new(plan)
-        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
-        .with_max_parallel(Some(resolved.max_parallel))
-        .with_memory_limit(resolved.memory_limit)
-        .with_throttle(resolved.throttle)
-        .with_progress(printer.progress())
+    let run = runner(plan, &resolved, printer)
         .with_stage_only(args.stage_only)
         .with_force_publish(force)
         .with_sample(args.sample)
@@ -101,14 +96,24 @@ pub(crate) async fn revert_logical(
             printer.status(&format!("note: {note}"));
         }
     }
-    let run = BackfillBuilder::new(plan)
-        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
-        .with_max_parallel(Some(resolved.max_parallel))
-        .with_memory_limit(resolved.memory_limit)
-        .with_progress(printer.progress())
+    let run = runner(plan, &resolved, printer)
         .with_stage_only(args.stage_only)
         .await?;
     finish(printer, &run)
+}
+
+/// A runner of `plan` with the resolved settings, Ctrl-C handling and the printer's progress.
+fn runner(
+    plan: lakefill::BackfillPlan,
+    resolved: &RunSettings,
+    printer: Printer,
+) -> BackfillBuilder {
+    BackfillBuilder::new(plan)
+        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
+        .with_max_parallel(Some(resolved.max_parallel))
+        .with_memory_limit(resolved.memory_limit)
+        .with_throttle(resolved.throttle)
+        .with_progress(printer.progress())
 }
 
 /// The first Ctrl-C asks the run to stop cleanly (journal kept, lease released, resumable); a

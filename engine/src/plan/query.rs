@@ -136,6 +136,24 @@ pub(crate) async fn register_source(
     if let Some(overlay) = &source.overlay {
         df = overlaid(ctx, df, &source.name, &source.table, overlay)?;
     }
+    let nets = plan.report.publish == crate::adjust::PublishMode::Adjustments
+        && source.name == plan.model.header().target
+        && source.overlay.is_none();
+    if nets && let Some(adjusted) = &plan.adjusted {
+        // The table a companion corrects reads with the companion's rows (the window below
+        // restricts both).
+        let provider = adjusted
+            .companion_rows
+            .table_provider()
+            .await
+            .query_context(|| "cannot scan the companion table".into())?;
+        let companion = ctx
+            .read_table(provider)
+            .query_context(|| "cannot read the companion table".into())?;
+        df = df
+            .union_by_name(companion)
+            .query_context(|| "cannot read the table with its companion".into())?;
+    }
     if let Some(window) = &source.window {
         let (low, high) = window_periods(plan, source, batch)?;
         let mut predicate =
@@ -152,37 +170,9 @@ pub(crate) async fn register_source(
             .filter(predicate)
             .query_context(|| format!("cannot restrict source `{}` to its window", source.name))?;
     }
-    if plan.report.publish == crate::adjust::PublishMode::Adjustments
-        && source.name == plan.model.header().target
-        && source.overlay.is_none()
-    {
+    if nets {
         // A table corrected by adjustments reads as its net rows (each reversal cancels what
-        // it reversed), also to a model that reads its own target; with a companion, its rows
-        // count too.
-        if let Some(adjusted) = &plan.adjusted {
-            let provider = adjusted
-                .companion_rows
-                .table_provider()
-                .await
-                .query_context(|| "cannot scan the companion table".into())?;
-            let mut companion = ctx
-                .read_table(provider)
-                .query_context(|| "cannot read the companion table".into())?;
-            if let Some(window) = &source.window {
-                let (low, high) = window_periods(plan, source, batch)?;
-                companion = companion
-                    .filter(window.time.predicate(
-                        low,
-                        high,
-                        window.partition_column,
-                        &window.data_type,
-                    )?)
-                    .query_context(|| "cannot restrict the companion to the window".into())?;
-            }
-            df = df
-                .union_by_name(companion)
-                .query_context(|| "cannot read the table with its companion".into())?;
-        }
+        // it reversed), also to a model that reads its own target.
         let rows = format!("__lf_rows_{}", source.name);
         let schema = df.schema().as_arrow().clone();
         ctx.register_table(rows.as_str(), df.into_view())

@@ -201,22 +201,7 @@ pub(crate) async fn run_validation(
         // of the table and the companion together).
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        crate::adjust::register_ledger_rows(&ctx, "__lf_ledger_rows", plan, &journal.range).await?;
-        let rows_schema = ctx
-            .table("__lf_ledger_rows")
-            .await
-            .query_context(|| "cannot read the old rows".into())?
-            .schema()
-            .as_arrow()
-            .clone();
-        crate::adjust::register_net(
-            &ctx,
-            "previous",
-            "__lf_ledger_rows",
-            &rows_schema,
-            &rules.summed_measures(),
-        )
-        .await?;
+        crate::adjust::register_net_rows(&ctx, "previous", plan, &journal.range).await?;
     }
     let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let write_schema = match &plan.write_schema {
