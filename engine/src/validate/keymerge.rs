@@ -318,46 +318,105 @@ impl Side {
 /// A spill file of one bucket of one side.
 type SpillFileRef = Arc<dyn deltalake::datafusion::execution::spill_file::SpillFile>;
 
-/// The rows of one bucket, from its spill files (one per reading task).
-fn read_bucket(files: &[SpillFileRef]) -> Result<Vec<Entry>> {
-    let mut out = Vec::new();
-    for file in files {
-        read_bucket_file(file, &mut out)?;
-    }
-    Ok(out)
+/// Buffers one pairing worker reuses from bucket to bucket (fresh ones cost a page fault every
+/// 4 KiB, as much as the sorting).
+#[derive(Default)]
+struct Scratch {
+    bytes: Vec<u8>,
+    groups: Vec<usize>,
+    old: Vec<Entry>,
+    new: Vec<Entry>,
 }
 
-fn read_bucket_file(file: &SpillFileRef, out: &mut Vec<Entry>) -> Result<()> {
-    let Some(path) = file.path() else {
-        return Err(Error::Internal("a spill file has no local path".into()));
+impl Scratch {
+    /// Reads one side of a bucket from its spill files (one per reading task) into `old` or
+    /// `new`, sorted by key hash. `fixed` is the number of top bits every key hash of the bucket
+    /// shares.
+    fn read(&mut self, files: &[SpillFileRef], fixed: u32, new: bool) -> Result<()> {
+        self.bytes.clear();
+        for file in files {
+            let Some(path) = file.path() else {
+                return Err(Error::Internal("a spill file has no local path".into()));
+            };
+            let mut file = std::fs::File::open(path).map_err(spill_error)?;
+            std::io::Read::read_to_end(&mut file, &mut self.bytes).map_err(spill_error)?;
+        }
+        let out = if new { &mut self.new } else { &mut self.old };
+        radix_sort(&self.bytes, fixed, &mut self.groups, out);
+        Ok(())
+    }
+}
+
+/// The row a spill record holds.
+fn record_entry(record: &[u8]) -> Entry {
+    let word = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or_default());
+    let tag = u32::from_le_bytes(record[24..28].try_into().unwrap_or_default());
+    Entry {
+        k1: word(0),
+        k2: word(8),
+        hash: word(16),
+        label: tag >> 1,
+        diffed: tag & 1 == 1,
+    }
+}
+
+/// Puts the rows of `records` into `out` sorted by the first half of their key hash: a counting
+/// pass on the bits below the `fixed` top bits every row shares spreads them into groups of
+/// about four (the hashes are uniform), then each group is sorted by insertion (a comparison
+/// sort of the whole bucket took twice as long; a large group, from a repeated key, is sorted
+/// the ordinary way).
+fn radix_sort(records: &[u8], fixed: u32, groups: &mut Vec<usize>, out: &mut Vec<Entry>) {
+    let rows = records.len() / RECORD;
+    let bits = (usize::BITS - (rows / 4).leading_zeros())
+        .clamp(1, 24)
+        .min(64 - fixed);
+    let group = |k1: u64| ((k1 << fixed) >> (64 - bits)) as usize;
+    groups.clear();
+    groups.resize((1 << bits) + 1, 0);
+    for record in records.chunks_exact(RECORD) {
+        let k1 = u64::from_le_bytes(record[0..8].try_into().unwrap_or_default());
+        groups[group(k1) + 1] += 1;
+    }
+    for i in 1..groups.len() {
+        groups[i] += groups[i - 1];
+    }
+    let empty = Entry {
+        k1: 0,
+        k2: 0,
+        hash: 0,
+        label: 0,
+        diffed: false,
     };
-    let bytes = std::fs::read(path).map_err(spill_error)?;
-    out.reserve(bytes.len() / RECORD);
-    for record in bytes.chunks_exact(RECORD) {
-        let word =
-            |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or_default());
-        let tag = u32::from_le_bytes(record[24..28].try_into().unwrap_or_default());
-        out.push(Entry {
-            k1: word(0),
-            k2: word(8),
-            hash: word(16),
-            label: tag >> 1,
-            diffed: tag & 1 == 1,
-        });
+    out.clear();
+    out.resize(rows, empty);
+    // Each group's next free slot, in place of its start; shifted back afterwards.
+    for record in records.chunks_exact(RECORD) {
+        let entry = record_entry(record);
+        let slot = &mut groups[group(entry.k1)];
+        out[*slot] = entry;
+        *slot += 1;
     }
-    Ok(())
+    let mut start = 0;
+    for end in groups.iter().take(1 << bits).copied() {
+        let rows = &mut out[start..end];
+        if rows.len() > 32 {
+            rows.sort_unstable_by_key(|e| e.k1);
+        } else {
+            for i in 1..rows.len() {
+                let mut j = i;
+                while j > 0 && rows[j - 1].k1 > rows[j].k1 {
+                    rows.swap(j - 1, j);
+                    j -= 1;
+                }
+            }
+        }
+        start = end;
+    }
 }
 
-/// Sorts both sides' rows of a bucket by key hash and pairs them.
-fn pair_bucket(
-    mut old: Vec<Entry>,
-    mut new: Vec<Entry>,
-    nullable: &[bool],
-    sample: usize,
-) -> Tally {
+/// Pairs both sides' rows of a bucket, each sorted by key hash.
+fn pair_bucket(old: &[Entry], new: &[Entry], nullable: &[bool], sample: usize) -> Tally {
     let mut tally = Tally::new(nullable.len(), sample);
-    old.sort_unstable_by_key(|e| e.k1);
-    new.sort_unstable_by_key(|e| e.k1);
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < new.len() {
         let key = match (old.get(i), new.get(j)) {
@@ -568,12 +627,16 @@ impl<'a> Merge<'a> {
             Side::gather(old_sides, buckets),
             Side::gather(new_sides, buckets),
         ) {
-            (Ok(old_rows), Ok(new_rows)) => {
-                let tally = pair_bucket(old_rows, new_rows, &nullable, sample);
+            (Ok(mut old_rows), Ok(mut new_rows)) => {
+                old_rows.sort_unstable_by_key(|e| e.k1);
+                new_rows.sort_unstable_by_key(|e| e.k1);
+                let tally = pair_bucket(&old_rows, &new_rows, &nullable, sample);
                 self.absorb(tally)?;
             }
             (Err(old_files), Err(new_files)) => {
                 // The buckets are independent: pair them on every core, add them up in order.
+                let fixed = buckets.trailing_zeros();
+                let fixed = buckets.trailing_zeros();
                 let workers = std::thread::available_parallelism()
                     .map_or(1, |n| n.get())
                     .clamp(1, 8);
@@ -586,15 +649,14 @@ impl<'a> Merge<'a> {
                         .collect();
                     let nullable = Arc::clone(&nullable);
                     tasks.push(tokio::task::spawn_blocking(move || {
+                        let mut scratch = Scratch::default();
                         files
                             .into_iter()
                             .map(|(bucket, old, new)| {
-                                let tally = pair_bucket(
-                                    read_bucket(&old)?,
-                                    read_bucket(&new)?,
-                                    &nullable,
-                                    sample,
-                                );
+                                scratch.read(&old, fixed, false)?;
+                                scratch.read(&new, fixed, true)?;
+                                let tally =
+                                    pair_bucket(&scratch.old, &scratch.new, &nullable, sample);
                                 Ok((bucket, tally))
                             })
                             .collect::<Result<Vec<_>>>()
@@ -968,5 +1030,84 @@ impl SideLabels {
             out.push(label);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SplitMix64, for reproducible key hashes.
+    fn hashes(seed: u64, n: usize) -> Vec<u64> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_radix_sort_orders_every_row_by_key_hash_keeping_each_row_whole() {
+        let cases = [
+            (0, 0),
+            (1, 0),
+            (5, 7),
+            (1000, 0),
+            (70_000, 6),
+            (300_000, 14),
+        ];
+        for (rows, fixed) in cases {
+            let entries: Vec<Entry> = hashes(rows as u64 + 1, rows)
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    // The bucket's top bits are shared; some key hashes repeat, one many times.
+                    let k1 = match fixed {
+                        0 => h,
+                        _ => (h >> fixed) | (5 << (64 - fixed)),
+                    } & !(i as u64 % 3);
+                    let repeated = match fixed {
+                        0 => 42,
+                        _ => (5 << (64 - fixed)) | 42,
+                    };
+                    Entry {
+                        k1: if i % 10 == 0 { repeated } else { k1 },
+                        k2: h.rotate_left(17),
+                        hash: i as u64,
+                        label: (i % 7) as u32,
+                        diffed: i % 2 == 0,
+                    }
+                })
+                .collect();
+            let mut records = Vec::new();
+            for e in &entries {
+                records.extend_from_slice(&e.k1.to_le_bytes());
+                records.extend_from_slice(&e.k2.to_le_bytes());
+                records.extend_from_slice(&e.hash.to_le_bytes());
+                records.extend_from_slice(&((e.label << 1) | u32::from(e.diffed)).to_le_bytes());
+            }
+            // Reused buffers: whatever they held goes.
+            let mut groups = vec![7; 3];
+            let mut sorted: Vec<Entry> = entries.iter().take(3).copied().collect();
+            radix_sort(&records, fixed, &mut groups, &mut sorted);
+            assert!(
+                sorted.windows(2).all(|w| w[0].k1 <= w[1].k1),
+                "{rows} rows, {fixed} bits"
+            );
+            let whole = |rows: &[Entry]| {
+                let mut v: Vec<_> = rows
+                    .iter()
+                    .map(|e| (e.k1, e.k2, e.hash, e.label, e.diffed))
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            assert_eq!(whole(&sorted), whole(&entries));
+        }
     }
 }
