@@ -636,7 +636,6 @@ impl<'a> Merge<'a> {
             (Err(old_files), Err(new_files)) => {
                 // The buckets are independent: pair them on every core, add them up in order.
                 let fixed = buckets.trailing_zeros();
-                let fixed = buckets.trailing_zeros();
                 let workers = std::thread::available_parallelism()
                     .map_or(1, |n| n.get())
                     .clamp(1, 8);
