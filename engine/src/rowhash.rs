@@ -92,13 +92,23 @@ fn hash_rows_with(state: &RandomState, columns: &[ArrayRef], rows: usize) -> Res
     for (index, column) in columns.iter().enumerate() {
         column_value_hashes(state, column, &mut column_hashes)?;
         let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        for (row, (hash, value)) in hashes.iter_mut().zip(column_hashes.iter()).enumerate() {
-            let value = if column.is_null(row) {
-                NULL_HASH
-            } else {
-                *value
-            };
-            *hash = mix(hash.rotate_left(23) ^ value ^ salt);
+        // The null buffer (what `Array::is_null` reads) looked at once, not for every row.
+        match column.nulls().filter(|n| n.null_count() > 0) {
+            Some(nulls) => {
+                for (row, (hash, value)) in hashes.iter_mut().zip(&column_hashes).enumerate() {
+                    let value = if nulls.is_null(row) {
+                        NULL_HASH
+                    } else {
+                        *value
+                    };
+                    *hash = mix(hash.rotate_left(23) ^ value ^ salt);
+                }
+            }
+            None => {
+                for (hash, value) in hashes.iter_mut().zip(&column_hashes) {
+                    *hash = mix(hash.rotate_left(23) ^ value ^ salt);
+                }
+            }
         }
     }
     Ok(hashes)

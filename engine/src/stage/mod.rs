@@ -270,7 +270,23 @@ pub(crate) async fn write_batch(
         let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
         let mut groups: Vec<Vec<u32>> = Vec::new();
         let mut key_bytes = Vec::new();
+        // Rows mostly come in runs of one partition (a source file holds a day): a row like the
+        // one before goes where it went, without building and looking up its key.
+        let like_previous = |row: usize| {
+            row > 0
+                && keys
+                    .as_ref()
+                    .is_none_or(|keys| keys.row(row) == keys.row(row - 1))
+                && row_times
+                    .as_ref()
+                    .is_none_or(|times| times[row] == times[row - 1])
+        };
+        let mut previous_group = 0;
         for row in 0..record_batch.num_rows() {
+            if like_previous(row) {
+                groups[previous_group].push(row as u32);
+                continue;
+            }
             key_bytes.clear();
             if let Some(keys) = &keys {
                 key_bytes.extend_from_slice(keys.row(row).as_ref());
@@ -292,6 +308,7 @@ pub(crate) async fn write_batch(
                 }
             };
             groups[group].push(row as u32);
+            previous_group = group;
         }
         for indices in groups {
             let first_row = indices[0] as usize;
