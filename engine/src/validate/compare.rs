@@ -1,6 +1,6 @@
 //! Old rows against new, per partition: row counts, measure sums and a row-level diff by key.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::datatypes::Int64Type;
@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::keymerge::{KeyFacts, merge_diff};
+use super::keymerge::{Decision, KeyFacts, LabelTotals, merge_diff, merge_diff_whole_old};
 use super::rowdiff::row_diff;
 use super::rows::{run, text_column};
 use crate::error::{QueryContext, Result};
@@ -205,6 +205,10 @@ pub(crate) struct KnownSide {
     pub(crate) rows: BTreeMap<String, u64>,
     pub(crate) sums: Option<BTreeMap<String, BTreeMap<String, f64>>>,
     pub(crate) checksums: Option<PartitionChecksums>,
+    /// Most of its partitions are expected to differ from the other side's (a hint, e.g. from
+    /// row counts): the key merge then reads the other side whole, once, and aggregates it in
+    /// the same pass.
+    pub(crate) mostly_changed: bool,
 }
 
 impl KnownSide {
@@ -214,6 +218,7 @@ impl KnownSide {
             rows,
             sums: None,
             checksums: None,
+            mostly_changed: false,
         }
     }
 }
@@ -243,22 +248,53 @@ pub(crate) async fn compare_keyed(
     if spec.checksum_columns.is_some() {
         crate::rowhash::register_hash_functions(ctx);
     }
-    let old = side_aggregates(ctx, "previous", spec, old_counts).await?;
+    let mostly_changed = new_counts.as_ref().is_some_and(|c| c.mostly_changed);
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;
+    // Most partitions differ: one read of the old side serves its totals and the key merge.
+    let fused = match (&spec.partitions, &spec.checksum_columns) {
+        (PartitionKey::Time(layout), Some(columns))
+            if mostly_changed
+                && old_counts.is_none()
+                && !spec.key.is_empty()
+                && !layout.by_rows =>
+        {
+            let schema = previous_schema(ctx).await?;
+            let expected_rows = 2 * new.values().map(|t| t.rows).sum::<u64>();
+            merge_diff_whole_old(
+                ctx,
+                spec,
+                "previous",
+                "output",
+                columns,
+                expected_rows,
+                |totals| {
+                    let old = side_from_totals(spec, totals);
+                    match differing_partitions(spec, &old, &new, &schema)? {
+                        _ if identical_sides(&old, &new) => Ok(Decision::Identical),
+                        differing => Ok(Decision::Diff(differing)),
+                    }
+                },
+            )
+            .await?
+        }
+        _ => None,
+    };
+    let (old, fused_diff) = match fused {
+        Some((totals, diff)) => (side_from_totals(spec, &totals), Some(diff)),
+        None => (
+            side_aggregates(ctx, "previous", spec, old_counts).await?,
+            None,
+        ),
+    };
     tracing::debug!(
+        fused = fused_diff.is_some(),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "aggregated old and new rows"
     );
-    let identical = spec.checksum_columns.as_ref().map(|_| {
-        let checksum = |side: &SideAggregates, p: &String| {
-            side.get(p)
-                .and_then(|totals| totals.checksum)
-                .unwrap_or_default()
-        };
-        old.keys()
-            .chain(new.keys())
-            .all(|p| checksum(&old, p) == checksum(&new, p))
-    });
+    let identical = spec
+        .checksum_columns
+        .as_ref()
+        .map(|_| identical_sides(&old, &new));
     let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
     for (value, totals) in &old {
         let entry = partitions
@@ -292,15 +328,20 @@ pub(crate) async fn compare_keyed(
         let started = std::time::Instant::now();
         let differing = differing_predicate(ctx, spec, &old, &new).await?;
         let expected_rows = old.values().chain(new.values()).map(|t| t.rows).sum();
-        let merged = merge_diff(
-            ctx,
-            spec,
-            "previous",
-            "output",
-            differing.clone(),
-            expected_rows,
-        )
-        .await?;
+        let merged = match fused_diff {
+            Some(diff) => diff,
+            None => {
+                merge_diff(
+                    ctx,
+                    spec,
+                    "previous",
+                    "output",
+                    differing.clone(),
+                    expected_rows,
+                )
+                .await?
+            }
+        };
         let diff = match merged {
             Some((diff, key_facts)) => {
                 facts = Some(key_facts);
@@ -382,6 +423,43 @@ async fn differing_predicate(
     old: &SideAggregates,
     new: &SideAggregates,
 ) -> Result<Option<Expr>> {
+    if !matches!(spec.partitions, PartitionKey::Time(_)) || spec.checksum_columns.is_none() {
+        return Ok(None);
+    }
+    let schema = previous_schema(ctx).await?;
+    Ok(differing_partitions(spec, old, new, &schema)?.map(|(predicate, _)| predicate))
+}
+
+/// The Arrow schema of `previous`.
+async fn previous_schema(ctx: &SessionContext) -> Result<deltalake::arrow::datatypes::Schema> {
+    Ok(ctx
+        .table("previous")
+        .await
+        .query_context(|| "table `previous` is not registered".into())?
+        .schema()
+        .as_arrow()
+        .clone())
+}
+
+/// Whether every partition's checksum is the same on both sides.
+fn identical_sides(old: &SideAggregates, new: &SideAggregates) -> bool {
+    let checksum = |side: &SideAggregates, p: &String| {
+        side.get(p)
+            .and_then(|totals| totals.checksum)
+            .unwrap_or_default()
+    };
+    old.keys()
+        .chain(new.keys())
+        .all(|p| checksum(old, p) == checksum(new, p))
+}
+
+/// [`differing_predicate`] over `schema` (the old side's), with the labels it selects.
+fn differing_partitions(
+    spec: &CompareSpec,
+    old: &SideAggregates,
+    new: &SideAggregates,
+    schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<Option<(Expr, BTreeSet<String>)>> {
     let PartitionKey::Time(layout) = &spec.partitions else {
         return Ok(None);
     };
@@ -389,7 +467,7 @@ async fn differing_predicate(
         return Ok(None);
     }
     let checksum = |side: &SideAggregates, p: &String| side.get(p).and_then(|t| t.checksum);
-    let labels: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let labels: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     let differing: Vec<&String> = labels
         .iter()
         .copied()
@@ -398,14 +476,34 @@ async fn differing_predicate(
     if differing.len() == labels.len() {
         return Ok(None);
     }
-    let schema = ctx
-        .table("previous")
-        .await
-        .query_context(|| "table `previous` is not registered".into())?
-        .schema()
-        .as_arrow()
-        .clone();
-    periods_predicate(layout, &differing, &schema)
+    let selected = differing.iter().map(|l| (*l).clone()).collect();
+    Ok(periods_predicate(layout, &differing, schema)?.map(|p| (p, selected)))
+}
+
+/// One side's aggregates from the key merge's totals per label.
+fn side_from_totals(spec: &CompareSpec, totals: &BTreeMap<String, LabelTotals>) -> SideAggregates {
+    totals
+        .iter()
+        .map(|(label, t)| {
+            let sums = spec
+                .measures
+                .iter()
+                .zip(t.sums.iter().chain(std::iter::repeat(&0.0)))
+                .map(|(m, v)| (m.clone(), *v))
+                .collect();
+            (
+                label.clone(),
+                SideTotals {
+                    rows: t.rows,
+                    sums,
+                    checksum: Some(RowChecksum {
+                        rows: t.rows,
+                        sum: t.checksum,
+                    }),
+                },
+            )
+        })
+        .collect()
 }
 
 /// The old and new rows of `differing` (or the whole sides), as views registered for the row
@@ -613,4 +711,166 @@ async fn side_aggregates(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::{TimeColumn, TimeEncoding};
+    use crate::time::Grain;
+    use deltalake::arrow::array::{Date32Array, Int64Array, StringArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use deltalake::datafusion::datasource::MemTable;
+    use std::sync::Arc;
+
+    type Row = (Option<i32>, Option<i64>, Option<&'static str>, Option<i64>);
+
+    fn table(rows: &[Row]) -> MemTable {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+            Field::new("day", DataType::Date32, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.1))),
+                Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2))),
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.3))),
+                Arc::new(Date32Array::from_iter(rows.iter().map(|r| r.0))),
+            ],
+        )
+        .expect("batch");
+        let half = batch.num_rows() / 2;
+        let parts = vec![
+            vec![batch.slice(0, half)],
+            vec![batch.slice(half, batch.num_rows() - half)],
+        ];
+        MemTable::try_new(schema, parts).expect("memtable")
+    }
+
+    /// Old rows over five days and a NULL day; new rows equal on `same` days, and elsewhere
+    /// dropped, added, changed, moved to another day, with NULL and repeated keys.
+    fn sides(same: &[i32]) -> (Vec<Row>, Vec<Row>) {
+        let days = [
+            Some(20_000),
+            Some(20_001),
+            Some(20_002),
+            Some(20_003),
+            Some(20_004),
+            None,
+        ];
+        let texts = [Some("x"), Some("y"), None];
+        let mut old = Vec::new();
+        for i in 0..600i64 {
+            let id = match i % 40 {
+                0 => None,
+                1 => Some(7),
+                _ => Some(i),
+            };
+            old.push((
+                days[(i % 6) as usize],
+                id,
+                texts[(i % 3) as usize],
+                Some(i * 3 % 17),
+            ));
+        }
+        let mut new = Vec::new();
+        for (n, r) in old.iter().enumerate() {
+            if r.0.is_some_and(|d| same.contains(&d)) {
+                new.push(*r);
+                continue;
+            }
+            match n % 7 {
+                0 => {}
+                1 => new.push((r.0, r.1, Some("changed"), r.3)),
+                2 => new.push((r.0, r.1, r.2, r.3.map(|v| v + 1))),
+                3 => new.push((days[(n * 5 % 6) % 5], r.1, r.2, r.3)),
+                _ => new.push(*r),
+            }
+        }
+        for i in 600..630i64 {
+            let day = days[(i % 5) as usize];
+            if day.is_some_and(|d| same.contains(&d)) {
+                continue;
+            }
+            new.push((
+                day,
+                if i % 11 == 0 { None } else { Some(i) },
+                Some("new"),
+                Some(i),
+            ));
+        }
+        (old, new)
+    }
+
+    fn spec() -> CompareSpec {
+        CompareSpec {
+            partitions: PartitionKey::Time(Layout {
+                partition_columns: vec!["day".into()],
+                time: TimeColumn {
+                    encoding: TimeEncoding::Date {
+                        column: "day".into(),
+                    },
+                    grain: Grain::Day,
+                    grain_reason: String::new(),
+                },
+                by_rows: false,
+            }),
+            key: vec!["id".into()],
+            measures: vec!["v".into()],
+            sample: 4,
+            checksum_columns: Some(vec!["id".into(), "s".into(), "v".into()]),
+        }
+    }
+
+    #[tokio::test]
+    async fn reading_the_old_side_whole_once_gives_exactly_the_comparison_of_two_reads() {
+        for same in [
+            vec![],
+            vec![20_001, 20_003],
+            vec![20_000, 20_001, 20_002, 20_003, 20_004],
+        ] {
+            let (old, new) = sides(&same);
+            let ctx = SessionContext::new();
+            ctx.register_table("previous", Arc::new(table(&old)))
+                .expect("register");
+            ctx.register_table("output", Arc::new(table(&new)))
+                .expect("register");
+            let mut results = Vec::new();
+            for mostly_changed in [false, true] {
+                let hint = KnownSide {
+                    mostly_changed,
+                    ..KnownSide::default()
+                };
+                let (comparison, facts) = compare_keyed(&ctx, &spec(), None, Some(hint))
+                    .await
+                    .expect("compare");
+                results.push((serde_json::to_value(&comparison).expect("json"), facts));
+            }
+            assert_eq!(results[0], results[1], "same days {same:?}");
+            let totals = &results[0].0["totals"];
+            assert_eq!(totals["old_rows"], old.len() as u64);
+            assert_eq!(totals["new_rows"], new.len() as u64);
+            // The whole-old read did run (the key is hashable).
+            let whole = merge_diff_whole_old(
+                &ctx,
+                &spec(),
+                "previous",
+                "output",
+                &["id".into(), "s".into(), "v".into()],
+                0,
+                |_| Ok(Decision::Diff(None)),
+            )
+            .await
+            .expect("merge");
+            let (totals, diff) = whole.expect("hashable");
+            assert_eq!(
+                totals.values().map(|t| t.rows).sum::<u64>(),
+                old.len() as u64
+            );
+            assert!(diff.is_some());
+        }
+    }
 }

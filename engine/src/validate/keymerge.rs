@@ -19,7 +19,7 @@
 //! does (floats, nested types, or types that differ between the sides) are left to the join of
 //! [`super::rowdiff`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use deltalake::datafusion::execution::disk_manager::DiskManager;
@@ -63,31 +63,16 @@ pub(crate) async fn merge_diff(
     differing: Option<Expr>,
     expected_rows: u64,
 ) -> Result<Option<(RowDiff, KeyFacts)>> {
-    let schema = |table: &str| {
-        let table = table.to_string();
-        async move {
-            ctx.table(table.as_str())
-                .await
-                .query_context(|| format!("table `{table}` is not registered"))
-                .map(|df| df.schema().as_arrow().clone())
-        }
-    };
-    let (old_schema, new_schema) = (schema(old).await?, schema(new).await?);
-    if !hashable_keys(spec, &old_schema, &new_schema) {
+    let Some(Columns {
+        common,
+        parts,
+        hash,
+    }) = Columns::of(ctx, spec, old, new).await?
+    else {
         return Ok(None);
-    }
-    crate::rowhash::register_hash_functions(ctx);
-    let (common, compared) = compared_columns(ctx, spec, old, new).await?;
-    let parts = spec.partitions.columns();
-    let hash = row_hash_sql(&compared);
-    let narrow = |table: &str, hash: &str, flag: &str| {
-        let mut select: Vec<String> = parts.iter().map(|c| ident(c)).collect();
-        select.push(format!("{} AS __lf_k1", key_hash_sql(0, &spec.key)));
-        select.push(format!("{} AS __lf_k2", key_hash_sql(1, &spec.key)));
-        select.push(format!("{hash} AS __lf_h"));
-        select.push(format!("{flag} AS __lf_d"));
-        format!("SELECT {} FROM {table}", select.join(", "))
     };
+    let narrow =
+        |table: &str, hash: &str, flag: &str| narrow_sql(spec, &parts, table, hash, flag, &[]);
     // The old side: only the differing partitions. The new side: every row, those of the other
     // partitions only for their keys (no row hash: a scan of the key columns alone).
     let mut views = Vec::new();
@@ -133,6 +118,187 @@ pub(crate) async fn merge_diff(
         let _ = ctx.deregister_table(view.as_str());
     }
     result.map(Some)
+}
+
+/// What a comparison makes of the old side's totals: nothing to diff (the sides are identical),
+/// or a diff of the partitions the predicate selects (with their labels), or of all of them.
+pub(crate) enum Decision {
+    Identical,
+    Diff(Option<(Expr, BTreeSet<String>)>),
+}
+
+/// [`merge_diff`] when most partitions are expected to differ: the old side is read whole once,
+/// its rows, row checksums (of `checksum_columns`) and measure sums per partition label
+/// aggregated in the same pass (instead of a scan of their own before the merge). `decide` then
+/// says from those totals which partitions to diff; the old rows of the others are dropped
+/// before pairing, so the result is [`merge_diff`]'s with the same predicate. `None` when the
+/// key cannot be compared by its hashes.
+#[allow(clippy::type_complexity)]
+pub(crate) async fn merge_diff_whole_old(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old: &str,
+    new: &str,
+    checksum_columns: &[String],
+    expected_rows: u64,
+    decide: impl FnOnce(&BTreeMap<String, LabelTotals>) -> Result<Decision>,
+) -> Result<Option<(BTreeMap<String, LabelTotals>, Option<(RowDiff, KeyFacts)>)>> {
+    let Some(Columns {
+        common,
+        parts,
+        hash,
+    }) = Columns::of(ctx, spec, old, new).await?
+    else {
+        return Ok(None);
+    };
+    let narrow = |table: &str, hash: &str, flag: &str, extra: &[String]| {
+        narrow_sql(spec, &parts, table, hash, flag, extra)
+    };
+    let mut totals_columns = vec![format!("{} AS __lf_c", row_hash_sql(checksum_columns))];
+    totals_columns.extend(
+        spec.measures
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("CAST({} AS DOUBLE) AS __lf_m{i}", ident(m))),
+    );
+    let mut merge = Merge::new(spec, parts.len());
+    let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
+    let started = std::time::Instant::now();
+    let old_sql = narrow(old, &hash, "TRUE", &totals_columns);
+    let old_sides = merge
+        .read(ctx, &old_sql, buckets, false, Some(spec.measures.len()))
+        .await?;
+    let old_ms = started.elapsed().as_millis() as u64;
+    let mut by_text: BTreeMap<String, LabelTotals> = BTreeMap::new();
+    for (label, totals) in &merge.totals {
+        let text = merge.labels.labels[*label as usize].text.clone();
+        let entry = by_text.entry(text).or_insert_with(|| LabelTotals {
+            sums: vec![0.0; totals.sums.len()],
+            ..LabelTotals::default()
+        });
+        entry.rows += totals.rows;
+        entry.checksum += totals.checksum;
+        for (e, t) in entry.sums.iter_mut().zip(&totals.sums) {
+            *e += t;
+        }
+    }
+    let differing = match decide(&by_text)? {
+        Decision::Identical => return Ok(Some((by_text, None))),
+        Decision::Diff(differing) => differing,
+    };
+    let keep: Option<Arc<Vec<bool>>> = differing.as_ref().map(|(_, labels)| {
+        Arc::new(
+            merge
+                .labels
+                .labels
+                .iter()
+                .map(|l| labels.contains(&l.text))
+                .collect(),
+        )
+    });
+    for tally in std::mem::take(&mut merge.deferred) {
+        merge.absorb_read(tally, keep.as_deref().map(Vec::as_slice));
+    }
+    let mut views = Vec::new();
+    let new_sqls = match &differing {
+        Some((predicate, _)) => {
+            let rest = std::ops::Not::not(predicate.clone().is_true());
+            for (name, predicate) in [
+                ("__lf_merge_output", predicate.clone()),
+                ("__lf_merge_output_rest", rest),
+            ] {
+                let rows = ctx
+                    .table(new)
+                    .await
+                    .and_then(|df| df.filter(predicate))
+                    .query_context(|| "cannot select the differing partitions".into())?;
+                views.push(name);
+                ctx.register_table(name, rows.into_view())
+                    .query_context(|| "cannot register the differing partitions".into())?;
+            }
+            vec![
+                narrow("__lf_merge_output", &hash, "TRUE", &[]),
+                narrow(
+                    "__lf_merge_output_rest",
+                    "arrow_cast(0, 'UInt64')",
+                    "FALSE",
+                    &[],
+                ),
+            ]
+        }
+        None => vec![narrow(new, &hash, "TRUE", &[])],
+    };
+    let result = async {
+        merge
+            .run_new(ctx, old_sides, &new_sqls, buckets, keep, started, old_ms)
+            .await?;
+        let (counts, sampled, facts) = merge.finish();
+        let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
+        Ok::<_, Error>((RowDiff { counts, samples }, facts))
+    }
+    .await;
+    for view in views {
+        let _ = ctx.deregister_table(view);
+    }
+    Ok(Some((by_text, Some(result?))))
+}
+
+/// The query reducing `table`'s rows to what the merge reads: the partition columns, both key
+/// hash halves, the row hash `hash`, the differing-partition `flag`, then `extra` columns.
+fn narrow_sql(
+    spec: &CompareSpec,
+    parts: &[String],
+    table: &str,
+    hash: &str,
+    flag: &str,
+    extra: &[String],
+) -> String {
+    let mut select: Vec<String> = parts.iter().map(|c| ident(c)).collect();
+    select.push(format!("{} AS __lf_k1", key_hash_sql(0, &spec.key)));
+    select.push(format!("{} AS __lf_k2", key_hash_sql(1, &spec.key)));
+    select.push(format!("{hash} AS __lf_h"));
+    select.push(format!("{flag} AS __lf_d"));
+    select.extend(extra.iter().cloned());
+    format!("SELECT {} FROM {table}", select.join(", "))
+}
+
+/// What both sides' rows are reduced to: the columns both have, the partition columns, and
+/// the row hash over the compared ones.
+struct Columns {
+    common: Vec<String>,
+    parts: Vec<String>,
+    hash: String,
+}
+
+impl Columns {
+    /// `None` when the key cannot be compared by its hashes.
+    async fn of(
+        ctx: &SessionContext,
+        spec: &CompareSpec,
+        old: &str,
+        new: &str,
+    ) -> Result<Option<Self>> {
+        let schema = |table: &str| {
+            let table = table.to_string();
+            async move {
+                ctx.table(table.as_str())
+                    .await
+                    .query_context(|| format!("table `{table}` is not registered"))
+                    .map(|df| df.schema().as_arrow().clone())
+            }
+        };
+        let (old_schema, new_schema) = (schema(old).await?, schema(new).await?);
+        if !hashable_keys(spec, &old_schema, &new_schema) {
+            return Ok(None);
+        }
+        crate::rowhash::register_hash_functions(ctx);
+        let (common, compared) = compared_columns(ctx, spec, old, new).await?;
+        Ok(Some(Self {
+            common,
+            parts: spec.partitions.columns(),
+            hash: row_hash_sql(&compared),
+        }))
+    }
 }
 
 /// Whether every key column exists on both sides with one type class that hashing compares as
@@ -580,6 +746,10 @@ struct Merge<'a> {
     sampled: Vec<Sampled>,
     taken: [usize; 3],
     facts: KeyFacts,
+    /// The old side's totals per label, when it was read whole and aggregated.
+    totals: HashMap<u32, LabelTotals>,
+    /// What the reading tasks of a side read whole settled, until it is known which labels count.
+    deferred: Vec<ReadTally>,
 }
 
 impl<'a> Merge<'a> {
@@ -593,6 +763,8 @@ impl<'a> Merge<'a> {
             sampled: Vec::new(),
             taken: [0; 3],
             facts: KeyFacts::default(),
+            totals: HashMap::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -606,11 +778,28 @@ impl<'a> Merge<'a> {
     ) -> Result<()> {
         let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
         let started = std::time::Instant::now();
-        let old_sides = self.read(ctx, old_sql, buckets, false).await?;
+        let old_sides = self.read(ctx, old_sql, buckets, false, None).await?;
         let old_ms = started.elapsed().as_millis() as u64;
+        self.run_new(ctx, old_sides, new_sqls, buckets, None, started, old_ms)
+            .await
+    }
+
+    /// Reads the new side into buckets, then pairs the rows of each bucket with the old side's
+    /// (only those whose label `keep` holds, when given).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_new(
+        &mut self,
+        ctx: &SessionContext,
+        old_sides: Vec<Side>,
+        new_sqls: &[String],
+        buckets: usize,
+        keep: Option<Arc<Vec<bool>>>,
+        started: std::time::Instant,
+        old_ms: u64,
+    ) -> Result<()> {
         let mut new_sides = Vec::new();
         for new_sql in new_sqls {
-            new_sides.extend(self.read(ctx, new_sql, buckets, true).await?);
+            new_sides.extend(self.read(ctx, new_sql, buckets, true, None).await?);
         }
         let new_ms = started.elapsed().as_millis() as u64 - old_ms;
         let labels = self.labels.labels.len();
@@ -628,6 +817,9 @@ impl<'a> Merge<'a> {
             Side::gather(new_sides, buckets),
         ) {
             (Ok(mut old_rows), Ok(mut new_rows)) => {
+                if let Some(keep) = &keep {
+                    old_rows.retain(|e| keep.get(e.label as usize).copied().unwrap_or(true));
+                }
                 old_rows.sort_unstable_by_key(|e| e.k1);
                 new_rows.sort_unstable_by_key(|e| e.k1);
                 let tally = pair_bucket(&old_rows, &new_rows, &nullable, sample);
@@ -647,12 +839,18 @@ impl<'a> Merge<'a> {
                         .map(|b| (b, old_files[b].clone(), new_files[b].clone()))
                         .collect();
                     let nullable = Arc::clone(&nullable);
+                    let keep = keep.clone();
                     tasks.push(tokio::task::spawn_blocking(move || {
                         let mut scratch = Scratch::default();
                         files
                             .into_iter()
                             .map(|(bucket, old, new)| {
                                 scratch.read(&old, fixed, false)?;
+                                if let Some(keep) = &keep {
+                                    scratch.old.retain(|e| {
+                                        keep.get(e.label as usize).copied().unwrap_or(true)
+                                    });
+                                }
                                 scratch.read(&new, fixed, true)?;
                                 let tally =
                                     pair_bucket(&scratch.old, &scratch.new, &nullable, sample);
@@ -693,6 +891,7 @@ impl<'a> Merge<'a> {
         sql: &str,
         buckets: usize,
         is_new: bool,
+        aggregate: Option<usize>,
     ) -> Result<Vec<Side>> {
         let what = if is_new { "new" } else { "old" };
         let streams = ctx
@@ -716,12 +915,13 @@ impl<'a> Merge<'a> {
                 width: self.width,
                 is_new,
                 nulls: ReadTally::default(),
+                aggregate,
             };
             tasks.push(tokio::spawn(reader.read(stream)));
         }
         let mut sides = Vec::new();
         let mut failure = None;
-        let mut tallies = Vec::new();
+        let mut tallies: Vec<ReadTally> = Vec::new();
         for task in tasks {
             match task.await {
                 Ok(Ok((side, tally))) => {
@@ -744,23 +944,50 @@ impl<'a> Merge<'a> {
             return Err(e);
         }
         self.counts.resize(self.labels.labels.len(), [0; 3]);
-        for tally in tallies {
-            self.facts.null_rows += tally.null_rows;
-            for (label, counts) in tally.counts {
-                for (t, c) in self.counts[label as usize].iter_mut().zip(counts) {
-                    *t += c;
-                }
-            }
-            for (kind, pending) in tally.samples.into_iter().enumerate() {
-                for p in pending {
-                    if self.taken[kind] < self.spec.sample {
-                        self.taken[kind] += 1;
-                        self.sample(kind, p.label, p.key, p.new, p.old);
+        if aggregate.is_some() {
+            // Which rows count is known only once the totals are compared: kept until then.
+            for tally in &mut tallies {
+                for (label, totals) in tally.totals.drain() {
+                    let total = self.totals.entry(label).or_insert_with(|| LabelTotals {
+                        sums: vec![0.0; totals.sums.len()],
+                        ..LabelTotals::default()
+                    });
+                    total.rows += totals.rows;
+                    total.checksum += totals.checksum;
+                    for (t, s) in total.sums.iter_mut().zip(&totals.sums) {
+                        *t += s;
                     }
                 }
             }
+            self.deferred.extend(tallies);
+            return Ok(sides);
+        }
+        for tally in tallies {
+            self.absorb_read(tally, None);
         }
         Ok(sides)
+    }
+
+    /// Adds what a reading task settled itself, only for labels `keep` holds (all without it).
+    fn absorb_read(&mut self, tally: ReadTally, keep: Option<&[bool]>) {
+        let kept = |label: u32| keep.is_none_or(|k| k.get(label as usize).copied().unwrap_or(true));
+        self.facts.null_rows += tally.null_rows;
+        for (label, counts) in tally.counts {
+            if !kept(label) {
+                continue;
+            }
+            for (t, c) in self.counts[label as usize].iter_mut().zip(counts) {
+                *t += c;
+            }
+        }
+        for (kind, pending) in tally.samples.into_iter().enumerate() {
+            for p in pending.into_iter().filter(|p| kept(p.label)) {
+                if self.taken[kind] < self.spec.sample {
+                    self.taken[kind] += 1;
+                    self.sample(kind, p.label, p.key, p.new, p.old);
+                }
+            }
+        }
     }
 
     /// Adds a bucket's tally: counts, changed rows under their coalesced labels, samples while
@@ -874,12 +1101,76 @@ impl LabelTable {
     }
 }
 
-/// What a reading task settled itself: the rows with a NULL key.
+/// What a reading task settled itself: the rows with a NULL key; and, when it aggregates its
+/// side, rows, checksum and measure sums per label.
 #[derive(Default)]
 struct ReadTally {
     counts: BTreeMap<u32, [u64; 3]>,
     samples: [Vec<Pending>; 3],
     null_rows: u64,
+    totals: HashMap<u32, LabelTotals>,
+}
+
+/// One partition value's rows, the exact sum of their row checksums' hashes, and their measure
+/// sums, as the per-partition aggregation of [`super::compare`] computes them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LabelTotals {
+    pub(crate) rows: u64,
+    pub(crate) checksum: u128,
+    pub(crate) sums: Vec<f64>,
+}
+
+impl ReadTally {
+    /// Adds the rows of `batch` to their labels' totals: the checksum hash at column `at`, the
+    /// measures (as doubles) after it.
+    fn add_totals(
+        &mut self,
+        batch: &RecordBatch,
+        at: usize,
+        measures: usize,
+        labels: &[u32],
+    ) -> Result<()> {
+        use deltalake::arrow::datatypes::Float64Type;
+        let hashes = batch
+            .column(at)
+            .as_primitive_opt::<UInt64Type>()
+            .ok_or_else(|| Error::Internal("a row checksum is not a UInt64".into()))?;
+        let sums = (0..measures)
+            .map(|i| {
+                batch
+                    .column(at + 1 + i)
+                    .as_primitive_opt::<Float64Type>()
+                    .ok_or_else(|| Error::Internal("a measure is not a double".into()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut start = 0;
+        while start < labels.len() {
+            // Rows come in runs of one partition.
+            let label = labels[start];
+            let end = labels[start..]
+                .iter()
+                .position(|l| *l != label)
+                .map_or(labels.len(), |n| start + n);
+            let totals = self.totals.entry(label).or_insert_with(|| LabelTotals {
+                sums: vec![0.0; measures],
+                ..LabelTotals::default()
+            });
+            totals.rows += (end - start) as u64;
+            totals.checksum += hashes.values()[start..end]
+                .iter()
+                .map(|h| u128::from(*h))
+                .sum::<u128>();
+            for (total, column) in totals.sums.iter_mut().zip(&sums) {
+                for row in start..end {
+                    if column.is_valid(row) {
+                        *total += column.value(row);
+                    }
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
 }
 
 /// One task reading one partition of a side's query into its own buckets.
@@ -891,6 +1182,8 @@ struct Reader {
     width: usize,
     is_new: bool,
     nulls: ReadTally,
+    /// With the number of measures: aggregate the side as it is read.
+    aggregate: Option<usize>,
 }
 
 impl Reader {
@@ -900,6 +1193,10 @@ impl Reader {
             let loaded = self
                 .labels
                 .load(&batch, self.width, &self.table, &self.spec)?;
+            if let Some(measures) = self.aggregate {
+                self.nulls
+                    .add_totals(&batch, self.width + 4, measures, &loaded.labels)?;
+            }
             for row in 0..loaded.rows {
                 let entry = Entry {
                     k1: loaded.k1.value(row),
