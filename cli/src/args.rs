@@ -78,6 +78,46 @@ pub(crate) enum Command {
     Sql(SqlArgs),
     /// Delete staged files of failed, discarded and abandoned runs (never a file a version uses).
     Gc(GcArgs),
+    /// Run an Apache Ballista cluster on this machine for `backfill --engine df://…`.
+    Cluster(ClusterArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ClusterArgs {
+    #[command(subcommand)]
+    pub(crate) action: ClusterAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterAction {
+    /// Start a scheduler in this process and executors as processes of their own, on this
+    /// machine, until Ctrl-C (needs a lakefill built with `--features distributed`). Executors use
+    /// their own environment for object-store credentials.
+    Up {
+        /// The scheduler's port (0 picks a free one; the address is printed).
+        #[arg(long, default_value_t = 50050)]
+        port: u16,
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
+        /// Executors to start.
+        #[arg(long, default_value_t = 2, value_parser = at_least_one)]
+        executors: usize,
+        /// Task slots per executor [default: the cores shared out among the executors].
+        #[arg(long, value_name = "N", value_parser = at_least_one)]
+        vcores: Option<usize>,
+    },
+    /// One executor for the scheduler at `--scheduler` (what `up` starts); stops when its
+    /// standard input closes.
+    #[command(hide = true)]
+    Executor {
+        /// The scheduler, `http://HOST:PORT`.
+        #[arg(long)]
+        scheduler: String,
+        /// Task slots.
+        #[arg(long, default_value_t = 2, value_parser = at_least_one)]
+        vcores: usize,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -215,6 +255,11 @@ pub(crate) struct BackfillArgs {
     /// `--max-parallel 1` to keep the load on shared storage smooth [default: unthrottled].
     #[arg(long, value_name = "RATE")]
     pub(crate) throttle: Option<String>,
+    /// Where batches are staged: `local` (this process) or an Apache Ballista scheduler,
+    /// `df://HOST:PORT` (needs a lakefill built with `--features distributed`; validation and
+    /// the commit stay here) [default: `[engine] scheduler`, else `local`].
+    #[arg(long, value_name = "ENGINE")]
+    pub(crate) engine: Option<String>,
     /// Stop after validation; publish later with `lakefill publish RUN_ID`.
     #[arg(long)]
     pub(crate) stage_only: bool,

@@ -99,6 +99,7 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::Blame(args) => commands::inspect::blame(&cli.global, args, printer).await,
         Command::Sql(args) => commands::inspect::sql(&cli.global, args, printer).await,
         Command::Gc(args) => commands::runs::gc(&cli.global, args, printer).await,
+        Command::Cluster(args) => commands::cluster::run(args, printer).await,
     }
 }
 

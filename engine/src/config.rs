@@ -23,6 +23,7 @@ pub struct Project {
     storage_keys: Vec<String>,
     tables: BTreeMap<String, TableConfig>,
     defaults: Defaults,
+    engine: EngineConfig,
 }
 
 /// One table of the project's catalog.
@@ -49,6 +50,15 @@ pub struct Defaults {
     pub batch_partitions: Option<usize>,
 }
 
+/// `[engine]`: where batches are staged.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// The Apache Ballista scheduler that stages batches, `df://HOST:PORT`; absent stages in the
+    /// lakefill process.
+    pub scheduler: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawProject {
@@ -61,6 +71,8 @@ struct RawProject {
     tables: BTreeMap<String, RawTable>,
     #[serde(default)]
     defaults: Defaults,
+    #[serde(default)]
+    engine: EngineConfig,
 }
 
 #[derive(Debug, Deserialize)]
@@ -234,6 +246,7 @@ impl Project {
             storage_keys: raw.storage.keys().cloned().collect(),
             tables,
             defaults: raw.defaults,
+            engine: raw.engine,
         })
     }
 
@@ -255,6 +268,11 @@ impl Project {
     /// Returns the `[defaults]` section.
     pub fn defaults(&self) -> &Defaults {
         &self.defaults
+    }
+
+    /// Returns the `[engine]` section.
+    pub fn engine(&self) -> &EngineConfig {
+        &self.engine
     }
 
     /// Returns the table named `name`, or an error naming `used_by` and the known tables.

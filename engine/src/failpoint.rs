@@ -8,7 +8,8 @@
 //! Without the feature every point is a no-op the compiler removes.
 //!
 //! Points, in the order a backfill reaches them: `after-plan`, `stage-batch-<k>` (while staging
-//! batch `k`), `mid-stage` (after the first batch is journaled), `after-stage`, `after-adjust`
+//! batch `k`), `mid-stage` (after the first batch is journaled), `stage-writer-<partition>` (in a
+//! cluster's executor: a writer task has staged that partition's files and not reported them), `after-stage`, `after-adjust`
 //! (with adjustments: the adjustment rows are staged and journaled), `mid-validate`,
 //! `before-commit`, `lost-commit-response` (error only: the commit lands but reports a failure),
 //! `after-commit` (the commit is in the log, the journal does not know yet), `mid-notify` (the

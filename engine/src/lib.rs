@@ -52,7 +52,10 @@
 
 mod adjust;
 mod cascade;
+mod cluster;
 mod config;
+#[cfg(feature = "distributed")]
+mod distributed;
 mod error;
 mod explain;
 mod failpoint;
@@ -87,7 +90,8 @@ pub use cascade::run::{CascadeRunReport, CascadeRunner};
 pub use cascade::{
     CascadeBuilder, CascadeEdge, CascadeNode, CascadePlan, CascadeReport, DEFAULT_MAX_EXPANSION,
 };
-pub use config::{Defaults, PROJECT_FILE, Project, TableConfig, is_secret_option};
+pub use cluster::{start_executor, start_scheduler};
+pub use config::{Defaults, EngineConfig, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
 pub use explain::gc::{GcFile, GcReport, gc, parse_duration};
 pub use explain::sql::sql_in_release;

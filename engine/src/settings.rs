@@ -19,6 +19,8 @@ pub struct SettingFlags {
     pub batch_partitions: Option<usize>,
     /// `--throttle`, as typed.
     pub throttle: Option<String>,
+    /// `--engine`, as typed (`local` or `df://HOST:PORT`).
+    pub engine: Option<String>,
 }
 
 /// The settings a run uses, resolved.
@@ -32,6 +34,8 @@ pub struct RunSettings {
     pub batch_partitions: usize,
     /// Bytes written per second; `None` is unthrottled.
     pub throttle: Option<u64>,
+    /// The Ballista scheduler that stages the batches (`df://HOST:PORT`); `None` is this process.
+    pub engine: Option<String>,
 }
 
 /// Where a setting's value came from, named as the user wrote it.
@@ -69,8 +73,40 @@ impl RunSettings {
             memory_limit: memory_limit(project, flags.memory_limit.as_deref())?,
             batch_partitions: batch_partitions(project, flags.batch_partitions)?,
             throttle: flags.throttle.as_deref().map(parse_rate).transpose()?,
+            engine: engine(project, flags.engine.as_deref())?,
         })
     }
+}
+
+/// Where batches are staged: `--engine` (`local`, or a scheduler), else `[engine] scheduler`,
+/// else this process.
+pub(crate) fn engine(project: &Project, flag: Option<&str>) -> Result<Option<String>> {
+    let Some((value, origin)) = pick(
+        flag.map(str::to_string),
+        "--engine",
+        project.engine().scheduler.clone(),
+        "scheduler",
+    ) else {
+        return Ok(None);
+    };
+    if value == "local" && matches!(origin, Origin::Flag(_)) {
+        return Ok(None);
+    }
+    if value
+        .strip_prefix("df://")
+        .is_none_or(|rest| rest.is_empty())
+    {
+        let option = match origin {
+            Origin::Flag(flag) => flag.to_string(),
+            Origin::Defaults(_) => "`scheduler` in [engine] of lakefill.toml".to_string(),
+        };
+        return Err(Error::InvalidOption {
+            option,
+            value,
+            message: "expected `local` or an Apache Ballista scheduler as `df://HOST:PORT`".into(),
+        });
+    }
+    Ok(Some(value))
 }
 
 /// Batches in flight: `--max-parallel`, else `[defaults] max_parallel`, else the number of
@@ -222,6 +258,7 @@ mod tests {
             memory_limit: Some("2KiB".into()),
             batch_partitions: Some(5),
             throttle: Some("1MiB/s".into()),
+            engine: Some("local".into()),
         };
         let all = RunSettings::resolve(&p, &flags).expect("resolve");
         assert_eq!(
@@ -230,7 +267,8 @@ mod tests {
                 max_parallel: 1,
                 memory_limit: Some(2048),
                 batch_partitions: 5,
-                throttle: Some(1024 * 1024)
+                throttle: Some(1024 * 1024),
+                engine: None,
             }
         );
         let (_dir, bare) = project("");

@@ -28,6 +28,7 @@ mod adjustments;
 mod backfill;
 mod cascade;
 mod contract;
+mod distributed;
 mod errors;
 mod faults;
 mod garbage;

@@ -20,9 +20,20 @@ pub(crate) async fn run(
             memory_limit: args.memory_limit.clone(),
             batch_partitions: args.scope.batch_partitions,
             throttle: args.throttle.clone(),
+            engine: args.engine.clone(),
         },
     )?;
     if args.cascade {
+        if let Some(engine) = &resolved.engine {
+            return Err(lakefill::Error::InvalidOption {
+                option: "--engine".into(),
+                value: engine.clone(),
+                message:
+                    "a cascade cannot be staged on a cluster yet; run it with `--engine local`"
+                        .into(),
+            }
+            .into());
+        }
         return cascade(&project, args, &resolved, printer).await;
     }
     let plan = settings::plan_builder(&project, &args.scope)?
@@ -72,6 +83,7 @@ pub(crate) async fn revert_logical(
             memory_limit: args.memory_limit.clone(),
             batch_partitions: None,
             throttle: None,
+            engine: None,
         },
     )?;
     let plan = lakefill::logical_revert_plan(
@@ -113,6 +125,7 @@ fn runner(
         .with_max_parallel(Some(resolved.max_parallel))
         .with_memory_limit(resolved.memory_limit)
         .with_throttle(resolved.throttle)
+        .with_engine(resolved.engine.clone())
         .with_progress(printer.progress())
 }
 

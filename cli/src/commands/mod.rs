@@ -1,6 +1,7 @@
 //! One module per subcommand: resolve settings, call the engine, hand results to the printer.
 
 pub(crate) mod backfill;
+pub(crate) mod cluster;
 pub(crate) mod demo;
 pub(crate) mod init;
 pub(crate) mod inspect;

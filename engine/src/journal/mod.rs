@@ -173,6 +173,9 @@ pub struct BatchRecord {
     /// Checksums of the staged rows per partition, computed while writing.
     #[serde(default)]
     pub checksums: BTreeMap<String, RowChecksum>,
+    /// Staged on a cluster: the files each writer process wrote (`pid N@HOST`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub writers: BTreeMap<String, u64>,
 }
 
 impl Journal {

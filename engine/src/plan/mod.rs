@@ -1111,7 +1111,7 @@ pub struct SourcePlan {
 }
 
 /// One batch of partitions computed by one query.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct BatchPlan {
     /// Position in the run.
     pub index: usize,
@@ -1122,11 +1122,11 @@ pub struct BatchPlan {
     /// Partitions of the batch.
     pub partitions: Vec<String>,
     /// Whether this is the batch that computes the partition whose time is NULL.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub null: bool,
     /// Whether this batch copies, unchanged, the rows outside the range of the files a by-rows
     /// backfill rewrites.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub carry: bool,
 }
 

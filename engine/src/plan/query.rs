@@ -97,6 +97,16 @@ pub(crate) async fn batch_dataframe(
     for source in &plan.sources {
         register_source(&ctx, plan, source, batch).await?;
     }
+    let df = model_dataframe(&ctx, plan, batch).await?;
+    Ok((ctx, df))
+}
+
+/// The model's SELECT in `ctx` (its sources registered), with the batch's parameters bound.
+pub(crate) async fn model_dataframe(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    batch: &BatchPlan,
+) -> Result<DataFrame> {
     let options = crate::sqltext::read_only();
     let model = &plan.model;
     let df = ctx
@@ -115,7 +125,7 @@ pub(crate) async fn batch_dataframe(
             message: format!("cannot bind `$start`/`$end`/`$next`: {source}"),
             hint: "only `$start`, `$end` and `$next` may be used as parameters".into(),
         })?;
-    Ok((ctx, df))
+    Ok(df)
 }
 
 /// Registers `source` under its name as a view restricted to the batch window.
@@ -130,6 +140,18 @@ pub(crate) async fn register_source(
         .table_provider()
         .await
         .query_context(|| format!("cannot scan source `{}`", source.name))?;
+    register_source_with(ctx, plan, source, batch, provider).await
+}
+
+/// Registers `source`, read through `provider`, under its name as a view restricted to the batch
+/// window.
+pub(crate) async fn register_source_with(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    source: &PlannedSource,
+    batch: &BatchPlan,
+    provider: Arc<dyn deltalake::datafusion::catalog::TableProvider>,
+) -> Result<()> {
     let mut df = ctx
         .read_table(provider)
         .query_context(|| format!("cannot read source `{}`", source.name))?;

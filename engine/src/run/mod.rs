@@ -72,6 +72,7 @@ pub struct BackfillBuilder {
     sample: usize,
     validate: bool,
     interrupt: Option<tokio::sync::watch::Receiver<bool>>,
+    engine: Option<String>,
 }
 
 impl BackfillBuilder {
@@ -88,7 +89,18 @@ impl BackfillBuilder {
             sample: DEFAULT_SAMPLE,
             validate: true,
             interrupt: None,
+            engine: None,
         }
+    }
+
+    /// Stages the batches on the Apache Ballista cluster whose scheduler is at `engine`
+    /// (`df://HOST:PORT`; needs the `distributed` feature); `None` stages in this process.
+    /// Validation and the commit stay in this process either way.
+    ///
+    /// By default, staging runs in this process.
+    pub fn with_engine(mut self, engine: Option<String>) -> Self {
+        self.engine = engine;
+        self
     }
 
     /// Stops the run cleanly when `interrupt` turns `true` (e.g. on Ctrl-C): finished batches
@@ -346,6 +358,7 @@ impl BackfillBuilder {
             max_parallel,
             resources: resources.clone(),
             throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
+            engine: self.engine.clone(),
         };
         self.emit(ProgressEvent::Started {
             run_id: report.run_id.to_string(),

@@ -40,7 +40,7 @@ use indexmap::IndexMap;
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
 use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
-use crate::plan::query::{batch_dataframe, batch_periods, target_schema};
+use crate::plan::query::{batch_dataframe, target_schema};
 use crate::plan::{BackfillPlan, BatchPlan};
 use crate::resources::Resources;
 use crate::rowhash::{RowChecksum, hash_rows};
@@ -59,6 +59,8 @@ pub(crate) struct StageOptions {
     pub(crate) resources: Resources,
     /// The bound on bytes written per second, if any.
     pub(crate) throttle: Option<Arc<Throttle>>,
+    /// The Ballista scheduler (`df://HOST:PORT`) that stages the batches, if not this process.
+    pub(crate) engine: Option<String>,
 }
 
 /// Stages every batch not in `skip`.
@@ -71,6 +73,16 @@ pub(crate) async fn stage(
     skip: &BTreeSet<usize>,
     finished: tokio::sync::mpsc::Sender<BatchRecord>,
 ) -> Result<()> {
+    if let Some(engine) = &options.engine {
+        #[cfg(feature = "distributed")]
+        return crate::distributed::stage(plan, options, engine, skip, finished).await;
+        #[cfg(not(feature = "distributed"))]
+        return Err(Error::InvalidOption {
+            option: "--engine".into(),
+            value: engine.clone(),
+            message: "this lakefill was built without distributed staging; build it with `--features distributed` or run with `--engine local`".into(),
+        });
+    }
     let target_schema = Arc::new(target_schema(plan)?);
     let pending: Vec<BatchPlan> = plan
         .report
@@ -142,10 +154,28 @@ pub(crate) async fn write_batch(
     target_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<BatchRecord> {
-    let report = &plan.report;
-    let layout = &report.layout;
-    // Put the columns in the target's order and types. The model leaves the lineage columns of
-    // adjustments to them: they are NULL in its rows.
+    let df = target_projection(plan, df, &target_schema)?;
+    let stream: SendableRecordBatchStream = df.execute_stream().await.query_context(|| {
+        format!(
+            "cannot run model `{}` for batch {}..{}",
+            plan.model.name(),
+            batch.start,
+            batch.end
+        )
+    })?;
+    let spec = WriteSpec::of(plan, batch);
+    spec.write(stream, target_schema, store)
+        .await?
+        .into_record(&spec)
+}
+
+/// The model's output cast to `target_schema` (its columns in the target's order and types).
+pub(crate) fn target_projection(
+    plan: &BackfillPlan,
+    df: DataFrame,
+    target_schema: &Schema,
+) -> Result<DataFrame> {
+    // The model leaves the lineage columns of adjustments to them: they are NULL in its rows.
     let produced: BTreeSet<String> = df
         .schema()
         .fields()
@@ -164,286 +194,362 @@ pub(crate) async fn write_batch(
             cast(value, f.data_type().clone()).alias(f.name())
         })
         .collect();
-    let df = df.select(projection).query_context(|| {
+    df.select(projection).query_context(|| {
         format!(
             "cannot cast the output of `{}` to the target schema",
             plan.model.name()
         )
-    })?;
-    let mut stream: SendableRecordBatchStream = df.execute_stream().await.query_context(|| {
-        format!(
-            "cannot run model `{}` for batch {}..{}",
-            plan.model.name(),
-            batch.start,
-            batch.end
-        )
-    })?;
+    })
+}
 
-    let partition_indices: Vec<usize> = layout
-        .partition_columns
-        .iter()
-        .map(|c| {
-            target_schema.index_of(c).map_err(|_| {
-                Error::Internal(format!(
-                    "partition column `{c}` is not in the target schema"
-                ))
+/// What writing one batch's rows needs to know of its run: everything, so that a task on another
+/// machine (see `crate::distributed`) writes exactly as a local batch does.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct WriteSpec {
+    /// The target's name (for errors).
+    pub(crate) target: String,
+    /// The model's name and version (for errors).
+    pub(crate) model: String,
+    pub(crate) model_version: String,
+    pub(crate) layout: crate::partition::Layout,
+    pub(crate) range: crate::partition::PartitionRange,
+    pub(crate) run_id: crate::run_id::RunId,
+    /// The measures summed while writing.
+    pub(crate) measures: Vec<String>,
+    /// The key columns (written without a dictionary).
+    pub(crate) key: Vec<String>,
+    pub(crate) batch: BatchPlan,
+}
+
+/// What one writer staged: the batch's record, and the rows whose time is not a value of the
+/// grain (an error, raised by whoever gathers the records).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Written {
+    pub(crate) record: Option<BatchRecord>,
+    pub(crate) off_grain: BTreeMap<String, u64>,
+}
+
+impl WriteSpec {
+    pub(crate) fn of(plan: &BackfillPlan, batch: &BatchPlan) -> Self {
+        Self {
+            target: plan.report.target.clone(),
+            model: plan.model.name().to_string(),
+            model_version: plan.model.version().to_string(),
+            layout: plan.report.layout.clone(),
+            range: plan.report.range.clone(),
+            run_id: plan.report.run_id.clone(),
+            measures: plan.rules.summed_measures(),
+            key: plan.rules.key.clone(),
+            batch: batch.clone(),
+        }
+    }
+
+    fn periods(&self) -> Result<(Period, Period)> {
+        let grain = self.range.grain;
+        let parse = |label: &str| {
+            Period::from_label(grain, label)
+                .ok_or_else(|| Error::Internal(format!("batch bound `{label}` is not a {grain}")))
+        };
+        Ok((parse(&self.batch.start)?, parse(&self.batch.end)?))
+    }
+
+    /// Streams `stream` (rows of the batch, in `target_schema`) into staged files, one writer
+    /// per partition; returns what it staged: files, and per partition rows, measure sums and
+    /// row checksums.
+    pub(crate) async fn write(
+        &self,
+        mut stream: SendableRecordBatchStream,
+        target_schema: SchemaRef,
+        store: Arc<dyn deltalake::ObjectStore>,
+    ) -> Result<Written> {
+        let layout = &self.layout;
+        let batch = &self.batch;
+        let partition_indices: Vec<usize> = layout
+            .partition_columns
+            .iter()
+            .map(|c| {
+                target_schema.index_of(c).map_err(|_| {
+                    Error::Internal(format!(
+                        "partition column `{c}` is not in the target schema"
+                    ))
+                })
             })
-        })
-        .collect::<Result<_>>()?;
-    let file_indices: Vec<usize> = (0..target_schema.fields().len())
-        .filter(|i| !partition_indices.contains(i))
-        .collect();
-    // Nullable on purpose: a NULL in a NOT NULL column must reach validation, which names the
-    // column, the partition and the rows, instead of stopping the write.
-    let file_schema: SchemaRef = Arc::new(Schema::new(
-        file_indices
-            .iter()
-            .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
-            .collect::<Vec<_>>(),
-    ));
-    let converter = RowConverter::new(
-        partition_indices
-            .iter()
-            .map(|i| SortField::new(target_schema.field(*i).data_type().clone()))
-            .collect(),
-    )
-    .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
-    let (first, last) = batch_periods(plan, batch)?;
-    // By rows, a row's period comes from its time column, which is not a partition column.
-    let time_index = match (layout.by_rows, batch.carry) {
-        (true, false) => {
-            let column = layout.time.encoding.columns()[0];
-            Some(target_schema.index_of(column).map_err(|_| {
-                Error::Internal(format!(
-                    "range column `{column}` is not in the target schema"
-                ))
-            })?)
-        }
-        _ => None,
-    };
-
-    let mut writers: BTreeMap<Vec<Option<String>>, OpenPartition> = BTreeMap::new();
-    let mut rows: BTreeMap<String, u64> = BTreeMap::new();
-    let mut spill: BTreeMap<String, u64> = BTreeMap::new();
-    let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
-    let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
-    // Measures summed while writing, so validation need not scan the staged files for them.
-    let measures: Vec<(String, usize)> = plan
-        .rules
-        .summed_measures()
-        .into_iter()
-        .filter_map(|m| file_schema.index_of(&m).ok().map(|i| (m, i)))
-        .collect();
-
-    while let Some(record_batch) = stream.next().await {
-        let record_batch = record_batch.query_context(|| {
-            format!(
-                "model `{}` failed in batch {}..{}",
-                plan.model.name(),
-                batch.start,
-                batch.end
-            )
-        })?;
-        if record_batch.num_rows() == 0 {
-            continue;
-        }
-        // Group the rows by their partition values, compared as Arrow rows (cheap), and decide
-        // once per group where it goes.
-        let partition_arrays: Vec<_> = partition_indices
-            .iter()
-            .map(|i| Arc::clone(record_batch.column(*i)))
+            .collect::<Result<_>>()?;
+        let file_indices: Vec<usize> = (0..target_schema.fields().len())
+            .filter(|i| !partition_indices.contains(i))
             .collect();
-        // An unpartitioned table has one partition: no key to compare.
-        let keys =
-            if partition_arrays.is_empty() {
+        // Nullable on purpose: a NULL in a NOT NULL column must reach validation, which names the
+        // column, the partition and the rows, instead of stopping the write.
+        let file_schema: SchemaRef = Arc::new(Schema::new(
+            file_indices
+                .iter()
+                .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
+                .collect::<Vec<_>>(),
+        ));
+        let converter = RowConverter::new(
+            partition_indices
+                .iter()
+                .map(|i| SortField::new(target_schema.field(*i).data_type().clone()))
+                .collect(),
+        )
+        .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+        let (first, last) = self.periods()?;
+        // By rows, a row's period comes from its time column, which is not a partition column.
+        let time_index = match (layout.by_rows, batch.carry) {
+            (true, false) => {
+                let column = layout.time.encoding.columns()[0];
+                Some(target_schema.index_of(column).map_err(|_| {
+                    Error::Internal(format!(
+                        "range column `{column}` is not in the target schema"
+                    ))
+                })?)
+            }
+            _ => None,
+        };
+
+        let mut writers: BTreeMap<Vec<Option<String>>, OpenPartition> = BTreeMap::new();
+        let mut rows: BTreeMap<String, u64> = BTreeMap::new();
+        let mut spill: BTreeMap<String, u64> = BTreeMap::new();
+        let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
+        let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+        let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
+        // Measures summed while writing, so validation need not scan the staged files for them.
+        let measures: Vec<(String, usize)> = self
+            .measures
+            .iter()
+            .filter_map(|m| file_schema.index_of(m).ok().map(|i| (m.clone(), i)))
+            .collect();
+
+        while let Some(record_batch) = stream.next().await {
+            let record_batch = record_batch.query_context(|| {
+                format!(
+                    "model `{}` failed in batch {}..{}",
+                    self.model, batch.start, batch.end
+                )
+            })?;
+            if record_batch.num_rows() == 0 {
+                continue;
+            }
+            // Group the rows by their partition values, compared as Arrow rows (cheap), and decide
+            // once per group where it goes.
+            let partition_arrays: Vec<_> = partition_indices
+                .iter()
+                .map(|i| Arc::clone(record_batch.column(*i)))
+                .collect();
+            // An unpartitioned table has one partition: no key to compare.
+            let keys = if partition_arrays.is_empty() {
                 None
             } else {
                 Some(converter.convert_columns(&partition_arrays).map_err(|e| {
                     Error::Internal(format!("cannot compare partition values: {e}"))
                 })?)
             };
-        let row_times = match time_index {
-            Some(index) => Some(row_periods(record_batch.column(index), &layout.time)?),
-            None => None,
-        };
-        let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
-        let mut groups: Vec<Vec<u32>> = Vec::new();
-        let mut key_bytes = Vec::new();
-        // Rows mostly come in runs of one partition (a source file holds a day): a row like the
-        // one before goes where it went, without building and looking up its key.
-        let like_previous = |row: usize| {
-            row > 0
-                && keys
-                    .as_ref()
-                    .is_none_or(|keys| keys.row(row) == keys.row(row - 1))
-                && row_times
-                    .as_ref()
-                    .is_none_or(|times| times[row] == times[row - 1])
-        };
-        let mut previous_group = 0;
-        for row in 0..record_batch.num_rows() {
-            if like_previous(row) {
-                groups[previous_group].push(row as u32);
-                continue;
-            }
-            key_bytes.clear();
-            if let Some(keys) = &keys {
-                key_bytes.extend_from_slice(keys.row(row).as_ref());
-            }
-            if let Some(times) = &row_times {
-                match &times[row] {
-                    Ok(Some(period)) => key_bytes.extend_from_slice(period.label().as_bytes()),
-                    Ok(None) => key_bytes.push(0),
-                    Err(message) => key_bytes.extend_from_slice(message.as_bytes()),
-                }
-                key_bytes.push(0xff);
-            }
-            let group = match group_of.get(key_bytes.as_slice()) {
-                Some(group) => *group,
-                None => {
-                    group_of.insert(key_bytes.clone(), groups.len());
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                }
+            let row_times = match time_index {
+                Some(index) => Some(row_periods(record_batch.column(index), &layout.time)?),
+                None => None,
             };
-            groups[group].push(row as u32);
-            previous_group = group;
-        }
-        for indices in groups {
-            let first_row = indices[0] as usize;
-            let scalars: Vec<Scalar> = partition_arrays
-                .iter()
-                .map(|array| {
-                    Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
-                        Error::Internal(format!(
-                            "cannot read a partition value of type {}",
-                            array.data_type()
-                        ))
+            let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
+            let mut groups: Vec<Vec<u32>> = Vec::new();
+            let mut key_bytes = Vec::new();
+            // Rows mostly come in runs of one partition (a source file holds a day): a row like the
+            // one before goes where it went, without building and looking up its key.
+            let like_previous = |row: usize| {
+                row > 0
+                    && keys
+                        .as_ref()
+                        .is_none_or(|keys| keys.row(row) == keys.row(row - 1))
+                    && row_times
+                        .as_ref()
+                        .is_none_or(|times| times[row] == times[row - 1])
+            };
+            let mut previous_group = 0;
+            for row in 0..record_batch.num_rows() {
+                if like_previous(row) {
+                    groups[previous_group].push(row as u32);
+                    continue;
+                }
+                key_bytes.clear();
+                if let Some(keys) = &keys {
+                    key_bytes.extend_from_slice(keys.row(row).as_ref());
+                }
+                if let Some(times) = &row_times {
+                    match &times[row] {
+                        Ok(Some(period)) => key_bytes.extend_from_slice(period.label().as_bytes()),
+                        Ok(None) => key_bytes.push(0),
+                        Err(message) => key_bytes.extend_from_slice(message.as_bytes()),
+                    }
+                    key_bytes.push(0xff);
+                }
+                let group = match group_of.get(key_bytes.as_slice()) {
+                    Some(group) => *group,
+                    None => {
+                        group_of.insert(key_bytes.clone(), groups.len());
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    }
+                };
+                groups[group].push(row as u32);
+                previous_group = group;
+            }
+            for indices in groups {
+                let first_row = indices[0] as usize;
+                let scalars: Vec<Scalar> = partition_arrays
+                    .iter()
+                    .map(|array| {
+                        Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
+                            Error::Internal(format!(
+                                "cannot read a partition value of type {}",
+                                array.data_type()
+                            ))
+                        })
                     })
-                })
-                .collect::<Result<_>>()?;
-            let values: PartitionValues = layout
-                .partition_columns
-                .iter()
-                .zip(&scalars)
-                .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
-                .collect();
-            let period = match &row_times {
-                Some(times) => times[first_row].clone(),
-                None if batch.carry => Ok(None),
-                None => layout.time.period_of(&values),
-            };
-            let placement = match period.clone() {
-                _ if batch.carry => Placement::Batch,
-                Err(message) => Placement::OffGrain(message),
-                Ok(None) if batch.null => Placement::Batch,
-                Ok(None) if report.range.include_null => Placement::OtherBatch,
-                Ok(None) => Placement::Outside(NULL_LABEL.to_string()),
-                Ok(Some(_)) if batch.null => Placement::OtherBatch,
-                Ok(Some(period)) if first <= period && period <= last => Placement::Batch,
-                Ok(Some(period)) if report.range.contains(&period) => Placement::OtherBatch,
-                Ok(Some(period)) => Placement::Outside(period.label()),
-            };
-            let count = indices.len() as u64;
-            match placement {
-                Placement::Batch => {}
-                Placement::OtherBatch => continue,
-                Placement::Outside(label) => {
-                    *spill.entry(label).or_default() += count;
-                    continue;
+                    .collect::<Result<_>>()?;
+                let values: PartitionValues = layout
+                    .partition_columns
+                    .iter()
+                    .zip(&scalars)
+                    .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
+                    .collect();
+                let period = match &row_times {
+                    Some(times) => times[first_row].clone(),
+                    None if batch.carry => Ok(None),
+                    None => layout.time.period_of(&values),
+                };
+                let placement = match period.clone() {
+                    _ if batch.carry => Placement::Batch,
+                    Err(message) => Placement::OffGrain(message),
+                    Ok(None) if batch.null => Placement::Batch,
+                    Ok(None) if self.range.include_null => Placement::OtherBatch,
+                    Ok(None) => Placement::Outside(NULL_LABEL.to_string()),
+                    Ok(Some(_)) if batch.null => Placement::OtherBatch,
+                    Ok(Some(period)) if first <= period && period <= last => Placement::Batch,
+                    Ok(Some(period)) if self.range.contains(&period) => Placement::OtherBatch,
+                    Ok(Some(period)) => Placement::Outside(period.label()),
+                };
+                let count = indices.len() as u64;
+                match placement {
+                    Placement::Batch => {}
+                    Placement::OtherBatch => continue,
+                    Placement::Outside(label) => {
+                        *spill.entry(label).or_default() += count;
+                        continue;
+                    }
+                    Placement::OffGrain(message) => {
+                        *off_grain.entry(message).or_default() += count;
+                        continue;
+                    }
                 }
-                Placement::OffGrain(message) => {
-                    *off_grain.entry(message).or_default() += count;
-                    continue;
+                let indices = UInt32Array::from(indices);
+                let columns = file_indices
+                    .iter()
+                    .map(|i| take(record_batch.column(*i).as_ref(), &indices, None))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        Error::Internal(format!("cannot split a batch by partition: {e}"))
+                    })?;
+                let part =
+                    RecordBatch::try_new(Arc::clone(&file_schema), columns).map_err(|e| {
+                        Error::Internal(format!("the output does not fit the staged files: {e}"))
+                    })?;
+                let key: Vec<Option<String>> = layout
+                    .partition_columns
+                    .iter()
+                    .map(|c| values.get(c).cloned().flatten())
+                    .collect();
+                // The partition a row's counts belong to: its period (by rows, several periods may
+                // share one file's directory), or the rows carried over unchanged.
+                let label = match &period {
+                    _ if batch.carry => CARRIED_LABEL.to_string(),
+                    Ok(Some(period)) => period.label(),
+                    _ => NULL_LABEL.to_string(),
+                };
+                let open = match writers.entry(key) {
+                    std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(entry) => {
+                        entry.insert(OpenPartition {
+                            label: label.clone(),
+                            writer: partition_writer(
+                                self,
+                                &scalars,
+                                &values,
+                                Arc::clone(&file_schema),
+                                Arc::clone(&store),
+                            )?,
+                        })
+                    }
+                };
+                *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
+                checksums
+                    .entry(label.clone())
+                    .or_default()
+                    .add_hashes(&hash_rows(part.columns(), part.num_rows())?);
+                if !measures.is_empty() {
+                    let partition_sums = sums.entry(label.clone()).or_default();
+                    for (measure, index) in &measures {
+                        *partition_sums.entry(measure.clone()).or_default() +=
+                            column_sum(part.column(*index))?;
+                    }
                 }
+                open.writer
+                    .write(&part)
+                    .await
+                    .map_err(|source| Error::StagingWrite {
+                        table: self.target.clone(),
+                        partition: label,
+                        source: Box::new(source),
+                    })?;
             }
-            let indices = UInt32Array::from(indices);
-            let columns = file_indices
-                .iter()
-                .map(|i| take(record_batch.column(*i).as_ref(), &indices, None))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| Error::Internal(format!("cannot split a batch by partition: {e}")))?;
-            let part = RecordBatch::try_new(Arc::clone(&file_schema), columns).map_err(|e| {
-                Error::Internal(format!("the output does not fit the staged files: {e}"))
-            })?;
-            let key: Vec<Option<String>> = layout
-                .partition_columns
-                .iter()
-                .map(|c| values.get(c).cloned().flatten())
-                .collect();
-            // The partition a row's counts belong to: its period (by rows, several periods may
-            // share one file's directory), or the rows carried over unchanged.
-            let label = match &period {
-                _ if batch.carry => CARRIED_LABEL.to_string(),
-                Ok(Some(period)) => period.label(),
-                _ => NULL_LABEL.to_string(),
-            };
-            let open = match writers.entry(key) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => entry.insert(OpenPartition {
-                    label: label.clone(),
-                    writer: partition_writer(
-                        plan,
-                        &scalars,
-                        &values,
-                        Arc::clone(&file_schema),
-                        Arc::clone(&store),
-                    )?,
-                }),
-            };
-            *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
-            checksums
-                .entry(label.clone())
-                .or_default()
-                .add_hashes(&hash_rows(part.columns(), part.num_rows())?);
-            if !measures.is_empty() {
-                let partition_sums = sums.entry(label.clone()).or_default();
-                for (measure, index) in &measures {
-                    *partition_sums.entry(measure.clone()).or_default() +=
-                        column_sum(part.column(*index))?;
-                }
-            }
-            open.writer
-                .write(&part)
+        }
+        if !off_grain.is_empty() {
+            // Nothing of a batch that produced such rows is kept: the writers are dropped unclosed.
+            return Ok(Written {
+                record: None,
+                off_grain,
+            });
+        }
+        let mut files: Vec<Add> = Vec::new();
+        for (_, open) in writers {
+            let adds = open
+                .writer
+                .close()
                 .await
                 .map_err(|source| Error::StagingWrite {
-                    table: report.target.clone(),
-                    partition: label,
+                    table: self.target.clone(),
+                    partition: open.label.clone(),
                     source: Box::new(source),
                 })?;
+            files.extend(adds);
         }
+        Ok(Written {
+            record: Some(BatchRecord {
+                index: batch.index,
+                start: batch.start.clone(),
+                end: batch.end.clone(),
+                files,
+                rows,
+                spill,
+                sums,
+                checksums,
+                writers: BTreeMap::new(),
+            }),
+            off_grain,
+        })
     }
-    if !off_grain.is_empty() {
-        return Err(Error::OffGrain {
-            model: format!("{}@{}", plan.model.name(), plan.model.version()),
-            grain: layout.time.grain,
-            values: off_grain.into_iter().collect(),
-        });
+}
+
+impl Written {
+    /// The batch's record; an error naming the rows whose time is not a value of the grain.
+    pub(crate) fn into_record(self, spec: &WriteSpec) -> Result<BatchRecord> {
+        if !self.off_grain.is_empty() {
+            return Err(Error::OffGrain {
+                model: format!("{}@{}", spec.model, spec.model_version),
+                grain: spec.layout.time.grain,
+                values: self.off_grain.into_iter().collect(),
+            });
+        }
+        self.record
+            .ok_or_else(|| Error::Internal("a batch was written without its record".into()))
     }
-    let mut files: Vec<Add> = Vec::new();
-    for (_, open) in writers {
-        let adds = open
-            .writer
-            .close()
-            .await
-            .map_err(|source| Error::StagingWrite {
-                table: report.target.clone(),
-                partition: open.label.clone(),
-                source: Box::new(source),
-            })?;
-        files.extend(adds);
-    }
-    Ok(BatchRecord {
-        index: batch.index,
-        start: batch.start.clone(),
-        end: batch.end.clone(),
-        files,
-        rows,
-        spill,
-        sums,
-        checksums,
-    })
 }
 
 /// The rows of the files a by-rows backfill rewrites that lie outside its range (and, unless the
@@ -547,14 +653,14 @@ fn column_sum(column: &deltalake::arrow::array::ArrayRef) -> Result<f64> {
 }
 
 fn partition_writer(
-    plan: &BackfillPlan,
+    spec: &WriteSpec,
     scalars: &[Scalar],
     values: &PartitionValues,
     file_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<PartitionWriter> {
-    let layout = &plan.report.layout;
-    let prefix = layout.staging_prefix(values, &plan.report.run_id);
+    let layout = &spec.layout;
+    let prefix = layout.staging_prefix(values, &spec.run_id);
     let prefix = Path::parse(&prefix)
         .map_err(|e| Error::Internal(format!("invalid staging path `{prefix}`: {e}")))?;
     let mut properties = WriterProperties::builder()
@@ -562,7 +668,7 @@ fn partition_writer(
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
     // A key's values are unique: a dictionary of them never pays for the time spent building
     // it, and the writer would only give it up after a megabyte of each row group.
-    for key in &plan.rules.key {
+    for key in &spec.key {
         if file_schema.index_of(key).is_ok() {
             properties = properties.set_column_dictionary_enabled(
                 deltalake::parquet::schema::types::ColumnPath::from(key.as_str()),

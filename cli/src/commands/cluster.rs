@@ -1,0 +1,107 @@
+//! `lakefill cluster up`: a Ballista scheduler in this process and executors as child processes,
+//! on this machine, until Ctrl-C.
+
+use std::process::Stdio;
+
+use tokio::io::AsyncReadExt as _;
+
+use crate::args::{ClusterAction, ClusterArgs};
+use crate::printer::Printer;
+
+#[derive(serde::Serialize)]
+struct Up {
+    /// What to pass as `backfill --engine`.
+    engine: String,
+    scheduler: String,
+    executors: Vec<u32>,
+    vcores: usize,
+}
+
+pub(crate) async fn run(args: &ClusterArgs, printer: Printer) -> anyhow::Result<()> {
+    match &args.action {
+        ClusterAction::Up {
+            port,
+            bind,
+            executors,
+            vcores,
+        } => up(*bind, *port, *executors, *vcores, printer).await,
+        ClusterAction::Executor { scheduler, vcores } => {
+            lakefill::start_executor(scheduler, *vcores).await?;
+            // Until whoever started it goes away: its end of our standard input closes.
+            let mut stdin = tokio::io::stdin();
+            let mut buffer = [0u8; 64];
+            loop {
+                tokio::select! {
+                    read = stdin.read(&mut buffer) => match read {
+                        Ok(0) | Err(_) => return Ok(()),
+                        Ok(_) => {}
+                    },
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+async fn up(
+    bind: std::net::IpAddr,
+    port: u16,
+    executors: usize,
+    vcores: Option<usize>,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let vcores = vcores.unwrap_or_else(|| (cores / executors).max(1));
+    let address = lakefill::start_scheduler(std::net::SocketAddr::new(bind, port)).await?;
+    let scheduler = format!("http://{address}");
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    // Held until this process exits (waiting on a child would close its standard input).
+    let mut pipes = Vec::new();
+    for _ in 0..executors {
+        // Each executor's standard input is a pipe from this process: when it exits, however it
+        // exits, the pipe closes and the executor stops.
+        let child = tokio::process::Command::new(&exe)
+            .args(["cluster", "executor", "--scheduler", &scheduler, "--vcores"])
+            .arg(vcores.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut child = child;
+        pipes.push(child.stdin.take());
+        children.push(child);
+    }
+    let up = Up {
+        engine: format!("df://{address}"),
+        scheduler: address.to_string(),
+        executors: children.iter().filter_map(|c| c.id()).collect(),
+        vcores,
+    };
+    printer.result(
+        &format!(
+            "scheduler listening on {address} with {executors} executors of {vcores} task slots; stage on it with `lakefill backfill … --engine {}`; Ctrl-C stops it\n",
+            up.engine
+        ),
+        &up,
+    )?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        exited = wait_any(&mut children) => {
+            anyhow::bail!("an executor stopped: {exited}");
+        }
+    }
+    printer.status("stopping the cluster");
+    drop(pipes);
+    Ok(())
+}
+
+/// Waits until one of `children` exits; describes how.
+async fn wait_any(children: &mut [tokio::process::Child]) -> String {
+    let waits = children.iter_mut().map(|c| Box::pin(c.wait()));
+    let (status, _, _) = futures::future::select_all(waits).await;
+    match status {
+        Ok(status) => status.to_string(),
+        Err(e) => e.to_string(),
+    }
+}

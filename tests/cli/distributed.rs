@@ -1,0 +1,298 @@
+//! Staging on an Apache Ballista cluster (`backfill --engine df://…`): a real cluster started by
+//! the binary itself (`lakefill cluster up`: a scheduler, and executors as processes of their
+//! own), on loopback. Checked on data: against the independent expectation, and against the
+//! same backfill run locally on an identical lake.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+use crate::support::{
+    Store, TestLake, assert_refused, json_ok, lakefill_command, run_in, s3_server, stderr,
+};
+
+/// A cluster started with `lakefill cluster up`; stopped (with its executors) when dropped.
+struct Cluster {
+    child: Child,
+    engine: String,
+}
+
+impl Cluster {
+    /// Two executors of two task slots for `lake` (on S3, with the server's credentials in their
+    /// environment); `failpoints` armed in the executors.
+    fn start(lake: &TestLake, failpoints: Option<&str>) -> Self {
+        let dir: &Path = lake.path();
+        let mut command = lakefill_command(dir);
+        if lake.store == Store::S3 {
+            command.envs(s3_server().project_storage());
+        }
+        command
+            .args([
+                "cluster",
+                "up",
+                "--port",
+                "0",
+                "--executors",
+                "2",
+                "--vcores",
+                "2",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(points) = failpoints {
+            command.env("LAKEFILL_FAILPOINTS", points);
+        }
+        let mut child = command.spawn().expect("start the cluster");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the cluster's address");
+        let engine = regex_lite::Regex::new(r"df://[0-9.]+:[0-9]+")
+            .expect("regex")
+            .find(&line)
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .as_str()
+            .to_string();
+        Self { child, engine }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The executors' standard input is a pipe from this process: they stop with it.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (event_id, event_date, amount_cents) of every row of `events`, as text.
+fn all_events(lake: &TestLake) -> BTreeSet<(String, String, String)> {
+    lake.query(
+        &[("events", lake.open("events"))],
+        "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), CAST(amount_cents AS VARCHAR) FROM events",
+    )
+    .into_iter()
+    .map(|r| (r[0].clone(), r[1].clone(), r[2].clone()))
+    .collect()
+}
+
+/// The UTC date of each raw event in `from..=to`, computed here without engine code.
+fn expected_range(lake: &TestLake, from: &str, to: &str) -> BTreeSet<(String, String, String)> {
+    lake.query(
+        &[("raw_events", lake.open("raw_events"))],
+        "SELECT CAST(event_id AS VARCHAR), CAST(event_ts AS VARCHAR), CAST(amount_cents AS VARCHAR) FROM raw_events",
+    )
+    .into_iter()
+    .map(|r| (r[0].clone(), r[1][..10].to_string(), r[2].clone()))
+    .filter(|(_, date, _)| from <= date.as_str() && date.as_str() <= to)
+    .collect()
+}
+
+/// The objects under the run's staging directories, relative to the table.
+fn staged_on_disk(lake: &TestLake, run_id: &str) -> BTreeSet<String> {
+    lake.objects("events")
+        .into_iter()
+        .filter(|p| p.contains(&format!("/lakefill-{run_id}/")))
+        .collect()
+}
+
+/// The files the current version has from the run.
+fn committed_from(lake: &TestLake, run_id: &str) -> BTreeSet<String> {
+    lake.files("events")
+        .values()
+        .flat_map(|files| files.keys().cloned())
+        .filter(|p| p.contains(&format!("/lakefill-{run_id}/")))
+        .collect()
+}
+
+both_stores!(
+    a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run,
+    a_writer_task_that_fails_leaves_no_commit_and_a_run_that_resumes,
+);
+
+fn a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run(store: Store) {
+    let lake = TestLake::on(store);
+    let twin = TestLake::on(store);
+    let cluster = Cluster::start(&lake, None);
+    let (from, to) = (lake.day(2), lake.day(8));
+    let before = lake.version("events");
+    let old_rows = all_events(&lake);
+
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--batch-partitions",
+        "3",
+        "--engine",
+        &cluster.engine,
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["state"], "published", "{report}");
+    assert_eq!(report["published_version"], before + 1);
+    // One commit.
+    assert_eq!(lake.version("events"), before + 1);
+
+    let local = json_ok(&twin.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--batch-partitions",
+        "3",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(local["state"], "published");
+
+    // The same rows as the local run, in the whole table; in the range, the independent
+    // expectation; outside it, the rows as they were.
+    let distributed_rows = all_events(&lake);
+    assert_eq!(distributed_rows, all_events(&twin));
+    let in_range = |rows: &BTreeSet<(String, String, String)>| -> BTreeSet<_> {
+        rows.iter()
+            .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
+            .cloned()
+            .collect()
+    };
+    let expected = expected_range(&lake, &from, &to);
+    assert!(!expected.is_empty());
+    assert_eq!(in_range(&distributed_rows), expected);
+    let outside = |rows: &BTreeSet<(String, String, String)>| -> BTreeSet<_> {
+        rows.iter()
+            .filter(|(_, d, _)| d.as_str() < from.as_str() || to.as_str() < d.as_str())
+            .cloned()
+            .collect()
+    };
+    assert_eq!(outside(&distributed_rows), outside(&old_rows));
+    // Validation ran on the client over the files the cluster staged, with the same verdict.
+    assert_eq!(report["partitions"], local["partitions"]);
+
+    // Both executors wrote files (the journal names each batch's writer processes), and
+    // nothing staged was left behind: the run's files on disk are exactly the committed ones.
+    let run_id = report["run_id"].as_str().expect("run id");
+    let journal: serde_json::Value = serde_json::from_slice(
+        &lake.object_bytes("events", &format!("_lakefill/runs/{run_id}.json")),
+    )
+    .expect("journal");
+    let writers: BTreeSet<String> = journal["batches"]
+        .as_array()
+        .expect("batches")
+        .iter()
+        .flat_map(|b| {
+            b["writers"]
+                .as_object()
+                .map(|w| w.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(writers.len(), 2, "{journal}");
+    let committed = committed_from(&lake, run_id);
+    assert!(!committed.is_empty());
+    assert_eq!(staged_on_disk(&lake, run_id), committed);
+}
+
+fn a_writer_task_that_fails_leaves_no_commit_and_a_run_that_resumes(store: Store) {
+    let lake = TestLake::on(store);
+    let (from, to) = (lake.day(1), lake.day(6));
+    let before = lake.version("events");
+    let args = [
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--batch-partitions",
+        "3",
+    ];
+    let run_id = {
+        // The writer task of one partition fails after writing its files, every time.
+        let point = format!("stage-writer-{}", lake.day(3));
+        let failing = Cluster::start(&lake, Some(&format!("{point}=error")));
+        let mut with_engine = args.to_vec();
+        with_engine.extend(["--engine", failing.engine.as_str()]);
+        let output = lake.run(&with_engine);
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains(&format!("injected failure at `{point}`")),
+            "{}",
+            stderr(&output)
+        );
+        assert_eq!(lake.version("events"), before, "nothing is committed");
+        let runs = json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
+        let run = &runs.as_array().expect("runs")[0];
+        assert_eq!(run["state"], "failed", "{runs}");
+        run["run_id"].as_str().expect("run id").to_string()
+    };
+    // A healthy cluster resumes the same run and publishes it; the failed attempts' files are
+    // gone.
+    let healthy = Cluster::start(&lake, None);
+    let mut with_engine = args.to_vec();
+    with_engine.extend([
+        "--engine",
+        healthy.engine.as_str(),
+        "--output-format",
+        "json",
+    ]);
+    let report = json_ok(&lake.run(&with_engine));
+    assert_eq!(report["state"], "published", "{report}");
+    assert_eq!(report["run_id"], run_id.as_str());
+    assert_eq!(lake.version("events"), before + 1);
+    let rows = all_events(&lake);
+    let in_range: BTreeSet<_> = rows
+        .iter()
+        .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
+        .cloned()
+        .collect();
+    assert_eq!(in_range, expected_range(&lake, &from, &to));
+    assert_eq!(
+        staged_on_disk(&lake, &run_id),
+        committed_from(&lake, &run_id)
+    );
+}
+
+#[test]
+fn what_a_cluster_cannot_do_is_refused_by_name() {
+    let lake = TestLake::new();
+    let (from, to) = (lake.day(2), lake.day(3));
+    let base = ["backfill", "events", "--from", &from, "--to", &to];
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        lake.run(&args)
+    };
+    assert_refused(
+        &with(&["--engine", "http://127.0.0.1:50050"]),
+        2,
+        "--engine",
+    );
+    assert_refused(
+        &with(&["--cascade", "--engine", "df://127.0.0.1:1"]),
+        2,
+        "a cascade cannot be staged on a cluster yet",
+    );
+    // The project's `[engine] scheduler` is checked where it is written.
+    let toml = lake.path().join("lakefill.toml");
+    let text = std::fs::read_to_string(&toml).expect("project");
+    std::fs::write(
+        &toml,
+        format!("{text}\n[engine]\nscheduler = \"nowhere\"\n"),
+    )
+    .expect("write");
+    assert_refused(&run_in(lake.path(), &base), 2, "[engine]");
+    // `--engine local` overrides it.
+    let local = lake.run(&["plan", "events", "--from", &from, "--to", &to]);
+    assert_eq!(local.status.code(), Some(0), "{}", stderr(&local));
+    let version = lake.version("events");
+    let staged = with(&["--engine", "local", "--stage-only"]);
+    assert_eq!(staged.status.code(), Some(0), "{}", stderr(&staged));
+    assert_eq!(lake.version("events"), version);
+}
