@@ -3,7 +3,8 @@
 //! With the `failpoints` feature (enabled by the test builds only), the environment variable
 //! `LAKEFILL_FAILPOINTS` arms points by name, each with an action: `name` or `name=abort` aborts
 //! the process the way a power cut or a `kill -9` would (no cleanup, no journal update),
-//! `name=error` makes the point return an error as a failing store or query would, and
+//! `name=error` makes the point return an error as a failing store or query would, `name=once`
+//! fails it the first time a process reaches it, where the caller asks (see [`armed_once`]), and
 //! `name=pause` stops there until the process is signalled (for SIGINT and SIGKILL tests).
 //! Without the feature every point is a no-op the compiler removes.
 //!
@@ -28,6 +29,8 @@ pub(crate) async fn reach(name: &str) -> Result<()> {
                     "injected failure at `{name}`"
                 )));
             }
+            // Acted on by the caller, through `armed_once`.
+            "once" => {}
             "pause" => {
                 tracing::error!(failpoint = name, "failpoint hit: pausing");
                 futures::future::pending::<()>().await;
@@ -47,6 +50,27 @@ pub(crate) async fn reach(name: &str) -> Result<()> {
 pub(crate) fn armed_error(name: &str) -> bool {
     #[cfg(feature = "failpoints")]
     return armed(name).is_some_and(|action| action == "error");
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+/// Whether the point `name` is armed with `once` and this process reaches it for the first time
+/// (for a failure the caller turns into one its retry logic retries, e.g. a cluster task's).
+#[cfg(feature = "distributed")]
+pub(crate) fn armed_once(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        static FIRED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+            std::sync::Mutex::new(std::collections::BTreeSet::new());
+        armed(name).is_some_and(|action| action == "once")
+            && FIRED
+                .lock()
+                .map(|mut fired| fired.insert(name.to_string()))
+                .unwrap_or(false)
+    }
     #[cfg(not(feature = "failpoints"))]
     {
         let _ = name;

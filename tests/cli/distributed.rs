@@ -264,6 +264,9 @@ fn what_a_cluster_cannot_do_is_refused_by_name() {
     let lake = TestLake::new();
     let (from, to) = (lake.day(2), lake.day(3));
     let base = ["backfill", "events", "--from", &from, "--to", &to];
+    // The runs of the lake's history (written by lakefill).
+    let runs = || json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
+    let history = runs();
     let with = |extra: &[&str]| {
         let mut args = base.to_vec();
         args.extend(extra);
@@ -279,6 +282,13 @@ fn what_a_cluster_cannot_do_is_refused_by_name() {
         2,
         "a cascade cannot be staged on a cluster yet",
     );
+    assert_refused(
+        &with(&["--engine", "df://127.0.0.1:1", "--throttle", "1MiB/s"]),
+        2,
+        "--throttle",
+    );
+    // Refused before a run exists: nothing to resume or discard.
+    assert_eq!(runs(), history);
     // The project's `[engine] scheduler` is checked where it is written.
     let toml = lake.path().join("lakefill.toml");
     let text = std::fs::read_to_string(&toml).expect("project");
@@ -295,4 +305,105 @@ fn what_a_cluster_cannot_do_is_refused_by_name() {
     let staged = with(&["--engine", "local", "--stage-only"]);
     assert_eq!(staged.status.code(), Some(0), "{}", stderr(&staged));
     assert_eq!(lake.version("events"), version);
+}
+
+/// A writer task that fails after writing its files, as a lost store connection would, is run
+/// again by Ballista: the run publishes the rows once, and the failed attempts' files are gone.
+#[test]
+fn a_retried_writer_task_counts_once_and_leaves_no_stray_files() {
+    let lake = TestLake::new();
+    let (from, to) = (lake.day(2), lake.day(6));
+    let point = format!("stage-writer-{}", lake.day(4));
+    let cluster = Cluster::start(&lake, Some(&format!("{point}=once")));
+    let output = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--engine",
+        &cluster.engine,
+        "--output-format",
+        "json",
+    ]);
+    let report = json_ok(&output);
+    assert_eq!(report["state"], "published", "{report}");
+    // The failed attempt's files were there, and were deleted.
+    assert!(
+        stderr(&output).contains("staged but the batch does not keep"),
+        "{}",
+        stderr(&output)
+    );
+    let rows = all_events(&lake);
+    let in_range: BTreeSet<_> = rows
+        .iter()
+        .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
+        .cloned()
+        .collect();
+    assert_eq!(in_range, expected_range(&lake, &from, &to));
+    let day = lake.day(4);
+    let published = report["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .find(|p| p["value"] == day.as_str())
+        .expect("the retried partition");
+    assert_eq!(
+        published["new_rows"],
+        in_range.iter().filter(|(_, d, _)| *d == day).count() as u64
+    );
+    let run_id = report["run_id"].as_str().expect("run id");
+    assert_eq!(staged_on_disk(&lake, run_id), committed_from(&lake, run_id));
+}
+
+/// A source a plain Parquet scan would read wrongly (column mapping: the files' column names are
+/// not the table's) is refused before a run exists, naming the source and `--engine local`.
+#[test]
+fn a_source_a_cluster_cannot_read_is_refused_before_a_run_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    crate::protocol::python(&["create", "column_mapping", &path("mapped")]);
+    crate::protocol::python(&["create", "plain", &path("t")]);
+    std::fs::write(
+        dir.path().join("lakefill.toml"),
+        "[tables.mapped]\nuri = \"mapped\"\n\n[tables.t]\nuri = \"t\"\n",
+    )
+    .expect("project");
+    let model = dir.path().join("sql/fix");
+    std::fs::create_dir_all(&model).expect("sql dir");
+    std::fs::write(
+        model.join("v1.sql"),
+        "/*\ntarget = \"t\"\npartition_by = \"event_date\"\n[sources.mapped]\nwindow = \"event_date\"\n*/\n\
+         SELECT event_id, amount_cents + 1 AS amount_cents, event_date FROM mapped \
+         WHERE event_date BETWEEN $start AND $end\n",
+    )
+    .expect("model");
+    let log = |table: &str| crate::support::files_under(&dir.path().join(table).join("_delta_log"));
+    let before = log("t");
+    let output = run_in(
+        dir.path(),
+        &[
+            "backfill",
+            "fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--engine",
+            "df://127.0.0.1:1",
+        ],
+    );
+    assert_refused(&output, 2, "source `mapped` uses column mapping");
+    assert!(
+        stderr(&output).contains("--engine local"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(log("t"), before, "the target is untouched");
+    let runs = json_ok(&run_in(
+        dir.path(),
+        &["runs", "t", "--output-format", "json"],
+    ));
+    assert_eq!(runs, serde_json::json!([]), "{runs}");
 }

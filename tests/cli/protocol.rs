@@ -20,7 +20,7 @@ fn helper() -> PathBuf {
 }
 
 /// Runs the python helper; returns its stdout.
-fn python(args: &[&str]) -> String {
+pub(crate) fn python(args: &[&str]) -> String {
     let out = Command::new("python3")
         .arg(helper())
         .args(args)

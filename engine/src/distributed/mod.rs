@@ -2,7 +2,7 @@
 //!
 //! The client does what it does locally up to the query: it pins every source, and per batch
 //! turns each source into a plain Parquet scan of exactly the files of its pinned version
-//! ([`pinned::PinnedFiles`]; partition values are per-file constants from the log, nothing is
+//! ([`pinned::pinned_source`]; partition values are per-file constants from the log, nothing is
 //! listed), plans the model's SELECT with Ballista's session configuration, casts it to the
 //! target's columns, adds a hash repartition on the target's partition columns and
 //! [`writer::StageWriterExec`] on top, and submits that physical plan. Each writer task writes
@@ -28,6 +28,7 @@ use ballista_core::extension::SessionConfigExt as _;
 use datafusion_proto::protobuf::PhysicalPlanNode;
 use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::execution::object_store::ObjectStoreUrl;
 use deltalake::datafusion::physical_expr::PhysicalExpr;
 use deltalake::datafusion::physical_plan::expressions::Column;
 use deltalake::datafusion::physical_plan::repartition::RepartitionExec;
@@ -54,7 +55,7 @@ pub(crate) async fn stage(
     skip: &BTreeSet<usize>,
     finished: tokio::sync::mpsc::Sender<BatchRecord>,
 ) -> Result<()> {
-    refuse_unsupported(plan, engine)?;
+    check(plan, engine, options.throttle.is_some())?;
     let scheduler = scheduler_url(engine)?;
     let target_schema = Arc::new(target_schema(plan)?);
     let pending: Vec<BatchPlan> = plan
@@ -77,6 +78,21 @@ pub(crate) async fn stage(
         }
     }
     Ok(())
+}
+
+/// Refuses, before a run starts, what it cannot do on the cluster at `engine`: a malformed
+/// address, a `--throttle` (it bounds this process's writes, and the executors write), and the
+/// shapes a distributed run cannot stage yet.
+pub(crate) fn check(plan: &BackfillPlan, engine: &str, throttled: bool) -> Result<()> {
+    scheduler_url(engine)?;
+    if throttled {
+        return Err(Error::InvalidOption {
+            option: "--throttle".into(),
+            value: engine.into(),
+            message: "bounds the writes of this process, and with `--engine` the executors write; run without `--throttle`, or with `--engine local`".into(),
+        });
+    }
+    refuse_unsupported(plan, engine)
 }
 
 /// What a distributed run cannot do yet, refused by name before anything is staged.
@@ -106,7 +122,24 @@ fn refuse_unsupported(plan: &BackfillPlan, engine: &str) -> Result<()> {
     if plan.revert_of.is_some() {
         return refuse("a revert");
     }
+    for source in &plan.sources {
+        pinned::check_source(&source.name, &source.table, engine)?;
+    }
     Ok(())
+}
+
+/// The store a table at `url` lives in (scheme and authority: `s3://bucket`, `file://`) and the
+/// table's path from that store's root.
+fn store_location(url: &url::Url) -> Result<(ObjectStoreUrl, deltalake::Path)> {
+    let store = ObjectStoreUrl::parse(format!(
+        "{}://{}",
+        url.scheme(),
+        &url[url::Position::BeforeHost..url::Position::AfterPort]
+    ))
+    .map_err(|e| Error::Internal(format!("cannot name the store of `{url}`: {e}")))?;
+    let root = deltalake::Path::from_url_path(url.path())
+        .map_err(|e| Error::Internal(format!("cannot read the path of `{url}`: {e}")))?;
+    Ok((store, root))
 }
 
 /// `df://HOST:PORT` (port 50050 by default) as the scheduler's gRPC address.
@@ -144,7 +177,7 @@ async fn stage_batch(
         .with_ballista_physical_extension_codec(Arc::new(writer::LakefillCodec::default()));
     let ctx = SessionContext::new_with_config(config.clone());
     for source in &plan.sources {
-        let provider = Arc::new(pinned::PinnedFiles::of(&source.name, &source.table)?);
+        let provider = Arc::new(pinned::pinned_source(&source.name, &source.table)?);
         register_source_with(&ctx, plan, source, batch, provider).await?;
     }
     let df = model_dataframe(&ctx, plan, batch).await?;

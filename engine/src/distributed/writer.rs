@@ -21,7 +21,6 @@ use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::common::{
     DataFusionError, Result as DfResult, tree_node::TreeNodeRecursion,
 };
-use deltalake::datafusion::execution::object_store::ObjectStoreUrl;
 use deltalake::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use deltalake::datafusion::logical_expr::{AggregateUDF, ScalarUDF, WindowUDF};
 use deltalake::datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -149,9 +148,14 @@ impl ExecutionPlan for StageWriterExec {
                 .map_err(external)?;
             // A task that dies here has written files nobody hears of: the client deletes them.
             for label in written.record.iter().flat_map(|r| r.rows.keys()) {
-                crate::failpoint::reach(&format!("stage-writer-{label}"))
-                    .await
-                    .map_err(external)?;
+                let point = format!("stage-writer-{label}");
+                if crate::failpoint::armed_once(&point) {
+                    // As a lost connection to the store would: Ballista runs the task again.
+                    return Err(DataFusionError::IoError(std::io::Error::other(format!(
+                        "injected failure at `{point}`, once"
+                    ))));
+                }
+                crate::failpoint::reach(&point).await.map_err(external)?;
             }
             let json = serde_json::to_string(&written)
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -192,19 +196,12 @@ fn table_store(
 ) -> crate::error::Result<Arc<dyn deltalake::ObjectStore>> {
     let url = url::Url::parse(table_url)
         .map_err(|e| crate::error::Error::Internal(format!("bad table URL `{table_url}`: {e}")))?;
-    let store_url = ObjectStoreUrl::parse(format!(
-        "{}://{}",
-        url.scheme(),
-        &url[url::Position::BeforeHost..url::Position::AfterPort]
-    ))
-    .map_err(|e| crate::error::Error::Internal(format!("cannot name the store of `{url}`: {e}")))?;
+    let (store_url, root) = super::store_location(&url)?;
     let store = context.runtime_env().object_store(&store_url).map_err(|e| {
         crate::error::Error::Internal(format!(
             "this executor has no object store for `{store_url}` (it uses its own credentials): {e}"
         ))
     })?;
-    let root = deltalake::Path::from_url_path(url.path())
-        .map_err(|e| crate::error::Error::Internal(format!("bad table path `{url}`: {e}")))?;
     Ok(Arc::new(PrefixStore::new(store, root)))
 }
 

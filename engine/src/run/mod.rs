@@ -198,6 +198,10 @@ impl BackfillBuilder {
         {
             return Err(crate::run::publish::empty_reason());
         }
+        if let Some(engine) = &self.engine {
+            // Before the run exists: a run that cannot be staged there never starts.
+            crate::stage::check_engine(&self.plan, engine, self.throttle.is_some())?;
+        }
         if let Some(companion) = self.plan.target_config.adjustments()
             && self.plan.report.publish == crate::adjust::PublishMode::Adjustments
             && self.plan.adjusted.is_none()

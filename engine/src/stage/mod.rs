@@ -74,14 +74,9 @@ pub(crate) async fn stage(
     finished: tokio::sync::mpsc::Sender<BatchRecord>,
 ) -> Result<()> {
     if let Some(engine) = &options.engine {
+        check_engine(plan, engine, options.throttle.is_some())?;
         #[cfg(feature = "distributed")]
         return crate::distributed::stage(plan, options, engine, skip, finished).await;
-        #[cfg(not(feature = "distributed"))]
-        return Err(Error::InvalidOption {
-            option: "--engine".into(),
-            value: engine.clone(),
-            message: "this lakefill was built without distributed staging; build it with `--features distributed` or run with `--engine local`".into(),
-        });
     }
     let target_schema = Arc::new(target_schema(plan)?);
     let pending: Vec<BatchPlan> = plan
@@ -107,6 +102,22 @@ pub(crate) async fn stage(
         }
     }
     Ok(())
+}
+
+/// Refuses a run on the cluster at `engine` that cannot be staged there (see
+/// `crate::distributed`), or any when this build has no distributed staging.
+pub(crate) fn check_engine(plan: &BackfillPlan, engine: &str, throttled: bool) -> Result<()> {
+    #[cfg(feature = "distributed")]
+    return crate::distributed::check(plan, engine, throttled);
+    #[cfg(not(feature = "distributed"))]
+    {
+        let _ = (plan, throttled);
+        Err(Error::InvalidOption {
+            option: "--engine".into(),
+            value: engine.to_string(),
+            message: "this lakefill was built without distributed staging; build it with `--features distributed` or run with `--engine local`".into(),
+        })
+    }
 }
 
 /// Where the rows of one partition go.

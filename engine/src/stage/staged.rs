@@ -1,9 +1,12 @@
-//! A DataFusion table over a run's staged files: the rows a publish would add.
+//! A DataFusion table over a given list of Parquet files: a run's staged files (the rows a
+//! publish would add), or a source's files at its pinned version for a cluster.
 //!
 //! Staged files are not in the Delta log, so the Delta provider cannot see them. This provider
 //! scans exactly the given `add` actions with DataFusion's Parquet source, appending the partition
 //! value each `add` carries, through the target table's own object store (so it works the same on
-//! local disk and S3). Validation and `diff --run` read staged output through it.
+//! local disk and S3). Validation and `diff --run` read staged output through it. A distributed
+//! run reads its sources through it too ([`StagedTable::over_files`]): a plain Parquet scan is
+//! what a Ballista scheduler can cut into tasks, where delta-rs's scan cannot be shipped.
 
 use std::sync::Arc;
 
@@ -32,14 +35,18 @@ use deltalake::{DeltaTable, ObjectStore};
 
 use crate::error::{Error, Result};
 
-/// Scans a set of staged files as one table with the target's schema.
+/// Scans a set of Parquet files as one table.
 #[derive(Debug)]
 pub(crate) struct StagedTable {
+    /// The table's columns, in the table's order.
     schema: SchemaRef,
+    /// The columns stored in the files (the table's, without its partition columns).
     file_schema: SchemaRef,
     partition_fields: Vec<Arc<Field>>,
     store_url: ObjectStoreUrl,
     files: Vec<PartitionedFile>,
+    /// File groups (tasks) a scan spreads the files over; `None`: the session's partitions.
+    groups: Option<usize>,
 }
 
 impl StagedTable {
@@ -143,6 +150,66 @@ impl StagedTable {
             partition_fields,
             store_url,
             files,
+            // Two groups let two cores decode at once; order does not matter to any reader.
+            groups: Some(2),
+        })
+    }
+
+    /// The table `schema` (partitioned by `partition_columns`) over `files`, whose paths are
+    /// from the root of the store at `store_url` and whose partition values are raw (as the log
+    /// writes them); a scan spreads them over the session's partitions.
+    #[cfg(feature = "distributed")]
+    pub(crate) fn over_files(
+        schema: SchemaRef,
+        partition_columns: &[String],
+        store_url: ObjectStoreUrl,
+        files: Vec<(
+            deltalake::Path,
+            u64,
+            std::collections::HashMap<String, Option<String>>,
+        )>,
+    ) -> Result<Self> {
+        let partition_fields: Vec<Arc<Field>> = partition_columns
+            .iter()
+            .map(|column| {
+                schema
+                    .field_with_name(column)
+                    .map(|f| Arc::new(f.clone()))
+                    .map_err(|_| {
+                        Error::Internal(format!("partition column `{column}` is not in the schema"))
+                    })
+            })
+            .collect::<Result<_>>()?;
+        let file_schema = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .filter(|f| !partition_columns.contains(f.name()))
+                .map(Arc::clone)
+                .collect::<Vec<_>>(),
+        ));
+        let files = files
+            .into_iter()
+            .map(|(path, size, raw)| {
+                let values = partition_fields
+                    .iter()
+                    .map(|f| {
+                        partition_scalar(
+                            f.data_type(),
+                            raw.get(f.name()).cloned().flatten().as_deref(),
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(PartitionedFile::new(path.to_string(), size).with_partition_values(values))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            schema,
+            file_schema,
+            partition_fields,
+            store_url,
+            files,
+            groups: None,
         })
     }
 }
@@ -266,19 +333,39 @@ impl TableProvider for StagedTable {
             .with_table_partition_cols(self.partition_fields.clone())
             .build();
         let source = Arc::new(ParquetSource::new(table_schema));
-        // Two groups let two cores decode at once; order does not matter to any reader.
-        let mut groups = vec![Vec::new(), Vec::new()];
+        let count = self
+            .groups
+            .unwrap_or_else(|| state.config().target_partitions())
+            .max(1);
+        let mut groups = vec![Vec::new(); count];
         for (i, file) in files.into_iter().enumerate() {
-            groups[i % 2].push(file);
+            groups[i % count].push(file);
         }
         let groups: Vec<FileGroup> = groups
             .into_iter()
             .filter(|g| !g.is_empty())
             .map(FileGroup::new)
             .collect();
+        // The scan's columns are the files' then the partition columns, whatever the table's
+        // order.
+        let scan_index = |i: usize| {
+            let name = self.schema.field(i).name();
+            self.file_schema.index_of(name).unwrap_or_else(|_| {
+                self.file_schema.fields().len()
+                    + self
+                        .partition_fields
+                        .iter()
+                        .position(|f| f.name() == name)
+                        .unwrap_or(0)
+            })
+        };
+        let indices: Vec<usize> = match projection {
+            Some(projection) => projection.iter().map(|i| scan_index(*i)).collect(),
+            None => (0..self.schema.fields().len()).map(scan_index).collect(),
+        };
         let config = FileScanConfigBuilder::new(self.store_url.clone(), source)
             .with_file_groups(groups)
-            .with_projection_indices(projection.cloned())?
+            .with_projection_indices(Some(indices))?
             .with_limit(limit)
             .build();
         Ok(DataSourceExec::from_data_source(config))
