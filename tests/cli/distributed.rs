@@ -357,6 +357,56 @@ fn a_retried_writer_task_counts_once_and_leaves_no_stray_files() {
     assert_eq!(staged_on_disk(&lake, run_id), committed_from(&lake, run_id));
 }
 
+/// A run staged on the cluster is an ordinary staged run: `publish` takes it, or `discard` drops
+/// every file the executors wrote; either way from the client, with the cluster gone.
+#[test]
+fn a_run_staged_on_the_cluster_is_published_or_discarded_without_it() {
+    let lake = TestLake::new();
+    let before = lake.version("events");
+    let stage = |from: u64, to: u64| {
+        let cluster = Cluster::start(&lake, None);
+        let report = json_ok(&lake.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &lake.day(from),
+            "--to",
+            &lake.day(to),
+            "--stage-only",
+            "--engine",
+            &cluster.engine,
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(report["state"], "validated", "{report}");
+        report["run_id"].as_str().expect("run id").to_string()
+        // The cluster stops here.
+    };
+    let dropped = stage(1, 3);
+    assert!(!staged_on_disk(&lake, &dropped).is_empty());
+    let discard = lake.run(&["discard", &dropped]);
+    assert_eq!(discard.status.code(), Some(0), "{}", stderr(&discard));
+    assert!(
+        staged_on_disk(&lake, &dropped).is_empty(),
+        "every staged file is gone"
+    );
+    assert_eq!(lake.version("events"), before);
+
+    let kept = stage(5, 7);
+    let publish = json_ok(&lake.run(&["publish", &kept, "--output-format", "json"]));
+    assert_eq!(publish["state"], "published", "{publish}");
+    assert_eq!(lake.version("events"), before + 1);
+    let rows = all_events(&lake);
+    let (from, to) = (lake.day(5), lake.day(7));
+    let in_range: BTreeSet<_> = rows
+        .iter()
+        .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
+        .cloned()
+        .collect();
+    assert_eq!(in_range, expected_range(&lake, &from, &to));
+    assert_eq!(staged_on_disk(&lake, &kept), committed_from(&lake, &kept));
+}
+
 /// A source a plain Parquet scan would read wrongly (column mapping: the files' column names are
 /// not the table's) is refused before a run exists, naming the source and `--engine local`.
 #[test]
