@@ -106,6 +106,10 @@ pub(crate) enum ClusterAction {
         /// Task slots per executor [default: the cores shared out among the executors].
         #[arg(long, value_name = "N", value_parser = at_least_one)]
         vcores: Option<usize>,
+        /// Memory per executor, e.g. `2GiB`, or `unlimited`; its tasks spill to disk beyond it
+        /// [default: as a local run's, a quarter of RAM, at most 1 GiB].
+        #[arg(long, value_name = "SIZE")]
+        memory_limit: Option<String>,
     },
     /// One executor for the scheduler at `--scheduler` (what `up` starts); stops when its
     /// standard input closes.
@@ -117,6 +121,9 @@ pub(crate) enum ClusterAction {
         /// Task slots.
         #[arg(long, default_value_t = 2, value_parser = at_least_one)]
         vcores: usize,
+        /// Memory for the executor's tasks (bytes); absent: unbounded.
+        #[arg(long, value_name = "BYTES")]
+        memory_limit: Option<u64>,
     },
 }
 

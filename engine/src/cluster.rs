@@ -18,13 +18,18 @@ pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
 /// Starts a Ballista executor of `vcores` task slots for the scheduler at `scheduler`
 /// (`http://HOST:PORT`), listening on a free loopback port, with lakefill's codec registered; it
 /// runs until the process exits. It reads and writes tables with this process's own object-store
-/// credentials, never the client's.
-pub async fn start_executor(scheduler: &str, vcores: usize) -> Result<()> {
+/// credentials, never the client's. Its tasks share one memory pool of `memory_limit` bytes
+/// (they spill to disk beyond it); `None` lifts the bound.
+pub async fn start_executor(
+    scheduler: &str,
+    vcores: usize,
+    memory_limit: Option<u64>,
+) -> Result<()> {
     #[cfg(feature = "distributed")]
-    return crate::distributed::cluster::start_executor(scheduler, vcores).await;
+    return crate::distributed::cluster::start_executor(scheduler, vcores, memory_limit).await;
     #[cfg(not(feature = "distributed"))]
     {
-        let _ = vcores;
+        let _ = (vcores, memory_limit);
         Err(not_built(scheduler))
     }
 }

@@ -37,6 +37,9 @@ impl Cluster {
                 "2",
                 "--vcores",
                 "2",
+                // Each executor's tasks share one bounded pool, as a local run's queries do.
+                "--memory-limit",
+                "256MiB",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -289,6 +292,11 @@ fn what_a_cluster_cannot_do_is_refused_by_name() {
     );
     // Refused before a run exists: nothing to resume or discard.
     assert_eq!(runs(), history);
+    assert_refused(
+        &lake.run(&["cluster", "up", "--port", "0", "--memory-limit", "lots"]),
+        2,
+        "--memory-limit",
+    );
     // The project's `[engine] scheduler` is checked where it is written.
     let toml = lake.path().join("lakefill.toml");
     let text = std::fs::read_to_string(&toml).expect("project");

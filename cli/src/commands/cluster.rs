@@ -15,6 +15,8 @@ struct Up {
     scheduler: String,
     executors: Vec<u32>,
     vcores: usize,
+    /// Memory per executor in bytes; absent: unbounded.
+    memory_limit: Option<u64>,
 }
 
 pub(crate) async fn run(args: &ClusterArgs, printer: Printer) -> anyhow::Result<()> {
@@ -24,9 +26,27 @@ pub(crate) async fn run(args: &ClusterArgs, printer: Printer) -> anyhow::Result<
             bind,
             executors,
             vcores,
-        } => up(*bind, *port, *executors, *vcores, printer).await,
-        ClusterAction::Executor { scheduler, vcores } => {
-            lakefill::start_executor(scheduler, *vcores).await?;
+            memory_limit,
+        } => {
+            let memory_limit = match memory_limit.as_deref() {
+                None => Some(lakefill::default_memory_limit()),
+                Some(text) if text.eq_ignore_ascii_case("unlimited") => None,
+                Some(text) => Some(lakefill::parse_size(text).map_err(|_| {
+                    lakefill::Error::InvalidOption {
+                        option: "--memory-limit".into(),
+                        value: text.into(),
+                        message: "expected a size such as `2GiB`, or `unlimited`".into(),
+                    }
+                })?),
+            };
+            up(*bind, *port, *executors, *vcores, memory_limit, printer).await
+        }
+        ClusterAction::Executor {
+            scheduler,
+            vcores,
+            memory_limit,
+        } => {
+            lakefill::start_executor(scheduler, *vcores, *memory_limit).await?;
             // Until whoever started it goes away: its end of our standard input closes.
             let mut stdin = tokio::io::stdin();
             let mut buffer = [0u8; 64];
@@ -48,6 +68,7 @@ async fn up(
     port: u16,
     executors: usize,
     vcores: Option<usize>,
+    memory_limit: Option<u64>,
     printer: Printer,
 ) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -61,9 +82,14 @@ async fn up(
     for _ in 0..executors {
         // Each executor's standard input is a pipe from this process: when it exits, however it
         // exits, the pipe closes and the executor stops.
-        let child = tokio::process::Command::new(&exe)
+        let mut command = tokio::process::Command::new(&exe);
+        command
             .args(["cluster", "executor", "--scheduler", &scheduler, "--vcores"])
-            .arg(vcores.to_string())
+            .arg(vcores.to_string());
+        if let Some(limit) = memory_limit {
+            command.arg("--memory-limit").arg(limit.to_string());
+        }
+        let child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .kill_on_drop(true)
@@ -77,10 +103,12 @@ async fn up(
         scheduler: address.to_string(),
         executors: children.iter().filter_map(|c| c.id()).collect(),
         vcores,
+        memory_limit,
     };
     printer.result(
         &format!(
-            "scheduler listening on {address} with {executors} executors of {vcores} task slots; stage on it with `lakefill backfill … --engine {}`; Ctrl-C stops it\n",
+            "scheduler listening on {address} with {executors} executors of {vcores} task slots and {} each; stage on it with `lakefill backfill … --engine {}`; Ctrl-C stops it\n",
+            memory_limit.map_or("unbounded memory".to_string(), |m| format!("{} of memory", crate::printer::bytes(m))),
             up.engine
         ),
         &up,

@@ -16,6 +16,7 @@ use ballista_scheduler::metrics::default_metrics_collector;
 use ballista_scheduler::scheduler_server::SchedulerServer;
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use deltalake::datafusion::execution::SessionStateBuilder;
+use deltalake::datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
 use deltalake::datafusion::execution::object_store::{
     DefaultObjectStoreRegistry, ObjectStoreRegistry,
 };
@@ -98,15 +99,27 @@ pub(crate) async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
 }
 
 /// See [`crate::cluster::start_executor`].
-pub(crate) async fn start_executor(scheduler: &str, vcores: usize) -> Result<()> {
+pub(crate) async fn start_executor(
+    scheduler: &str,
+    vcores: usize,
+    memory_limit: Option<u64>,
+) -> Result<()> {
     let client = connect(scheduler).await?;
     let stores = Arc::new(ExecutorStores::default());
+    // One pool for every task of the executor (the producer runs per task): its queries spill
+    // to disk beyond it, as a local run's do.
+    let pool: Option<Arc<dyn MemoryPool>> = memory_limit.map(|limit| {
+        Arc::new(FairSpillPool::new(
+            usize::try_from(limit).unwrap_or(usize::MAX),
+        )) as Arc<dyn MemoryPool>
+    });
     let runtime: ballista_core::RuntimeProducer = Arc::new(move |_: &SessionConfig| {
-        Ok(Arc::new(
-            RuntimeEnvBuilder::new()
-                .with_object_store_registry(Arc::clone(&stores) as Arc<dyn ObjectStoreRegistry>)
-                .build()?,
-        ))
+        let mut builder = RuntimeEnvBuilder::new()
+            .with_object_store_registry(Arc::clone(&stores) as Arc<dyn ObjectStoreRegistry>);
+        if let Some(pool) = &pool {
+            builder = builder.with_memory_pool(Arc::clone(pool));
+        }
+        Ok(Arc::new(builder.build()?))
     });
     ballista_executor::new_standalone_executor_from_builder(
         client,
