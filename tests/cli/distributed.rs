@@ -92,6 +92,18 @@ fn expected_range(lake: &TestLake, from: &str, to: &str) -> BTreeSet<(String, St
     .collect()
 }
 
+/// The rows of `rows` whose date is in `from..=to`.
+fn within(
+    rows: &BTreeSet<(String, String, String)>,
+    from: &str,
+    to: &str,
+) -> BTreeSet<(String, String, String)> {
+    rows.iter()
+        .filter(|(_, d, _)| from <= d.as_str() && d.as_str() <= to)
+        .cloned()
+        .collect()
+}
+
 /// The objects under the run's staging directories, relative to the table.
 fn staged_on_disk(lake: &TestLake, run_id: &str) -> BTreeSet<String> {
     lake.objects("events")
@@ -159,15 +171,9 @@ fn a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run(
     // expectation; outside it, the rows as they were.
     let distributed_rows = all_events(&lake);
     assert_eq!(distributed_rows, all_events(&twin));
-    let in_range = |rows: &BTreeSet<(String, String, String)>| -> BTreeSet<_> {
-        rows.iter()
-            .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
-            .cloned()
-            .collect()
-    };
     let expected = expected_range(&lake, &from, &to);
     assert!(!expected.is_empty());
-    assert_eq!(in_range(&distributed_rows), expected);
+    assert_eq!(within(&distributed_rows, &from, &to), expected);
     let outside = |rows: &BTreeSet<(String, String, String)>| -> BTreeSet<_> {
         rows.iter()
             .filter(|(_, d, _)| d.as_str() < from.as_str() || to.as_str() < d.as_str())
@@ -249,12 +255,7 @@ fn a_writer_task_that_fails_leaves_no_commit_and_a_run_that_resumes(store: Store
     assert_eq!(report["state"], "published", "{report}");
     assert_eq!(report["run_id"], run_id.as_str());
     assert_eq!(lake.version("events"), before + 1);
-    let rows = all_events(&lake);
-    let in_range: BTreeSet<_> = rows
-        .iter()
-        .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
-        .cloned()
-        .collect();
+    let in_range = within(&all_events(&lake), &from, &to);
     assert_eq!(in_range, expected_range(&lake, &from, &to));
     assert_eq!(
         staged_on_disk(&lake, &run_id),
@@ -343,12 +344,7 @@ fn a_retried_writer_task_counts_once_and_leaves_no_stray_files() {
         "{}",
         stderr(&output)
     );
-    let rows = all_events(&lake);
-    let in_range: BTreeSet<_> = rows
-        .iter()
-        .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
-        .cloned()
-        .collect();
+    let in_range = within(&all_events(&lake), &from, &to);
     assert_eq!(in_range, expected_range(&lake, &from, &to));
     let day = lake.day(4);
     let published = report["partitions"]
@@ -404,14 +400,11 @@ fn a_run_staged_on_the_cluster_is_published_or_discarded_without_it() {
     let publish = json_ok(&lake.run(&["publish", &kept, "--output-format", "json"]));
     assert_eq!(publish["state"], "published", "{publish}");
     assert_eq!(lake.version("events"), before + 1);
-    let rows = all_events(&lake);
     let (from, to) = (lake.day(5), lake.day(7));
-    let in_range: BTreeSet<_> = rows
-        .iter()
-        .filter(|(_, d, _)| from.as_str() <= d.as_str() && d.as_str() <= to.as_str())
-        .cloned()
-        .collect();
-    assert_eq!(in_range, expected_range(&lake, &from, &to));
+    assert_eq!(
+        within(&all_events(&lake), &from, &to),
+        expected_range(&lake, &from, &to)
+    );
     assert_eq!(staged_on_disk(&lake, &kept), committed_from(&lake, &kept));
 }
 

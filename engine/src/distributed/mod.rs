@@ -35,7 +35,7 @@ use deltalake::datafusion::physical_plan::repartition::RepartitionExec;
 use deltalake::datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
 use deltalake::logstore::object_store::ObjectStoreExt as _;
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 
 use crate::error::{Error, QueryContext, Result};
 use crate::journal::BatchRecord;
@@ -58,26 +58,12 @@ pub(crate) async fn stage(
     check(plan, engine, options.throttle.is_some())?;
     let scheduler = scheduler_url(engine)?;
     let target_schema = Arc::new(target_schema(plan)?);
-    let pending: Vec<BatchPlan> = plan
-        .report
-        .batches
-        .iter()
-        .filter(|b| !skip.contains(&b.index))
-        .cloned()
-        .collect();
-    let mut staged = futures::stream::iter(pending)
-        .map(|batch| {
-            let schema = Arc::clone(&target_schema);
-            let scheduler = scheduler.clone();
-            async move { stage_batch(plan, &batch, schema, &scheduler, engine).await }
-        })
-        .buffer_unordered(options.max_parallel.max(1));
-    while let Some(record) = staged.try_next().await? {
-        if finished.send(record).await.is_err() {
-            break;
-        }
-    }
-    Ok(())
+    crate::stage::each_batch(plan, skip, options.max_parallel, finished, |batch| {
+        let schema = Arc::clone(&target_schema);
+        let scheduler = scheduler.clone();
+        async move { stage_batch(plan, &batch, schema, &scheduler, engine).await }
+    })
+    .await
 }
 
 /// Refuses, before a run starts, what it cannot do on the cluster at `engine`: a malformed
@@ -336,17 +322,7 @@ fn gather(
             }
         }
     }
-    let mut total = BatchRecord {
-        index: spec.batch.index,
-        start: spec.batch.start.clone(),
-        end: spec.batch.end.clone(),
-        files: Vec::new(),
-        rows: BTreeMap::new(),
-        spill: BTreeMap::new(),
-        sums: BTreeMap::new(),
-        checksums: BTreeMap::new(),
-        writers: BTreeMap::new(),
-    };
+    let mut total = BatchRecord::empty(&spec.batch);
     let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
     for result in kept {
         for (value, count) in result.written.off_grain {
@@ -461,17 +437,7 @@ mod tests {
 
     /// A task's result: `files` per day (a file of 10 rows each), written by `writer`.
     fn result(task: u32, writer: &str, days: &[(&str, usize)]) -> TaskResult {
-        let mut record = BatchRecord {
-            index: 0,
-            start: "2026-01-01".into(),
-            end: "2026-01-04".into(),
-            files: Vec::new(),
-            rows: BTreeMap::new(),
-            spill: BTreeMap::new(),
-            sums: BTreeMap::new(),
-            checksums: BTreeMap::new(),
-            writers: BTreeMap::new(),
-        };
+        let mut record = BatchRecord::empty(&spec().batch);
         for (day, files) in days {
             for f in 0..*files {
                 record.files.push(Add {

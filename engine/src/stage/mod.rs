@@ -79,6 +79,29 @@ pub(crate) async fn stage(
         return crate::distributed::stage(plan, options, engine, skip, finished).await;
     }
     let target_schema = Arc::new(target_schema(plan)?);
+    each_batch(plan, skip, options.max_parallel, finished, |batch| {
+        let schema = Arc::clone(&target_schema);
+        let resources = options.resources.clone();
+        let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
+        async move { stage_batch(plan, &batch, schema, &resources, store).await }
+    })
+    .await
+}
+
+/// Runs `stage_one` on every batch of `plan` not in `skip`, `max_parallel` at a time, and sends
+/// each record to `finished` as it comes, so the caller can journal it before more finish; the
+/// channel's bound keeps staging from running far ahead of the journal.
+pub(crate) async fn each_batch<F, Fut>(
+    plan: &BackfillPlan,
+    skip: &BTreeSet<usize>,
+    max_parallel: usize,
+    finished: tokio::sync::mpsc::Sender<BatchRecord>,
+    stage_one: F,
+) -> Result<()>
+where
+    F: FnMut(BatchPlan) -> Fut,
+    Fut: std::future::Future<Output = Result<BatchRecord>>,
+{
     let pending: Vec<BatchPlan> = plan
         .report
         .batches
@@ -88,13 +111,8 @@ pub(crate) async fn stage(
         .collect();
     // Owned batches keep the stream's future `Send` (borrowed items trip higher-ranked lifetimes).
     let mut staged = futures::stream::iter(pending)
-        .map(|batch| {
-            let schema = Arc::clone(&target_schema);
-            let resources = options.resources.clone();
-            let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
-            async move { stage_batch(plan, &batch, schema, &resources, store).await }
-        })
-        .buffer_unordered(options.max_parallel.max(1));
+        .map(stage_one)
+        .buffer_unordered(max_parallel.max(1));
     while let Some(record) = staged.try_next().await? {
         if finished.send(record).await.is_err() {
             // The journal stopped listening: it failed, and reports why.
@@ -533,15 +551,12 @@ impl WriteSpec {
         }
         Ok(Written {
             record: Some(BatchRecord {
-                index: batch.index,
-                start: batch.start.clone(),
-                end: batch.end.clone(),
                 files,
                 rows,
                 spill,
                 sums,
                 checksums,
-                writers: BTreeMap::new(),
+                ..BatchRecord::empty(batch)
             }),
             off_grain,
         })
