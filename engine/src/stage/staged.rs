@@ -200,7 +200,16 @@ impl StagedTable {
                         )
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(PartitionedFile::new(path.to_string(), size).with_partition_values(values))
+                // The path as the object store names it: already encoded, never encoded again
+                // (`PartitionedFile::new` would encode the `%` of an escaped partition value).
+                let meta = ObjectMeta {
+                    location: path,
+                    last_modified: chrono::DateTime::<chrono::Utc>::default(),
+                    size,
+                    e_tag: None,
+                    version: None,
+                };
+                Ok(PartitionedFile::new_from_meta(meta).with_partition_values(values))
             })
             .collect::<Result<_>>()?;
         Ok(Self {
@@ -369,5 +378,36 @@ impl TableProvider for StagedTable {
             .with_limit(limit)
             .build();
         Ok(DataSourceExec::from_data_source(config))
+    }
+}
+
+#[cfg(all(test, feature = "distributed"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pinned_file_keeps_its_encoded_path_and_typed_partition_value() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("tag", DataType::Utf8, true),
+        ]));
+        // `tag=50%25` is the directory of the value `50%`, as Delta writes it.
+        let path = deltalake::Path::parse("lake/t/tag=50%25/part-0.parquet").expect("path");
+        let table = StagedTable::over_files(
+            schema,
+            &["tag".to_string()],
+            ObjectStoreUrl::parse("s3://bucket").expect("url"),
+            vec![(
+                path.clone(),
+                7,
+                [("tag".to_string(), Some("50%".to_string()))].into(),
+            )],
+        )
+        .expect("table");
+        assert_eq!(table.files[0].object_meta.location, path);
+        assert_eq!(
+            table.files[0].partition_values,
+            vec![ScalarValue::Utf8(Some("50%".into()))]
+        );
     }
 }
