@@ -15,7 +15,8 @@ use deltalake::arrow::array::{Array, BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::catalog::Session;
 use deltalake::datafusion::catalog::TableProvider;
-use deltalake::datafusion::common::{DFSchema, Result as DfResult, ScalarValue};
+use deltalake::datafusion::common::pruning::PrunableStatistics;
+use deltalake::datafusion::common::{DFSchema, Result as DfResult, ScalarValue, Statistics};
 use deltalake::datafusion::datasource::TableType;
 use deltalake::datafusion::datasource::listing::PartitionedFile;
 use deltalake::datafusion::datasource::physical_plan::{
@@ -26,6 +27,7 @@ use deltalake::datafusion::datasource::table_schema::TableSchema;
 use deltalake::datafusion::execution::object_store::ObjectStoreUrl;
 use deltalake::datafusion::logical_expr::Expr;
 use deltalake::datafusion::logical_expr::TableProviderFilterPushDown;
+use deltalake::datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::physical_plan::empty::EmptyExec;
 use deltalake::datafusion::prelude::SessionContext;
@@ -163,11 +165,7 @@ impl StagedTable {
         schema: SchemaRef,
         partition_columns: &[String],
         store_url: ObjectStoreUrl,
-        files: Vec<(
-            deltalake::Path,
-            u64,
-            std::collections::HashMap<String, Option<String>>,
-        )>,
+        files: Vec<PinnedFile>,
     ) -> Result<Self> {
         let partition_fields: Vec<Arc<Field>> = partition_columns
             .iter()
@@ -190,26 +188,35 @@ impl StagedTable {
         ));
         let files = files
             .into_iter()
-            .map(|(path, size, raw)| {
+            .map(|file| {
                 let values = partition_fields
                     .iter()
                     .map(|f| {
                         partition_scalar(
                             f.data_type(),
-                            raw.get(f.name()).cloned().flatten().as_deref(),
+                            file.partition_values
+                                .get(f.name())
+                                .cloned()
+                                .flatten()
+                                .as_deref(),
                         )
                     })
                     .collect::<Result<Vec<_>>>()?;
                 // The path as the object store names it: already encoded, never encoded again
                 // (`PartitionedFile::new` would encode the `%` of an escaped partition value).
                 let meta = ObjectMeta {
-                    location: path,
+                    location: file.path,
                     last_modified: chrono::DateTime::<chrono::Utc>::default(),
-                    size,
+                    size: file.size,
                     e_tag: None,
                     version: None,
                 };
-                Ok(PartitionedFile::new_from_meta(meta).with_partition_values(values))
+                let pinned = PartitionedFile::new_from_meta(meta).with_partition_values(values);
+                // Partition columns' statistics are added from the values (so after them).
+                Ok(match file.statistics {
+                    Some(statistics) => pinned.with_statistics(Arc::new(statistics)),
+                    None => pinned,
+                })
             })
             .collect::<Result<_>>()?;
         Ok(Self {
@@ -221,6 +228,19 @@ impl StagedTable {
             groups: None,
         })
     }
+}
+
+/// One file of a table at a pinned version, as the log describes it.
+#[cfg(feature = "distributed")]
+#[derive(Debug)]
+pub(crate) struct PinnedFile {
+    /// The file's path in the store, as the store names it (already encoded).
+    pub(crate) path: deltalake::Path,
+    pub(crate) size: u64,
+    /// Partition values as the log writes them (text, `None` for NULL).
+    pub(crate) partition_values: std::collections::HashMap<String, Option<String>>,
+    /// The file's statistics for the columns stored in it (in the file schema's order).
+    pub(crate) statistics: Option<Statistics>,
 }
 
 /// A partition value as the log writes it, as a scalar of the column's type.
@@ -253,11 +273,82 @@ impl StagedTable {
             })
     }
 
-    /// The files whose partition values may satisfy every partition filter among `filters`:
-    /// each filter is evaluated once per file, over its partition values; a file for which one
-    /// is false or NULL holds no row the query keeps.
+    /// The files that may hold a row satisfying every filter among `filters`: those whose
+    /// partition values satisfy the partition filters ([`Self::by_partition_values`]) and
+    /// whose statistics do not rule the other filters out ([`Self::by_statistics`]).
     fn pruned(&self, state: &dyn Session, filters: &[Expr]) -> DfResult<Vec<PartitionedFile>> {
-        let filters: Vec<&Expr> = filters.iter().filter(|f| self.on_partitions(f)).collect();
+        let (partition, other): (Vec<&Expr>, Vec<&Expr>) =
+            filters.iter().partition(|f| self.on_partitions(f));
+        let files = self.by_partition_values(state, &partition)?;
+        self.by_statistics(state, files, &other)
+    }
+
+    /// Of `files`, those whose statistics may satisfy all of `filters` (files without
+    /// statistics are kept): DataFusion's pruning predicate over each file's row count, null
+    /// counts and exact minimum and maximum, with its partition values as constants.
+    fn by_statistics(
+        &self,
+        state: &dyn Session,
+        files: Vec<PartitionedFile>,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<PartitionedFile>> {
+        let Some(predicate) = filters
+            .iter()
+            .filter(|f| !f.is_volatile())
+            .map(|f| (**f).clone())
+            .reduce(Expr::and)
+        else {
+            return Ok(files);
+        };
+        if files.iter().all(|f| f.statistics.is_none()) {
+            return Ok(files);
+        }
+        // Statistics cover the files' columns, then the partition columns.
+        let schema = Arc::new(Schema::new(
+            self.file_schema
+                .fields()
+                .iter()
+                .chain(self.partition_fields.iter())
+                .map(Arc::clone)
+                .collect::<Vec<_>>(),
+        ));
+        let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+        let predicate = state.create_physical_expr(predicate, &df_schema)?;
+        let Some(pruning) = PruningPredicateBuilder::new()
+            .with_file_schema(Arc::clone(&schema))
+            .build(predicate)
+        else {
+            // A predicate the pruning cannot express (or always true) keeps every file.
+            return Ok(files);
+        };
+        let statistics = PrunableStatistics::new(
+            files
+                .iter()
+                .map(|f| {
+                    f.statistics
+                        .clone()
+                        .unwrap_or_else(|| Arc::new(Statistics::new_unknown(&schema)))
+                })
+                .collect(),
+            Arc::clone(&schema),
+        );
+        let keep = pruning.prune(&statistics)?;
+        Ok(files
+            .into_iter()
+            .zip(keep)
+            .filter(|(_, kept)| *kept)
+            .map(|(file, _)| file)
+            .collect())
+    }
+
+    /// The files whose partition values may satisfy every filter of `filters` (all on
+    /// partition columns): each filter is evaluated once per file, over its partition values; a
+    /// file for which one is false or NULL holds no row the query keeps.
+    fn by_partition_values(
+        &self,
+        state: &dyn Session,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<PartitionedFile>> {
         if filters.is_empty() || self.files.is_empty() {
             return Ok(self.files.clone());
         }
@@ -310,11 +401,13 @@ impl TableProvider for StagedTable {
         &self,
         filters: &[&Expr],
     ) -> DfResult<Vec<TableProviderFilterPushDown>> {
-        // Filters on partition columns prune files; the rows are filtered again above.
+        // Filters on partition columns prune files by their values, others by the files'
+        // statistics where they have some; the rows are filtered again above.
+        let statistics = self.files.iter().any(|f| f.statistics.is_some());
         Ok(filters
             .iter()
             .map(|filter| {
-                if self.on_partitions(filter) {
+                if !filter.is_volatile() && (statistics || self.on_partitions(filter)) {
                     TableProviderFilterPushDown::Inexact
                 } else {
                     TableProviderFilterPushDown::Unsupported
@@ -397,11 +490,12 @@ mod tests {
             schema,
             &["tag".to_string()],
             ObjectStoreUrl::parse("s3://bucket").expect("url"),
-            vec![(
-                path.clone(),
-                7,
-                [("tag".to_string(), Some("50%".to_string()))].into(),
-            )],
+            vec![PinnedFile {
+                path: path.clone(),
+                size: 7,
+                partition_values: [("tag".to_string(), Some("50%".to_string()))].into(),
+                statistics: None,
+            }],
         )
         .expect("table");
         assert_eq!(table.files[0].object_meta.location, path);
