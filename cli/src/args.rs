@@ -106,8 +106,8 @@ pub(crate) enum ClusterAction {
         /// Task slots per executor [default: the cores shared out among the executors].
         #[arg(long, value_name = "N", value_parser = at_least_one)]
         vcores: Option<usize>,
-        /// Memory per executor, e.g. `2GiB`, or `unlimited`; its tasks spill to disk beyond it
-        /// [default: as a local run's, a quarter of RAM, at most 1 GiB].
+        /// Memory per executor, e.g. `2GiB`, or `unlimited`, split over its task slots; its tasks
+        /// spill to disk beyond it [default: as a local run's, a quarter of RAM, at most 1 GiB].
         #[arg(long, value_name = "SIZE")]
         memory_limit: Option<String>,
     },
@@ -118,6 +118,9 @@ pub(crate) enum ClusterAction {
         /// The scheduler, `http://HOST:PORT`.
         #[arg(long)]
         scheduler: String,
+        /// The address its services listen on (on free ports).
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
         /// Task slots.
         #[arg(long, default_value_t = 2, value_parser = at_least_one)]
         vcores: usize,

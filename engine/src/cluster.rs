@@ -15,21 +15,24 @@ pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
     Err(not_built(&bind.to_string()))
 }
 
-/// Starts a Ballista executor of `vcores` task slots for the scheduler at `scheduler`
-/// (`http://HOST:PORT`), listening on a free loopback port, with lakefill's codec registered; it
-/// runs until the process exits. It reads and writes tables with this process's own object-store
-/// credentials, never the client's. Its tasks share one memory pool of `memory_limit` bytes
-/// (they spill to disk beyond it); `None` lifts the bound.
-pub async fn start_executor(
+/// Runs a Ballista executor of `vcores` task slots for the scheduler at `scheduler`
+/// (`http://HOST:PORT`), its services on free ports of `bind`, with lakefill's codec
+/// registered, until the process is stopped (Ctrl-C, SIGTERM) or the future is dropped. The
+/// scheduler pushes tasks to it and cancels them through it. It reads and writes tables with
+/// this process's own object-store credentials, never the client's. Its tasks share
+/// `memory_limit` bytes (each task a pool of its slots' share; they spill to disk beyond it);
+/// `None` lifts the bound.
+pub async fn run_executor(
     scheduler: &str,
+    bind: std::net::IpAddr,
     vcores: usize,
     memory_limit: Option<u64>,
 ) -> Result<()> {
     #[cfg(feature = "distributed")]
-    return crate::distributed::cluster::start_executor(scheduler, vcores, memory_limit).await;
+    return crate::distributed::cluster::run_executor(scheduler, bind, vcores, memory_limit).await;
     #[cfg(not(feature = "distributed"))]
     {
-        let _ = (vcores, memory_limit);
+        let _ = (bind, vcores, memory_limit);
         Err(not_built(scheduler))
     }
 }

@@ -4,13 +4,15 @@
 //! `LAKEFILL_FAILPOINTS` arms points by name, each with an action: `name` or `name=abort` aborts
 //! the process the way a power cut or a `kill -9` would (no cleanup, no journal update),
 //! `name=error` makes the point return an error as a failing store or query would, `name=once`
-//! fails it the first time a process reaches it, where the caller asks (see [`armed_once`]), and
-//! `name=pause` stops there until the process is signalled (for SIGINT and SIGKILL tests).
+//! fails it the first time a process reaches it, where the caller asks (see [`armed_once`]),
+//! `name=pause` stops there until the process is signalled (for SIGINT and SIGKILL tests), and
+//! `name=sleep-MS` waits there MS milliseconds, then goes on.
 //! Without the feature every point is a no-op the compiler removes.
 //!
 //! Points, in the order a backfill reaches them: `after-plan`, `stage-batch-<k>` (while staging
-//! batch `k`), `mid-stage` (after the first batch is journaled), `stage-writer-<partition>` (in a
-//! cluster's executor: a writer task has staged that partition's files and not reported them), `after-stage`, `after-adjust`
+//! batch `k`), `mid-stage` (after the first batch is journaled), `stage-writer-start` (in a cluster's
+//! executor: a writer task starts), `stage-writer-<partition>` (there: a writer task has staged
+//! that partition's files and not reported them), `after-stage`, `after-adjust`
 //! (with adjustments: the adjustment rows are staged and journaled), `mid-validate`,
 //! `before-commit`, `lost-commit-response` (error only: the commit lands but reports a failure),
 //! `after-commit` (the commit is in the log, the journal does not know yet), `mid-notify` (the
@@ -34,6 +36,11 @@ pub(crate) async fn reach(name: &str) -> Result<()> {
             "pause" => {
                 tracing::error!(failpoint = name, "failpoint hit: pausing");
                 futures::future::pending::<()>().await;
+            }
+            sleep if sleep.starts_with("sleep-") => {
+                let millis = sleep["sleep-".len()..].parse().unwrap_or(1000);
+                tracing::error!(failpoint = name, millis, "failpoint hit: sleeping");
+                tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
             }
             _ => {
                 tracing::error!(failpoint = name, "failpoint hit: aborting");

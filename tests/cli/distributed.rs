@@ -5,8 +5,10 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::support::{
     Store, TestLake, assert_refused, json_ok, lakefill_command, run_in, s3_server, stderr,
@@ -16,13 +18,25 @@ use crate::support::{
 struct Cluster {
     child: Child,
     engine: String,
+    /// The standard error of the scheduler and its executors.
+    log: PathBuf,
 }
 
 impl Cluster {
     /// Two executors of two task slots for `lake` (on S3, with the server's credentials in their
     /// environment); `failpoints` armed in the executors.
     fn start(lake: &TestLake, failpoints: Option<&str>) -> Self {
+        Self::with_slots(lake, failpoints, 2)
+    }
+
+    /// As [`Self::start`], with `slots` task slots per executor.
+    fn with_slots(lake: &TestLake, failpoints: Option<&str>, slots: usize) -> Self {
         let dir: &Path = lake.path();
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let log = dir.join(format!(
+            "cluster-{}.log",
+            STARTED.fetch_add(1, Ordering::SeqCst)
+        ));
         let mut command = lakefill_command(dir);
         if lake.store == Store::S3 {
             command.envs(s3_server().project_storage());
@@ -36,16 +50,18 @@ impl Cluster {
                 "--executors",
                 "2",
                 "--vcores",
-                "2",
-                // Each executor's tasks share one bounded pool, as a local run's queries do.
+                &slots.to_string(),
+                // Each executor's tasks spill beyond a bounded pool, as a local run's queries do.
                 "--memory-limit",
                 "256MiB",
             ])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(std::fs::File::create(&log).expect("cluster log"));
         if let Some(points) = failpoints {
             command.env("LAKEFILL_FAILPOINTS", points);
         }
+        // Lakefill's warnings, and the executors' (a task aborted by a cancel says so).
+        command.env("RUST_LOG", "off,lakefill=warn,ballista_executor=warn");
         let mut child = command.spawn().expect("start the cluster");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
@@ -57,7 +73,12 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .as_str()
             .to_string();
-        Self { child, engine }
+        Self { child, engine, log }
+    }
+
+    /// What the scheduler and the executors logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -457,4 +478,100 @@ fn a_source_a_cluster_cannot_read_is_refused_before_a_run_starts() {
         &["runs", "t", "--output-format", "json"],
     ));
     assert_eq!(runs, serde_json::json!([]), "{runs}");
+}
+
+/// A client interrupted (Ctrl-C) while its job runs on the cluster cancels the job (the
+/// executors abort its tasks) and releases the run, so that a writer the cancel did not reach
+/// stops and deletes what it wrote: nothing stays staged, nothing is committed, and the same
+/// command resumes the run.
+#[test]
+fn an_interrupted_client_cancels_its_job_on_the_cluster() {
+    let lake = TestLake::new();
+    let (from, to) = (lake.day(2), lake.day(4));
+    let before = lake.version("events");
+    // Every writer task waits 3 s before it writes: a job left running stages its files then.
+    const SLEEP: Duration = Duration::from_secs(3);
+    // Slots for all of a batch's writer tasks at once: a task the scheduler launches while it
+    // cancels the job can miss the cancel (its files are then a stray attempt's, which the
+    // resume, `discard` or `gc` delete), so none is left to launch when the client stops.
+    let cluster = Cluster::with_slots(
+        &lake,
+        Some(&format!("stage-writer-start=sleep-{}", SLEEP.as_millis())),
+        4,
+    );
+    let args = [
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--engine",
+        &cluster.engine,
+    ];
+    let client_log = lake.path().join("client.log");
+    let mut client = lakefill_command(lake.path())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&client_log).expect("client log"))
+        .spawn()
+        .expect("start the backfill");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // All the writer tasks of the batch (one per output partition of the cluster's plan) wait.
+    while cluster.log().matches("failpoint hit: sleeping").count() < 8 {
+        assert!(
+            client.try_wait().expect("wait").is_none(),
+            "the backfill ended before its writer tasks started:\n{}",
+            std::fs::read_to_string(&client_log).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no writer task started:\n{}",
+            cluster.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    let signalled = Command::new("kill")
+        .args(["-INT", &client.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(signalled.success());
+    let status = client.wait().expect("wait");
+    let text = std::fs::read_to_string(&client_log).unwrap_or_default();
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted"), "{text}");
+    // Well past the writers' wait: a job still running would have staged its files by now.
+    std::thread::sleep((SLEEP + Duration::from_secs(3)).saturating_sub(started.elapsed()));
+    assert!(
+        cluster.log().contains("Task has been aborted"),
+        "the cancel reached the executors:\n{}",
+        cluster.log()
+    );
+    let runs = json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
+    let run = &runs.as_array().expect("runs")[0];
+    let run_id = run["run_id"].as_str().expect("run id").to_string();
+    assert_eq!(
+        staged_on_disk(&lake, &run_id),
+        BTreeSet::new(),
+        "{}\n{text}",
+        cluster.log()
+    );
+    assert_eq!(lake.version("events"), before, "nothing is committed");
+
+    // The cluster still works, and the same command resumes the run and publishes it.
+    let mut resumed = args.to_vec();
+    resumed.extend(["--output-format", "json"]);
+    let report = json_ok(&lake.run(&resumed));
+    assert_eq!(report["state"], "published", "{report}");
+    assert_eq!(report["run_id"], run_id.as_str());
+    assert_eq!(lake.version("events"), before + 1);
+    assert_eq!(
+        within(&all_events(&lake), &from, &to),
+        expected_range(&lake, &from, &to)
+    );
+    assert_eq!(
+        staged_on_disk(&lake, &run_id),
+        committed_from(&lake, &run_id)
+    );
 }

@@ -43,21 +43,26 @@ pub(crate) async fn run(args: &ClusterArgs, printer: Printer) -> anyhow::Result<
         }
         ClusterAction::Executor {
             scheduler,
+            bind,
             vcores,
             memory_limit,
         } => {
-            lakefill::start_executor(scheduler, *vcores, *memory_limit).await?;
-            // Until whoever started it goes away: its end of our standard input closes.
-            let mut stdin = tokio::io::stdin();
-            let mut buffer = [0u8; 64];
-            loop {
-                tokio::select! {
-                    read = stdin.read(&mut buffer) => match read {
-                        Ok(0) | Err(_) => return Ok(()),
+            let executor = lakefill::run_executor(scheduler, *bind, *vcores, *memory_limit);
+            // Until whoever started it goes away (its end of our standard input closes), or the
+            // executor stops by itself (Ctrl-C, SIGTERM, an error).
+            let parent_gone = async {
+                let mut stdin = tokio::io::stdin();
+                let mut buffer = [0u8; 64];
+                loop {
+                    match stdin.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
                         Ok(_) => {}
-                    },
-                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                    }
                 }
+            };
+            tokio::select! {
+                ran = executor => Ok(ran?),
+                () = parent_gone => Ok(()),
             }
         }
     }
@@ -85,7 +90,9 @@ async fn up(
         let mut command = tokio::process::Command::new(&exe);
         command
             .args(["cluster", "executor", "--scheduler", &scheduler, "--vcores"])
-            .arg(vcores.to_string());
+            .arg(vcores.to_string())
+            .arg("--bind")
+            .arg(bind.to_string());
         if let Some(limit) = memory_limit {
             command.arg("--memory-limit").arg(limit.to_string());
         }

@@ -1,13 +1,13 @@
 //! A Ballista scheduler and executors for `lakefill cluster up`, with lakefill's codec
-//! registered, built from the Ballista crates' own standalone entry points (the scheduler's
-//! bound to the address asked for instead of a random port).
+//! registered: the scheduler built from the crate's server (bound to the address asked for), each
+//! executor from the executor crate's process entry point. The scheduler pushes tasks to the
+//! executors, so it can also cancel them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ballista_core::extension::SessionConfigExt as _;
 use ballista_core::serde::BallistaCodec;
-use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::protobuf::scheduler_grpc_server::SchedulerGrpcServer;
 use ballista_core::utils::{GrpcServerConfig, create_grpc_server, default_session_builder};
 use ballista_scheduler::cluster::BallistaCluster;
@@ -16,7 +16,6 @@ use ballista_scheduler::metrics::default_metrics_collector;
 use ballista_scheduler::scheduler_server::SchedulerServer;
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use deltalake::datafusion::execution::SessionStateBuilder;
-use deltalake::datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
 use deltalake::datafusion::execution::object_store::{
     DefaultObjectStoreRegistry, ObjectStoreRegistry,
 };
@@ -50,6 +49,12 @@ fn config_producer() -> ballista_core::ConfigProducer {
 
 /// See [`crate::cluster::start_scheduler`].
 pub(crate) async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
+    // Bound first: the scheduler names itself by this address to the executors, which send
+    // their task updates there (with port 0, the port the system picked).
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| failed("scheduler", format!("cannot listen on {bind}: {e}")))?;
+    let address = listener.local_addr().map_err(|e| failed("scheduler", e))?;
     let config_producer = config_producer();
     // The scheduler decodes the plans it is sent: a scan of an S3 table needs that bucket's store.
     let stores = Arc::new(ExecutorStores::default());
@@ -64,18 +69,18 @@ pub(crate) async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
                 .build())
         });
     let cluster = BallistaCluster::new_memory(
-        bind.to_string(),
+        address.to_string(),
         session_builder,
         Arc::clone(&config_producer),
     );
     let metrics = default_metrics_collector().map_err(|e| failed("scheduler", e))?;
     let mut server: SchedulerServer<LogicalPlanNode, PhysicalPlanNode> = SchedulerServer::new(
-        bind.to_string(),
+        address.to_string(),
         cluster,
         codec(),
         Arc::new(
             SchedulerConfig::default()
-                .with_scheduler_policy(ballista_core::config::TaskSchedulingPolicy::PullStaged),
+                .with_scheduler_policy(ballista_core::config::TaskSchedulingPolicy::PushStaged),
         ),
         metrics,
     );
@@ -84,10 +89,6 @@ pub(crate) async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
     let service = SchedulerGrpcServer::new(server)
         .max_decoding_message_size(size)
         .max_encoding_message_size(size);
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .map_err(|e| failed("scheduler", format!("cannot listen on {bind}: {e}")))?;
-    let address = listener.local_addr().map_err(|e| failed("scheduler", e))?;
     tokio::spawn(
         create_grpc_server(&GrpcServerConfig::default())
             .add_service(service)
@@ -98,39 +99,77 @@ pub(crate) async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
     Ok(address)
 }
 
-/// See [`crate::cluster::start_executor`].
-pub(crate) async fn start_executor(
+/// See [`crate::cluster::run_executor`].
+pub(crate) async fn run_executor(
     scheduler: &str,
+    bind: std::net::IpAddr,
     vcores: usize,
     memory_limit: Option<u64>,
 ) -> Result<()> {
-    let client = connect(scheduler).await?;
-    let stores = Arc::new(ExecutorStores::default());
-    // One pool for every task of the executor (the producer runs per task): its queries spill
-    // to disk beyond it, as a local run's do.
-    let pool: Option<Arc<dyn MemoryPool>> = memory_limit.map(|limit| {
-        Arc::new(FairSpillPool::new(
-            usize::try_from(limit).unwrap_or(usize::MAX),
-        )) as Arc<dyn MemoryPool>
-    });
-    let runtime: ballista_core::RuntimeProducer = Arc::new(move |_: &SessionConfig| {
-        let mut builder = RuntimeEnvBuilder::new()
-            .with_object_store_registry(Arc::clone(&stores) as Arc<dyn ObjectStoreRegistry>);
-        if let Some(pool) = &pool {
-            builder = builder.with_memory_pool(Arc::clone(pool));
+    let url = url::Url::parse(scheduler).map_err(|e| {
+        failed(
+            "executor",
+            format!("bad scheduler address `{scheduler}`: {e}"),
+        )
+    })?;
+    let (Some(scheduler_host), Some(scheduler_port)) = (url.host_str(), url.port()) else {
+        return Err(failed(
+            "executor",
+            format!("expected the scheduler as `http://HOST:PORT`, not `{scheduler}`"),
+        ));
+    };
+    // The executor's two services (results and shuffles over Arrow Flight; the task service
+    // the scheduler launches and cancels tasks through) on ports free now.
+    let free_port = || {
+        std::net::TcpListener::bind((bind, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| failed("executor", format!("no free port on {bind}: {e}")))
+    };
+    let (port, grpc_port) = loop {
+        let (a, b) = (free_port()?, free_port()?);
+        if a != b {
+            break (a, b);
         }
-        Ok(Arc::new(builder.build()?))
+    };
+    let external = if bind.is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        bind.to_string()
+    };
+    let stores = Arc::new(ExecutorStores::default());
+    // Ballista gives each task a memory pool of its share of the executor's (`memory_limit`
+    // split over the task slots); queries spill to disk beyond it, as a local run's do.
+    let runtime: ballista_core::RuntimeProducer = Arc::new(move |_: &SessionConfig| {
+        Ok(Arc::new(
+            RuntimeEnvBuilder::new()
+                .with_object_store_registry(Arc::clone(&stores) as Arc<dyn ObjectStoreRegistry>)
+                .build()?,
+        ))
     });
-    ballista_executor::new_standalone_executor_from_builder(
-        client,
-        vcores.max(1),
-        config_producer(),
-        runtime,
-        codec(),
-        Default::default(),
-    )
-    .await
-    .map_err(|e| failed("executor", e))
+    let config = ballista_executor::executor_process::ExecutorProcessConfig {
+        bind_host: bind.to_string(),
+        external_host: Some(external),
+        port,
+        grpc_port,
+        scheduler_host: scheduler_host.to_string(),
+        scheduler_port,
+        scheduler_connect_timeout_seconds: 30,
+        vcores: vcores.max(1),
+        // The scheduler launches tasks, and cancels them when a client stops waiting.
+        task_scheduling_policy: ballista_core::config::TaskSchedulingPolicy::PushStaged,
+        memory_pool_size: Some(memory_limit.unwrap_or(0)),
+        override_runtime_producer: Some(runtime),
+        override_config_producer: Some(config_producer()),
+        override_logical_codec: Some(Arc::new(
+            ballista_core::serde::BallistaLogicalExtensionCodec::default(),
+        )),
+        override_physical_codec: Some(Arc::new(LakefillCodec::default())),
+        ..Default::default()
+    };
+    ballista_executor::executor_process::start_executor_process(Arc::new(config))
+        .await
+        .map_err(|e| failed("executor", e))
 }
 
 /// The object stores of a scheduler or executor: the local file system, and an S3 bucket's store built the first
@@ -181,22 +220,4 @@ impl ObjectStoreRegistry for ExecutorStores {
         self.known.register_store(url, Arc::clone(&store));
         Ok(store)
     }
-}
-
-async fn connect(url: &str) -> Result<SchedulerGrpcClient<tonic::transport::Channel>> {
-    let mut last = None;
-    for _ in 0..100 {
-        match SchedulerGrpcClient::connect(url.to_string()).await {
-            Ok(client) => return Ok(client),
-            Err(e) => last = Some(e.to_string()),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    Err(failed(
-        "executor",
-        format!(
-            "the scheduler at {url} does not answer: {}",
-            last.unwrap_or_default()
-        ),
-    ))
 }

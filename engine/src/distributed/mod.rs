@@ -17,15 +17,13 @@
 
 pub(crate) mod cluster;
 mod pinned;
+mod submit;
 mod writer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ballista_core::config::BallistaConfig;
-use ballista_core::execution_plans::execute_physical_plan;
 use ballista_core::extension::SessionConfigExt as _;
-use datafusion_proto::protobuf::PhysicalPlanNode;
 use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::execution::object_store::ObjectStoreUrl;
@@ -61,7 +59,7 @@ pub(crate) async fn stage(
     crate::stage::each_batch(plan, skip, options.max_parallel, finished, |batch| {
         let schema = Arc::clone(&target_schema);
         let scheduler = scheduler.clone();
-        async move { stage_batch(plan, &batch, schema, &scheduler, engine).await }
+        async move { stage_batch(plan, &batch, schema, &scheduler, engine, options.lease).await }
     })
     .await
 }
@@ -156,6 +154,7 @@ async fn stage_batch(
     target_schema: SchemaRef,
     scheduler: &str,
     engine: &str,
+    lease: Option<u64>,
 ) -> Result<BatchRecord> {
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, %engine, "staging batch on the cluster");
     let config = SessionConfig::new_with_ballista()
@@ -198,20 +197,10 @@ async fn stage_batch(
         Arc::new(repartitioned),
         spec.clone(),
         plan.target.table_url().to_string(),
+        lease,
     ));
     let codec = writer::LakefillCodec::default();
-    let session = uuid::Uuid::new_v4().to_string();
-    let stream = execute_physical_plan::<PhysicalPlanNode>(
-        scheduler.to_string(),
-        &BallistaConfig::default(),
-        node,
-        &codec,
-        session,
-        config,
-    )
-    .await
-    .query_context(what)?;
-    let batches: Vec<_> = stream.try_collect().await.query_context(what)?;
+    let batches = submit::run_job(scheduler, node, &codec, &config).await?;
     let mut results = Vec::new();
     for rows in &batches {
         let partitions = rows

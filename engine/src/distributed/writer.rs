@@ -29,6 +29,7 @@ use deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use deltalake::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
+use deltalake::logstore::object_store::ObjectStoreExt as _;
 use deltalake::logstore::object_store::prefix::PrefixStore;
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +44,42 @@ struct WriterMessage {
     spec: WriteSpec,
     /// The target's root, e.g. `s3://bucket/events` or `file:///lake/events`.
     table_url: String,
+    /// The generation of the run's lease the client held when it submitted the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease: Option<u64>,
+}
+
+impl WriterMessage {
+    /// Fails once the client no longer holds the lease it submitted the job under (see
+    /// [`crate::journal::lease::still_held`]), after deleting `files` (paths from the table's
+    /// root) this task wrote.
+    async fn check_lease(
+        &self,
+        store: &Arc<dyn deltalake::ObjectStore>,
+        files: &[String],
+    ) -> crate::error::Result<()> {
+        let Some(generation) = self.lease else {
+            return Ok(());
+        };
+        let run_id = &self.spec.run_id;
+        if crate::journal::lease::still_held(store, run_id, generation).await {
+            return Ok(());
+        }
+        for file in files {
+            let path = crate::storage::object_path(file);
+            if let Err(error) = store.delete(&path).await {
+                tracing::warn!(%run_id, %path, %error, "cannot delete a file of a stopped job; `lakefill gc` will");
+            }
+        }
+        Err(crate::error::Error::Internal(format!(
+            "run `{run_id}` is no longer held by the client that submitted this job (stopped, or taken over); this writer task stops{}",
+            if files.is_empty() {
+                String::new()
+            } else {
+                format!(" and deleted the {} files it staged", files.len())
+            }
+        )))
+    }
 }
 
 /// Stages its input's rows into the run's staging directories; one row per partition.
@@ -64,7 +101,23 @@ pub(crate) fn output_schema() -> SchemaRef {
 }
 
 impl StageWriterExec {
-    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, spec: WriteSpec, table_url: String) -> Self {
+    pub(crate) fn new(
+        input: Arc<dyn ExecutionPlan>,
+        spec: WriteSpec,
+        table_url: String,
+        lease: Option<u64>,
+    ) -> Self {
+        Self::of_message(
+            input,
+            WriterMessage {
+                spec,
+                table_url,
+                lease,
+            },
+        )
+    }
+
+    fn of_message(input: Arc<dyn ExecutionPlan>, message: WriterMessage) -> Self {
         let partitions = input.properties().output_partitioning().partition_count();
         let properties = PlanProperties::new(
             EquivalenceProperties::new(output_schema()),
@@ -74,7 +127,7 @@ impl StageWriterExec {
         );
         Self {
             input,
-            message: WriterMessage { spec, table_url },
+            message,
             properties: Arc::new(properties),
         }
     }
@@ -117,11 +170,7 @@ impl ExecutionPlan for StageWriterExec {
         let [input] = <[_; 1]>::try_from(children).map_err(|_| {
             DataFusionError::Internal("the stage writer has exactly one input".into())
         })?;
-        Ok(Arc::new(Self::new(
-            input,
-            self.message.spec.clone(),
-            self.message.table_url.clone(),
-        )))
+        Ok(Arc::new(Self::of_message(input, self.message.clone())))
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
@@ -140,10 +189,25 @@ impl ExecutionPlan for StageWriterExec {
         let out = Arc::clone(&schema);
         let work = async move {
             let external = |e: crate::error::Error| DataFusionError::External(Box::new(e));
+            crate::failpoint::reach("stage-writer-start")
+                .await
+                .map_err(external)?;
             let store = table_store(&context, &message.table_url).map_err(external)?;
+            message.check_lease(&store, &[]).await.map_err(external)?;
             let written = message
                 .spec
-                .write(input, target_schema, store)
+                .write(input, target_schema, Arc::clone(&store))
+                .await
+                .map_err(external)?;
+            // A job the client stopped waiting for (Ctrl-C, a failure, a takeover) may still run
+            // here (cancelling aborts the task, not always every partition of it): its files go.
+            let files: Vec<String> = written
+                .record
+                .iter()
+                .flat_map(|r| r.files.iter().map(|a| a.path.clone()))
+                .collect();
+            message
+                .check_lease(&store, &files)
                 .await
                 .map_err(external)?;
             // A task that dies here has written files nobody hears of: the client deletes them.
@@ -230,10 +294,9 @@ impl PhysicalExtensionCodec for LakefillCodec {
                 "the stage writer has exactly one input".into(),
             ));
         };
-        Ok(Arc::new(StageWriterExec::new(
+        Ok(Arc::new(StageWriterExec::of_message(
             Arc::clone(input),
-            message.spec,
-            message.table_url,
+            message,
         )))
     }
 

@@ -273,6 +273,11 @@ impl RunLease {
         }));
     }
 
+    /// The generation this lease is (see [`still_held`]).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Returns the run id the lease is for.
     pub(crate) fn run_id(&self) -> &RunId {
         &self.run_id
@@ -380,6 +385,38 @@ pub(crate) async fn holder(
         .and_then(live_holder))
 }
 
+/// Whether generation `generation` of the lease of `run_id` may still be held, for a process
+/// that writes on the holder's behalf (a cluster's writer task): false once a newer generation
+/// exists (another process took the run over), once the holder released it (it stopped: Ctrl-C,
+/// a failure), or once it was not renewed for its time-to-live (the holder died). The holder's
+/// process is not looked up, even on this machine (a writer may run in another process
+/// namespace). What cannot be read counts as held: the check only stops writers, and the
+/// holder's own commit checks stay what protects the table.
+pub(crate) async fn still_held(
+    store: &Arc<dyn ObjectStore>,
+    run_id: &RunId,
+    generation: u64,
+) -> bool {
+    let latest = match latest_generation(store, run_id).await {
+        Ok(latest) => latest,
+        Err(error) => {
+            tracing::warn!(%run_id, %error, "cannot read the run's lease; assuming it is held");
+            return true;
+        }
+    };
+    match latest {
+        Some((latest, _)) if latest > generation => false,
+        Some((latest, Some(record))) if latest == generation => {
+            let renewed = chrono::DateTime::parse_from_rfc3339(&record.renewed_at)
+                .map(|t| t.timestamp_millis())
+                .unwrap_or(i64::MAX);
+            let ttl_ms = i64::try_from(record.ttl_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
+            !record.released && now_millis().saturating_sub(renewed) <= ttl_ms
+        }
+        _ => true,
+    }
+}
+
 /// The newest generation of a run's lease and its record (`None` when it cannot be read: a
 /// lease object being written, or damaged; it counts as free).
 async fn latest_generation(
@@ -451,6 +488,39 @@ mod tests {
         assert_eq!(second.generation, 2);
         second.check().expect("held");
         second.release().await;
+    }
+
+    #[tokio::test]
+    async fn a_writer_for_a_holder_sees_when_its_generation_is_no_longer_held() {
+        let store = store();
+        let run = id("run-w");
+        // Nobody took it yet: nothing says the writer must stop.
+        assert!(still_held(&store, &run, 1).await);
+        let first = RunLease::acquire(&store, "t", &run, "backfill")
+            .await
+            .expect("free");
+        assert!(still_held(&store, &run, first.generation()).await);
+        first.release().await;
+        assert!(!still_held(&store, &run, 1).await, "released");
+        let second = RunLease::acquire(&store, "t", &run, "backfill")
+            .await
+            .expect("free again");
+        assert!(!still_held(&store, &run, 1).await, "taken over");
+        assert!(still_held(&store, &run, 2).await);
+        // A holder that stopped renewing (killed) is gone once its time-to-live passed.
+        let mut record = second.record.clone();
+        record.renewed_at = (chrono::Utc::now() - chrono::Duration::seconds(5)).to_rfc3339();
+        record.ttl_seconds = 1;
+        drop(second);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store
+            .put(
+                &lease_path(&run, 2),
+                PutPayload::from(serde_json::to_vec(&record).expect("json")),
+            )
+            .await
+            .expect("put");
+        assert!(!still_held(&store, &run, 2).await, "expired");
     }
 
     #[tokio::test]

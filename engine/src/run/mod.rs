@@ -363,6 +363,7 @@ impl BackfillBuilder {
             resources: resources.clone(),
             throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
             engine: self.engine.clone(),
+            lease: Some(lease.generation()),
         };
         self.emit(ProgressEvent::Started {
             run_id: report.run_id.to_string(),

@@ -61,6 +61,9 @@ pub(crate) struct StageOptions {
     pub(crate) throttle: Option<Arc<Throttle>>,
     /// The Ballista scheduler (`df://HOST:PORT`) that stages the batches, if not this process.
     pub(crate) engine: Option<String>,
+    /// The generation of the run's lease this process holds: a cluster's writer tasks stop
+    /// writing once it is no longer held.
+    pub(crate) lease: Option<u64>,
 }
 
 /// Stages every batch not in `skip`.
