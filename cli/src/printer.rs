@@ -731,6 +731,13 @@ pub(crate) fn comparison_text(comparison: &lakefill::Comparison) -> String {
             }
         }
     }
+    if comparison.old_unread > 0 {
+        let _ = writeln!(
+            out,
+            "  old rows of {} unchanged partitions not read: their files' checksums in the log equal the new rows'",
+            comparison.old_unread
+        );
+    }
     for (label, list) in [
         ("appeared", &comparison.appeared),
         ("disappeared", &comparison.disappeared),

@@ -80,6 +80,91 @@ mod u128_text {
     }
 }
 
+/// The tag of a staged file's `add` action that carries its [`FileDigest`].
+pub(crate) const DIGEST_TAG: &str = "lakefill.rowChecksum";
+
+/// The version of what a [`FileDigest`] hashes and how; a digest of another version is ignored.
+const DIGEST_VERSION: u64 = 1;
+
+/// A data file's row checksum as lakefill wrote it into the file's `add` action (tag
+/// [`DIGEST_TAG`]), so that a later comparison with that file's rows needs no scan of it.
+///
+/// It holds what it is a checksum of: the file's name (a tag copied onto another file is not
+/// that file's), and a fingerprint of the columns it hashed (names and types in order: a table
+/// whose schema changed since has other rows). Whoever reads it also checks that the file has
+/// no deletion vector and that its record count is the digest's: a writer that deletes rows by
+/// a vector keeps the file, and may keep its tags.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FileDigest {
+    #[serde(rename = "v")]
+    version: u64,
+    rows: u64,
+    #[serde(with = "u128_text")]
+    sum: u128,
+    columns: String,
+    file: String,
+}
+
+impl FileDigest {
+    /// The tag value for the file at `path` whose rows (of the columns `fields`) have `checksum`.
+    pub(crate) fn tag(
+        checksum: &RowChecksum,
+        fields: &[deltalake::arrow::datatypes::FieldRef],
+        path: &str,
+    ) -> String {
+        let digest = Self {
+            version: DIGEST_VERSION,
+            rows: checksum.rows,
+            sum: checksum.sum,
+            columns: columns_fingerprint(fields),
+            file: file_name(path).to_string(),
+        };
+        serde_json::to_string(&digest).unwrap_or_default()
+    }
+
+    /// The checksum a tag gives the rows of the file at `path` (with `records` rows by its
+    /// statistics and `deletion_vector` set when it has one), when the tag is of this version,
+    /// of that file, of the columns whose fingerprint is `columns`, and the file's rows are all
+    /// live.
+    pub(crate) fn read(
+        tag: &str,
+        path: &str,
+        records: Option<u64>,
+        deletion_vector: bool,
+        columns: &str,
+    ) -> Option<RowChecksum> {
+        let digest: Self = serde_json::from_str(tag).ok()?;
+        (digest.version == DIGEST_VERSION
+            && !deletion_vector
+            && records == Some(digest.rows)
+            && digest.columns == columns
+            && digest.file == file_name(path))
+        .then_some(RowChecksum {
+            rows: digest.rows,
+            sum: digest.sum,
+        })
+    }
+}
+
+/// The last segment of a file's path.
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// A fingerprint of the columns a row hash covers: their names and types in order, string,
+/// binary and dictionary flavours as one (they hash alike).
+pub(crate) fn columns_fingerprint(fields: &[deltalake::arrow::datatypes::FieldRef]) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hasher = Sha256::new();
+    for field in fields {
+        hasher.update(field.name().as_bytes());
+        hasher.update([0]);
+        hasher.update(key_type_class(field.data_type()).to_string().as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(&hasher.finalize()[..12])
+}
+
 /// Hashes every row of `columns` (all of length `rows`).
 pub(crate) fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
     hash_rows_with(&STATE, columns, rows)
@@ -330,6 +415,115 @@ mod tests {
             hash_rows(&[Arc::clone(&null), Arc::clone(&five)], 1).expect("hash"),
             hash_rows(&[five, null], 1).expect("hash")
         );
+    }
+
+    /// Checksums outlive the process that computed them (in journals, and in the log's `add`
+    /// actions): a dependency update that hashes values otherwise must fail here, and then
+    /// [`DIGEST_VERSION`] goes up.
+    #[test]
+    fn row_and_key_hashes_are_the_same_in_every_build() {
+        use deltalake::arrow::array::{BooleanArray, Date32Array, Float64Array};
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![Some(1), None, Some(-7)])),
+            strings(&[Some("a"), Some(""), None]),
+            Arc::new(Float64Array::from(vec![Some(0.5), Some(f64::NAN), None])),
+            Arc::new(Date32Array::from(vec![Some(20_000), None, Some(0)])),
+            Arc::new(BooleanArray::from(vec![Some(true), Some(false), None])),
+        ];
+        assert_eq!(
+            hash_rows(&columns, 3).expect("hash"),
+            [ROW_HASHES_0, ROW_HASHES_1, ROW_HASHES_2]
+        );
+        let key = key_hashes(0, &columns[..2], 3).expect("hash");
+        assert_eq!(key.value(0), KEY_HASH_0);
+        assert!(key.is_null(1) && key.is_null(2));
+    }
+
+    const ROW_HASHES_0: u64 = 11_293_213_331_387_191_521;
+    const ROW_HASHES_1: u64 = 12_959_238_691_167_234_932;
+    const ROW_HASHES_2: u64 = 2_498_201_167_385_652_990;
+    const KEY_HASH_0: u64 = 11_762_836_231_654_406_213;
+
+    #[test]
+    fn a_file_digest_is_read_back_only_for_its_own_file_columns_and_live_rows() {
+        use deltalake::arrow::datatypes::{DataType, Field};
+        let fields: Vec<deltalake::arrow::datatypes::FieldRef> = vec![
+            Arc::new(Field::new("id", DataType::Int64, false)),
+            Arc::new(Field::new("name", DataType::Utf8, true)),
+        ];
+        let checksum = RowChecksum {
+            rows: 3,
+            sum: u128::from(u64::MAX) * 3,
+        };
+        let path = "day=2025-01-01/lakefill-r1/part-00000-abc.snappy.parquet";
+        let tag = FileDigest::tag(&checksum, &fields, path);
+        let columns = columns_fingerprint(&fields);
+        assert_eq!(
+            FileDigest::read(&tag, path, Some(3), false, &columns),
+            Some(checksum)
+        );
+        // The same file moved elsewhere (a RESTORE keeps paths; a copy keeps the name) is itself.
+        assert!(
+            FileDigest::read(
+                &tag,
+                "part-00000-abc.snappy.parquet",
+                Some(3),
+                false,
+                &columns
+            )
+            .is_some()
+        );
+        // Another file carrying the tag; a record count that is not the digest's; a deletion
+        // vector; other columns (a renamed, retyped, added or reordered column); junk.
+        assert_eq!(
+            FileDigest::read(
+                &tag,
+                "day=2025-01-01/part-00001-def.snappy.parquet",
+                Some(3),
+                false,
+                &columns
+            ),
+            None
+        );
+        assert_eq!(FileDigest::read(&tag, path, Some(2), false, &columns), None);
+        assert_eq!(FileDigest::read(&tag, path, None, false, &columns), None);
+        assert_eq!(FileDigest::read(&tag, path, Some(3), true, &columns), None);
+        let other_columns: [Vec<deltalake::arrow::datatypes::FieldRef>; 4] = [
+            vec![
+                Arc::clone(&fields[0]),
+                Arc::new(Field::new("label", DataType::Utf8, true)),
+            ],
+            vec![
+                Arc::clone(&fields[0]),
+                Arc::new(Field::new("name", DataType::Int32, true)),
+            ],
+            vec![
+                Arc::clone(&fields[0]),
+                Arc::clone(&fields[1]),
+                Arc::new(Field::new("x", DataType::Int64, true)),
+            ],
+            vec![Arc::clone(&fields[1]), Arc::clone(&fields[0])],
+        ];
+        for other in &other_columns {
+            assert_eq!(
+                FileDigest::read(&tag, path, Some(3), false, &columns_fingerprint(other)),
+                None,
+                "{other:?}"
+            );
+        }
+        for junk in ["", "{}", "not json", &tag.replace("\"v\":1", "\"v\":2")] {
+            assert_eq!(
+                FileDigest::read(junk, path, Some(3), false, &columns),
+                None,
+                "{junk}"
+            );
+        }
+        // String flavours and nullability hash alike, so they fingerprint alike.
+        let view: Vec<deltalake::arrow::datatypes::FieldRef> = vec![
+            Arc::new(Field::new("id", DataType::Int64, true)),
+            Arc::new(Field::new("name", DataType::Utf8View, true)),
+        ];
+        assert_eq!(columns_fingerprint(&view), columns);
     }
 
     #[test]

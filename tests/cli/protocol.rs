@@ -8,8 +8,6 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use deltalake::arrow::array::AsArray;
-use deltalake::arrow::datatypes::Int64Type;
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Value, json};
 
@@ -381,52 +379,33 @@ fn change_data_feed_tables_publish_and_read_back() {
     );
 }
 
-/// Deleted rows of a deletion vector are not rows: `plan` and validation count the live rows, and
-/// the publish removes the file with its vector.
-#[test]
-fn deletion_vectors_are_counted_and_removed_with_their_file() {
-    let lake = TestLake::new();
-    let day = lake.day(3);
+/// A deletion vector of `positions` on the one file of `day` in `events`, committed as another
+/// writer's DELETE would: the file's `add` again, with its tags, and the vector. Returns the
+/// file's `add` before, its live rows, the inline vector and the commit's version.
+fn delete_by_vector(lake: &TestLake, day: &str, positions: &[u64]) -> (Value, u64, String, u64) {
     let table = lake.table_path("events");
     let files = lake.files("events");
-    let (path, size) = files[&day]
+    let (path, size) = files[day]
         .iter()
         .next()
         .map(|(p, s)| (p.clone(), *s))
         .unwrap();
-    assert_eq!(files[&day].len(), 1, "one file in the partition");
-    // The file's rows in order, read with plain parquet.
-    let ids: Vec<i64> = {
+    assert_eq!(files[day].len(), 1, "one file in the partition");
+    // The file's rows, read with plain parquet.
+    let rows: u64 = {
         let file = std::fs::File::open(table.join(&path)).unwrap();
         let reader = ParquetRecordBatchReaderBuilder::try_new(file)
             .unwrap()
             .build()
             .unwrap();
-        let mut ids = Vec::new();
-        for batch in reader {
-            let batch = batch.unwrap();
-            let column = batch.column_by_name("event_id").unwrap();
-            let column = deltalake::arrow::compute::cast(
-                column,
-                &deltalake::arrow::datatypes::DataType::Int64,
-            )
-            .unwrap();
-            ids.extend(
-                column
-                    .as_primitive::<Int64Type>()
-                    .iter()
-                    .map(|v| v.unwrap()),
-            );
-        }
-        ids
+        reader.map(|batch| batch.unwrap().num_rows() as u64).sum()
     };
-    let deleted_positions = [0u64, 5];
-    let live = ids.len() as u64 - deleted_positions.len() as u64;
+    let live = rows - positions.len() as u64;
 
     // An inline deletion vector: magic, then the portable RoaringTreemap, z85-encoded.
     let mut bitmap = roaring::RoaringTreemap::new();
-    for position in deleted_positions {
-        bitmap.insert(position);
+    for position in positions {
+        bitmap.insert(*position);
     }
     let mut bytes = 1_681_511_377u32.to_le_bytes().to_vec();
     bitmap.serialize_into(&mut bytes).unwrap();
@@ -438,7 +417,7 @@ fn deletion_vectors_are_counted_and_removed_with_their_file() {
         "storageType": "i",
         "pathOrInlineDv": encoded,
         "sizeInBytes": bytes.len(),
-        "cardinality": deleted_positions.len(),
+        "cardinality": positions.len(),
     });
     with_dv["dataChange"] = json!(true);
     let version = next_version(&log);
@@ -452,6 +431,17 @@ fn deletion_vectors_are_counted_and_removed_with_their_file() {
             json!({"add": with_dv}),
         ],
     );
+    (add, live, encoded, version)
+}
+
+/// Deleted rows of a deletion vector are not rows: `plan` and validation count the live rows, and
+/// the publish removes the file with its vector.
+#[test]
+fn deletion_vectors_are_counted_and_removed_with_their_file() {
+    let lake = TestLake::new();
+    let day = lake.day(3);
+    let log = lake.table_path("events").join("_delta_log");
+    let (add, live, encoded, version) = delete_by_vector(&lake, &day, &[0, 5]);
 
     let plan = json_ok(&lake.run(&[
         "plan",
@@ -511,6 +501,45 @@ fn deletion_vectors_are_counted_and_removed_with_their_file() {
         &format!("SELECT COUNT(*) FROM events WHERE event_date = DATE '{day}'"),
     );
     assert_eq!(before[0][0], live.to_string());
+}
+
+/// A file whose rows a deletion vector cut keeps the row checksum lakefill logged for it (the
+/// vector's writer copied its `add`): that checksum is of rows that are no longer all there, so
+/// the partition is read. Staging the file's rows again restores the deleted ones: two added.
+#[test]
+fn a_logged_checksum_of_a_file_with_a_deletion_vector_is_not_trusted() {
+    let lake = TestLake::new();
+    let day = lake.day(6);
+    let (add, live, _, _) = delete_by_vector(&lake, &day, &[1, 2]);
+    assert!(
+        add["tags"]["lakefill.rowChecksum"].is_string(),
+        "v1 logged the file's checksum: {add}"
+    );
+    // v1's rows again, compared by key.
+    let v1 = std::fs::read_to_string(lake.path().join("sql/events/v1.sql")).unwrap();
+    std::fs::write(
+        lake.path().join("sql/events/v3.sql"),
+        v1.replacen("*/", "[validate]\nkey = [\"event_id\"]\n*/", 1),
+    )
+    .unwrap();
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &day,
+        "--to",
+        &day,
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["state"], "published", "{report}");
+    let comparison = &report["validation"]["comparison"];
+    assert_eq!(comparison["old_unread"], Value::Null, "{comparison}");
+    let partition = &comparison["partitions"][0];
+    assert_eq!(partition["old_rows"], live, "{partition}");
+    assert_eq!(partition["new_rows"], live + 2, "{partition}");
+    assert_eq!(partition["added"], 2, "{partition}");
+    assert_eq!(partition["changed"], 0, "{partition}");
 }
 
 /// The raw `add` action of `path` in the log.

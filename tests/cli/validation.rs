@@ -408,3 +408,162 @@ both_stores!(
     discard_removes_every_staged_file,
     publish_after_a_conflicting_commit_is_refused,
 );
+
+/// Takes lakefill's row checksums out of every `add` action of `table`'s log (JSON commits only:
+/// the test lakes have no checkpoint), leaving a table with the same files and rows whose old
+/// side can only be compared by reading it.
+fn strip_logged_checksums(lake: &TestLake, table: &str) -> usize {
+    let log = lake.table_path(table).join("_delta_log");
+    let mut stripped = 0;
+    for entry in std::fs::read_dir(&log).unwrap().flatten() {
+        let path = entry.path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        assert!(!name.contains("checkpoint"), "a checkpoint: {name}");
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines = Vec::new();
+        for line in text.lines() {
+            let mut action: serde_json::Value = serde_json::from_str(line).unwrap();
+            if let Some(tags) = action
+                .get_mut("add")
+                .and_then(|add| add.get_mut("tags"))
+                .and_then(|tags| tags.as_object_mut())
+                && tags.remove("lakefill.rowChecksum").is_some()
+            {
+                stripped += 1;
+            }
+            lines.push(action.to_string());
+        }
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    }
+    stripped
+}
+
+/// A fix in place that changes the amounts of one day of eight. The other seven days' old rows
+/// are compared by the checksums lakefill wrote into their files' log entries, without reading
+/// them, and the comparison is exactly what reading every old row gives (the same table with
+/// those checksums taken out of its log) and what plain DataFusion counts and sums here.
+#[test]
+fn logged_checksums_spare_reading_unchanged_partitions_and_change_no_result() {
+    let lake = TestLake::new();
+    let twin = TestLake::new();
+    assert!(strip_logged_checksums(&twin, "events") > 0, "v1 wrote them");
+    assert_eq!(strip_logged_checksums(&twin, "events"), 0);
+    let (from, to, fixed) = (lake.day(1), lake.day(8), lake.day(4));
+    let model = format!(
+        "/*\ntarget = \"events\"\npartition_by = \"event_date\"\n[sources.events]\nwindow = \"event_date\"\n\
+         [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount_cents\"]\n*/\n\
+         SELECT event_id, user_id, country, \
+         CASE WHEN event_date = DATE '{fixed}' THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, \
+         event_ts, event_date FROM events"
+    );
+    let mut reports = Vec::new();
+    for l in [&lake, &twin] {
+        std::fs::write(l.path().join("sql/events/v3.sql"), &model).unwrap();
+        let before = l.version("events");
+        let report = json_ok(&l.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(report["state"], "published", "{report}");
+        // Independently: per day, rows and amounts before and after, with plain DataFusion.
+        let per_day = |version: u64| {
+            l.query(
+                &[("events", l.open_version("events", version))],
+                &format!(
+                    "SELECT CAST(event_date AS VARCHAR), COUNT(*), SUM(amount_cents) FROM events \
+                     WHERE event_date BETWEEN DATE '{from}' AND DATE '{to}' GROUP BY 1 ORDER BY 1"
+                ),
+            )
+        };
+        let (old, new) = (per_day(before), per_day(before + 1));
+        let partitions = report["validation"]["comparison"]["partitions"]
+            .as_array()
+            .unwrap();
+        assert_eq!(partitions.len(), 8);
+        for ((p, o), n) in partitions.iter().zip(&old).zip(&new) {
+            assert_eq!(p["value"], o[0].as_str());
+            assert_eq!(p["old_rows"].to_string(), o[1]);
+            assert_eq!(p["new_rows"].to_string(), n[1]);
+            assert_eq!(
+                p["measures"]["amount_cents"]["old"]
+                    .as_f64()
+                    .unwrap()
+                    .to_string(),
+                o[2]
+            );
+            assert_eq!(
+                p["measures"]["amount_cents"]["new"]
+                    .as_f64()
+                    .unwrap()
+                    .to_string(),
+                n[2]
+            );
+            let changed = if p["value"] == fixed.as_str() {
+                &o[1]
+            } else {
+                "0"
+            };
+            assert_eq!(p["changed"].to_string(), changed, "{p}");
+            assert_eq!(
+                (p["added"].as_u64(), p["removed"].as_u64()),
+                (Some(0), Some(0))
+            );
+        }
+        reports.push(report);
+    }
+    assert_eq!(
+        reports[0]["validation"]["comparison"]["old_unread"], 7,
+        "the seven unchanged days were not read"
+    );
+    assert_eq!(
+        reports[1]["validation"]["comparison"]["old_unread"],
+        serde_json::Value::Null
+    );
+    // Apart from that, the same validation.
+    let validation = |report: &serde_json::Value| {
+        let mut v = report["validation"].clone();
+        v["comparison"]
+            .as_object_mut()
+            .unwrap()
+            .remove("old_unread");
+        v.as_object_mut().unwrap().remove("elapsed_ms");
+        v
+    };
+    assert_eq!(validation(&reports[0]), validation(&reports[1]));
+
+    // A model that keeps every row as it is now finds the range up to date, reading no old row.
+    let identity = model.replace(
+        &format!(
+            "CASE WHEN event_date = DATE '{fixed}' THEN amount_cents + 1 ELSE amount_cents END"
+        ),
+        "amount_cents",
+    );
+    assert_ne!(identity, model);
+    std::fs::write(lake.path().join("sql/events/v4.sql"), identity).unwrap();
+    let before = lake.version("events");
+    let again = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(again["state"], "up-to-date", "{again}");
+    assert_eq!(
+        again["validation"]["comparison"]["old_unread"], 8,
+        "{again}"
+    );
+    assert_eq!(lake.version("events"), before);
+}

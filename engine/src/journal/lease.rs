@@ -392,6 +392,10 @@ pub(crate) async fn holder(
 /// process is not looked up, even on this machine (a writer may run in another process
 /// namespace). What cannot be read counts as held: the check only stops writers, and the
 /// holder's own commit checks stay what protects the table.
+#[cfg_attr(
+    not(any(feature = "distributed", test)),
+    expect(dead_code, reason = "only a cluster's writer tasks ask")
+)]
 pub(crate) async fn still_held(
     store: &Arc<dyn ObjectStore>,
     run_id: &RunId,

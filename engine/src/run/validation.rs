@@ -28,6 +28,8 @@ use crate::validate::KnownSide;
 use crate::validate::PartitionKey;
 use crate::validate::ValidationReport;
 use crate::validate::ValidationRules;
+use crate::validate::checks::Known;
+use crate::validate::compare::LoggedChecksums;
 use crate::validate::rows::counts_from;
 use crate::validate::validate;
 
@@ -353,16 +355,95 @@ pub(crate) async fn run_validation(
         .collect();
     new_side.mostly_changed =
         !counted.is_empty() && counted.iter().filter(|d| **d).count() * 10 >= counted.len() * 9;
+    // The old rows of files an earlier run wrote carry their checksums in the log (not those
+    // of a table corrected by adjustments: its old rows are its net rows).
+    let logged = (!layout.by_rows && !adjustments)
+        .then(|| {
+            logged_checksums(
+                plan,
+                layout,
+                &journal.range,
+                &target_schema,
+                &checksum_columns,
+            )
+        })
+        .transpose()?
+        .flatten();
     validate(
         &ctx,
         &PartitionKey::Time(layout.clone()),
         rules,
         sample,
-        Some(new_side),
+        Known {
+            new: Some(new_side),
+            old_checksums: logged,
+        },
         checksum_columns,
         extra_checks,
     )
     .await
+}
+
+/// The partitions of `range` at the read version, each with its row checksum when every file
+/// of it carries its own, as lakefill writes them into the `add` action of a staged file
+/// ([`crate::rowhash::FileDigest`]: of that file, of these `columns` with the types they have
+/// now, no deletion vector). Such a partition's old rows need not be read to be compared.
+fn logged_checksums(
+    plan: &BackfillPlan,
+    layout: &Layout,
+    range: &PartitionRange,
+    schema: &deltalake::arrow::datatypes::Schema,
+    columns: &[String],
+) -> Result<Option<LoggedChecksums>> {
+    use crate::rowhash::{DIGEST_TAG, FileDigest};
+    let fields: Vec<_> = columns
+        .iter()
+        .filter_map(|c| schema.field_with_name(c).ok().map(|f| Arc::new(f.clone())))
+        .collect();
+    let fingerprint = crate::rowhash::columns_fingerprint(&fields);
+    let snapshot = plan.target.snapshot().map_err(|source| Error::Delta {
+        context: "cannot read the target's snapshot".into(),
+        source: Box::new(source),
+    })?;
+    // Per partition: the sum of its files' checksums, or `None` once one file has none.
+    let mut partitions = LoggedChecksums::new();
+    for file in snapshot.log_data().iter() {
+        let values = file.partition_values_map();
+        if layout.time.period_of(&values).is_err() {
+            // A partition value that is no period of the grain: which rows of the range are whose
+            // is for the scan to tell.
+            return Ok(None);
+        }
+        let Some(label) = layout.label_in(range, &values) else {
+            continue;
+        };
+        #[expect(
+            deprecated,
+            reason = "the log's own add entry is the only way delta-rs 1.1 gives a file's tags"
+        )]
+        let tags = file.add_action().tags;
+        let path = file.path();
+        let digest = tags
+            .as_ref()
+            .and_then(|tags| tags.get(DIGEST_TAG).cloned().flatten())
+            .and_then(|tag| {
+                FileDigest::read(
+                    &tag,
+                    &path,
+                    file.num_records().map(|n| n as u64),
+                    file.deletion_vector_descriptor().is_some(),
+                    &fingerprint,
+                )
+            });
+        let entry = partitions
+            .entry(label)
+            .or_insert_with(|| Some(RowChecksum::default()));
+        match (entry.as_mut(), digest) {
+            (Some(sum), Some(digest)) => sum.merge(&digest),
+            _ => *entry = None,
+        }
+    }
+    Ok(Some(partitions))
 }
 
 /// By rows: the rows of the rewritten files outside the range must be staged again exactly as

@@ -43,7 +43,7 @@ use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
 use crate::plan::query::{batch_dataframe, target_schema};
 use crate::plan::{BackfillPlan, BatchPlan};
 use crate::resources::Resources;
-use crate::rowhash::{RowChecksum, hash_rows};
+use crate::rowhash::{DIGEST_TAG, FileDigest, RowChecksum, hash_rows};
 use crate::stage::throttle::{Throttle, ThrottledStore};
 use crate::time::Period;
 
@@ -63,6 +63,10 @@ pub(crate) struct StageOptions {
     pub(crate) engine: Option<String>,
     /// The generation of the run's lease this process holds: a cluster's writer tasks stop
     /// writing once it is no longer held.
+    #[cfg_attr(
+        not(feature = "distributed"),
+        expect(dead_code, reason = "only a cluster's writer tasks ask")
+    )]
     pub(crate) lease: Option<u64>,
 }
 
@@ -153,10 +157,12 @@ enum Placement {
     OffGrain(String),
 }
 
-/// A partition being written: its typed values, its label, and its writer.
+/// A partition being written: its label, its writer, and the checksum of the rows written (its
+/// file's [`FileDigest`]).
 struct OpenPartition {
     label: String,
     writer: PartitionWriter,
+    checksum: RowChecksum,
 }
 
 /// Runs one batch and writes its partitions; returns what it staged.
@@ -500,6 +506,7 @@ impl WriteSpec {
                     std::collections::btree_map::Entry::Vacant(entry) => {
                         entry.insert(OpenPartition {
                             label: label.clone(),
+                            checksum: RowChecksum::default(),
                             writer: partition_writer(
                                 self,
                                 &scalars,
@@ -511,10 +518,10 @@ impl WriteSpec {
                     }
                 };
                 *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
-                checksums
-                    .entry(label.clone())
-                    .or_default()
-                    .add_hashes(&hash_rows(part.columns(), part.num_rows())?);
+                let mut checksum = RowChecksum::default();
+                checksum.add_hashes(&hash_rows(part.columns(), part.num_rows())?);
+                checksums.entry(label.clone()).or_default().merge(&checksum);
+                open.checksum.merge(&checksum);
                 if !measures.is_empty() {
                     let partition_sums = sums.entry(label.clone()).or_default();
                     for (measure, index) in &measures {
@@ -541,7 +548,7 @@ impl WriteSpec {
         }
         let mut files: Vec<Add> = Vec::new();
         for (_, open) in writers {
-            let adds = open
+            let mut adds = open
                 .writer
                 .close()
                 .await
@@ -550,6 +557,14 @@ impl WriteSpec {
                     partition: open.label.clone(),
                     source: Box::new(source),
                 })?;
+            // A writer that never rolls (no target size) writes one file: its rows' checksum goes
+            // into its `add`, for whoever compares with these rows once they are published.
+            if let [add] = adds.as_mut_slice() {
+                let tag = FileDigest::tag(&open.checksum, file_schema.fields(), &add.path);
+                add.tags
+                    .get_or_insert_with(Default::default)
+                    .insert(DIGEST_TAG.to_string(), Some(tag));
+            }
             files.extend(adds);
         }
         Ok(Written {

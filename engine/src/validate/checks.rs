@@ -9,7 +9,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::compare::{CompareSpec, KnownCounts, PartitionKey, compare_keyed};
+use super::compare::{CompareSpec, KnownCounts, LoggedChecksums, PartitionKey, compare_keyed};
 use super::keymerge::KeyFacts;
 use super::report::{CheckResult, ValidationReport};
 use super::rows::{batch_to_json, run};
@@ -19,13 +19,21 @@ use crate::protocol::RowRule;
 use crate::rowhash::{RowChecksum, row_hash_sql};
 use crate::sqltext::ident;
 
+/// What is known of the sides before anything is read: the new side's aggregates, and the old
+/// side's checksums that its files' log entries hold.
+#[derive(Debug, Default)]
+pub(crate) struct Known {
+    pub(crate) new: KnownCounts,
+    pub(crate) old_checksums: Option<LoggedChecksums>,
+}
+
 /// Runs every check of `rules` over `previous` and `output` in `ctx`.
 pub(crate) async fn validate(
     ctx: &SessionContext,
     partitions: &PartitionKey,
     rules: &ValidationRules,
     sample: usize,
-    new_counts: KnownCounts,
+    known: Known,
     checksum_columns: Vec<String>,
     extra_checks: Vec<CheckResult>,
 ) -> Result<ValidationReport> {
@@ -37,9 +45,11 @@ pub(crate) async fn validate(
         sample,
         checksum_columns: Some(checksum_columns),
     };
-    // The old side is always scanned: its counts then honour deletion vectors, which the log's
-    // statistics do not.
-    let (comparison, facts) = compare_keyed(ctx, &spec, None, new_counts).await?;
+    // The old side is scanned but where its logged checksums settle a partition (its files' own,
+    // never of a file with a deletion vector): its counts then honour deletion vectors, which
+    // the log's statistics do not.
+    let (comparison, facts) =
+        compare_keyed(ctx, &spec, None, known.new, known.old_checksums.as_ref()).await?;
     crate::failpoint::reach("mid-validate").await?;
     let mut checks = extra_checks;
 

@@ -1,9 +1,11 @@
 //! Old rows against new, per partition: row counts, measure sums and a row-level diff by key.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::datatypes::Int64Type;
+use deltalake::datafusion::catalog::TableProvider;
 use deltalake::datafusion::logical_expr::Expr;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
@@ -140,6 +142,14 @@ pub struct Comparison {
     /// when not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identical: Option<bool>,
+    /// Partitions whose old rows were not read: the checksums an earlier lakefill run wrote
+    /// into their files' `add` actions equal the new rows' (see [`crate::rowhash::FileDigest`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub old_unread: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One partition, old versus new.
@@ -233,16 +243,22 @@ pub(crate) async fn compare(
     old_counts: KnownCounts,
     new_counts: KnownCounts,
 ) -> Result<Comparison> {
-    Ok(compare_keyed(ctx, spec, old_counts, new_counts).await?.0)
+    Ok(compare_keyed(ctx, spec, old_counts, new_counts, None)
+        .await?
+        .0)
 }
 
 /// [`compare`], and what the row diff saw of the new rows' keys when it could count them in
 /// the same pass (`None` when it did not: then the key checks need a query of their own).
+/// `logged`: every old partition, as the log knows it (by its files' entries), with its checksum
+/// when each of its files carries one; a partition whose logged checksum equals the new rows' is
+/// not read on the old side.
 pub(crate) async fn compare_keyed(
     ctx: &SessionContext,
     spec: &CompareSpec,
     old_counts: KnownCounts,
     new_counts: KnownCounts,
+    logged: Option<&LoggedChecksums>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
     let started = std::time::Instant::now();
     if spec.checksum_columns.is_some() {
@@ -250,6 +266,125 @@ pub(crate) async fn compare_keyed(
     }
     let mostly_changed = new_counts.as_ref().is_some_and(|c| c.mostly_changed);
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;
+    // Partitions whose old rows are known to be the new ones: their old totals are the new
+    // totals, and `previous` is narrowed to the other partitions for as long as this compares.
+    let settled = settled_partitions(spec, &new, logged);
+    let narrowed = match logged {
+        Some(logged) if !settled.is_empty() => {
+            let others: Vec<&String> = logged
+                .keys()
+                .chain(new.keys())
+                .filter(|label| !settled.contains_key(*label))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            narrow_previous(ctx, spec, &others).await?
+        }
+        _ => None,
+    };
+    let settled = match narrowed {
+        Some(_) => settled,
+        None => SideAggregates::new(),
+    };
+    let compared = compare_sides(
+        ctx,
+        spec,
+        old_counts,
+        new,
+        &settled,
+        mostly_changed,
+        started,
+    )
+    .await;
+    if let Some(original) = narrowed {
+        let _ = ctx.deregister_table("previous");
+        ctx.register_table("previous", original)
+            .query_context(|| "cannot register the old rows again".into())?;
+    }
+    let (mut comparison, facts) = compared?;
+    comparison.old_unread = settled.len() as u64;
+    Ok((comparison, facts))
+}
+
+/// Every old partition by the log, with its checksum when each of its files carries one.
+pub(crate) type LoggedChecksums = BTreeMap<String, Option<RowChecksum>>;
+
+/// The partitions of `new` whose logged old checksum is the new rows' checksum, with their
+/// (new, hence old) totals.
+fn settled_partitions(
+    spec: &CompareSpec,
+    new: &SideAggregates,
+    logged: Option<&LoggedChecksums>,
+) -> SideAggregates {
+    let (Some(logged), Some(_), PartitionKey::Time(layout)) =
+        (logged, &spec.checksum_columns, &spec.partitions)
+    else {
+        return SideAggregates::new();
+    };
+    if layout.by_rows {
+        return SideAggregates::new();
+    }
+    new.iter()
+        .filter(|(label, totals)| {
+            totals.rows > 0
+                && totals.checksum.is_some()
+                && logged.get(*label).copied().flatten() == totals.checksum
+        })
+        .map(|(label, totals)| (label.clone(), totals.clone()))
+        .collect()
+}
+
+/// Narrows `previous` to the partitions `labels` (a predicate on the partition columns, so the
+/// scan reads only their files); returns what it was, to be put back, or `None` (and leaves it)
+/// when they cannot be selected by a short predicate.
+async fn narrow_previous(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    labels: &[&String],
+) -> Result<Option<Arc<dyn TableProvider>>> {
+    let PartitionKey::Time(layout) = &spec.partitions else {
+        return Ok(None);
+    };
+    let schema = previous_schema(ctx).await?;
+    let predicate = if labels.is_empty() {
+        deltalake::datafusion::prelude::lit(false)
+    } else {
+        match periods_predicate(layout, labels, &schema)? {
+            Some(predicate) => predicate,
+            None => return Ok(None),
+        }
+    };
+    let rest = ctx
+        .table("previous")
+        .await
+        .and_then(|df| df.filter(predicate))
+        .query_context(|| "cannot leave out the partitions known to be unchanged".into())?;
+    let original = ctx
+        .deregister_table("previous")
+        .query_context(|| "cannot take the old rows back".into())?
+        .ok_or_else(|| {
+            crate::error::Error::Internal("table `previous` is not registered".into())
+        })?;
+    ctx.register_table("previous", rest.into_view())
+        .query_context(|| "cannot register the old rows of the other partitions".into())?;
+    Ok(Some(original))
+}
+
+/// [`compare_keyed`] once `previous` holds the partitions not `settled` (whose old totals are
+/// the new ones).
+async fn compare_sides(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old_counts: KnownCounts,
+    new: SideAggregates,
+    settled: &SideAggregates,
+    mostly_changed: bool,
+    started: std::time::Instant,
+) -> Result<(Comparison, Option<KeyFacts>)> {
+    let with_settled = |mut old: SideAggregates| {
+        old.extend(settled.iter().map(|(l, t)| (l.clone(), t.clone())));
+        old
+    };
     // Most partitions differ: one read of the old side serves its totals and the key merge.
     let fused = match (&spec.partitions, &spec.checksum_columns) {
         (PartitionKey::Time(layout), Some(columns))
@@ -268,7 +403,7 @@ pub(crate) async fn compare_keyed(
                 columns,
                 expected_rows,
                 |totals| {
-                    let old = side_from_totals(spec, totals);
+                    let old = with_settled(side_from_totals(spec, totals));
                     match differing_partitions(spec, &old, &new, &schema)? {
                         _ if identical_sides(&old, &new) => Ok(Decision::Identical),
                         differing => Ok(Decision::Diff(differing)),
@@ -280,9 +415,9 @@ pub(crate) async fn compare_keyed(
         _ => None,
     };
     let (old, fused_diff) = match fused {
-        Some((totals, diff)) => (side_from_totals(spec, &totals), Some(diff)),
+        Some((totals, diff)) => (with_settled(side_from_totals(spec, &totals)), Some(diff)),
         None => (
-            side_aggregates(ctx, "previous", spec, old_counts).await?,
+            with_settled(side_aggregates(ctx, "previous", spec, old_counts).await?),
             None,
         ),
     };
@@ -402,6 +537,7 @@ pub(crate) async fn compare_keyed(
         disappeared,
         samples,
         identical,
+        old_unread: 0,
     };
     Ok((comparison, facts))
 }
@@ -844,7 +980,7 @@ mod tests {
                     mostly_changed,
                     ..KnownSide::default()
                 };
-                let (comparison, facts) = compare_keyed(&ctx, &spec(), None, Some(hint))
+                let (comparison, facts) = compare_keyed(&ctx, &spec(), None, Some(hint), None)
                     .await
                     .expect("compare");
                 results.push((serde_json::to_value(&comparison).expect("json"), facts));
