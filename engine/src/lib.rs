@@ -59,6 +59,7 @@ mod distributed;
 mod error;
 mod explain;
 mod failpoint;
+mod fastcast;
 mod init;
 mod journal;
 mod log;

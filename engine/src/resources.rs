@@ -62,9 +62,17 @@ impl Resources {
         }
     }
 
-    /// A Delta-aware session on the shared runtime.
+    /// A Delta-aware session on the shared runtime, whose casts of UTC timestamps to dates skip
+    /// the time zone, and whose filters on such dates compare the timestamps
+    /// ([`crate::fastcast`]).
     pub(crate) fn session(&self) -> SessionContext {
         let ctx = DeltaSessionContext::with_runtime_env(Arc::clone(&self.runtime)).into_inner();
+        let state =
+            deltalake::datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state())
+                .with_optimizer_rule(Arc::new(crate::fastcast::UnwrapDateCasts))
+                .with_physical_optimizer_rule(Arc::new(crate::fastcast::FastTimestampDates))
+                .build();
+        let ctx = SessionContext::new_with_state(state);
         if let Some(limit) = self.memory_limit {
             let state_ref = ctx.state_ref();
             let mut state = state_ref.write();
