@@ -17,7 +17,9 @@
 //! `before-commit`, `lost-commit-response` (error only: the commit lands but reports a failure),
 //! `after-commit` (the commit is in the log, the journal does not know yet), `mid-notify` (the
 //! event is in the outbox, no sink has it yet). `lakefill revert` passes `before-commit`,
-//! `lost-commit-response` and `after-commit` too.
+//! `lost-commit-response` and `after-commit` too. `run-found` (`publish`, `discard`: the run's
+//! table is found, its lease not yet taken) and `gc-listed` (`gc`: the garbage is listed, none
+//! deleted) are for races with other processes.
 
 use crate::error::Result;
 

@@ -919,3 +919,110 @@ fn an_edited_published_model_is_refused() {
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
+
+/// Starts `args` with `failpoint` armed as `sleep-MS`, and returns once the process sleeps there
+/// (it says so on stderr), with its stderr so far.
+fn start_sleeping(lake: &TestLake, args: &[&str], failpoint: &str, millis: u64) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = lakefill_command(lake.path())
+        .args(args)
+        .env("LAKEFILL_FAILPOINTS", format!("{failpoint}=sleep-{millis}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "{args:?} ended before {failpoint}"
+        );
+        if line.contains("failpoint hit: sleeping") {
+            break;
+        }
+    }
+    // The rest of its stderr is drained, so it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    child
+}
+
+/// A publish that found the run before another process published it (and so read the log as
+/// it was then) says the run is published, and leaves it so: it reads the log again once it
+/// holds the run, instead of taking the journal's `published` for a commit that never landed.
+#[test]
+fn a_publish_overtaken_by_another_finds_the_run_published() {
+    let lake = TestLake::new();
+    let run_id = lake.stage_events(1, 8);
+    let before = lake.version("events");
+    let late = start_sleeping(
+        &lake,
+        &["publish", &run_id, "--output-format", "json"],
+        "run-found",
+        3_000,
+    );
+    let first = json_ok(&run(
+        &lake,
+        &["publish", &run_id, "--output-format", "json"],
+    ));
+    assert_eq!(first["outcome"], "published", "{first}");
+    let late = late.wait_with_output().unwrap();
+    assert_eq!(late.status.code(), Some(0), "{}", stderr(&late));
+    let report: serde_json::Value = serde_json::from_slice(&late.stdout).unwrap();
+    assert_eq!(report["outcome"], "already_published", "{report}");
+    assert_eq!(lake.version("events"), before + 1);
+    let published = the_run(&lake).unwrap();
+    assert_eq!(published["state"], "published", "{published}");
+}
+
+/// `gc` lists a failed run's staged files as garbage; before it deletes them the run is resumed
+/// and published, its first batch's files with it. `gc` sees the run moved and deletes none:
+/// every file of the new version is there and reads.
+#[test]
+fn gc_leaves_the_files_of_a_run_published_since_it_listed_them() {
+    let lake = TestLake::new();
+    let args = backfill_args(&lake);
+    let failed = command(&lake, &args, Some("stage-batch-1=error"))
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
+    let failed_run = the_run(&lake).unwrap();
+    assert_eq!(failed_run["state"], "failed", "{failed_run}");
+    let dry = json_ok(&run(
+        &lake,
+        &["gc", "events", "--dry-run", "--output-format", "json"],
+    ));
+    assert!(
+        !dry["files"].as_array().unwrap().is_empty(),
+        "the failed run's first batch is garbage now: {dry}"
+    );
+
+    let gc = start_sleeping(
+        &lake,
+        &["gc", "events", "--output-format", "json"],
+        "gc-listed",
+        4_000,
+    );
+    let resumed = command(&lake, &args, None).output().unwrap();
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    let gc = gc.wait_with_output().unwrap();
+    assert_eq!(gc.status.code(), Some(0), "{}", stderr(&gc));
+    let report: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    assert_eq!(report["files"], serde_json::json!([]), "{report}");
+
+    assert_eq!(the_run(&lake).unwrap()["state"], "published");
+    let table = lake.table_path("events");
+    for files in lake.files("events").values() {
+        for path in files.keys() {
+            assert!(
+                table.join(crate::support::decoded(path)).exists(),
+                "{path} of the latest version"
+            );
+        }
+    }
+    assert!(
+        rows(&lake) == reference(Store::Local).new_rows,
+        "the fix, whole"
+    );
+}

@@ -194,6 +194,7 @@ pub async fn gc(
         }
     }
 
+    crate::failpoint::reach("gc-listed").await?;
     let mut files = Vec::new();
     let mut runs_discarded = Vec::new();
     for (run_id, run_files) in garbage {
@@ -210,10 +211,16 @@ pub async fn gc(
             }
             Err(error) => return Err(error),
         };
-        let result = collect_run(&store, &lease, &run_id, &run_files, &abandoned).await;
+        let listed = journals.get(&run_id).map(|j| j.updated_at.as_str());
+        let result = collect_run(&store, &lease, &run_id, &run_files, &abandoned, listed).await;
         lease.release().await;
-        if result? {
-            runs_discarded.push(run_id);
+        match result? {
+            Collected::Moved => {
+                kept += run_files.len() as u64;
+                continue;
+            }
+            Collected::Discarded => runs_discarded.push(run_id),
+            Collected::Deleted => {}
         }
         files.extend(run_files);
     }
@@ -227,17 +234,34 @@ pub async fn gc(
     })
 }
 
-/// Deletes one run's garbage under its lease; marks an abandoned run discarded. Returns whether
-/// it did.
+/// What [`collect_run`] did with one run's garbage.
+enum Collected {
+    /// Its files are deleted.
+    Deleted,
+    /// Its files are deleted, and the abandoned run marked discarded.
+    Discarded,
+    /// Nothing: the run moved since it was listed (resumed, published), so what made its files
+    /// garbage may no longer hold.
+    Moved,
+}
+
+/// Deletes one run's garbage under its lease, unless its journal changed since the listing
+/// (`listed`: its `updated_at` then, `None` for a run that had no journal); marks an abandoned
+/// run discarded.
 async fn collect_run(
     store: &Arc<dyn ObjectStore>,
     lease: &RunLease,
     run_id: &RunId,
     files: &[GcFile],
     abandoned: &BTreeSet<RunId>,
-) -> Result<bool> {
-    // Read again under the lease: the run may have moved since the listing.
+    listed: Option<&str>,
+) -> Result<Collected> {
+    // Read again under the lease: a failed run resumed and published since the listing now
+    // has these files in the log, which the listing's references did not know.
     let journal = Journal::load(store, run_id).await?;
+    if journal.as_ref().map(|j| j.updated_at.as_str()) != listed {
+        return Ok(Collected::Moved);
+    }
     if let (Some(journal), true) = (&journal, abandoned.contains(run_id))
         && !matches!(
             journal.state,
@@ -250,7 +274,7 @@ async fn collect_run(
                 | RunState::Publishing
         )
     {
-        return Ok(false);
+        return Ok(Collected::Moved);
     }
     for file in files {
         match store.delete(&crate::storage::object_path(&file.path)).await {
@@ -271,9 +295,9 @@ async fn collect_run(
             ));
             journal.transition(RunState::Discarded)?;
             journal.save(store, lease).await?;
-            Ok(true)
+            Ok(Collected::Discarded)
         }
-        _ => Ok(false),
+        _ => Ok(Collected::Deleted),
     }
 }
 

@@ -183,10 +183,14 @@ pub(crate) async fn with_run<T>(
     work: impl AsyncFnOnce(&TableConfig, &DeltaTable, &mut Journal, &RunLease) -> Result<T>,
 ) -> Result<T> {
     let run_id = &RunId::parse(run_id)?;
-    let (config, latest) = find_run(project, run_id).await?;
-    let store = latest.object_store();
+    let (config, found) = find_run(project, run_id).await?;
+    crate::failpoint::reach("run-found").await?;
+    let store = found.object_store();
     let lease = RunLease::acquire(&store, config.name(), run_id, command).await?;
     let result = async {
+        // The log as it is now that nobody else works on the run: whoever held it before may
+        // have published it since it was found.
+        let latest = crate::storage::latest(&found).await?;
         let mut journal =
             Journal::load(&store, run_id)
                 .await?

@@ -14,23 +14,22 @@ use crate::log::published_sequence;
 ///
 /// This is the one place that moves a run into `published` from outside a commit.
 pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Result<bool> {
-    let logged = published_sequence(latest, &journal.run_id).await?;
-    if logged.is_some_and(|sequence| sequence >= journal.sequence) {
-        if journal.state == RunState::Published && journal.published_version.is_some() {
-            return Ok(false);
-        }
-        journal.state = RunState::Published;
-        journal.published_version = find_run_commit(latest, &journal.run_id)
-            .await?
-            .or(journal.published_version);
-        journal.error = None;
-        tracing::info!(run_id = %journal.run_id, version = ?journal.published_version, "the Delta log has the run's commit: repaired its journal");
-        return Ok(true);
+    if let Some(changed) = published_in(latest, journal).await? {
+        return Ok(changed);
+    }
+    if !matches!(journal.state, RunState::Published | RunState::Publishing) {
+        return Ok(false);
+    }
+    // The journal may have been written after `latest` was read (a publish that finished since):
+    // read the log again before deciding that its commit is not there.
+    let latest = crate::storage::latest(latest).await?;
+    if let Some(changed) = published_in(&latest, journal).await? {
+        return Ok(changed);
     }
     match journal.state {
         RunState::Published => {
             // Application transactions can expire; the commit itself is the proof.
-            if find_run_commit(latest, &journal.run_id).await?.is_some() {
+            if find_run_commit(&latest, &journal.run_id).await?.is_some() {
                 return Ok(false);
             }
             journal.state = RunState::Failed;
@@ -50,4 +49,23 @@ pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Res
         }
         _ => Ok(false),
     }
+}
+
+/// When the log `latest` has the run's commit: the journal made `published` (whether it
+/// changed); `None` when it has not.
+async fn published_in(latest: &DeltaTable, journal: &mut Journal) -> Result<Option<bool>> {
+    let logged = published_sequence(latest, &journal.run_id).await?;
+    if logged.is_none_or(|sequence| sequence < journal.sequence) {
+        return Ok(None);
+    }
+    if journal.state == RunState::Published && journal.published_version.is_some() {
+        return Ok(Some(false));
+    }
+    journal.state = RunState::Published;
+    journal.published_version = find_run_commit(latest, &journal.run_id)
+        .await?
+        .or(journal.published_version);
+    journal.error = None;
+    tracing::info!(run_id = %journal.run_id, version = ?journal.published_version, "the Delta log has the run's commit: repaired its journal");
+    Ok(Some(true))
 }
