@@ -511,6 +511,7 @@ impl WriteSpec {
                                 self,
                                 &scalars,
                                 &values,
+                                &near_unique_columns(&part),
                                 Arc::clone(&file_schema),
                                 Arc::clone(&store),
                             )?,
@@ -696,10 +697,35 @@ fn column_sum(column: &deltalake::arrow::array::ArrayRef) -> Result<f64> {
     .unwrap_or(0.0))
 }
 
+/// The columns of `sample` (a partition's first rows) whose values are nearly all distinct: a
+/// dictionary of them costs the time to build and saves nothing, and Parquet's writer gives it
+/// up only once a row group's dictionary passes a megabyte (about a whole row group of 64-bit
+/// values). Too few rows tell nothing.
+fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
+    const MIN_ROWS: usize = 1024;
+    const MAX_ROWS: usize = 8192;
+    let rows = sample.num_rows().min(MAX_ROWS);
+    if rows < MIN_ROWS {
+        return Vec::new();
+    }
+    sample
+        .schema()
+        .fields()
+        .iter()
+        .zip(sample.columns())
+        .filter_map(|(field, column)| {
+            let hashes = hash_rows(&[column.slice(0, rows)], rows).ok()?;
+            let distinct: std::collections::HashSet<u64> = hashes.into_iter().collect();
+            (distinct.len() * 100 >= rows * 95).then(|| field.name().clone())
+        })
+        .collect()
+}
+
 fn partition_writer(
     spec: &WriteSpec,
     scalars: &[Scalar],
     values: &PartitionValues,
+    plain: &[String],
     file_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<PartitionWriter> {
@@ -710,9 +736,9 @@ fn partition_writer(
     let mut properties = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
-    // A key's values are unique: a dictionary of them never pays for the time spent building
-    // it, and the writer would only give it up after a megabyte of each row group.
-    for key in &spec.key {
+    // A key's values are unique, and so are nearly those of `plain`: a dictionary of them never
+    // pays for the time spent building it.
+    for key in spec.key.iter().chain(plain) {
         if file_schema.index_of(key).is_ok() {
             properties = properties.set_column_dictionary_enabled(
                 deltalake::parquet::schema::types::ColumnPath::from(key.as_str()),
@@ -744,4 +770,46 @@ fn partition_writer(
         None,
     )
     .delta_context(|| "cannot create the Parquet writer".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int64Array, StringArray};
+    use deltalake::arrow::datatypes::Field;
+
+    /// `rows` rows: an id, a timestamp-like value 96% distinct, an amount of 3,000 values, a
+    /// country of 12, and an all-NULL column.
+    fn batch(rows: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("ts", DataType::Int64, true),
+            Field::new("amount", DataType::Int64, true),
+            Field::new("country", DataType::Utf8, true),
+            Field::new("empty", DataType::Int64, true),
+        ]));
+        let columns: Vec<deltalake::arrow::array::ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(0..rows)),
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows).map(|i| if i % 25 == 0 { 0 } else { i * 1_000 }),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows).map(|i| (i * 7_919) % 3_000),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("c{}", i % 12)),
+            )),
+            Arc::new(Int64Array::from(vec![None::<i64>; rows as usize])),
+        ];
+        RecordBatch::try_new(schema, columns).expect("batch")
+    }
+
+    #[test]
+    fn only_nearly_unique_columns_are_written_without_a_dictionary() {
+        assert_eq!(near_unique_columns(&batch(8_192)), ["id", "ts"]);
+        // More rows than the sample: the first 8,192 tell.
+        assert_eq!(near_unique_columns(&batch(50_000)), ["id", "ts"]);
+        // Too few rows to tell.
+        assert!(near_unique_columns(&batch(1_000)).is_empty());
+    }
 }
