@@ -160,7 +160,14 @@ async fn stage_batch(
     let config = SessionConfig::new_with_ballista()
         .with_target_partitions(TASKS)
         .with_ballista_physical_extension_codec(Arc::new(writer::LakefillCodec::default()));
-    let ctx = SessionContext::new_with_config(config.clone());
+    // Filters on a timestamp's date compare the timestamp, as locally (the rewrite yields plain
+    // expressions the cluster decodes; the physical one, a function of lakefill's, stays local).
+    let state = deltalake::datafusion::execution::SessionStateBuilder::new()
+        .with_config(config.clone())
+        .with_default_features()
+        .with_optimizer_rule(Arc::new(crate::fastcast::UnwrapDateCasts))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     for source in &plan.sources {
         let provider = Arc::new(pinned::pinned_source(&source.name, &source.table)?);
         register_source_with(&ctx, plan, source, batch, provider).await?;
