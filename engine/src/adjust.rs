@@ -485,6 +485,7 @@ pub(crate) async fn stage(
             df,
             Arc::clone(&write_schema),
             Arc::clone(&store),
+            None,
         )
         .await?;
         // Count them from what was written.

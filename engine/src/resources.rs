@@ -62,6 +62,13 @@ impl Resources {
         }
     }
 
+    /// The disk manager of the shared runtime (its spill files).
+    pub(crate) fn disk_manager(
+        &self,
+    ) -> Arc<deltalake::datafusion::execution::disk_manager::DiskManager> {
+        Arc::clone(&self.runtime.disk_manager)
+    }
+
     /// A Delta-aware session on the shared runtime, whose casts of UTC timestamps to dates skip
     /// the time zone, and whose filters on such dates compare the timestamps
     /// ([`crate::fastcast`]).

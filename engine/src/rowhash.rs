@@ -172,31 +172,46 @@ pub(crate) fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
 
 /// [`hash_rows`] with the value hashes of `state`.
 fn hash_rows_with(state: &RandomState, columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
-    let mut hashes = vec![EMPTY_ROW_HASH; rows];
-    let mut column_hashes = vec![0u64; rows];
-    for (index, column) in columns.iter().enumerate() {
-        column_value_hashes(state, column, &mut column_hashes)?;
-        let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        // The null buffer (what `Array::is_null` reads) looked at once, not for every row.
-        match column.nulls().filter(|n| n.null_count() > 0) {
-            Some(nulls) => {
-                for (row, (hash, value)) in hashes.iter_mut().zip(&column_hashes).enumerate() {
-                    let value = if nulls.is_null(row) {
-                        NULL_HASH
-                    } else {
-                        *value
-                    };
-                    *hash = mix(hash.rotate_left(23) ^ value ^ salt);
-                }
-            }
-            None => {
-                for (hash, value) in hashes.iter_mut().zip(&column_hashes) {
-                    *hash = mix(hash.rotate_left(23) ^ value ^ salt);
-                }
+    let values = columns
+        .iter()
+        .map(|c| value_hashes_with(state, c))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(combine_rows(
+        &values.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        rows,
+    ))
+}
+
+/// The hash of each value of `column` that [`hash_rows`] combines (a NULL's is fixed): to hash
+/// rows of several sets of columns, each column is hashed once.
+pub(crate) fn value_hashes(column: &ArrayRef) -> Result<Vec<u64>> {
+    value_hashes_with(&STATE, column)
+}
+
+fn value_hashes_with(state: &RandomState, column: &ArrayRef) -> Result<Vec<u64>> {
+    let mut values = vec![0u64; column.len()];
+    column_value_hashes(state, column, &mut values)?;
+    // The null buffer (what `Array::is_null` reads) looked at once, not for every row.
+    if let Some(nulls) = column.nulls().filter(|n| n.null_count() > 0) {
+        for (row, value) in values.iter_mut().enumerate() {
+            if nulls.is_null(row) {
+                *value = NULL_HASH;
             }
         }
     }
-    Ok(hashes)
+    Ok(values)
+}
+
+/// [`hash_rows`] of columns given by their [`value_hashes`], in order.
+pub(crate) fn combine_rows(columns: &[&[u64]], rows: usize) -> Vec<u64> {
+    let mut hashes = vec![EMPTY_ROW_HASH; rows];
+    for (index, values) in columns.iter().enumerate() {
+        let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        for (hash, value) in hashes.iter_mut().zip(values.iter()) {
+            *hash = mix(hash.rotate_left(23) ^ value ^ salt);
+        }
+    }
+    hashes
 }
 
 /// SplitMix64's finalizer: spreads every input bit over the output.

@@ -196,7 +196,7 @@ impl ExecutionPlan for StageWriterExec {
             message.check_lease(&store, &[]).await.map_err(external)?;
             let written = message
                 .spec
-                .write(input, target_schema, Arc::clone(&store))
+                .write(input, target_schema, Arc::clone(&store), None)
                 .await
                 .map_err(external)?;
             // A job the client stopped waiting for (Ctrl-C, a failure, a takeover) may still run

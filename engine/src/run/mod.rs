@@ -263,14 +263,15 @@ impl BackfillBuilder {
         let (mut journal, skip) = self.begin(&latest, previous, lease).await?;
         let resumed_batches = skip.len();
         let resources = Resources::new(self.memory_limit);
+        let capture = self.capture(&resources);
 
         let spill = self
-            .stage_step(&mut journal, &resources, &skip, lease, started)
+            .stage_step(&mut journal, &resources, &skip, lease, started, &capture)
             .await?;
         self.adjust_step(&mut journal, &resources, lease).await?;
         let stage_ms = elapsed_ms(started);
         let validate_started = Instant::now();
-        self.validate_step(&mut journal, &resources, &spill, lease)
+        self.validate_step(&mut journal, &resources, &spill, lease, capture)
             .await?;
         let validate_ms = elapsed_ms(validate_started);
         let outcome = self.conclude(&mut journal, &latest, lease).await?;
@@ -283,6 +284,37 @@ impl BackfillBuilder {
             total_ms,
         };
         Ok(self.finish(&journal, outcome, timings, resumed_batches))
+    }
+
+    /// Where this process's writers hash the new rows for the key merge: when the run compares
+    /// rows by a key of its target, stages here and writes whole partitions (by rows, the new
+    /// side is a part of the files; with adjustments, it is the net rows).
+    fn capture(&self, resources: &Resources) -> Option<Arc<crate::validate::keymerge::Capture>> {
+        let report = &self.plan.report;
+        if !self.validate
+            || self.engine.is_some()
+            || report.layout.by_rows
+            || report.publish == crate::adjust::PublishMode::Adjustments
+        {
+            return None;
+        }
+        let schema = crate::plan::query::target_schema(&self.plan).ok()?;
+        let parts: Vec<String> = report
+            .layout
+            .time
+            .encoding
+            .columns()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        crate::validate::keymerge::Capture::new(
+            resources.disk_manager(),
+            &schema,
+            &self.plan.rules.key,
+            &parts,
+            self.sample,
+        )
+        .map(Arc::new)
     }
 
     /// When the log already holds this run (published by this or another process), the report
@@ -353,6 +385,7 @@ impl BackfillBuilder {
         skip: &BTreeSet<usize>,
         lease: &RunLease,
         started: Instant,
+        capture: &Option<Arc<crate::validate::keymerge::Capture>>,
     ) -> Result<BTreeMap<String, u64>> {
         let report = &self.plan.report;
         let max_parallel = self
@@ -364,6 +397,7 @@ impl BackfillBuilder {
             throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
             engine: self.engine.clone(),
             lease: Some(lease.generation()),
+            capture: capture.clone(),
         };
         self.emit(ProgressEvent::Started {
             run_id: report.run_id.to_string(),
@@ -453,6 +487,7 @@ impl BackfillBuilder {
         resources: &Resources,
         spill: &BTreeMap<String, u64>,
         lease: &RunLease,
+        capture: Option<Arc<crate::validate::keymerge::Capture>>,
     ) -> Result<()> {
         let plan = &self.plan;
         let report = &plan.report;
@@ -480,11 +515,11 @@ impl BackfillBuilder {
             .interruptible(run_validation(
                 plan,
                 journal,
-                &plan.rules,
                 self.sample,
                 extra_checks,
                 resources,
                 self.validate,
+                capture,
             ))
             .await;
         let validation = match validation {

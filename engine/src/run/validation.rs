@@ -27,7 +27,6 @@ use crate::validate::CheckResult;
 use crate::validate::KnownSide;
 use crate::validate::PartitionKey;
 use crate::validate::ValidationReport;
-use crate::validate::ValidationRules;
 use crate::validate::checks::Known;
 use crate::validate::compare::LoggedChecksums;
 use crate::validate::rows::counts_from;
@@ -182,12 +181,13 @@ async fn conserve_with(
 pub(crate) async fn run_validation(
     plan: &BackfillPlan,
     journal: &Journal,
-    rules: &ValidationRules,
     sample: usize,
     extra_checks: Vec<CheckResult>,
     resources: &Resources,
     compare_rows: bool,
+    capture: Option<Arc<crate::validate::keymerge::Capture>>,
 ) -> Result<ValidationReport> {
+    let rules = &plan.rules;
     if !compare_rows {
         return Ok(ValidationReport {
             passed: extra_checks.iter().all(|c| c.passed),
@@ -302,6 +302,8 @@ pub(crate) async fn run_validation(
         sums: Some(BTreeMap::new()),
         checksums: Some(checksums),
         mostly_changed: false,
+        // What this process's writers hashed, if they staged every batch of the journal.
+        captured: capture.filter(|c| c.covers(&journal.batches)),
     };
     for batch in &journal.batches {
         for (partition, measures) in batch

@@ -12,6 +12,7 @@
 //! [`check_model`] plans the model once when the plan is made, so what `plan` accepts,
 //! `backfill` runs.
 
+mod hasher;
 pub(crate) mod staged;
 pub(crate) mod throttle;
 
@@ -43,9 +44,11 @@ use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
 use crate::plan::query::{batch_dataframe, target_schema};
 use crate::plan::{BackfillPlan, BatchPlan};
 use crate::resources::Resources;
-use crate::rowhash::{DIGEST_TAG, FileDigest, RowChecksum, hash_rows};
+use crate::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
+use crate::stage::hasher::{Hashed, Hasher, Job};
 use crate::stage::throttle::{Throttle, ThrottledStore};
 use crate::time::Period;
+use crate::validate::keymerge::Capture;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -68,6 +71,8 @@ pub(crate) struct StageOptions {
         expect(dead_code, reason = "only a cluster's writer tasks ask")
     )]
     pub(crate) lease: Option<u64>,
+    /// Where the writers put the new rows' key and row hashes for validation, if anywhere.
+    pub(crate) capture: Option<Arc<Capture>>,
 }
 
 /// Stages every batch not in `skip`.
@@ -90,7 +95,8 @@ pub(crate) async fn stage(
         let schema = Arc::clone(&target_schema);
         let resources = options.resources.clone();
         let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
-        async move { stage_batch(plan, &batch, schema, &resources, store).await }
+        let capture = options.capture.clone();
+        async move { stage_batch(plan, &batch, schema, &resources, store, capture.as_ref()).await }
     })
     .await
 }
@@ -172,6 +178,7 @@ async fn stage_batch(
     target_schema: SchemaRef,
     resources: &Resources,
     store: Arc<dyn deltalake::ObjectStore>,
+    capture: Option<&Arc<Capture>>,
 ) -> Result<BatchRecord> {
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
     crate::failpoint::reach(&format!("stage-batch-{}", batch.index)).await?;
@@ -180,17 +187,19 @@ async fn stage_batch(
     } else {
         batch_dataframe(plan, batch, resources).await?
     };
-    write_batch(plan, batch, df, target_schema, store).await
+    write_batch(plan, batch, df, target_schema, store, capture).await
 }
 
 /// Streams `df` (rows of `batch`) into staged files, one writer per partition; returns what it
-/// staged: files, and per partition rows, measure sums and row checksums.
+/// staged: files, and per partition rows, measure sums and row checksums. With `capture`, the
+/// rows' hashes also go there.
 pub(crate) async fn write_batch(
     plan: &BackfillPlan,
     batch: &BatchPlan,
     df: DataFrame,
     target_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
+    capture: Option<&Arc<Capture>>,
 ) -> Result<BatchRecord> {
     let df = target_projection(plan, df, &target_schema)?;
     let stream: SendableRecordBatchStream = df.execute_stream().await.query_context(|| {
@@ -202,7 +211,7 @@ pub(crate) async fn write_batch(
         )
     })?;
     let spec = WriteSpec::of(plan, batch);
-    spec.write(stream, target_schema, store)
+    spec.write(stream, target_schema, store, capture)
         .await?
         .into_record(&spec)
 }
@@ -293,13 +302,15 @@ impl WriteSpec {
 
     /// Streams `stream` (rows of the batch, in `target_schema`) into staged files, one writer
     /// per partition; returns what it staged: files, and per partition rows, measure sums and
-    /// row checksums.
+    /// row checksums. With `capture`, the rows' key and row hashes go there too.
     pub(crate) async fn write(
         &self,
         mut stream: SendableRecordBatchStream,
         target_schema: SchemaRef,
         store: Arc<dyn deltalake::ObjectStore>,
+        capture: Option<&Arc<Capture>>,
     ) -> Result<Written> {
+        let capture = capture.map(|c| c.writer());
         let layout = &self.layout;
         let batch = &self.batch;
         let partition_indices: Vec<usize> = layout
@@ -350,7 +361,11 @@ impl WriteSpec {
         let mut spill: BTreeMap<String, u64> = BTreeMap::new();
         let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
         let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-        let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
+        let mut hasher = Hasher::start(
+            capture,
+            Arc::clone(&file_schema),
+            Arc::clone(&target_schema),
+        );
         // Measures summed while writing, so validation need not scan the staged files for them.
         let measures: Vec<(String, usize)> = self
             .measures
@@ -501,6 +516,7 @@ impl WriteSpec {
                     Ok(Some(period)) => period.label(),
                     _ => NULL_LABEL.to_string(),
                 };
+                let writer_key = key.clone();
                 let open = match writers.entry(key) {
                     std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
                     std::collections::btree_map::Entry::Vacant(entry) => {
@@ -519,10 +535,6 @@ impl WriteSpec {
                     }
                 };
                 *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
-                let mut checksum = RowChecksum::default();
-                checksum.add_hashes(&hash_rows(part.columns(), part.num_rows())?);
-                checksums.entry(label.clone()).or_default().merge(&checksum);
-                open.checksum.merge(&checksum);
                 if !measures.is_empty() {
                     let partition_sums = sums.entry(label.clone()).or_default();
                     for (measure, index) in &measures {
@@ -530,6 +542,16 @@ impl WriteSpec {
                             column_sum(part.column(*index))?;
                     }
                 }
+                hasher
+                    .hash(Job {
+                        writer: writer_key,
+                        label: label.clone(),
+                        part: part.clone(),
+                        batch: record_batch.clone(),
+                        indices,
+                        first_row,
+                    })
+                    .await?;
                 open.writer
                     .write(&part)
                     .await
@@ -547,8 +569,14 @@ impl WriteSpec {
                 off_grain,
             });
         }
+        let Hashed {
+            checksums,
+            mut by_writer,
+            capture,
+        } = hasher.finish().await?;
         let mut files: Vec<Add> = Vec::new();
-        for (_, open) in writers {
+        for (key, mut open) in writers {
+            open.checksum = by_writer.remove(&key).unwrap_or_default();
             let mut adds = open
                 .writer
                 .close()
@@ -567,6 +595,9 @@ impl WriteSpec {
                     .insert(DIGEST_TAG.to_string(), Some(tag));
             }
             files.extend(adds);
+        }
+        if let Some(capture) = capture {
+            capture.finish(batch.index, files.iter().map(|a| a.path.clone()));
         }
         Ok(Written {
             record: Some(BatchRecord {
@@ -714,7 +745,7 @@ fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
         .iter()
         .zip(sample.columns())
         .filter_map(|(field, column)| {
-            let hashes = hash_rows(&[column.slice(0, rows)], rows).ok()?;
+            let hashes = crate::rowhash::hash_rows(&[column.slice(0, rows)], rows).ok()?;
             let distinct: std::collections::HashSet<u64> = hashes.into_iter().collect();
             (distinct.len() * 100 >= rows * 95).then(|| field.name().clone())
         })

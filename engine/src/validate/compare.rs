@@ -12,7 +12,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::keymerge::{Decision, KeyFacts, LabelTotals, merge_diff, merge_diff_whole_old};
+use super::keymerge::{Capture, Decision, KeyFacts, LabelTotals, merge_diff, merge_diff_whole_old};
 use super::rowdiff::row_diff;
 use super::rows::{run, text_column};
 use crate::error::{QueryContext, Result};
@@ -219,6 +219,9 @@ pub(crate) struct KnownSide {
     /// row counts): the key merge then reads the other side whole, once, and aggregates it in
     /// the same pass.
     pub(crate) mostly_changed: bool,
+    /// Its rows as the key merge reads them, hashed by the writers that staged them (the merge
+    /// then does not read this side).
+    pub(crate) captured: Option<Arc<Capture>>,
 }
 
 impl KnownSide {
@@ -229,6 +232,7 @@ impl KnownSide {
             sums: None,
             checksums: None,
             mostly_changed: false,
+            captured: None,
         }
     }
 }
@@ -260,11 +264,12 @@ pub(crate) async fn compare_keyed(
     new_counts: KnownCounts,
     logged: Option<&LoggedChecksums>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
-    let started = std::time::Instant::now();
     if spec.checksum_columns.is_some() {
         crate::rowhash::register_hash_functions(ctx);
     }
     let mostly_changed = new_counts.as_ref().is_some_and(|c| c.mostly_changed);
+    let mut new_counts = new_counts;
+    let captured = new_counts.as_mut().and_then(|c| c.captured.take());
     let new = side_aggregates(ctx, "output", spec, new_counts).await?;
     // Partitions whose old rows are known to be the new ones: their old totals are the new
     // totals, and `previous` is narrowed to the other partitions for as long as this compares.
@@ -293,7 +298,7 @@ pub(crate) async fn compare_keyed(
         new,
         &settled,
         mostly_changed,
-        started,
+        captured.as_deref(),
     )
     .await;
     if let Some(original) = narrowed {
@@ -379,8 +384,9 @@ async fn compare_sides(
     new: SideAggregates,
     settled: &SideAggregates,
     mostly_changed: bool,
-    started: std::time::Instant,
+    captured: Option<&Capture>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
+    let started = std::time::Instant::now();
     let with_settled = |mut old: SideAggregates| {
         old.extend(settled.iter().map(|(l, t)| (l.clone(), t.clone())));
         old
@@ -402,6 +408,7 @@ async fn compare_sides(
                 "output",
                 columns,
                 expected_rows,
+                captured,
                 |totals| {
                     let old = with_settled(side_from_totals(spec, totals));
                     match differing_partitions(spec, &old, &new, &schema)? {
@@ -461,7 +468,10 @@ async fn compare_sides(
     // Identical sides have no row differences: the join would only confirm it.
     if !spec.key.is_empty() && identical != Some(true) {
         let started = std::time::Instant::now();
-        let differing = differing_predicate(ctx, spec, &old, &new).await?;
+        let (differing, labels) = match differing_predicate(ctx, spec, &old, &new).await? {
+            Some((predicate, labels)) => (Some(predicate), Some(labels)),
+            None => (None, None),
+        };
         let expected_rows = old.values().chain(new.values()).map(|t| t.rows).sum();
         let merged = match fused_diff {
             Some(diff) => diff,
@@ -473,6 +483,7 @@ async fn compare_sides(
                     "output",
                     differing.clone(),
                     expected_rows,
+                    captured.map(|c| (c, labels.as_ref())),
                 )
                 .await?
             }
@@ -551,19 +562,20 @@ struct SideTotals {
 }
 
 /// The rows the row diff needs to look at: only the partitions whose checksums differ (a
-/// partition whose rows are the same on both sides has no row that differs), as a predicate;
-/// `None` for the whole sides, when every partition differs or no checksums were taken.
+/// partition whose rows are the same on both sides has no row that differs), as a predicate
+/// with their labels; `None` for the whole sides, when every partition differs or no checksums
+/// were taken.
 async fn differing_predicate(
     ctx: &SessionContext,
     spec: &CompareSpec,
     old: &SideAggregates,
     new: &SideAggregates,
-) -> Result<Option<Expr>> {
+) -> Result<Option<(Expr, BTreeSet<String>)>> {
     if !matches!(spec.partitions, PartitionKey::Time(_)) || spec.checksum_columns.is_none() {
         return Ok(None);
     }
     let schema = previous_schema(ctx).await?;
-    Ok(differing_partitions(spec, old, new, &schema)?.map(|(predicate, _)| predicate))
+    differing_partitions(spec, old, new, &schema)
 }
 
 /// The Arrow schema of `previous`.
@@ -997,6 +1009,7 @@ mod tests {
                 "output",
                 &["id".into(), "s".into(), "v".into()],
                 0,
+                None,
                 |_| Ok(Decision::Diff(None)),
             )
             .await

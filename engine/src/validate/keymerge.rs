@@ -33,6 +33,10 @@ use deltalake::datafusion::logical_expr::Expr;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
+mod capture;
+
+pub(crate) use capture::{Capture, CaptureWriter};
+
 use super::compare::CompareSpec;
 use super::rowdiff::{
     ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, compared_columns, partition_label,
@@ -54,7 +58,9 @@ pub(crate) struct KeyFacts {
 /// Compares `old` (the rows of the differing partitions) with `new` (every new row; those for
 /// which `differing` does not hold only count towards [`KeyFacts`]) by `spec.key`. `None` when
 /// the key cannot be compared by its hashes: then use [`super::rowdiff::row_diff`].
-/// `expected_rows` (both sides) sizes the buckets.
+/// `expected_rows` (both sides) sizes the buckets. `captured`: the new side as the run's writers
+/// hashed it, with the labels of the partitions `differing` selects (all without them), used
+/// when it fits.
 pub(crate) async fn merge_diff(
     ctx: &SessionContext,
     spec: &CompareSpec,
@@ -62,15 +68,19 @@ pub(crate) async fn merge_diff(
     new: &str,
     differing: Option<Expr>,
     expected_rows: u64,
+    captured: Option<(&Capture, Option<&BTreeSet<String>>)>,
 ) -> Result<Option<(RowDiff, KeyFacts)>> {
-    let Some(Columns {
+    let Some(columns) = Columns::of(ctx, spec, old, new).await? else {
+        return Ok(None);
+    };
+    let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
+    let captured = captured.filter(|(c, _)| columns.fit(spec, c, buckets));
+    let Columns {
         common,
         parts,
         hash,
-    }) = Columns::of(ctx, spec, old, new).await?
-    else {
-        return Ok(None);
-    };
+        ..
+    } = columns;
     let narrow =
         |table: &str, hash: &str, flag: &str| narrow_sql(spec, &parts, table, hash, flag, &[]);
     // The old side: only the differing partitions. The new side: every row, those of the other
@@ -81,8 +91,25 @@ pub(crate) async fn merge_diff(
         ctx.register_table(name, rows.into_view())
             .query_context(|| "cannot register the differing partitions".into())
     };
-    let (old_sql, new_sqls) = match &differing {
-        Some(predicate) => {
+    let (old_sql, new_side) = match (&differing, captured) {
+        (Some(predicate), Some((capture, labels))) => {
+            let predicate = predicate.clone();
+            let rows = ctx
+                .table(old)
+                .await
+                .and_then(|df| df.filter(predicate))
+                .query_context(|| "cannot select the differing partitions".into())?;
+            register("__lf_merge_previous", rows)?;
+            (
+                narrow("__lf_merge_previous", &hash, "TRUE"),
+                NewSide::Captured { capture, labels },
+            )
+        }
+        (None, Some((capture, labels))) => (
+            narrow(old, &hash, "TRUE"),
+            NewSide::Captured { capture, labels },
+        ),
+        (Some(predicate), None) => {
             let select = |table: &str, predicate: Expr| {
                 let table = table.to_string();
                 async move {
@@ -98,17 +125,20 @@ pub(crate) async fn merge_diff(
             register("__lf_merge_output_rest", select(new, rest).await?)?;
             (
                 narrow("__lf_merge_previous", &hash, "TRUE"),
-                vec![
+                NewSide::Queries(vec![
                     narrow("__lf_merge_output", &hash, "TRUE"),
                     narrow("__lf_merge_output_rest", "arrow_cast(0, 'UInt64')", "FALSE"),
-                ],
+                ]),
             )
         }
-        None => (narrow(old, &hash, "TRUE"), vec![narrow(new, &hash, "TRUE")]),
+        (None, None) => (
+            narrow(old, &hash, "TRUE"),
+            NewSide::Queries(vec![narrow(new, &hash, "TRUE")]),
+        ),
     };
     let result = async {
         let mut merge = Merge::new(spec, parts.len());
-        merge.run(ctx, &old_sql, &new_sqls, expected_rows).await?;
+        merge.run(ctx, &old_sql, new_side, buckets).await?;
         let (counts, sampled, facts) = merge.finish();
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
         Ok::<_, Error>((RowDiff { counts, samples }, facts))
@@ -132,8 +162,9 @@ pub(crate) enum Decision {
 /// aggregated in the same pass (instead of a scan of their own before the merge). `decide` then
 /// says from those totals which partitions to diff; the old rows of the others are dropped
 /// before pairing, so the result is [`merge_diff`]'s with the same predicate. `None` when the
-/// key cannot be compared by its hashes.
-#[allow(clippy::type_complexity)]
+/// key cannot be compared by its hashes. `captured`: the new side as the run's writers hashed
+/// it, used when it fits.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(crate) async fn merge_diff_whole_old(
     ctx: &SessionContext,
     spec: &CompareSpec,
@@ -141,16 +172,20 @@ pub(crate) async fn merge_diff_whole_old(
     new: &str,
     checksum_columns: &[String],
     expected_rows: u64,
+    captured: Option<&Capture>,
     decide: impl FnOnce(&BTreeMap<String, LabelTotals>) -> Result<Decision>,
 ) -> Result<Option<(BTreeMap<String, LabelTotals>, Option<(RowDiff, KeyFacts)>)>> {
-    let Some(Columns {
+    let Some(columns) = Columns::of(ctx, spec, old, new).await? else {
+        return Ok(None);
+    };
+    let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
+    let captured = captured.filter(|c| columns.fit(spec, c, buckets));
+    let Columns {
         common,
         parts,
         hash,
-    }) = Columns::of(ctx, spec, old, new).await?
-    else {
-        return Ok(None);
-    };
+        ..
+    } = columns;
     let narrow = |table: &str, hash: &str, flag: &str, extra: &[String]| {
         narrow_sql(spec, &parts, table, hash, flag, extra)
     };
@@ -162,7 +197,6 @@ pub(crate) async fn merge_diff_whole_old(
             .map(|(i, m)| format!("CAST({} AS DOUBLE) AS __lf_m{i}", ident(m))),
     );
     let mut merge = Merge::new(spec, parts.len());
-    let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
     let started = std::time::Instant::now();
     let old_sql = narrow(old, &hash, "TRUE", &totals_columns);
     let old_sides = merge
@@ -200,8 +234,12 @@ pub(crate) async fn merge_diff_whole_old(
         merge.absorb_read(tally, keep.as_deref().map(Vec::as_slice));
     }
     let mut views = Vec::new();
-    let new_sqls = match &differing {
-        Some((predicate, _)) => {
+    let new_side = match (&differing, captured) {
+        (_, Some(capture)) => NewSide::Captured {
+            capture,
+            labels: differing.as_ref().map(|(_, labels)| labels),
+        },
+        (Some((predicate, _)), None) => {
             let rest = std::ops::Not::not(predicate.clone().is_true());
             for (name, predicate) in [
                 ("__lf_merge_output", predicate.clone()),
@@ -216,7 +254,7 @@ pub(crate) async fn merge_diff_whole_old(
                 ctx.register_table(name, rows.into_view())
                     .query_context(|| "cannot register the differing partitions".into())?;
             }
-            vec![
+            NewSide::Queries(vec![
                 narrow("__lf_merge_output", &hash, "TRUE", &[]),
                 narrow(
                     "__lf_merge_output_rest",
@@ -224,13 +262,13 @@ pub(crate) async fn merge_diff_whole_old(
                     "FALSE",
                     &[],
                 ),
-            ]
+            ])
         }
-        None => vec![narrow(new, &hash, "TRUE", &[])],
+        (None, None) => NewSide::Queries(vec![narrow(new, &hash, "TRUE", &[])]),
     };
     let result = async {
         merge
-            .run_new(ctx, old_sides, &new_sqls, buckets, keep, started, old_ms)
+            .run_new(ctx, old_sides, new_side, buckets, keep, started, old_ms)
             .await?;
         let (counts, sampled, facts) = merge.finish();
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
@@ -268,6 +306,9 @@ struct Columns {
     common: Vec<String>,
     parts: Vec<String>,
     hash: String,
+    /// The columns the row hash covers, in order.
+    compared: Vec<String>,
+    new_schema: Schema,
 }
 
 impl Columns {
@@ -297,8 +338,31 @@ impl Columns {
             common,
             parts: spec.partitions.columns(),
             hash: row_hash_sql(&compared),
+            compared,
+            new_schema,
         }))
     }
+
+    /// Whether `capture` hashed the new side as a merge of `buckets` buckets would.
+    fn fit(&self, spec: &CompareSpec, capture: &Capture, buckets: usize) -> bool {
+        let fits =
+            capture.fits(spec, &self.compared, &self.new_schema) && capture.fits_buckets(buckets);
+        if !fits {
+            tracing::debug!("the new rows hashed while staging do not fit the comparison");
+        }
+        fits
+    }
+}
+
+/// Where the merge gets the new side's rows.
+enum NewSide<'a> {
+    /// From these queries, in order.
+    Queries(Vec<String>),
+    /// From what the run's writers hashed, diffing the partitions `labels` (all without them).
+    Captured {
+        capture: &'a Capture,
+        labels: Option<&'a BTreeSet<String>>,
+    },
 }
 
 /// Whether every key column exists on both sides with one type class that hashing compares as
@@ -427,11 +491,7 @@ impl Side {
             Store::Files { writers, .. } => {
                 let bucket = (entry.k1 >> self.shift) as usize;
                 let mut record = [0u8; RECORD];
-                record[0..8].copy_from_slice(&entry.k1.to_le_bytes());
-                record[8..16].copy_from_slice(&entry.k2.to_le_bytes());
-                record[16..24].copy_from_slice(&entry.hash.to_le_bytes());
-                let tag = (entry.label << 1) | u32::from(entry.diffed);
-                record[24..28].copy_from_slice(&tag.to_le_bytes());
+                encode(entry, &mut record);
                 if let Some(writer) = writers.get_mut(bucket).and_then(Option::as_mut) {
                     std::io::Write::write_all(writer, &record).map_err(spill_error)?;
                 }
@@ -511,6 +571,15 @@ impl Scratch {
         radix_sort(&self.bytes, fixed, &mut self.groups, out);
         Ok(())
     }
+}
+
+/// The spill record of a row.
+fn encode(entry: &Entry, record: &mut [u8; RECORD]) {
+    record[0..8].copy_from_slice(&entry.k1.to_le_bytes());
+    record[8..16].copy_from_slice(&entry.k2.to_le_bytes());
+    record[16..24].copy_from_slice(&entry.hash.to_le_bytes());
+    let tag = (entry.label << 1) | u32::from(entry.diffed);
+    record[24..28].copy_from_slice(&tag.to_le_bytes());
 }
 
 /// The row a spill record holds.
@@ -773,14 +842,13 @@ impl<'a> Merge<'a> {
         &mut self,
         ctx: &SessionContext,
         old_sql: &str,
-        new_sqls: &[String],
-        expected_rows: u64,
+        new: NewSide<'_>,
+        buckets: usize,
     ) -> Result<()> {
-        let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
         let started = std::time::Instant::now();
         let old_sides = self.read(ctx, old_sql, buckets, false, None).await?;
         let old_ms = started.elapsed().as_millis() as u64;
-        self.run_new(ctx, old_sides, new_sqls, buckets, None, started, old_ms)
+        self.run_new(ctx, old_sides, new, buckets, None, started, old_ms)
             .await
     }
 
@@ -791,16 +859,32 @@ impl<'a> Merge<'a> {
         &mut self,
         ctx: &SessionContext,
         old_sides: Vec<Side>,
-        new_sqls: &[String],
+        new: NewSide<'_>,
         buckets: usize,
         keep: Option<Arc<Vec<bool>>>,
         started: std::time::Instant,
         old_ms: u64,
     ) -> Result<()> {
-        let mut new_sides = Vec::new();
-        for new_sql in new_sqls {
-            new_sides.extend(self.read(ctx, new_sql, buckets, true, None).await?);
-        }
+        let captured = matches!(new, NewSide::Captured { .. });
+        let (new_rows, relabel) = match new {
+            NewSide::Queries(sqls) => {
+                let mut new_sides = Vec::new();
+                for new_sql in &sqls {
+                    new_sides.extend(self.read(ctx, new_sql, buckets, true, None).await?);
+                }
+                (Side::gather(new_sides, buckets), None)
+            }
+            NewSide::Captured { capture, labels } => {
+                let (sealed, relabel, tally) = capture.seal(self.spec, &mut self.labels, labels)?;
+                self.counts.resize(self.labels.labels.len(), [0; 3]);
+                self.absorb_read(tally, None);
+                let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+                (
+                    sealed.into_buckets(buckets, &disk)?,
+                    Some(Arc::new(relabel)),
+                )
+            }
+        };
         let new_ms = started.elapsed().as_millis() as u64 - old_ms;
         let labels = self.labels.labels.len();
         self.counts.resize(labels, [0; 3]);
@@ -812,13 +896,13 @@ impl<'a> Merge<'a> {
                 .collect(),
         );
         let sample = self.spec.sample;
-        match (
-            Side::gather(old_sides, buckets),
-            Side::gather(new_sides, buckets),
-        ) {
+        match (Side::gather(old_sides, buckets), new_rows) {
             (Ok(mut old_rows), Ok(mut new_rows)) => {
                 if let Some(keep) = &keep {
                     old_rows.retain(|e| keep.get(e.label as usize).copied().unwrap_or(true));
+                }
+                if let Some(relabel) = &relabel {
+                    relabel.apply(&mut new_rows);
                 }
                 old_rows.sort_unstable_by_key(|e| e.k1);
                 new_rows.sort_unstable_by_key(|e| e.k1);
@@ -840,6 +924,7 @@ impl<'a> Merge<'a> {
                         .collect();
                     let nullable = Arc::clone(&nullable);
                     let keep = keep.clone();
+                    let relabel = relabel.clone();
                     tasks.push(tokio::task::spawn_blocking(move || {
                         let mut scratch = Scratch::default();
                         files
@@ -852,6 +937,9 @@ impl<'a> Merge<'a> {
                                     });
                                 }
                                 scratch.read(&new, fixed, true)?;
+                                if let Some(relabel) = &relabel {
+                                    relabel.apply(&mut scratch.new);
+                                }
                                 let tally =
                                     pair_bucket(&scratch.old, &scratch.new, &nullable, sample);
                                 Ok((bucket, tally))
@@ -875,6 +963,7 @@ impl<'a> Merge<'a> {
         }
         tracing::debug!(
             buckets,
+            captured,
             old_ms,
             new_ms,
             pair_ms = started.elapsed().as_millis() as u64 - old_ms - new_ms,

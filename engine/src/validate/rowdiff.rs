@@ -629,6 +629,7 @@ mod tests {
         Ok(RowDiff { counts, samples })
     }
 
+    use std::collections::BTreeSet;
     use std::sync::Arc;
 
     use deltalake::arrow::array::{
@@ -768,6 +769,59 @@ mod tests {
         ctx
     }
 
+    /// The new side as a run's writers hash it while staging `rows`: one partition at a time,
+    /// in two finished attempts (batches 0 and 1), after an attempt that failed midway with
+    /// `junk` rows (which must not count); in memory, or `spilled` to files.
+    fn capture_of(
+        ctx: &SessionContext,
+        rows: &[Row],
+        junk: &[Row],
+        key: &[String],
+        spilled: bool,
+    ) -> Arc<crate::validate::keymerge::Capture> {
+        use crate::validate::keymerge::{Capture, CaptureWriter};
+        use deltalake::arrow::compute::take;
+        let schema = batch(rows).schema();
+        let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+        let capture = Capture::new(disk, &schema, key, &["d".to_string()], 5)
+            .expect("a hashable key")
+            .with_memory_rows(if spilled { 0 } else { usize::MAX });
+        let capture = Arc::new(capture);
+        let add = |writer: &mut CaptureWriter, rows: &[Row]| {
+            let batch = batch(rows);
+            let parts = batch.column(0).as_string::<i32>();
+            let mut groups: BTreeMap<Option<&str>, Vec<u32>> = BTreeMap::new();
+            for row in 0..batch.num_rows() {
+                let part = parts.is_valid(row).then(|| parts.value(row));
+                groups.entry(part).or_default().push(row as u32);
+            }
+            for (part, indices) in groups {
+                let indices = deltalake::arrow::array::UInt32Array::from(indices);
+                let columns: Vec<ArrayRef> = batch
+                    .columns()
+                    .iter()
+                    .map(|c| take(c, &indices, None).expect("take"))
+                    .collect();
+                writer.add(
+                    |name| Some(Arc::clone(&columns[schema.index_of(name).ok()?])),
+                    |_| None,
+                    indices.len(),
+                    |_| Some(vec![ScalarValue::Utf8(part.map(str::to_string))]),
+                );
+            }
+        };
+        let mut failed = capture.writer();
+        add(&mut failed, junk);
+        drop(failed);
+        let half = rows.len() / 2;
+        for (batch, rows) in [(0, &rows[..half]), (1, &rows[half..])] {
+            let mut writer = capture.writer();
+            add(&mut writer, rows);
+            writer.finish(batch, std::iter::once(format!("part-{batch}.parquet")));
+        }
+        capture
+    }
+
     #[tokio::test]
     async fn hashed_rows_give_exactly_the_whole_row_join() {
         let (old, new) = sides();
@@ -817,17 +871,52 @@ mod tests {
                 checksum_columns: None,
             };
             // In memory, and through buckets on disk (as for a side of a billion rows).
-            let (merged, facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0)
+            let (merged, facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0, None)
                 .await
                 .expect("merge")
                 .expect("an integer and text key is hashable");
             let (spilled, spilled_facts) =
-                merge_diff(&ctx, &spec, "previous", "output", None, 1 << 30)
+                merge_diff(&ctx, &spec, "previous", "output", None, 1 << 30, None)
                     .await
                     .expect("merge")
                     .expect("hashable");
             assert_eq!(spilled.counts, merged.counts);
             assert_eq!(spilled_facts, facts);
+            // The new side as staging hashed it, in memory or in spill files, merged in memory
+            // or in buckets: the same diff, and the same key facts.
+            for (in_files, expected_rows) in
+                [(false, 0), (true, 0), (false, 1 << 25), (true, 1 << 25)]
+            {
+                let capture = capture_of(&ctx, &new, &old, &spec.key, in_files);
+                let (captured, captured_facts) = merge_diff(
+                    &ctx,
+                    &spec,
+                    "previous",
+                    "output",
+                    None,
+                    expected_rows,
+                    Some((&capture, None)),
+                )
+                .await
+                .expect("merge")
+                .expect("hashable");
+                assert!(capture.sealed(), "the capture was used");
+                assert_eq!(
+                    captured.counts, merged.counts,
+                    "key {key:?} files {in_files}"
+                );
+                assert_eq!(captured_facts, facts, "key {key:?} files {in_files}");
+                for (a, b) in [
+                    (&captured.samples.added, &merged.samples.added),
+                    (&captured.samples.removed, &merged.samples.removed),
+                    (&captured.samples.changed, &merged.samples.changed),
+                ] {
+                    assert_eq!(a.len(), b.len(), "key {key:?}");
+                }
+                for sample in &captured.samples.changed {
+                    assert_ne!(sample["old"], sample["new"], "{sample}");
+                }
+            }
             let reference = full_join_diff(&ctx, &spec).await.expect("reference");
             assert_eq!(merged.counts, reference.counts, "key {key:?}");
             assert_eq!(merged.samples.changed.len(), 5, "key {key:?}");
@@ -888,7 +977,7 @@ mod tests {
             sample: 5,
             checksum_columns: None,
         };
-        let (merged, _) = merge_diff(&ctx, &whole_key, "narrow_old", "narrow_new", None, 0)
+        let (merged, _) = merge_diff(&ctx, &whole_key, "narrow_old", "narrow_new", None, 0, None)
             .await
             .expect("merge")
             .expect("hashable");
@@ -906,7 +995,7 @@ mod tests {
             checksum_columns: None,
         };
         assert!(
-            merge_diff(&ctx, &spec("x"), "previous", "output", None, 0)
+            merge_diff(&ctx, &spec("x"), "previous", "output", None, 0, None)
                 .await
                 .expect("x")
                 .is_none()
@@ -920,7 +1009,7 @@ mod tests {
         )
         .expect("register");
         assert!(
-            merge_diff(&ctx, &spec("id"), "previous", "recast", None, 0)
+            merge_diff(&ctx, &spec("id"), "previous", "recast", None, 0, None)
                 .await
                 .expect("id")
                 .is_none()
@@ -941,18 +1030,45 @@ mod tests {
             checksum_columns: None,
         };
         let only_a = col("d").eq(lit("a"));
-        let (merged, facts) =
-            merge_diff(&ctx, &spec, "previous", "output", Some(only_a.clone()), 0)
-                .await
-                .expect("merge")
-                .expect("hashable");
+        let (merged, facts) = merge_diff(
+            &ctx,
+            &spec,
+            "previous",
+            "output",
+            Some(only_a.clone()),
+            0,
+            None,
+        )
+        .await
+        .expect("merge")
+        .expect("hashable");
         // The keys of every new row count, differing partition or not.
-        let (_, all_facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0)
+        let (_, all_facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0, None)
             .await
             .expect("merge")
             .expect("hashable");
         assert_eq!(facts, all_facts);
         assert!(facts.duplicate_keys > 0 && facts.null_rows > 0);
+        // With the new side hashed while staging, the flag comes from the labels.
+        let only_a_label: BTreeSet<String> = ["a".to_string()].into();
+        for in_files in [false, true] {
+            let capture = capture_of(&ctx, &new, &old, &spec.key, in_files);
+            let (captured, captured_facts) = merge_diff(
+                &ctx,
+                &spec,
+                "previous",
+                "output",
+                Some(only_a.clone()),
+                0,
+                Some((&capture, Some(&only_a_label))),
+            )
+            .await
+            .expect("merge")
+            .expect("hashable");
+            assert!(capture.sealed());
+            assert_eq!(captured.counts, merged.counts);
+            assert_eq!(captured_facts, facts);
+        }
         // The reference: the join over the views of partition `a` alone.
         for table in ["previous", "output"] {
             let view = ctx
