@@ -40,6 +40,36 @@ use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use deltalake::datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
+/// `state` with [`UnwrapDateCasts`] and [`FastTimestampDates`]. The logical rule goes before
+/// common subexpressions are taken out: a cast compared twice (`CAST(ts AS DATE) BETWEEN ...`,
+/// or compared and selected) would otherwise be compared as a column of a projection below the
+/// filter, out of the rule's reach, and cast row by row in the scan.
+pub(crate) fn with_rules(
+    state: deltalake::datafusion::execution::SessionState,
+) -> deltalake::datafusion::execution::SessionState {
+    deltalake::datafusion::execution::SessionStateBuilder::new_from_existing(with_logical_rule(
+        state,
+    ))
+    .with_physical_optimizer_rule(Arc::new(FastTimestampDates))
+    .build()
+}
+
+/// `state` with [`UnwrapDateCasts`] alone (plain expressions, for a cluster that does not know
+/// lakefill's physical ones), where [`with_rules`] puts it.
+pub(crate) fn with_logical_rule(
+    state: deltalake::datafusion::execution::SessionState,
+) -> deltalake::datafusion::execution::SessionState {
+    let mut rules = state.optimizers().to_vec();
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "common_sub_expression_eliminate")
+        .unwrap_or(rules.len());
+    rules.insert(at, Arc::new(UnwrapDateCasts));
+    deltalake::datafusion::execution::SessionStateBuilder::new_from_existing(state)
+        .with_optimizer_rules(rules)
+        .build()
+}
+
 /// Rewrites comparisons of `CAST(<timestamp in UTC or without a zone> AS DATE)` with a date into
 /// comparisons of the timestamp with the first instant of that date or of the next, in filters
 /// and in the filters pushed into scans.
@@ -466,11 +496,54 @@ mod tests {
         use deltalake::datafusion::execution::SessionStateBuilder;
         use deltalake::datafusion::prelude::SessionContext;
         let plain = SessionContext::new();
-        let state = SessionStateBuilder::new_from_existing(plain.state())
-            .with_optimizer_rule(Arc::new(UnwrapDateCasts))
-            .with_physical_optimizer_rule(Arc::new(FastTimestampDates))
-            .build();
+        let fresh = SessionContext::new();
+        let state = with_rules(SessionStateBuilder::new_from_existing(fresh.state()).build());
         [plain, SessionContext::new_with_state(state)]
+    }
+
+    /// A model's usual shape over a Parquet scan (which takes filters): its time's date both
+    /// selected and compared twice. Nothing is cast, not even in the scan's own filter.
+    #[tokio::test]
+    async fn a_date_selected_and_compared_twice_is_not_cast_in_the_scan() {
+        use deltalake::arrow::array::{RecordBatch, TimestampMicrosecondArray};
+        use deltalake::arrow::datatypes::{Field, Schema};
+        let dir = tempfile::tempdir().expect("dir");
+        let values: Vec<i64> = (-3..3)
+            .map(|d| d * 43_200_000_000 + 20_089 * 86_400_000_000)
+            .collect();
+        let ts = TimestampMicrosecondArray::from(values).with_timezone("UTC");
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            ts.data_type().clone(),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ts)]).expect("batch");
+        let path = dir.path().join("t.parquet");
+        let file = std::fs::File::create(&path).expect("file");
+        let mut writer =
+            deltalake::parquet::arrow::ArrowWriter::try_new(file, schema, None).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+        let sql = "SELECT ts, CAST(ts AS DATE) AS d FROM t \
+                   WHERE CAST(ts AS DATE) BETWEEN DATE '2025-01-01' AND DATE '2025-01-02' ORDER BY ts";
+        let mut results = Vec::new();
+        for ctx in sessions() {
+            ctx.register_parquet("t", path.to_str().expect("path"), Default::default())
+                .await
+                .expect("register");
+            let df = ctx.sql(sql).await.expect("plan");
+            let physical = df.clone().create_physical_plan().await.expect("physical");
+            let text = deltalake::datafusion::physical_plan::displayable(physical.as_ref())
+                .indent(true)
+                .to_string();
+            results.push((df.collect().await.expect("run"), text));
+        }
+        assert_eq!(results[0].0, results[1].0);
+        let rows: usize = results[1].0.iter().map(|b| b.num_rows()).sum();
+        // 2025-01-01 00:00 and 12:00, and 2025-01-02 00:00.
+        assert_eq!(rows, 3);
+        assert!(results[0].1.contains("AS Date32)"), "{}", results[0].1);
+        assert!(!results[1].1.contains("AS Date32)"), "{}", results[1].1);
     }
 
     /// Comparisons of a timestamp's date with a date select the same rows as the cast does,

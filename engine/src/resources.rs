@@ -74,11 +74,7 @@ impl Resources {
     /// ([`crate::fastcast`]).
     pub(crate) fn session(&self) -> SessionContext {
         let ctx = DeltaSessionContext::with_runtime_env(Arc::clone(&self.runtime)).into_inner();
-        let state =
-            deltalake::datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state())
-                .with_optimizer_rule(Arc::new(crate::fastcast::UnwrapDateCasts))
-                .with_physical_optimizer_rule(Arc::new(crate::fastcast::FastTimestampDates))
-                .build();
+        let state = crate::fastcast::with_rules(ctx.state());
         let ctx = SessionContext::new_with_state(state);
         if let Some(limit) = self.memory_limit {
             let state_ref = ctx.state_ref();

@@ -162,11 +162,12 @@ async fn stage_batch(
         .with_ballista_physical_extension_codec(Arc::new(writer::LakefillCodec::default()));
     // Filters on a timestamp's date compare the timestamp, as locally (the rewrite yields plain
     // expressions the cluster decodes; the physical one, a function of lakefill's, stays local).
-    let state = deltalake::datafusion::execution::SessionStateBuilder::new()
-        .with_config(config.clone())
-        .with_default_features()
-        .with_optimizer_rule(Arc::new(crate::fastcast::UnwrapDateCasts))
-        .build();
+    let state = crate::fastcast::with_logical_rule(
+        deltalake::datafusion::execution::SessionStateBuilder::new()
+            .with_config(config.clone())
+            .with_default_features()
+            .build(),
+    );
     let ctx = SessionContext::new_with_state(state);
     for source in &plan.sources {
         let provider = Arc::new(pinned::pinned_source(&source.name, &source.table)?);
