@@ -133,11 +133,23 @@ fn hash(
                 .ok()
                 .and_then(|i| take(job.batch.column(i), &job.indices, None).ok()),
         };
-        let cached = |name: &str| {
-            file_schema
-                .index_of(name)
-                .ok()
-                .map(|i| values[i].as_slice())
+        // The other columns are partition columns: one value in the whole part, hashed once.
+        let partition_hashes: Vec<(&str, Vec<u64>)> = target_schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| file_schema.index_of(f.name()).is_err())
+            .map(|(i, f)| {
+                let one = value_hashes(&job.batch.column(i).slice(job.first_row, 1))?;
+                Ok((f.name().as_str(), vec![one[0]; part.num_rows()]))
+            })
+            .collect::<Result<_>>()?;
+        let cached = |name: &str| match file_schema.index_of(name) {
+            Ok(i) => Some(values[i].as_slice()),
+            Err(_) => partition_hashes
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, h)| h.as_slice()),
         };
         let partition = |names: &[String]| {
             names

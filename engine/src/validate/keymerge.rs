@@ -91,50 +91,34 @@ pub(crate) async fn merge_diff(
         ctx.register_table(name, rows.into_view())
             .query_context(|| "cannot register the differing partitions".into())
     };
-    let (old_sql, new_side) = match (&differing, captured) {
-        (Some(predicate), Some((capture, labels))) => {
-            let predicate = predicate.clone();
-            let rows = ctx
-                .table(old)
+    let select = |table: &str, predicate: Expr| {
+        let table = table.to_string();
+        async move {
+            ctx.table(table.as_str())
                 .await
                 .and_then(|df| df.filter(predicate))
-                .query_context(|| "cannot select the differing partitions".into())?;
-            register("__lf_merge_previous", rows)?;
-            (
-                narrow("__lf_merge_previous", &hash, "TRUE"),
-                NewSide::Captured { capture, labels },
-            )
+                .query_context(|| "cannot select the differing partitions".into())
         }
-        (None, Some((capture, labels))) => (
-            narrow(old, &hash, "TRUE"),
-            NewSide::Captured { capture, labels },
-        ),
-        (Some(predicate), None) => {
-            let select = |table: &str, predicate: Expr| {
-                let table = table.to_string();
-                async move {
-                    ctx.table(table.as_str())
-                        .await
-                        .and_then(|df| df.filter(predicate))
-                        .query_context(|| "cannot select the differing partitions".into())
-                }
-            };
-            let rest = std::ops::Not::not(predicate.clone().is_true());
+    };
+    let old_sql = match &differing {
+        Some(predicate) => {
             register("__lf_merge_previous", select(old, predicate.clone()).await?)?;
+            narrow("__lf_merge_previous", &hash, "TRUE")
+        }
+        None => narrow(old, &hash, "TRUE"),
+    };
+    let new_side = match (captured, &differing) {
+        (Some((capture, labels)), _) => NewSide::Captured { capture, labels },
+        (None, Some(predicate)) => {
+            let rest = std::ops::Not::not(predicate.clone().is_true());
             register("__lf_merge_output", select(new, predicate.clone()).await?)?;
             register("__lf_merge_output_rest", select(new, rest).await?)?;
-            (
-                narrow("__lf_merge_previous", &hash, "TRUE"),
-                NewSide::Queries(vec![
-                    narrow("__lf_merge_output", &hash, "TRUE"),
-                    narrow("__lf_merge_output_rest", "arrow_cast(0, 'UInt64')", "FALSE"),
-                ]),
-            )
+            NewSide::Queries(vec![
+                narrow("__lf_merge_output", &hash, "TRUE"),
+                narrow("__lf_merge_output_rest", "arrow_cast(0, 'UInt64')", "FALSE"),
+            ])
         }
-        (None, None) => (
-            narrow(old, &hash, "TRUE"),
-            NewSide::Queries(vec![narrow(new, &hash, "TRUE")]),
-        ),
+        (None, None) => NewSide::Queries(vec![narrow(new, &hash, "TRUE")]),
     };
     let result = async {
         let mut merge = Merge::new(spec, parts.len());

@@ -12,6 +12,7 @@
 //! [`CAPTURE_BUCKETS`] spill files by the top bits of their key hash, so that a merge with fewer
 //! buckets (a power of two) pairs a run of consecutive files as one bucket.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
@@ -514,33 +515,24 @@ impl CaptureWriter {
                 label
             }
         };
-        let columns = |names: &mut dyn Iterator<Item = &String>| {
-            names
-                .map(|n| {
-                    column(n).ok_or_else(|| Error::Internal(format!("column `{n}` is not staged")))
-                })
-                .collect::<Result<Vec<ArrayRef>>>()
+        let column = |name: &str| {
+            column(name).ok_or_else(|| Error::Internal(format!("column `{name}` is not staged")))
         };
-        let keys = columns(&mut capture.key.iter())?;
+        let keys = capture
+            .key
+            .iter()
+            .map(|k| column(k))
+            .collect::<Result<Vec<ArrayRef>>>()?;
         let (k1, k2) = (key_hashes(0, &keys, rows)?, key_hashes(1, &keys, rows)?);
-        let mut computed = Vec::new();
-        for (name, _) in &capture.compared {
-            if cached(name).is_none() {
-                computed.push(value_hashes(&columns(&mut std::iter::once(name))?[0])?);
-            }
-        }
-        let mut computed = computed.iter();
         let compared = capture
             .compared
             .iter()
             .map(|(name, _)| match cached(name) {
-                Some(values) => Ok(values),
-                None => computed
-                    .next()
-                    .map(Vec::as_slice)
-                    .ok_or_else(|| Error::Internal("a column was not hashed".into())),
+                Some(values) => Ok(Cow::Borrowed(values)),
+                None => Ok(Cow::Owned(value_hashes(&column(name)?)?)),
             })
-            .collect::<Result<Vec<&[u64]>>>()?;
+            .collect::<Result<Vec<Cow<'_, [u64]>>>>()?;
+        let compared: Vec<&[u64]> = compared.iter().map(AsRef::as_ref).collect();
         let hashes = combine_rows(&compared, rows);
         self.pending.reserve(rows);
         for (row, hash) in hashes.into_iter().enumerate() {
