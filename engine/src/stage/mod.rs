@@ -37,6 +37,7 @@ use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::properties::WriterProperties;
 use futures::{StreamExt, TryStreamExt};
 use indexmap::IndexMap;
+use tracing::Instrument as _;
 
 use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
@@ -211,9 +212,43 @@ pub(crate) async fn write_batch(
         )
     })?;
     let spec = WriteSpec::of(plan, batch);
-    spec.write(stream, target_schema, store, capture)
-        .await?
-        .into_record(&spec)
+    // The rows are routed, encoded and written on a task of their own: batches staged side by
+    // side then encode on every core, where polled from the run's own task they took turns on
+    // one thread (the runtime's other threads waiting on them).
+    let writer = spec.clone();
+    let capture = capture.cloned();
+    let task = AbortOnDrop(tokio::spawn(
+        async move {
+            writer
+                .write(stream, target_schema, store, capture.as_ref())
+                .await
+        }
+        .in_current_span(),
+    ));
+    task.join().await??.into_record(&spec)
+}
+
+/// A spawned task that is aborted when its handle is dropped: a batch whose run stopped (another
+/// batch failed, an interrupt) stops writing at its next await, as it did when it was a future of
+/// the run's own task.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    async fn join(mut self) -> Result<T> {
+        (&mut self.0).await.map_err(|e| {
+            if e.is_panic() {
+                Error::Internal(format!("a batch's writer panicked: {e}"))
+            } else {
+                Error::Internal("a batch's writer was cancelled".into())
+            }
+        })
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The model's output cast to `target_schema` (its columns in the target's order and types).
