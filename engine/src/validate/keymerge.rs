@@ -893,8 +893,10 @@ impl<'a> Merge<'a> {
                 let tally = pair_bucket(&old_rows, &new_rows, &nullable, sample);
                 self.absorb(tally)?;
             }
-            (Err(old_files), Err(new_files)) => {
+            (Err(mut old_files), Err(mut new_files)) => {
                 // The buckets are independent: pair them on every core, add them up in order.
+                // Each bucket's files go to the worker that pairs it, which removes them once
+                // paired (gigabytes of them would otherwise be freed by one thread at the end).
                 let fixed = buckets.trailing_zeros();
                 let workers = std::thread::available_parallelism()
                     .map_or(1, |n| n.get())
@@ -904,7 +906,13 @@ impl<'a> Merge<'a> {
                     let files: Vec<(usize, Vec<SpillFileRef>, Vec<SpillFileRef>)> = (worker
                         ..buckets)
                         .step_by(workers)
-                        .map(|b| (b, old_files[b].clone(), new_files[b].clone()))
+                        .map(|b| {
+                            (
+                                b,
+                                std::mem::take(&mut old_files[b]),
+                                std::mem::take(&mut new_files[b]),
+                            )
+                        })
                         .collect();
                     let nullable = Arc::clone(&nullable);
                     let keep = keep.clone();
@@ -926,6 +934,7 @@ impl<'a> Merge<'a> {
                                 }
                                 let tally =
                                     pair_bucket(&scratch.old, &scratch.new, &nullable, sample);
+                                drop((old, new));
                                 Ok((bucket, tally))
                             })
                             .collect::<Result<Vec<_>>>()

@@ -82,7 +82,8 @@ struct State {
 
 /// The spill files of a capture, one per bucket, each written under its own lock.
 struct Files {
-    files: Vec<SpillFileRef>,
+    /// Handed to the merge when the capture is sealed, which removes each once it paired it.
+    files: Mutex<Vec<SpillFileRef>>,
     writers: Vec<Mutex<Option<Box<dyn SpillWriter>>>>,
 }
 
@@ -361,7 +362,13 @@ impl Capture {
                             .query_context(|| "cannot finish a spill file".into())?;
                     }
                 }
-                Sealed::Files(files.files.clone())
+                let taken = std::mem::take(
+                    &mut *files
+                        .files
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                );
+                Sealed::Files(taken)
             }
         };
         Ok((sealed, relabel, tally))
@@ -419,7 +426,10 @@ impl Capture {
             writers.push(Mutex::new(Some(writer)));
             files.push(file);
         }
-        let _ = self.files.set(Files { files, writers });
+        let _ = self.files.set(Files {
+            files: Mutex::new(files),
+            writers,
+        });
         self.files
             .get()
             .ok_or_else(|| Error::Internal("the spill files are not there".into()))
