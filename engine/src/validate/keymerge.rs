@@ -433,6 +433,9 @@ struct Side {
 enum Store {
     Memory(Vec<Entry>),
     Files {
+        /// Reused by [`Side::push_all`]: a batch's records by bucket, and where each starts.
+        grouped: Vec<u8>,
+        starts: Vec<usize>,
         files: Vec<Arc<dyn deltalake::datafusion::execution::spill_file::SpillFile>>,
         writers: Vec<
             Option<
@@ -461,7 +464,12 @@ impl Side {
                 writers.push(Some(std::io::BufWriter::with_capacity(32 * 1024, writer)));
                 files.push(file);
             }
-            Store::Files { files, writers }
+            Store::Files {
+                grouped: Vec::new(),
+                starts: Vec::new(),
+                files,
+                writers,
+            }
         };
         Ok(Self {
             shift: 64 - buckets.trailing_zeros(),
@@ -469,15 +477,41 @@ impl Side {
         })
     }
 
-    fn push(&mut self, entry: &Entry) -> Result<()> {
+    /// Pushes `entries` (a record batch's rows): grouped by bucket first, so each bucket's
+    /// writer gets one run of records instead of a record at a time.
+    fn push_all(&mut self, entries: &[Entry]) -> Result<()> {
+        let shift = self.shift;
         match &mut self.store {
-            Store::Memory(rows) => rows.push(*entry),
-            Store::Files { writers, .. } => {
-                let bucket = (entry.k1 >> self.shift) as usize;
-                let mut record = [0u8; RECORD];
-                encode(entry, &mut record);
-                if let Some(writer) = writers.get_mut(bucket).and_then(Option::as_mut) {
-                    std::io::Write::write_all(writer, &record).map_err(spill_error)?;
+            Store::Memory(rows) => rows.extend_from_slice(entries),
+            Store::Files {
+                writers,
+                grouped,
+                starts,
+                ..
+            } => {
+                starts.clear();
+                starts.resize(writers.len() + 1, 0);
+                for entry in entries {
+                    starts[(entry.k1 >> shift) as usize + 1] += RECORD;
+                }
+                for i in 1..starts.len() {
+                    starts[i] += starts[i - 1];
+                }
+                grouped.resize(entries.len() * RECORD, 0);
+                let mut next = starts.clone();
+                for entry in entries {
+                    let at = &mut next[(entry.k1 >> shift) as usize];
+                    let record: &mut [u8; RECORD] = (&mut grouped[*at..*at + RECORD])
+                        .try_into()
+                        .map_err(|_| Error::Internal("a spill record is misplaced".into()))?;
+                    encode(entry, record);
+                    *at += RECORD;
+                }
+                for (bucket, writer) in writers.iter_mut().enumerate() {
+                    let run = &grouped[starts[bucket]..starts[bucket + 1]];
+                    if let (false, Some(writer)) = (run.is_empty(), writer.as_mut()) {
+                        std::io::Write::write_all(writer, run).map_err(spill_error)?;
+                    }
                 }
             }
         }
@@ -606,7 +640,9 @@ fn radix_sort(records: &[u8], fixed: u32, groups: &mut Vec<usize>, out: &mut Vec
         label: 0,
         diffed: false,
     };
-    out.clear();
+    // Every slot is written below (the groups are a permutation of the rows): what the buffer
+    // held for the bucket before is overwritten, not cleared first.
+    out.truncate(rows);
     out.resize(rows, empty);
     // Each group's next free slot, in place of its start; shifted back afterwards.
     for record in records.chunks_exact(RECORD) {
@@ -1270,6 +1306,8 @@ struct Reader {
 
 impl Reader {
     async fn read(mut self, mut stream: SendableRecordBatchStream) -> Result<(Side, ReadTally)> {
+        // A batch's rows with a key, pushed together.
+        let mut keyed: Vec<Entry> = Vec::new();
         while let Some(batch) = stream.next().await {
             let batch = batch.query_context(|| "cannot hash rows by key".into())?;
             let loaded = self
@@ -1279,6 +1317,7 @@ impl Reader {
                 self.nulls
                     .add_totals(&batch, self.width + 4, measures, &loaded.labels)?;
             }
+            keyed.clear();
             for row in 0..loaded.rows {
                 let entry = Entry {
                     k1: loaded.k1.value(row),
@@ -1288,7 +1327,7 @@ impl Reader {
                     diffed: loaded.flag.is_valid(row) && loaded.flag.value(row),
                 };
                 if loaded.k1.is_valid(row) {
-                    self.side.push(&entry)?;
+                    keyed.push(entry);
                     continue;
                 }
                 let (kind, new, old) = if self.is_new {
@@ -1311,6 +1350,7 @@ impl Reader {
                     });
                 }
             }
+            self.side.push_all(&keyed)?;
         }
         self.side.finish_writing()?;
         Ok((self.side, self.nulls))

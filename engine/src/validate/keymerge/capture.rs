@@ -127,9 +127,7 @@ impl Sealed {
             Sealed::Memory(rows) if buckets == 1 => Ok(Ok(rows)),
             Sealed::Memory(rows) => {
                 let mut side = Side::new(buckets, disk, "new")?;
-                for entry in &rows {
-                    side.push(entry)?;
-                }
+                side.push_all(&rows)?;
                 side.finish_writing()?;
                 Ok(Side::gather(vec![side], buckets))
             }
