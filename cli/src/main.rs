@@ -57,6 +57,10 @@ fn lakefill_main() -> ExitCode {
         }
     };
     let result = runtime.block_on(run(&cli, printer));
+    // Nothing spills any more: this process's spill directory goes (a killed process's is
+    // removed by the next one).
+    drop(runtime);
+    lakefill::spill::release();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -76,6 +76,7 @@ mod run;
 mod run_id;
 mod secrets;
 mod settings;
+pub mod spill;
 mod sqltext;
 mod stage;
 mod storage;

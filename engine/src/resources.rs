@@ -8,9 +8,10 @@
 
 use std::sync::Arc;
 
-use deltalake::datafusion::execution::runtime_env::RuntimeEnv;
+use deltalake::datafusion::execution::memory_pool::FairSpillPool;
+use deltalake::datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use deltalake::datafusion::prelude::SessionContext;
-use deltalake::delta_datafusion::{DeltaRuntimeEnvBuilder, DeltaSessionContext};
+use deltalake::delta_datafusion::DeltaSessionContext;
 use serde::Serialize;
 
 /// Parses sizes like `512MiB`, `4GiB`, `64MB` or a plain number of bytes; the error says what
@@ -52,12 +53,22 @@ pub(crate) struct Resources {
 impl Resources {
     pub(crate) fn new(memory_limit: Option<u64>) -> Self {
         let memory_limit = memory_limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX));
-        let mut builder = DeltaRuntimeEnvBuilder::new();
-        if let Some(limit) = memory_limit {
-            builder = builder.with_max_spill_size(limit);
-        }
+        let builder = || {
+            let builder = RuntimeEnvBuilder::new();
+            match memory_limit {
+                Some(limit) => builder.with_memory_pool(Arc::new(FairSpillPool::new(limit))),
+                None => builder,
+            }
+        };
+        // Spill files in this process's own directory, which the next lakefill process removes
+        // if this one is killed ([`crate::spill`]); else where DataFusion puts them.
+        let runtime = builder()
+            .with_disk_manager_builder(crate::spill::disk_manager())
+            .build_arc()
+            .or_else(|_| builder().build_arc())
+            .unwrap_or_default();
         Self {
-            runtime: builder.build(),
+            runtime,
             memory_limit,
         }
     }

@@ -207,3 +207,114 @@ fn throttling_bounds_the_write_rate() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// The spill directories under `root`: (the pid of the process that made each, whether its
+/// lock file is there too); and any other entry, which must not be.
+fn spill_dirs(root: &std::path::Path) -> std::collections::BTreeMap<u32, bool> {
+    let mut dirs = std::collections::BTreeMap::new();
+    let mut locks = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(root).expect("the spill root") {
+        let entry = entry.expect("an entry");
+        let name = entry.file_name().to_string_lossy().to_string();
+        let pid = |n: &str| n.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        match name.strip_suffix(".lock") {
+            Some(stem) => {
+                locks.insert(stem.to_string());
+            }
+            None => {
+                assert!(entry.path().is_dir(), "unexpected {name} in {root:?}");
+                dirs.insert(name.clone(), pid(&name).expect("a pid"));
+            }
+        }
+    }
+    dirs.into_iter()
+        .map(|(name, pid)| (pid, locks.contains(&name)))
+        .collect()
+}
+
+/// A process killed mid-run (`kill -9`, the OOM killer) cannot remove its spill files; the next
+/// lakefill process removes them, and never those of a process that is still running.
+#[test]
+fn a_killed_process_spill_files_are_removed_by_the_next_process_and_a_live_ones_are_kept() {
+    use std::process::{Child, Stdio};
+    use std::time::{Duration, Instant};
+    let lake = TestLake::new();
+    let tmp = tempfile::tempdir().expect("a temp dir");
+    let root = tmp.path().join("lakefill-spill");
+    // A backfill (of days `from..=to`) paused while staging, its spill directory made and
+    // locked.
+    let paused = |name: &str, from: u64, to: u64| -> Child {
+        let (from, to) = (lake.day(from), lake.day(to));
+        let log = lake.path().join(format!("{name}.log"));
+        let mut child = crate::support::lakefill_command(lake.path())
+            .args(["backfill", "events", "--from", &from, "--to", &to])
+            .env("TMPDIR", tmp.path())
+            .env("LAKEFILL_FAILPOINTS", "stage-batch-0=pause")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start a backfill");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("failpoint hit: pausing")
+        {
+            assert!(
+                child.try_wait().expect("wait").is_none(),
+                "{name} ended: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            assert!(Instant::now() < deadline, "{name} never paused");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    };
+    let kill = |child: &mut Child| {
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+    };
+    // Another command, run to its end.
+    let query = || {
+        let out = crate::support::lakefill_command(lake.path())
+            .args(["sql", "SELECT COUNT(*) AS n FROM events"])
+            .env("TMPDIR", tmp.path())
+            .output()
+            .expect("run sql");
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+
+    let mut first = paused("first", 1, 2);
+    let first_pid = first.id();
+    // What a killed validation leaves: spill files in its directory.
+    let first_dir = std::fs::read_dir(&root)
+        .expect("the spill root")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("the first process's spill directory");
+    std::fs::write(first_dir.join("spill.bin"), vec![7u8; 1 << 20]).expect("a spill file");
+    let mut second = paused("second", 5, 6);
+    let second_pid = second.id();
+    // The second process looked, and left the first's alone: it runs.
+    assert_eq!(
+        spill_dirs(&root),
+        [(first_pid, true), (second_pid, true)].into()
+    );
+    kill(&mut first);
+    assert_eq!(
+        spill_dirs(&root),
+        [(first_pid, true), (second_pid, true)].into(),
+        "nobody looked yet"
+    );
+    // The next process removes the killed one's files, keeps the live one's, and removes its
+    // own as it ends.
+    query();
+    assert!(
+        !first_dir.exists(),
+        "the killed process's spill files are gone"
+    );
+    assert_eq!(spill_dirs(&root), [(second_pid, true)].into());
+    kill(&mut second);
+    query();
+    assert_eq!(spill_dirs(&root), Default::default());
+}

@@ -144,6 +144,7 @@ pub(crate) async fn run_executor(
         Ok(Arc::new(
             RuntimeEnvBuilder::new()
                 .with_object_store_registry(Arc::clone(&stores) as Arc<dyn ObjectStoreRegistry>)
+                .with_disk_manager_builder(crate::spill::disk_manager())
                 .build()?,
         ))
     });
