@@ -491,6 +491,19 @@ mod tests {
         assert!(!in_utc(&DataType::Date64));
     }
 
+    /// The rows of `sql` in `ctx`, and its physical plan as text.
+    async fn run_with_plan(
+        ctx: &deltalake::datafusion::prelude::SessionContext,
+        sql: &str,
+    ) -> (Vec<deltalake::arrow::array::RecordBatch>, String) {
+        let df = ctx.sql(sql).await.expect("plan");
+        let physical = df.clone().create_physical_plan().await.expect("physical");
+        let text = deltalake::datafusion::physical_plan::displayable(physical.as_ref())
+            .indent(true)
+            .to_string();
+        (df.collect().await.expect("run"), text)
+    }
+
     /// A session without the rules and one with them.
     fn sessions() -> [deltalake::datafusion::prelude::SessionContext; 2] {
         use deltalake::datafusion::execution::SessionStateBuilder;
@@ -531,12 +544,7 @@ mod tests {
             ctx.register_parquet("t", path.to_str().expect("path"), Default::default())
                 .await
                 .expect("register");
-            let df = ctx.sql(sql).await.expect("plan");
-            let physical = df.clone().create_physical_plan().await.expect("physical");
-            let text = deltalake::datafusion::physical_plan::displayable(physical.as_ref())
-                .indent(true)
-                .to_string();
-            results.push((df.collect().await.expect("run"), text));
+            results.push(run_with_plan(&ctx, sql).await);
         }
         assert_eq!(results[0].0, results[1].0);
         let rows: usize = results[1].0.iter().map(|b| b.num_rows()).sum();
@@ -597,17 +605,7 @@ mod tests {
                     );
                     let mut results = Vec::new();
                     for ctx in [&plain, &fast] {
-                        let df = ctx.sql(&sql).await.expect("plan");
-                        let text = deltalake::datafusion::physical_plan::displayable(
-                            df.clone()
-                                .create_physical_plan()
-                                .await
-                                .expect("physical")
-                                .as_ref(),
-                        )
-                        .indent(true)
-                        .to_string();
-                        results.push((df.collect().await.expect("run"), text));
+                        results.push(run_with_plan(ctx, &sql).await);
                     }
                     assert_eq!(results[0].0, results[1].0, "{zone} {unit} {predicate}");
                     let casts = |text: &str| text.matches("AS Date32)").count();
@@ -643,12 +641,7 @@ mod tests {
                    WHERE CAST(ts AS DATE) >= DATE '1969-12-31' OR ts IS NULL ORDER BY d NULLS LAST";
         let mut results = Vec::new();
         for ctx in [&plain, &fast] {
-            let df = ctx.sql(sql).await.expect("plan");
-            let physical = df.clone().create_physical_plan().await.expect("physical");
-            let text = deltalake::datafusion::physical_plan::displayable(physical.as_ref())
-                .indent(true)
-                .to_string();
-            results.push((df.collect().await.expect("run"), text));
+            results.push(run_with_plan(ctx, sql).await);
         }
         assert_eq!(results[0].0, results[1].0);
         // The plain session casts; the fast one computes the UTC and zone-less dates and still

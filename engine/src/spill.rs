@@ -18,7 +18,7 @@ use deltalake::datafusion::execution::disk_manager::{DiskManagerBuilder, DiskMan
 
 /// The directory of every lakefill process's spill directory, under the system's temp dir
 /// (`$TMPDIR`).
-pub fn root() -> PathBuf {
+fn root() -> PathBuf {
     std::env::temp_dir().join("lakefill-spill")
 }
 
