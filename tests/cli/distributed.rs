@@ -31,6 +31,11 @@ impl Cluster {
 
     /// As [`Self::start`], with `slots` task slots per executor.
     fn with_slots(lake: &TestLake, failpoints: Option<&str>, slots: usize) -> Self {
+        Self::on_port(lake, failpoints, slots, 0)
+    }
+
+    /// As [`Self::with_slots`], the scheduler on `port` (0: one the system picks).
+    fn on_port(lake: &TestLake, failpoints: Option<&str>, slots: usize, port: u16) -> Self {
         let dir: &Path = lake.path();
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let log = dir.join(format!(
@@ -46,7 +51,7 @@ impl Cluster {
                 "cluster",
                 "up",
                 "--port",
-                "0",
+                &port.to_string(),
                 "--executors",
                 "2",
                 "--vcores",
@@ -74,6 +79,15 @@ impl Cluster {
             .as_str()
             .to_string();
         Self { child, engine, log }
+    }
+
+    /// The scheduler's port.
+    fn port(&self) -> u16 {
+        self.engine
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port")
     }
 
     /// What the scheduler and the executors logged so far.
@@ -574,4 +588,81 @@ fn an_interrupted_client_cancels_its_job_on_the_cluster() {
         staged_on_disk(&lake, &run_id),
         committed_from(&lake, &run_id)
     );
+}
+
+#[test]
+fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resumes() {
+    let lake = TestLake::new();
+    let (from, to) = (lake.day(2), lake.day(4));
+    let before = lake.version("events");
+    // The writer tasks wait, so the job is still running when the scheduler goes.
+    let cluster = Cluster::with_slots(&lake, Some("stage-writer-start=sleep-3000"), 4);
+    let args = |engine: &str| {
+        [
+            "backfill", "events", "--from", &from, "--to", &to, "--engine", engine,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let client_log = lake.path().join("client.log");
+    // The client waits 4 s before each status request: the scheduler restarts in between.
+    let mut client = lakefill_command(lake.path())
+        .args(args(&cluster.engine))
+        .env("LAKEFILL_FAILPOINTS", "cluster-job-status=sleep-4000")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&client_log).expect("client log"))
+        .spawn()
+        .expect("start the backfill");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster.log().contains("failpoint hit: sleeping") {
+        assert!(
+            client.try_wait().expect("wait").is_none(),
+            "the backfill ended before its writer tasks started:\n{}",
+            std::fs::read_to_string(&client_log).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no writer task started:\n{}",
+            cluster.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let port = cluster.port();
+    drop(cluster);
+    let restarted = Cluster::on_port(&lake, None, 2, port);
+
+    // Without the bound the client asked forever; now it fails within seconds, by name.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = client.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = client.kill();
+            panic!(
+                "the client still waits for a job the scheduler forgot:\n{}",
+                std::fs::read_to_string(&client_log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&client_log).unwrap_or_default();
+    assert!(!status.success(), "{text}");
+    assert!(text.contains("no longer knows job"), "{text}");
+    assert!(text.contains("rerun the same command"), "{text}");
+    assert_eq!(lake.version("events"), before, "nothing is committed");
+
+    // The same command resumes the run on the restarted cluster and publishes the right rows.
+    let mut resumed = args(&restarted.engine);
+    resumed.extend(["--output-format", "json"].map(String::from));
+    let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
+    let report = json_ok(&lake.run(&resumed));
+    assert_eq!(report["state"], "published", "{report}");
+    assert_eq!(lake.version("events"), before + 1);
+    assert_eq!(
+        within(&all_events(&lake), &from, &to),
+        expected_range(&lake, &from, &to)
+    );
+    let run_id = report["run_id"].as_str().expect("run id");
+    assert_eq!(staged_on_disk(&lake, run_id), committed_from(&lake, run_id));
 }

@@ -35,6 +35,10 @@ use crate::error::{Error, Result};
 const POLL: Duration = Duration::from_millis(50);
 /// How long a cancel may hold up the client that stops.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// How long the scheduler may answer that it does not know the job before the client gives up
+/// on it. A job is unknown for a moment after it is submitted (until the scheduler's event loop
+/// queues it), and for good to a scheduler restarted since, which keeps its jobs in memory.
+const UNKNOWN_FOR: Duration = Duration::from_secs(5);
 
 /// Runs `plan` on the cluster whose scheduler is at `scheduler` (`http://HOST:PORT`) as one job
 /// with the settings of `config`; returns its output. If this future is dropped before the job
@@ -103,7 +107,9 @@ pub(crate) async fn run_job(
         id: job_id,
         ended: false,
     };
+    let mut known = std::time::Instant::now();
     let (locations, proxy) = loop {
+        crate::failpoint::reach("cluster-job-status").await?;
         let status = client
             .get_job_status(GetJobStatusParams {
                 job_id: job.id.clone(),
@@ -119,8 +125,21 @@ pub(crate) async fn run_job(
                 job.ended = true;
                 return Err(failed(&format!("job {} failed", job.id), &failure.error));
             }
-            _ => tokio::time::sleep(POLL).await,
+            Some(_) => known = std::time::Instant::now(),
+            None if known.elapsed() >= UNKNOWN_FOR => {
+                return Err(failed(
+                    &format!(
+                        "the cluster's scheduler no longer knows job {} (was it restarted?); \
+                         rerun the same command to resume the run: files the lost job's tasks \
+                         stage are not used",
+                        job.id
+                    ),
+                    &format!("no status for {} s", UNKNOWN_FOR.as_secs()),
+                ));
+            }
+            None => {}
         }
+        tokio::time::sleep(POLL).await;
     };
     job.ended = true;
     let mut batches = Vec::new();
