@@ -1,10 +1,10 @@
 //! The row-level diff by key as a merge of two sorted streams of hashes, with the key checks in
 //! the same pass.
 //!
-//! Each side is reduced to rows of four narrow values: the partition columns, a 128-bit hash of
-//! the key (two independent 64-bit halves, NULL when a key column is NULL) and the 64-bit hash of
-//! every other column both sides have ([`crate::rowhash`]), 28 bytes a row with the partition as
-//! a label number. The rows go to buckets by the top bits of the key hash (in memory for small
+//! Each side is reduced to rows of four narrow values: the partition columns, a hash of the key
+//! (two independent 64-bit halves, NULL when a key column is NULL, of which the merge keeps 96
+//! bits) and the 64-bit hash of every other column both sides have ([`crate::rowhash`]), 24
+//! bytes a row with the partition as a label number. The rows go to buckets by the top bits of the key hash (in memory for small
 //! sides, else spill files of the session's disk manager, sized so that one bucket of both sides
 //! is at most 64 MiB, less under a small memory pool), and each bucket is sorted and merged on
 //! its own, a bucket per core at a time: rows whose key hashes agree
@@ -366,16 +366,47 @@ fn hashable_keys(spec: &CompareSpec, old: &Schema, new: &Schema) -> bool {
             })
 }
 
-/// One row of a side, as the merge keeps it while pairing a key.
+/// One row of a side, as the merge keeps it while pairing a key: 24 bytes, as in a spill file.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
+    /// The first half of the key hash.
     k1: u64,
-    k2: u64,
+    /// The row hash.
     hash: u64,
-    /// Index into [`Merge::labels`].
-    label: u32,
+    /// The low 32 bits of the second half of the key hash: the key is known by 96 bits (for a
+    /// billion distinct keys, the odds that two share them are 6 in 10^12).
+    k2: u32,
+    /// The label (an index into [`Merge::labels`]) above the differing-partition flag.
+    tag: u32,
+}
+
+impl Entry {
+    fn new(k1: u64, k2: u64, hash: u64, label: u32, diffed: bool) -> Self {
+        Self {
+            k1,
+            hash,
+            k2: k2 as u32,
+            tag: (label << 1) | u32::from(diffed),
+        }
+    }
+
+    fn label(&self) -> u32 {
+        self.tag >> 1
+    }
+
     /// Whether it is in a differing partition (always, on the old side).
-    diffed: bool,
+    fn diffed(&self) -> bool {
+        self.tag & 1 == 1
+    }
+
+    fn relabel(&mut self, label: u32, diffed: bool) {
+        self.tag = (label << 1) | u32::from(diffed);
+    }
+
+    /// The key hash, as samples name it.
+    fn key(&self) -> (u64, u64) {
+        (self.k1, u64::from(self.k2))
+    }
 }
 
 /// A partition value seen, with its label.
@@ -392,9 +423,9 @@ struct SideLabels {
     known: deltalake::datafusion::common::HashMap<Box<[u8]>, u32>,
 }
 
-/// The size of a row in a bucket: both halves of the key hash, the row hash, and the label
-/// with the differing-partition flag in its lowest bit.
-const RECORD: usize = 28;
+/// The size of a row in a bucket: the first half of the key hash, the row hash, 32 bits of the
+/// second half, and the label with the differing-partition flag in its lowest bit.
+const RECORD: usize = 24;
 
 /// Bytes of rows a bucket of both sides is meant to hold (what pairing one bucket keeps in
 /// memory), at most.
@@ -594,22 +625,20 @@ impl Scratch {
 /// The spill record of a row.
 fn encode(entry: &Entry, record: &mut [u8; RECORD]) {
     record[0..8].copy_from_slice(&entry.k1.to_le_bytes());
-    record[8..16].copy_from_slice(&entry.k2.to_le_bytes());
-    record[16..24].copy_from_slice(&entry.hash.to_le_bytes());
-    let tag = (entry.label << 1) | u32::from(entry.diffed);
-    record[24..28].copy_from_slice(&tag.to_le_bytes());
+    record[8..16].copy_from_slice(&entry.hash.to_le_bytes());
+    record[16..20].copy_from_slice(&entry.k2.to_le_bytes());
+    record[20..24].copy_from_slice(&entry.tag.to_le_bytes());
 }
 
 /// The row a spill record holds.
 fn record_entry(record: &[u8]) -> Entry {
     let word = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().unwrap_or_default());
-    let tag = u32::from_le_bytes(record[24..28].try_into().unwrap_or_default());
+    let half = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().unwrap_or_default());
     Entry {
         k1: word(0),
-        k2: word(8),
-        hash: word(16),
-        label: tag >> 1,
-        diffed: tag & 1 == 1,
+        hash: word(8),
+        k2: half(16),
+        tag: half(20),
     }
 }
 
@@ -633,13 +662,7 @@ fn radix_sort(records: &[u8], fixed: u32, groups: &mut Vec<usize>, out: &mut Vec
     for i in 1..groups.len() {
         groups[i] += groups[i - 1];
     }
-    let empty = Entry {
-        k1: 0,
-        k2: 0,
-        hash: 0,
-        label: 0,
-        diffed: false,
-    };
+    let empty = Entry::new(0, 0, 0, 0, false);
     // Every slot is written below (the groups are a permutation of the rows): what the buffer
     // held for the bucket before is overwritten, not cleared first.
     out.truncate(rows);
@@ -737,7 +760,7 @@ impl Tally {
     ) {
         // A changed row counts under its new partition, each NULL value taken from the old.
         let coalesce_with = match (kind, old) {
-            (CHANGED, Some(o)) if nullable[label as usize] => Some(o.label),
+            (CHANGED, Some(o)) if nullable[label as usize] => Some(o.label()),
             _ => None,
         };
         match coalesce_with {
@@ -761,48 +784,49 @@ impl Tally {
         // The common cases, without sorting anything out: one row a side, or one side alone.
         match (old, new) {
             ([o], [n]) if o.k2 == n.k2 => {
-                if n.diffed && o.hash != n.hash {
-                    self.count(CHANGED, n.label, (k1, o.k2), Some(*n), Some(*o), nullable);
-                } else if !n.diffed {
-                    self.count(REMOVED, o.label, (k1, o.k2), None, Some(*o), nullable);
+                if n.diffed() && o.hash != n.hash {
+                    self.count(CHANGED, n.label(), o.key(), Some(*n), Some(*o), nullable);
+                } else if !n.diffed() {
+                    self.count(REMOVED, o.label(), o.key(), None, Some(*o), nullable);
                 }
                 return;
             }
             ([o], []) => {
-                self.count(REMOVED, o.label, (k1, o.k2), None, Some(*o), nullable);
+                self.count(REMOVED, o.label(), o.key(), None, Some(*o), nullable);
                 return;
             }
             ([], [n]) => {
-                if n.diffed {
-                    self.count(ADDED, n.label, (k1, n.k2), Some(*n), None, nullable);
+                if n.diffed() {
+                    self.count(ADDED, n.label(), n.key(), Some(*n), None, nullable);
                 }
                 return;
             }
             _ => {}
         }
-        let mut k2s: Vec<u64> = old.iter().chain(new).map(|e| e.k2).collect();
+        let mut k2s: Vec<u32> = old.iter().chain(new).map(|e| e.k2).collect();
         k2s.sort_unstable();
         k2s.dedup();
         for k2 in k2s {
             if new.iter().filter(|e| e.k2 == k2).count() > 1 {
                 self.duplicate_keys += 1;
             }
-            let news: Vec<&Entry> = new.iter().filter(|e| e.k2 == k2 && e.diffed).collect();
+            let news: Vec<&Entry> = new.iter().filter(|e| e.k2 == k2 && e.diffed()).collect();
+            let key = (k1, u64::from(k2));
             let mut any_old = false;
             for o in old.iter().filter(|e| e.k2 == k2) {
                 any_old = true;
                 if news.is_empty() {
-                    self.count(REMOVED, o.label, (k1, k2), None, Some(*o), nullable);
+                    self.count(REMOVED, o.label(), key, None, Some(*o), nullable);
                 }
                 for n in &news {
                     if o.hash != n.hash {
-                        self.count(CHANGED, n.label, (k1, k2), Some(**n), Some(*o), nullable);
+                        self.count(CHANGED, n.label(), key, Some(**n), Some(*o), nullable);
                     }
                 }
             }
             if !any_old {
                 for n in news {
-                    self.count(ADDED, n.label, (k1, k2), Some(*n), None, nullable);
+                    self.count(ADDED, n.label(), key, Some(*n), None, nullable);
                 }
             }
         }
@@ -919,7 +943,7 @@ impl<'a> Merge<'a> {
         match (Side::gather(old_sides, buckets), new_rows) {
             (Ok(mut old_rows), Ok(mut new_rows)) => {
                 if let Some(keep) = &keep {
-                    old_rows.retain(|e| keep.get(e.label as usize).copied().unwrap_or(true));
+                    old_rows.retain(|e| keep.get(e.label() as usize).copied().unwrap_or(true));
                 }
                 if let Some(relabel) = &relabel {
                     relabel.apply(&mut new_rows);
@@ -961,7 +985,7 @@ impl<'a> Merge<'a> {
                                 scratch.read(&old, fixed, false)?;
                                 if let Some(keep) = &keep {
                                     scratch.old.retain(|e| {
-                                        keep.get(e.label as usize).copied().unwrap_or(true)
+                                        keep.get(e.label() as usize).copied().unwrap_or(true)
                                     });
                                 }
                                 scratch.read(&new, fixed, true)?;
@@ -1146,7 +1170,12 @@ impl<'a> Merge<'a> {
         old: Option<Entry>,
     ) {
         let side = |entry: Option<Entry>| {
-            entry.map(|e| (self.labels.labels[e.label as usize].values.clone(), e.hash))
+            entry.map(|e| {
+                (
+                    self.labels.labels[e.label() as usize].values.clone(),
+                    e.hash,
+                )
+            })
         };
         self.sampled.push(Sampled {
             kind,
@@ -1319,30 +1348,30 @@ impl Reader {
             }
             keyed.clear();
             for row in 0..loaded.rows {
-                let entry = Entry {
-                    k1: loaded.k1.value(row),
-                    k2: loaded.k2.value(row),
-                    hash: loaded.hash.value(row),
-                    label: loaded.labels[row],
-                    diffed: loaded.flag.is_valid(row) && loaded.flag.value(row),
-                };
+                let entry = Entry::new(
+                    loaded.k1.value(row),
+                    loaded.k2.value(row),
+                    loaded.hash.value(row),
+                    loaded.labels[row],
+                    loaded.flag.is_valid(row) && loaded.flag.value(row),
+                );
                 if loaded.k1.is_valid(row) {
                     keyed.push(entry);
                     continue;
                 }
                 let (kind, new, old) = if self.is_new {
                     self.nulls.null_rows += 1;
-                    if !entry.diffed {
+                    if !entry.diffed() {
                         continue;
                     }
                     (ADDED, Some(entry), None)
                 } else {
                     (REMOVED, None, Some(entry))
                 };
-                self.nulls.counts.entry(entry.label).or_default()[kind] += 1;
+                self.nulls.counts.entry(entry.label()).or_default()[kind] += 1;
                 if self.nulls.samples[kind].len() < self.spec.sample {
                     self.nulls.samples[kind].push(Pending {
-                        label: entry.label,
+                        label: entry.label(),
                         coalesce_with: None,
                         key: SampledKey::Null,
                         new,
@@ -1493,21 +1522,21 @@ mod tests {
                         0 => 42,
                         _ => (5 << (64 - fixed)) | 42,
                     };
-                    Entry {
-                        k1: if i % 10 == 0 { repeated } else { k1 },
-                        k2: h.rotate_left(17),
-                        hash: i as u64,
-                        label: (i % 7) as u32,
-                        diffed: i % 2 == 0,
-                    }
+                    Entry::new(
+                        if i % 10 == 0 { repeated } else { k1 },
+                        h.rotate_left(17),
+                        i as u64,
+                        (i % 7) as u32,
+                        i % 2 == 0,
+                    )
                 })
                 .collect();
             let mut records = Vec::new();
             for e in &entries {
                 records.extend_from_slice(&e.k1.to_le_bytes());
-                records.extend_from_slice(&e.k2.to_le_bytes());
                 records.extend_from_slice(&e.hash.to_le_bytes());
-                records.extend_from_slice(&((e.label << 1) | u32::from(e.diffed)).to_le_bytes());
+                records.extend_from_slice(&e.k2.to_le_bytes());
+                records.extend_from_slice(&e.tag.to_le_bytes());
             }
             // Reused buffers: whatever they held goes.
             let mut groups = vec![7; 3];
@@ -1520,7 +1549,7 @@ mod tests {
             let whole = |rows: &[Entry]| {
                 let mut v: Vec<_> = rows
                     .iter()
-                    .map(|e| (e.k1, e.k2, e.hash, e.label, e.diffed))
+                    .map(|e| (e.k1, e.k2, e.hash, e.label(), e.diffed()))
                     .collect();
                 v.sort_unstable();
                 v

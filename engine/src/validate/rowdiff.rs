@@ -69,9 +69,13 @@ impl SampledKey {
     }
 }
 
-/// The identity of a row read back by key hash.
+/// The identity of a row read back by key hash: the 96 bits the key merge knows a key by (the
+/// first half, and the low 32 bits of the second).
 fn hash_identity(key: Option<(u64, u64)>) -> String {
-    key.map_or_else(|| "null".into(), |(k1, k2)| format!("{k1:016x}{k2:016x}"))
+    key.map_or_else(
+        || "null".into(),
+        |(k1, k2)| format!("{k1:016x}{:08x}", k2 as u32),
+    )
 }
 
 /// A sampled difference, until its whole rows are read back.

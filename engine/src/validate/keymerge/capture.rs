@@ -148,10 +148,9 @@ impl Relabel {
     /// Gives each row its merge label and flag; drops the rows of unfinished attempts.
     pub(super) fn apply(&self, rows: &mut Vec<Entry>) {
         rows.retain_mut(
-            |e| match self.labels.get(e.label as usize).copied().flatten() {
+            |e| match self.labels.get(e.label() as usize).copied().flatten() {
                 Some((label, diffed)) => {
-                    e.label = label;
-                    e.diffed = diffed;
+                    e.relabel(label, diffed);
                     true
                 }
                 None => false,
@@ -334,7 +333,7 @@ impl Capture {
             }
             tally.counts.entry(label).or_default()[ADDED] += nulls.rows;
             for mut entry in nulls.samples {
-                entry.label = label;
+                entry.relabel(label, true);
                 if tally.samples[ADDED].len() < spec.sample {
                     tally.samples[ADDED].push(Pending {
                         label,
@@ -544,13 +543,7 @@ impl CaptureWriter {
         let hashes = combine_rows(&compared, rows);
         self.pending.reserve(rows);
         for (row, hash) in hashes.into_iter().enumerate() {
-            let entry = Entry {
-                k1: k1.value(row),
-                k2: k2.value(row),
-                hash,
-                label,
-                diffed: true,
-            };
+            let entry = Entry::new(k1.value(row), k2.value(row), hash, label, true);
             if k1.is_valid(row) {
                 self.pending.push(entry);
                 continue;
