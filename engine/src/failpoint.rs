@@ -13,7 +13,7 @@
 //! batch `k`), `mid-stage` (after the first batch is journaled), `stage-writer-start` (in a cluster's
 //! executor: a writer task starts), `stage-writer-<partition>` (there: a writer task has staged
 //! that partition's files and not reported them), `cluster-job-status` (the client of a cluster,
-//! each time before it asks for its job's status), `after-stage`, `after-adjust`
+//! each time its job's status says queued or running), `after-stage`, `after-adjust`
 //! (with adjustments: the adjustment rows are staged and journaled), `mid-validate`,
 //! `before-commit`, `lost-commit-response` (error only: the commit lands but reports a failure),
 //! `after-commit` (the commit is in the log, the journal does not know yet), `mid-notify` (the

@@ -605,7 +605,7 @@ fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resum
         .to_vec()
     };
     let client_log = lake.path().join("client.log");
-    // The client waits 4 s before each status request: the scheduler restarts in between.
+    // The client waits 4 s after each status that says the job runs: the scheduler restarts then.
     let mut client = lakefill_command(lake.path())
         .args(args(&cluster.engine))
         .env("LAKEFILL_FAILPOINTS", "cluster-job-status=sleep-4000")

@@ -35,10 +35,12 @@ use crate::error::{Error, Result};
 const POLL: Duration = Duration::from_millis(50);
 /// How long a cancel may hold up the client that stops.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
-/// How long the scheduler may answer that it does not know the job before the client gives up
-/// on it. A job is unknown for a moment after it is submitted (until the scheduler's event loop
-/// queues it), and for good to a scheduler restarted since, which keeps its jobs in memory.
-const UNKNOWN_FOR: Duration = Duration::from_secs(5);
+/// How long a submitted job may be unknown to the scheduler before it first has a status: until
+/// the scheduler's event loop queues it (a moment, unless the scheduler is swamped).
+const QUEUED_WITHIN: Duration = Duration::from_secs(60);
+/// How long a job that had a status may be unknown before the client gives up on it: a scheduler
+/// restarted since keeps its jobs in memory and has forgotten it.
+const FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
 
 /// Runs `plan` on the cluster whose scheduler is at `scheduler` (`http://HOST:PORT`) as one job
 /// with the settings of `config`; returns its output. If this future is dropped before the job
@@ -107,9 +109,9 @@ pub(crate) async fn run_job(
         id: job_id,
         ended: false,
     };
-    let mut known = std::time::Instant::now();
+    // Since when the scheduler has not known the job, and whether it ever did.
+    let (mut unknown_since, mut seen) = (std::time::Instant::now(), false);
     let (locations, proxy) = loop {
-        crate::failpoint::reach("cluster-job-status").await?;
         let status = client
             .get_job_status(GetJobStatusParams {
                 job_id: job.id.clone(),
@@ -125,8 +127,11 @@ pub(crate) async fn run_job(
                 job.ended = true;
                 return Err(failed(&format!("job {} failed", job.id), &failure.error));
             }
-            Some(_) => known = std::time::Instant::now(),
-            None if known.elapsed() >= UNKNOWN_FOR => {
+            Some(_) => {
+                (unknown_since, seen) = (std::time::Instant::now(), true);
+                crate::failpoint::reach("cluster-job-status").await?;
+            }
+            None if seen && unknown_since.elapsed() >= FORGOTTEN_AFTER => {
                 return Err(failed(
                     &format!(
                         "the cluster's scheduler no longer knows job {} (was it restarted?); \
@@ -134,7 +139,17 @@ pub(crate) async fn run_job(
                          stage are not used",
                         job.id
                     ),
-                    &format!("no status for {} s", UNKNOWN_FOR.as_secs()),
+                    &format!("no status for {} s", FORGOTTEN_AFTER.as_secs()),
+                ));
+            }
+            None if unknown_since.elapsed() >= QUEUED_WITHIN => {
+                return Err(failed(
+                    &format!(
+                        "the cluster's scheduler accepted job {} but never queued it; rerun the \
+                         same command to resume the run",
+                        job.id
+                    ),
+                    &format!("no status for {} s", QUEUED_WITHIN.as_secs()),
                 ));
             }
             None => {}
