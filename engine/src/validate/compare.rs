@@ -297,6 +297,7 @@ pub(crate) async fn compare_keyed(
         old_counts,
         new,
         &settled,
+        logged,
         mostly_changed,
         captured.as_deref(),
     )
@@ -377,12 +378,14 @@ async fn narrow_previous(
 
 /// [`compare_keyed`] once `previous` holds the partitions not `settled` (whose old totals are
 /// the new ones).
+#[allow(clippy::too_many_arguments)]
 async fn compare_sides(
     ctx: &SessionContext,
     spec: &CompareSpec,
     old_counts: KnownCounts,
     new: SideAggregates,
     settled: &SideAggregates,
+    logged: Option<&LoggedChecksums>,
     mostly_changed: bool,
     captured: Option<&Capture>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
@@ -407,6 +410,7 @@ async fn compare_sides(
                 "previous",
                 "output",
                 columns,
+                logged,
                 expected_rows,
                 captured,
                 |totals| {
@@ -1008,6 +1012,7 @@ mod tests {
                 "previous",
                 "output",
                 &["id".into(), "s".into(), "v".into()],
+                None,
                 0,
                 None,
                 |_| Ok(Decision::Diff(None)),
@@ -1020,6 +1025,81 @@ mod tests {
                 old.len() as u64
             );
             assert!(diff.is_some());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_logs_checksums_stand_in_for_the_old_sides_and_a_partition_it_lacks_is_read_again()
+    {
+        let columns: Vec<String> = vec!["id".into(), "s".into(), "v".into()];
+        for same in [vec![], vec![20_001, 20_003]] {
+            let (old, new) = sides(&same);
+            let ctx = SessionContext::new();
+            ctx.register_table("previous", Arc::new(table(&old)))
+                .expect("register");
+            ctx.register_table("output", Arc::new(table(&new)))
+                .expect("register");
+            // What the log would hold: the old partitions' own checksums, as a scan makes them.
+            let (totals, _) = merge_diff_whole_old(
+                &ctx,
+                &spec(),
+                "previous",
+                "output",
+                &columns,
+                None,
+                0,
+                None,
+                |_| Ok(Decision::Identical),
+            )
+            .await
+            .expect("merge")
+            .expect("hashable");
+            let logged: LoggedChecksums = totals
+                .iter()
+                .map(|(label, t)| {
+                    let checksum = crate::rowhash::RowChecksum {
+                        rows: t.rows,
+                        sum: t.checksum,
+                    };
+                    (label.clone(), Some(checksum))
+                })
+                .collect();
+            let mut lacking = logged.clone();
+            lacking.pop_first();
+            for (logged, stands_in) in [(&logged, true), (&lacking, false)] {
+                let whole = merge_diff_whole_old(
+                    &ctx,
+                    &spec(),
+                    "previous",
+                    "output",
+                    &columns,
+                    Some(logged),
+                    0,
+                    None,
+                    |_| Ok(Decision::Identical),
+                )
+                .await
+                .expect("merge");
+                assert_eq!(whole.is_some(), stands_in, "same days {same:?}");
+                if let Some((from_log, _)) = whole {
+                    assert_eq!(from_log, totals);
+                }
+                // Whichever way the old side is read, the comparison is the one of two reads.
+                let mut results = Vec::new();
+                for mostly_changed in [false, true] {
+                    let hint = KnownSide {
+                        mostly_changed,
+                        ..KnownSide::default()
+                    };
+                    let (comparison, facts) =
+                        compare_keyed(&ctx, &spec(), None, Some(hint), Some(logged))
+                            .await
+                            .expect("compare");
+                    results.push((serde_json::to_value(&comparison).expect("json"), facts));
+                }
+                assert_eq!(results[0], results[1], "same days {same:?}");
+                assert_eq!(results[0].0["totals"]["old_rows"], old.len() as u64);
+            }
         }
     }
 }

@@ -37,7 +37,7 @@ mod capture;
 
 pub(crate) use capture::{Capture, CaptureWriter};
 
-use super::compare::CompareSpec;
+use super::compare::{CompareSpec, LoggedChecksums};
 use super::rowdiff::{
     ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, compared_columns, partition_label,
     read_back,
@@ -147,7 +147,10 @@ pub(crate) enum Decision {
 /// says from those totals which partitions to diff; the old rows of the others are dropped
 /// before pairing, so the result is [`merge_diff`]'s with the same predicate. `None` when the
 /// key cannot be compared by its hashes. `captured`: the new side as the run's writers hashed
-/// it, used when it fits.
+/// it, used when it fits. `logged`: the old partitions' checksums as the log has them; when it
+/// has every one, the old rows are not checksummed here (the checksum hashes every column
+/// again), and if the read finds a partition the log does not account for (or with other row
+/// counts), the result is `None` too, for the caller to read the old side its other way.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(crate) async fn merge_diff_whole_old(
     ctx: &SessionContext,
@@ -155,6 +158,7 @@ pub(crate) async fn merge_diff_whole_old(
     old: &str,
     new: &str,
     checksum_columns: &[String],
+    logged: Option<&LoggedChecksums>,
     expected_rows: u64,
     captured: Option<&Capture>,
     decide: impl FnOnce(&BTreeMap<String, LabelTotals>) -> Result<Decision>,
@@ -173,7 +177,12 @@ pub(crate) async fn merge_diff_whole_old(
     let narrow = |table: &str, hash: &str, flag: &str, extra: &[String]| {
         narrow_sql(spec, &parts, table, hash, flag, extra)
     };
-    let mut totals_columns = vec![format!("{} AS __lf_c", row_hash_sql(checksum_columns))];
+    let logged = logged.filter(|l| !l.is_empty() && l.values().all(Option::is_some));
+    let checksum = match logged {
+        Some(_) => "arrow_cast(0, 'UInt64')".to_string(),
+        None => row_hash_sql(checksum_columns),
+    };
+    let mut totals_columns = vec![format!("{checksum} AS __lf_c")];
     totals_columns.extend(
         spec.measures
             .iter()
@@ -198,6 +207,20 @@ pub(crate) async fn merge_diff_whole_old(
         entry.checksum += totals.checksum;
         for (e, t) in entry.sums.iter_mut().zip(&totals.sums) {
             *e += t;
+        }
+    }
+    if let Some(logged) = logged {
+        for (text, totals) in by_text.iter_mut() {
+            match logged.get(text).copied().flatten() {
+                Some(checksum) if checksum.rows == totals.rows => totals.checksum = checksum.sum,
+                _ => {
+                    tracing::debug!(
+                        partition = text.as_str(),
+                        "the log has no checksum of this old partition's rows: reading again"
+                    );
+                    return Ok(None);
+                }
+            }
         }
     }
     let differing = match decide(&by_text)? {
@@ -1260,7 +1283,7 @@ struct ReadTally {
 
 /// One partition value's rows, the exact sum of their row checksums' hashes, and their measure
 /// sums, as the per-partition aggregation of [`super::compare`] computes them.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct LabelTotals {
     pub(crate) rows: u64,
     pub(crate) checksum: u128,
