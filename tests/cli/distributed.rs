@@ -90,6 +90,25 @@ impl Cluster {
             .expect("port")
     }
 
+    /// Waits (at most a minute) until `writers` writer tasks sleep at their failpoint, while
+    /// `client` (logging to `client_log`) still runs.
+    fn wait_for_sleeping_writers(&self, writers: usize, client: &mut Child, client_log: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.log().matches("failpoint hit: sleeping").count() < writers {
+            assert!(
+                client.try_wait().expect("wait").is_none(),
+                "the backfill ended before its writer tasks started:\n{}",
+                std::fs::read_to_string(client_log).unwrap_or_default()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "no writer task started:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// What the scheduler and the executors logged so far.
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -530,21 +549,8 @@ fn an_interrupted_client_cancels_its_job_on_the_cluster() {
         .stderr(std::fs::File::create(&client_log).expect("client log"))
         .spawn()
         .expect("start the backfill");
-    let deadline = Instant::now() + Duration::from_secs(60);
     // All the writer tasks of the batch (one per output partition of the cluster's plan) wait.
-    while cluster.log().matches("failpoint hit: sleeping").count() < 8 {
-        assert!(
-            client.try_wait().expect("wait").is_none(),
-            "the backfill ended before its writer tasks started:\n{}",
-            std::fs::read_to_string(&client_log).unwrap_or_default()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no writer task started:\n{}",
-            cluster.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cluster.wait_for_sleeping_writers(8, &mut client, &client_log);
     let started = Instant::now();
     let signalled = Command::new("kill")
         .args(["-INT", &client.id().to_string()])
@@ -613,20 +619,7 @@ fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resum
         .stderr(std::fs::File::create(&client_log).expect("client log"))
         .spawn()
         .expect("start the backfill");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cluster.log().contains("failpoint hit: sleeping") {
-        assert!(
-            client.try_wait().expect("wait").is_none(),
-            "the backfill ended before its writer tasks started:\n{}",
-            std::fs::read_to_string(&client_log).unwrap_or_default()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no writer task started:\n{}",
-            cluster.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cluster.wait_for_sleeping_writers(1, &mut client, &client_log);
     let port = cluster.port();
     drop(cluster);
     let restarted = Cluster::on_port(&lake, None, 2, port);

@@ -977,6 +977,37 @@ mod tests {
         }
     }
 
+    /// A context with `old` as `previous` and `new` as `output`.
+    fn context(old: &[Row], new: &[Row]) -> SessionContext {
+        let ctx = SessionContext::new();
+        ctx.register_table("previous", Arc::new(table(old)))
+            .expect("register");
+        ctx.register_table("output", Arc::new(table(new)))
+            .expect("register");
+        ctx
+    }
+
+    /// The comparison (as JSON) and key facts of `previous` and `output`, first with the old
+    /// side read twice (totals, then the diff), then with most partitions said to differ (read
+    /// whole once).
+    async fn both_ways(
+        ctx: &SessionContext,
+        logged: Option<&LoggedChecksums>,
+    ) -> Vec<(serde_json::Value, Option<KeyFacts>)> {
+        let mut results = Vec::new();
+        for mostly_changed in [false, true] {
+            let hint = KnownSide {
+                mostly_changed,
+                ..KnownSide::default()
+            };
+            let (comparison, facts) = compare_keyed(ctx, &spec(), None, Some(hint), logged)
+                .await
+                .expect("compare");
+            results.push((serde_json::to_value(&comparison).expect("json"), facts));
+        }
+        results
+    }
+
     #[tokio::test]
     async fn reading_the_old_side_whole_once_gives_exactly_the_comparison_of_two_reads() {
         for same in [
@@ -985,22 +1016,8 @@ mod tests {
             vec![20_000, 20_001, 20_002, 20_003, 20_004],
         ] {
             let (old, new) = sides(&same);
-            let ctx = SessionContext::new();
-            ctx.register_table("previous", Arc::new(table(&old)))
-                .expect("register");
-            ctx.register_table("output", Arc::new(table(&new)))
-                .expect("register");
-            let mut results = Vec::new();
-            for mostly_changed in [false, true] {
-                let hint = KnownSide {
-                    mostly_changed,
-                    ..KnownSide::default()
-                };
-                let (comparison, facts) = compare_keyed(&ctx, &spec(), None, Some(hint), None)
-                    .await
-                    .expect("compare");
-                results.push((serde_json::to_value(&comparison).expect("json"), facts));
-            }
+            let ctx = context(&old, &new);
+            let results = both_ways(&ctx, None).await;
             assert_eq!(results[0], results[1], "same days {same:?}");
             let totals = &results[0].0["totals"];
             assert_eq!(totals["old_rows"], old.len() as u64);
@@ -1034,11 +1051,7 @@ mod tests {
         let columns: Vec<String> = vec!["id".into(), "s".into(), "v".into()];
         for same in [vec![], vec![20_001, 20_003]] {
             let (old, new) = sides(&same);
-            let ctx = SessionContext::new();
-            ctx.register_table("previous", Arc::new(table(&old)))
-                .expect("register");
-            ctx.register_table("output", Arc::new(table(&new)))
-                .expect("register");
+            let ctx = context(&old, &new);
             // What the log would hold: the old partitions' own checksums, as a scan makes them.
             let (totals, _) = merge_diff_whole_old(
                 &ctx,
@@ -1085,18 +1098,7 @@ mod tests {
                     assert_eq!(from_log, totals);
                 }
                 // Whichever way the old side is read, the comparison is the one of two reads.
-                let mut results = Vec::new();
-                for mostly_changed in [false, true] {
-                    let hint = KnownSide {
-                        mostly_changed,
-                        ..KnownSide::default()
-                    };
-                    let (comparison, facts) =
-                        compare_keyed(&ctx, &spec(), None, Some(hint), Some(logged))
-                            .await
-                            .expect("compare");
-                    results.push((serde_json::to_value(&comparison).expect("json"), facts));
-                }
+                let results = both_ways(&ctx, Some(logged)).await;
                 assert_eq!(results[0], results[1], "same days {same:?}");
                 assert_eq!(results[0].0["totals"]["old_rows"], old.len() as u64);
             }
