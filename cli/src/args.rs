@@ -189,6 +189,12 @@ pub(crate) struct ScopeArgs {
     /// Drop rows the model produces for partitions outside the range, instead of failing.
     #[arg(long, value_enum, value_name = "POLICY")]
     pub(crate) allow_spill: Option<SpillPolicy>,
+    /// Publish even when keys cross the range's edges (a key the fix writes into the range that
+    /// the table still holds just outside it, or one it removes that the model writes just
+    /// outside it); requires `--reason`, which the commit records [default: such keys fail
+    /// validation, and the report suggests the range no key crosses].
+    #[arg(long, requires = "reason")]
+    pub(crate) allow_edge_moves: bool,
     /// The most partitions the range may have; a larger range is refused as a likely typo
     /// [default: 10000].
     #[arg(long, value_name = "N", value_parser = at_least_one_u64)]

@@ -275,6 +275,29 @@ pub(crate) fn plan_text(plan: &PlanReport) -> String {
     if let Some(policy) = &plan.allow_spill {
         let _ = writeln!(out, "  spill         {policy} rows outside the range");
     }
+    if let Some(edges) = &plan.edges {
+        let zones: Vec<String> = [&edges.before, &edges.after]
+            .into_iter()
+            .flatten()
+            .map(|(first, last)| {
+                if first == last {
+                    first.clone()
+                } else {
+                    format!("{first}..={last}")
+                }
+            })
+            .collect();
+        let verdict = match &edges.allowed {
+            Some(reason) => format!("keys that cross are allowed (`--allow-edge-moves`: {reason})"),
+            None => "a key that would be lost or written twice there fails the run".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  edges         keys checked in {} ({}); {verdict}",
+            zones.join(" and "),
+            edges.why
+        );
+    }
     if plan.already_published {
         let _ = writeln!(
             out,

@@ -34,6 +34,12 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
             .with_include_null(scope.include_null)
             .with_max_partitions(scope.max_partitions)
             .with_reason(scope.reason.clone())
+            .with_allow_edge_moves(
+                scope
+                    .allow_edge_moves
+                    .then(|| scope.reason.clone())
+                    .flatten(),
+            )
             .with_publish_as(scope.publish_as.map(|mode| {
                 match mode {
                     crate::args::PublishAs::Rewrite => "rewrite",

@@ -383,6 +383,8 @@ pub enum Error {
         /// Whether `--force-publish` may override them: not when rows break the table's
         /// protocol (constraints, NOT NULL, invariants, generated columns).
         forceable: bool,
+        /// When keys cross the range's edges: the backfill over the range no key crosses.
+        clean_range: Option<String>,
     },
     /// The target has a Delta table feature lakefill cannot honour.
     #[error("cannot backfill `{table}`: it uses the Delta table feature `{feature}`; {why}")]
@@ -640,6 +642,12 @@ impl Error {
                     ),
                 },
             },
+            Error::ValidationFailed {
+                clean_range: Some(command),
+                ..
+            } => format!(
+                "keys cross the range's edges (see the `edges` check above): run `{command}`, the range no key crosses; or, if the rows are meant to cross, run again with `--allow-edge-moves --reason TEXT`"
+            ),
             Error::ValidationFailed {
                 run_id,
                 forceable: true,
@@ -952,6 +960,7 @@ mod tests {
                 run_id: s(),
                 failed: vec![],
                 forceable: true,
+                clean_range: None,
             },
             Error::UnsupportedFeature {
                 table: s(),

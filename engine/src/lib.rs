@@ -103,13 +103,15 @@ pub use explain::{
 pub use init::{InitReport, init};
 pub use journal::lifecycle::RunState;
 pub use journal::{BatchBounds, BatchRecord, Journal, PartitionChange};
-pub use log::metadata::{CheckSummary, CommitMetadata, CommittedPartition, ValidationSummary};
+pub use log::metadata::{
+    CheckSummary, CommitMetadata, CommittedPartition, EdgeMoves, ValidationSummary,
+};
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};
 pub use notify::{Delivery, EVENT_SCHEMA, EVENT_TYPES, Event, Sink, Window, notify};
 pub use partition::{Layout, PartitionRange, TimeColumn, TimeEncoding};
 pub use plan::{
     BackfillPlan, BatchPlan, DEFAULT_BATCH_PARTITIONS, DEFAULT_MAX_PARTITIONS, DownstreamModel,
-    PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
+    EdgePlan, PartitionState, PartitionTotals, PlanBuilder, PlanReport, SourcePlan,
 };
 pub use protocol::{AddedColumn, FeatureSupport, RowRule, TableProtocol};
 pub use report::{

@@ -50,6 +50,10 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
         cascade: journal.cascade.clone(),
         adjustments: (journal.publish_as == crate::adjust::PublishMode::Adjustments)
             .then(|| journal.adjustment_counts.unwrap_or_default()),
+        edge_moves: journal
+            .validation
+            .as_ref()
+            .and_then(crate::validate::ValidationReport::allowed_edge_moves),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::support::{Store, TestLake, json_ok, runtime, stderr, stdout};
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, runtime, stderr, stdout};
 
 /// (event_id, event_date, amount_cents) as text.
 type Row = (String, String, String);
@@ -99,6 +99,9 @@ fn events_v2_backfill_replaces_exactly_the_range(store: Store) {
         "2",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["state"], "published");
     assert_eq!(report["published_version"], before_version + 1);
@@ -177,7 +180,14 @@ fn events_v2_backfill_replaces_exactly_the_range(store: Store) {
     assert_eq!(meta["sources"]["raw_events"], lake.version("raw_events"));
     assert_eq!(meta["range"], serde_json::json!([from, to]));
     assert_eq!(meta["read_version"], before_version);
-    assert!(meta["reason"].as_str().unwrap().contains("timezone"));
+    // A partial fix of the time zone bug: keys crossed the range's edges, allowed and recorded.
+    assert_eq!(meta["reason"], PARTIAL_FIX);
+    assert_eq!(meta["edge_moves"]["reason"], PARTIAL_FIX);
+    let (duplicated, moved) = (
+        meta["edge_moves"]["duplicated"].as_u64().unwrap(),
+        meta["edge_moves"]["moved"].as_u64().unwrap(),
+    );
+    assert!(duplicated > 0 && moved > 0, "{meta}");
     assert_eq!(meta["partitions"].as_array().unwrap().len(), 4);
     assert_eq!(
         meta["partitions"][0]["old_rows"],
@@ -215,6 +225,9 @@ fn events_v2_backfill_replaces_exactly_the_range(store: Store) {
         &to,
         "--batch-partitions",
         "2",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert!(
@@ -245,6 +258,9 @@ fn downstream_backfill_follows_corrected_events(store: Store) {
         &to,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let report = json_ok(&lake.run(&[
         "backfill",
@@ -291,7 +307,17 @@ fn spill_outside_the_range_fails_unless_dropped_on_purpose(store: Store) {
     let (from, to) = (lake.day(3), lake.day(6));
     let before = lake.version("events");
 
-    let failed = lake.run(&["backfill", "events", "--from", &from, "--to", &to]);
+    let failed = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
+    ]);
     assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
     let err = stderr(&failed);
     assert!(err.contains("outside the range"), "{err}");
@@ -326,6 +352,9 @@ fn spill_outside_the_range_fails_unless_dropped_on_purpose(store: Store) {
         "drop",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(dropped["published_version"], before + 1);
     let spilled = dropped["spill_dropped"].as_u64().unwrap();
@@ -362,6 +391,9 @@ fn partitions_the_model_leaves_empty_end_up_empty(store: Store) {
         &lake.day(3),
         "--to",
         &lake.day(5),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
@@ -460,6 +492,9 @@ fn sources_are_read_only_inside_the_batch_window() {
         &lake.day(2),
         "--to",
         &lake.day(4),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(
         out.status.code(),
@@ -476,6 +511,9 @@ fn sources_are_read_only_inside_the_batch_window() {
         &lake.day(7),
         "--to",
         &lake.day(8),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("error: "), "{}", stderr(&out));
@@ -497,6 +535,9 @@ fn a_published_run_reapplies_only_after_its_range_changed(store: Store) {
             version,
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]
         .iter()
         .map(|s| s.to_string())

@@ -5,7 +5,7 @@
 
 use deltalake::kernel::{DataType, StructField};
 
-use crate::support::{TestLake, json_ok, runtime, stderr};
+use crate::support::{PARTIAL_FIX, TestLake, json_ok, runtime, stderr};
 
 /// Declares table `name` in the project, creates it empty (partitioned by `partition`), writes
 /// `sql/<name>/v1.sql` with `header` and `select`, and fills its history with that model over
@@ -427,6 +427,9 @@ fn cascade(lake: &TestLake, from: u64, to: u64, extra: &[&str]) -> std::process:
         "--to",
         &to,
         "--cascade",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ];
     args.extend_from_slice(extra);
     lake.run(&args)
@@ -702,6 +705,9 @@ fn ctrl_c_stops_a_cascade_cleanly_and_the_same_command_finishes_it() {
         "--cascade",
         "--batch-partitions",
         "1",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ];
     let log = lake.path().join("interrupted.log");
     let mut child = crate::support::lakefill_command(lake.path())
@@ -759,6 +765,9 @@ fn a_cascade_stopped_between_publishes_is_finished_by_running_it_again() {
             "--to",
             &to,
             "--cascade",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ])
         .env("LAKEFILL_FAILPOINTS", "cascade-between-publishes")
         .output()

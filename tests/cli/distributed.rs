@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Store, TestLake, assert_refused, json_ok, lakefill_command, run_in, s3_server, stderr,
+    PARTIAL_FIX, Store, TestLake, assert_refused, json_ok, lakefill_command, run_in, s3_server,
+    stderr,
 };
 
 /// A cluster started with `lakefill cluster up`; stopped (with its executors) when dropped.
@@ -201,6 +202,9 @@ fn a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run(
         &cluster.engine,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["state"], "published", "{report}");
     assert_eq!(report["published_version"], before + 1);
@@ -218,6 +222,9 @@ fn a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run(
         "3",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(local["state"], "published");
 
@@ -275,6 +282,9 @@ fn a_writer_task_that_fails_leaves_no_commit_and_a_run_that_resumes(store: Store
         &to,
         "--batch-partitions",
         "3",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ];
     let run_id = {
         // The writer task of one partition fails after writing its files, every time.
@@ -321,7 +331,17 @@ fn a_writer_task_that_fails_leaves_no_commit_and_a_run_that_resumes(store: Store
 fn what_a_cluster_cannot_do_is_refused_by_name() {
     let lake = TestLake::new();
     let (from, to) = (lake.day(2), lake.day(3));
-    let base = ["backfill", "events", "--from", &from, "--to", &to];
+    let base = [
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
+    ];
     // The runs of the lake's history (written by lakefill).
     let runs = || json_ok(&lake.run(&["runs", "events", "--output-format", "json"]));
     let history = runs();
@@ -389,6 +409,9 @@ fn a_retried_writer_task_counts_once_and_leaves_no_stray_files() {
         &cluster.engine,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     let report = json_ok(&output);
     assert_eq!(report["state"], "published", "{report}");
@@ -435,6 +458,9 @@ fn a_run_staged_on_the_cluster_is_published_or_discarded_without_it() {
             &cluster.engine,
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]));
         assert_eq!(report["state"], "validated", "{report}");
         report["run_id"].as_str().expect("run id").to_string()
@@ -541,6 +567,9 @@ fn an_interrupted_client_cancels_its_job_on_the_cluster() {
         &to,
         "--engine",
         &cluster.engine,
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ];
     let client_log = lake.path().join("client.log");
     let mut client = lakefill_command(lake.path())
@@ -605,7 +634,17 @@ fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resum
     let cluster = Cluster::with_slots(&lake, Some("stage-writer-start=sleep-3000"), 4);
     let args = |engine: &str| {
         [
-            "backfill", "events", "--from", &from, "--to", &to, "--engine", engine,
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--engine",
+            engine,
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]
         .map(String::from)
         .to_vec()

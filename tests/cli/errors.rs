@@ -461,6 +461,9 @@ fn faulty_inputs_are_refused_and_change_nothing() {
                     "--to",
                     &lake.day(4),
                     "--stage-only",
+                    "--allow-edge-moves",
+                    "--reason",
+                    crate::support::PARTIAL_FIX,
                 ]);
                 assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
                 let path = lake

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lakefill_fixtures::DemoLake;
 
-use crate::support::{Store, TestLake, json_ok, stderr};
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, stderr};
 
 const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, CAST(amount_cents AS VARCHAR) \
                     FROM events ORDER BY 1, 2";
@@ -27,6 +27,9 @@ fn backfill_args(lake: &TestLake) -> Vec<String> {
         "2",
         "--max-parallel",
         "1",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -163,6 +166,9 @@ fn sigkill_during_staging_then_resume() {
         "1",
         "--max-parallel",
         "1",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -247,6 +253,9 @@ fn overlapping_runs_one_publishes_the_other_conflicts(store: Store) {
             "--stage-only",
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]));
         report["run_id"].as_str().unwrap().to_string()
     };
@@ -272,6 +281,9 @@ fn overlapping_runs_one_publishes_the_other_conflicts(store: Store) {
         &lake.day(7),
         "--model-version",
         "v3",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(lake.version("events"), before + 2);

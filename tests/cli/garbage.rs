@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use crate::support::{TestLake, files_under, json_ok, stderr};
+use crate::support::{PARTIAL_FIX, TestLake, files_under, json_ok, stderr};
 
 #[test]
 fn gc_deletes_only_what_no_version_or_live_run_needs() {
@@ -21,6 +21,9 @@ fn gc_deletes_only_what_no_version_or_live_run_needs() {
         &lake.day(4),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     // A run that failed validation keeps its staged files.
     let v2 = std::fs::read_to_string(lake.path().join("sql/events/v2.sql")).unwrap();
@@ -40,6 +43,9 @@ fn gc_deletes_only_what_no_version_or_live_run_needs() {
         &lake.day(5),
         "--to",
         &lake.day(6),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     // A run that crashed while staging, just now: it may still be running, so it is kept.
@@ -61,6 +67,9 @@ fn gc_deletes_only_what_no_version_or_live_run_needs() {
             "1",
             "--max-parallel",
             "1",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ])
         .env("LAKEFILL_FAILPOINTS", "mid-stage")
         .output()

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::support::{Store, TestLake, json_ok, stderr};
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, stderr};
 
 /// event_id -> (event_date, country, amount, user, ts) of `events` at a version, read directly.
 fn rows_at(lake: &TestLake, version: u64) -> BTreeMap<String, Vec<String>> {
@@ -33,6 +33,9 @@ fn diff_between_versions_matches_an_independent_comparison(store: Store) {
         &to,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let after = lake.version("events");
 
@@ -127,6 +130,9 @@ fn diff_with_a_staged_run_predicts_the_publish(store: Store) {
         "--stage-only",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let run_id = staged["run_id"].as_str().unwrap();
     let predicted = json_ok(&lake.run(&[
@@ -176,6 +182,7 @@ fn history_blame_and_sql_explain_the_demo_lake(store: Store) {
         "tz fix",
         "--output-format",
         "json",
+        "--allow-edge-moves",
     ]));
     let run_id = backfill["run_id"].as_str().unwrap();
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{Store, TestLake, json_ok, lakefill_command, stderr};
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, lakefill_command, stderr};
 
 const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, \
                     CAST(amount_cents AS VARCHAR) FROM events ORDER BY 1, 2";
@@ -28,6 +28,9 @@ fn backfill_args(lake: &TestLake) -> Vec<String> {
         "2",
         "--max-parallel",
         "1",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -464,6 +467,9 @@ fn a_rerun_inside_a_published_range_is_up_to_date(store: Store) {
             &lake.day(5),
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ],
     ));
     assert_eq!(report["outcome"], "up_to_date", "{report}");
@@ -497,6 +503,9 @@ fn a_rerun_inside_a_published_range_is_up_to_date(store: Store) {
             &lake.day(5),
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ],
     ));
     assert_eq!(report["outcome"], "published", "{report}");
@@ -796,6 +805,7 @@ fn careless_inputs_are_usage_errors() {
                 "--force-publish",
                 "--reason",
                 " ",
+                "--allow-edge-moves",
             ]),
             "must not be empty",
         ),
@@ -824,7 +834,17 @@ fn careless_inputs_are_usage_errors() {
     }
     // A lookback past any calendar is refused by the model check, never a panic.
     std::fs::write(&huge, v2.replace("lookahead = 1", "lookahead = 4294967295")).unwrap();
-    let out = lake.run(&["backfill", "events", "--from", &from, "--to", &to]);
+    let out = lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("lookahead"), "{}", stderr(&out));
     std::fs::remove_file(&huge).unwrap();
@@ -871,6 +891,9 @@ fn an_edited_published_model_is_refused() {
         &lake.day(1),
         "--to",
         &lake.day(2),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let path = lake.path().join("sql/events/v2.sql");
@@ -912,6 +935,9 @@ fn an_edited_published_model_is_refused() {
         &lake.day(3),
         "--to",
         &lake.day(4),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }

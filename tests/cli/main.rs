@@ -29,6 +29,7 @@ mod backfill;
 mod cascade;
 mod contract;
 mod distributed;
+mod edges;
 mod errors;
 mod faults;
 mod garbage;

@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use crate::support::{Store, TestLake, json_ok, lakefill_command, stderr};
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, lakefill_command, stderr};
 
 /// A secret in the Standard Webhooks form (`whsec_` + base64 of the key).
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -224,6 +224,9 @@ fn every_sink_hears_of_a_publish_signed_retried_and_filtered() {
         &lake.day(5),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let (read, version) = (
         report["read_version"].as_u64().unwrap(),
@@ -344,6 +347,9 @@ fn a_crash_before_delivery_is_caught_up_once(store: Store) {
             &lake.day(2),
             "--to",
             &lake.day(3),
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ])
         .env("LAKEFILL_FAILPOINTS", "mid-notify")
         .output()
@@ -362,6 +368,9 @@ fn a_crash_before_delivery_is_caught_up_once(store: Store) {
         &lake.day(6),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let second = report["published_version"].as_u64().unwrap();
     assert_eq!(
@@ -404,6 +413,9 @@ fn a_revert_is_announced_and_bad_sinks_are_refused() {
         &lake.day(3),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(
         report["notifications"][0]["skipped"]
@@ -460,6 +472,9 @@ fn an_openlineage_sink_gets_a_complete_run_event_with_the_versions() {
         &lake.day(3),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let version = report["published_version"].as_u64().unwrap();
     let received = receiver.received();

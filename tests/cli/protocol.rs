@@ -11,7 +11,7 @@ use std::process::Command;
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Value, json};
 
-use crate::support::{TestLake, files_under, json_ok, run_in, stderr};
+use crate::support::{PARTIAL_FIX, TestLake, files_under, json_ok, run_in, stderr};
 
 fn helper() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/delta_tables.py")
@@ -472,6 +472,9 @@ fn deletion_vectors_are_counted_and_removed_with_their_file() {
         &day,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["state"], "published", "{report}");
     let partition = &report["validation"]["comparison"]["partitions"]
@@ -531,6 +534,9 @@ fn a_logged_checksum_of_a_file_with_a_deletion_vector_is_not_trusted() {
         &day,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["state"], "published", "{report}");
     let comparison = &report["validation"]["comparison"];
@@ -584,6 +590,9 @@ fn a_commit_whose_response_is_lost_is_reported_as_published() {
             &lake.day(3),
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ])
         .env("LAKEFILL_FAILPOINTS", "lost-commit-response=error")
         .output()

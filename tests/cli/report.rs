@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use crate::support::{TestLake, json_ok, stderr};
+use crate::support::{PARTIAL_FIX, TestLake, json_ok, stderr};
 
 /// Counts rows per day of `events` at `version` with DataFusion.
 fn rows_per_day(lake: &TestLake, version: u64) -> Vec<(String, u64)> {
@@ -44,6 +44,9 @@ fn the_html_report_is_self_contained_and_renders_in_a_browser() {
         &lake.day(8),
         "--report",
         report_file.to_str().unwrap(),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let html = std::fs::read_to_string(&report_file).unwrap();
@@ -170,6 +173,9 @@ fn a_failed_run_still_gets_its_report_and_a_revert_reports_itself() {
         &lake.day(3),
         "--report",
         file.to_str().unwrap(),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let markdown = std::fs::read_to_string(&file).unwrap();
@@ -190,6 +196,9 @@ fn a_failed_run_still_gets_its_report_and_a_revert_reports_itself() {
         &lake.day(5),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let run_id = published["run_id"].as_str().unwrap();
     let revert = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
@@ -220,6 +229,9 @@ fn a_cascade_gets_one_report_of_every_table() {
         "--cascade",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let cascade = run["cascade_id"].as_str().unwrap().to_string();
     let report = json_ok(&lake.run(&["report", &cascade, "--format", "json"]));

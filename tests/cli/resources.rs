@@ -2,7 +2,7 @@
 
 use lakefill_fixtures::DemoLake;
 
-use crate::support::{Store, TestLake, json_ok, stderr};
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, stderr};
 
 const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, \
                     CAST(amount_cents AS VARCHAR), CAST(event_ts AS VARCHAR) FROM events ORDER BY 1, 2";
@@ -36,6 +36,9 @@ fn a_small_memory_limit_gives_the_same_table() {
         "16MiB",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["validation"]["passed"], true, "{report}");
     // Without a flag a run is bounded too, and `plan` says by how much.
@@ -64,6 +67,9 @@ fn a_small_memory_limit_gives_the_same_table() {
         "unlimited",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let (a, b) = (
         limited.query(&[("events", limited.open("events"))], ROWS),
@@ -80,6 +86,9 @@ fn a_small_memory_limit_gives_the_same_table() {
         &to,
         "--memory-limit",
         "lots",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
@@ -101,6 +110,9 @@ fn parallel_and_sequential_batches_publish_the_same_table() {
             n,
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]))
     };
     let (p, s) = (run(&parallel, "4"), run(&sequential, "1"));
@@ -127,6 +139,9 @@ fn json_progress_events_end_with_the_report_counts() {
         "3",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     let report = json_ok(&out);
     let events: Vec<serde_json::Value> = stderr(&out)
@@ -185,6 +200,9 @@ fn throttling_bounds_the_write_rate() {
         "1",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let elapsed = started.elapsed().as_secs_f64();
     let written = report["bytes_written"].as_f64().unwrap();
@@ -204,6 +222,9 @@ fn throttling_bounds_the_write_rate() {
         &lake.day(1),
         "--throttle",
         "fast",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
@@ -247,7 +268,17 @@ fn a_killed_process_spill_files_are_removed_by_the_next_process_and_a_live_ones_
         let (from, to) = (lake.day(from), lake.day(to));
         let log = lake.path().join(format!("{name}.log"));
         let mut child = crate::support::lakefill_command(lake.path())
-            .args(["backfill", "events", "--from", &from, "--to", &to])
+            .args([
+                "backfill",
+                "events",
+                "--from",
+                &from,
+                "--to",
+                &to,
+                "--allow-edge-moves",
+                "--reason",
+                PARTIAL_FIX,
+            ])
             .env("TMPDIR", tmp.path())
             .env("LAKEFILL_FAILPOINTS", "stage-batch-0=pause")
             .stdout(Stdio::null())

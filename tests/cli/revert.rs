@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::support::{
-    Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr, vacuum_now,
+    PARTIAL_FIX, Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr,
+    vacuum_now,
 };
 
 /// Every row of `events` at `version` (latest when `None`) whose day is in `days`, sorted.
@@ -81,6 +82,9 @@ fn fix(lake: &TestLake) -> (String, u64, u64) {
         &lake.day(5),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["outcome"], "published", "{report}");
     (

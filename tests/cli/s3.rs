@@ -12,7 +12,8 @@ use deltalake::protocol::SaveMode;
 use futures::TryStreamExt;
 
 use crate::support::{
-    S3_SECRET, Store, TestLake, assert_refused, json_ok, runtime, s3_server, stderr, stdout,
+    PARTIAL_FIX, S3_SECRET, Store, TestLake, assert_refused, json_ok, runtime, s3_server, stderr,
+    stdout,
 };
 
 /// Rewrites `lakefill.toml`, replacing `from` with `to`.
@@ -37,6 +38,9 @@ fn racing_writers_never_lose_a_commit() {
         "--stage-only",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let second = json_ok(&lake.run(&[
         "backfill",
@@ -48,6 +52,9 @@ fn racing_writers_never_lose_a_commit() {
         "--stage-only",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     let events_before = lake.version("events");
     let publishes: Vec<_> = [first, second]
@@ -145,6 +152,9 @@ fn a_store_without_conditional_writes_is_refused() {
         &lake.day(1),
         "--to",
         &lake.day(2),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_refused(
         &out,
@@ -240,6 +250,9 @@ fn unreachable_endpoints_and_missing_buckets_fail_fast_and_clearly() {
             &lake.day(1),
             "--to",
             &lake.day(2),
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]);
         assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{name}: {}", stderr(&out));
@@ -324,6 +337,9 @@ fn a_connection_dropped_mid_upload_fails_cleanly_and_a_rerun_publishes() {
         &lake.day(1),
         "--to",
         &lake.day(4),
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_refused(&out, 1, "cannot write staged files for partition");
     assert!(
@@ -342,6 +358,9 @@ fn a_connection_dropped_mid_upload_fails_cleanly_and_a_rerun_publishes() {
         &lake.day(4),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["published_version"], before + 1);
 }
@@ -364,8 +383,22 @@ fn a_secret_key_appears_in_no_output_journal_or_commit() {
             "-vv",
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ],
-        vec!["backfill", "events", "--from", &from, "--to", &to, "-vv"],
+        vec![
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "-vv",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
+        ],
         vec!["runs", "-vv"],
         vec!["history", "events", "-vv"],
         vec!["sql", "SELECT COUNT(*) FROM events", "-vv"],
@@ -377,6 +410,9 @@ fn a_secret_key_appears_in_no_output_journal_or_commit() {
             "--to",
             &to,
             "-vv",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ],
     ] {
         let out = lake.run(&args);

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use crate::support::{TestLake, files_under};
+use crate::support::{PARTIAL_FIX, TestLake, files_under};
 
 const SECRET: &str = "pl4nted-S3CRET-9f8e7d";
 
@@ -55,9 +55,32 @@ fn a_planted_secret_appears_nowhere() {
         "--stage-only",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
-    run(&["backfill", "events", "--from", &from, "--to", &to]);
-    run(&["backfill", "events", "--from", &to, "--to", &from]);
+    run(&[
+        "backfill",
+        "events",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
+    ]);
+    run(&[
+        "backfill",
+        "events",
+        "--from",
+        &to,
+        "--to",
+        &from,
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
+    ]);
     run(&["runs"]);
     run(&["history", "events", "--output-format", "json"]);
     run(&["sql", "SELECT COUNT(*) FROM events"]);
@@ -136,7 +159,17 @@ fn secrets_in_urls_and_broken_toml_are_masked_by_value() {
     );
     run(
         lake.path(),
-        &["backfill", "events", "--from", &from, "--to", &to],
+        &[
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
+        ],
     );
     run(lake.path(), &["runs", "remote"]);
     run(lake.path(), &["runs", "remote", "--output-format", "json"]);
@@ -197,6 +230,7 @@ fn control_characters_from_the_log_are_shown_escaped() {
             &lake.day(2),
             "--reason",
             reason,
+            "--allow-edge-moves",
         ])
         .output()
         .unwrap();

@@ -1,6 +1,8 @@
 //! Validation blocks bad publishes; write-audit-publish (stage-only, publish, discard, runs).
 
-use crate::support::{Store, TestLake, append_event, json_ok, runtime, stderr, stdout};
+use crate::support::{
+    PARTIAL_FIX, Store, TestLake, append_event, json_ok, runtime, stderr, stdout,
+};
 
 /// Writes `sql/events/v3.sql`: v2's header plus `validate`, and `select` as the query.
 fn events_model(lake: &TestLake, validate: &str, select: &str) {
@@ -27,6 +29,9 @@ fn assert_blocked(lake: &TestLake, check: &str) -> serde_json::Value {
         &lake.day(5),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]);
     assert_eq!(out.status.code(), Some(3), "{check}: {}", stderr(&out));
     let report: serde_json::Value =
@@ -168,6 +173,9 @@ fn each_check_blocks_the_bug_it_is_for() {
         &lake.day(5),
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(report["validation"]["passed"], true, "{report}");
     assert_eq!(report["published_version"], before + 1);
@@ -209,6 +217,7 @@ fn force_publish_records_the_override(store: Store) {
         "sampling on purpose",
         "--output-format",
         "json",
+        "--allow-edge-moves",
     ]));
     assert_eq!(report["forced"], "sampling on purpose");
     let table = lake.open("events");
@@ -238,6 +247,9 @@ fn stage_only_then_publish_equals_a_direct_backfill(store: Store) {
         &to,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
 
     let before = audited.version("events");
@@ -252,6 +264,9 @@ fn stage_only_then_publish_equals_a_direct_backfill(store: Store) {
         "--stage-only",
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(staged["state"], "validated");
     assert_eq!(staged["outcome"], "staged");
@@ -472,6 +487,9 @@ fn logged_checksums_spare_reading_unchanged_partitions_and_change_no_result() {
             &to,
             "--output-format",
             "json",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ]));
         assert_eq!(report["state"], "published", "{report}");
         // Independently: per day, rows and amounts before and after, with plain DataFusion.
@@ -559,6 +577,9 @@ fn logged_checksums_spare_reading_unchanged_partitions_and_change_no_result() {
         &to,
         "--output-format",
         "json",
+        "--allow-edge-moves",
+        "--reason",
+        PARTIAL_FIX,
     ]));
     assert_eq!(again["state"], "up-to-date", "{again}");
     assert_eq!(
@@ -601,6 +622,9 @@ fn the_new_rows_hashed_while_staging_compare_exactly_as_read_back() {
             "--output-format",
             "json",
             "-v",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
         ];
         if resumed {
             let mut crash = crate::support::lakefill_command(lake.path());

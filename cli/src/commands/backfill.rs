@@ -172,6 +172,12 @@ async fn cascade(
         .with_max_expansion(args.max_expansion)
         .with_batch_partitions(Some(resolved.batch_partitions))
         .with_reason(scope.reason.clone())
+        .with_allow_edge_moves(
+            scope
+                .allow_edge_moves
+                .then(|| scope.reason.clone())
+                .flatten(),
+        )
         .with_create_companion(true)
         .await?;
     printer.status(&format!(

@@ -20,6 +20,12 @@ pub(crate) async fn run(
             .with_max_expansion(args.max_expansion)
             .with_batch_partitions(scope.batch_partitions)
             .with_reason(scope.reason.clone())
+            .with_allow_edge_moves(
+                scope
+                    .allow_edge_moves
+                    .then(|| scope.reason.clone())
+                    .flatten(),
+            )
             .await?;
         return printer.result(&cascade_text(cascade.report()), cascade.report());
     }

@@ -45,6 +45,7 @@ pub struct CascadeBuilder {
     batch_partitions: Option<usize>,
     reason: Option<String>,
     create_companion: bool,
+    allow_edge_moves: Option<String>,
 }
 
 /// A planned cascade: one backfill plan per node, in dependency order.
@@ -155,7 +156,17 @@ impl CascadeBuilder {
             batch_partitions: None,
             reason: None,
             create_companion: false,
+            allow_edge_moves: None,
         }
+    }
+
+    /// Lets every node publish even when keys cross its range's edges, recording `reason` (see
+    /// [`PlanBuilder::with_allow_edge_moves`]).
+    ///
+    /// By default, keys that cross a node's edges fail the cascade's validation.
+    pub fn with_allow_edge_moves(mut self, reason: Option<String>) -> Self {
+        self.allow_edge_moves = reason;
+        self
     }
 
     /// Pins model versions, per model.
@@ -212,6 +223,7 @@ impl CascadeBuilder {
                 .with_batch_partitions(self.batch_partitions)
                 .with_reason(self.reason.clone())
                 .with_create_companion(self.create_companion)
+                .with_allow_edge_moves(self.allow_edge_moves.clone())
         };
 
         let root_plan = plan_node(&self.root, self.from.clone(), self.to.clone()).await?;

@@ -218,6 +218,7 @@ pub async fn diff(
         measures: measures.clone(),
         sample,
         checksum_columns: None,
+        edges: None,
     };
     // The log counts stored rows; net rows are counted by the scan.
     let known = |counts: BTreeMap<String, u64>| (!netted).then(|| KnownSide::rows(counts));

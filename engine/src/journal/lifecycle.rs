@@ -135,6 +135,7 @@ impl RunState {
                     run_id: run_id.to_string(),
                     forceable: protocol_violations.is_empty(),
                     failed: failed_checks,
+                    clean_range: None,
                 }),
             },
             RunState::Published => Ok(Publishable::AlreadyPublished),

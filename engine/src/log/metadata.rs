@@ -45,6 +45,21 @@ pub struct CommitMetadata {
     /// kind (the rows carry `_lakefill_run_id`, `_lakefill_kind`, `_lakefill_reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adjustments: Option<crate::adjust::AdjustmentCounts>,
+    /// When keys crossed the range's edges and the run was allowed to publish anyway
+    /// (`--allow-edge-moves`): how many, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_moves: Option<EdgeMoves>,
+}
+
+/// Keys that crossed a run's range edges, published on purpose (`--allow-edge-moves`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeMoves {
+    /// Keys written into the range that the table still holds outside it.
+    pub duplicated: u64,
+    /// Keys removed from the range that the model writes outside it.
+    pub moved: u64,
+    /// Why they were allowed.
+    pub reason: String,
 }
 
 /// One partition of a commit's metadata.

@@ -5,8 +5,11 @@
 //! data scan), finds downstream models, splits the range into batches and derives the run id.
 //! It writes nothing. Running the plan is left to [`crate::stage`] and [`crate::publish`].
 
+mod edges;
 pub(crate) mod query;
 pub(crate) mod restore;
+
+pub use edges::EdgePlan;
 
 use std::collections::BTreeMap;
 use std::future::{Future, IntoFuture};
@@ -58,6 +61,7 @@ pub struct PlanBuilder {
     reason: Option<String>,
     publish_as: Option<String>,
     create_companion: bool,
+    allow_edge_moves: Option<String>,
 }
 
 impl PlanBuilder {
@@ -82,7 +86,18 @@ impl PlanBuilder {
             reason: None,
             publish_as: None,
             create_companion: false,
+            allow_edge_moves: None,
         }
+    }
+
+    /// Publishes even when keys cross the range's edges (a key the fix writes into the range that
+    /// the target still holds outside it, or one it removes that the model writes outside it),
+    /// recording `reason` in the commit. An empty reason is refused.
+    ///
+    /// By default, keys that cross the range's edges fail validation (see [`EdgePlan`]).
+    pub fn with_allow_edge_moves(mut self, reason: Option<String>) -> Self {
+        self.allow_edge_moves = reason;
+        self
     }
 
     /// Allows ranges of up to `max` partitions.
@@ -249,8 +264,16 @@ impl PlanBuilder {
         let mut rules =
             ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
         rules.protocol = protocol.rules.clone();
-        // Adjustments may go to a companion table: then it is the table the run writes.
         let mut range_notes = range_notes;
+        let edges = edges::plan(
+            &rules.key,
+            &layout,
+            &range,
+            &source_plans,
+            self.allow_edge_moves.clone(),
+            &mut range_notes,
+        )?;
+        // Adjustments may go to a companion table: then it is the table the run writes.
         let companion = match (publish, target_config.adjustments()) {
             (PublishMode::Adjustments, Some(name)) => {
                 let config = project
@@ -330,6 +353,7 @@ impl PlanBuilder {
             added_columns: Vec::new(),
             layout,
             publish,
+            edges,
         };
         let mut plan = BackfillPlan {
             target_config,
@@ -1054,6 +1078,9 @@ pub struct PlanReport {
     /// the publish adds to the table, if any).
     #[serde(skip_serializing_if = "PublishMode::is_rewrite")]
     pub publish: PublishMode,
+    /// The partitions around the range whose keys the backfill checks for rows that would cross
+    /// its edges; `null` when no key can cross (no key, or one holding the time).
+    pub edges: Option<EdgePlan>,
 }
 
 /// Current state of one affected partition, from the Delta log.

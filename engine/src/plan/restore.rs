@@ -189,6 +189,8 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         added_columns: Vec::new(),
         layout,
         publish,
+        // The range as it was, read from the table itself: no row changes partition.
+        edges: None,
     };
     let mut plan = BackfillPlan {
         target_config: (*config).clone(),

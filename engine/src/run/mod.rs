@@ -8,6 +8,7 @@
 //! runs after the fact, and [`report`] is what every command reports.
 
 pub(crate) mod cleanup;
+pub(crate) mod edges;
 pub(crate) mod manage;
 pub(crate) mod publish;
 pub(crate) mod reconcile;
@@ -282,6 +283,7 @@ impl BackfillBuilder {
             validate_ms,
             publish_ms: total_ms.saturating_sub(stage_ms + validate_ms),
             total_ms,
+            edges_ms: journal.validation.as_ref().map_or(0, |v| v.edges_ms),
         };
         Ok(self.finish(&journal, outcome, timings, resumed_batches))
     }

@@ -97,6 +97,10 @@ pub struct Timings {
     pub publish_ms: u64,
     /// The whole run.
     pub total_ms: u64,
+    /// The edge check: reading the keys around the range and, when some cross, widening it
+    /// (part of `validate_ms`).
+    #[serde(default)]
+    pub edges_ms: u64,
 }
 
 impl RunReport {
@@ -178,6 +182,13 @@ impl RunReport {
                 .as_ref()
                 .is_none_or(|v| v.protocol_violations().is_empty()),
             failed: self.failed_checks(),
+            clean_range: self
+                .validation
+                .as_ref()
+                .and_then(ValidationReport::clean_range)
+                .map(|(from, to)| {
+                    format!("lakefill backfill {} --from {from} --to {to}", self.model)
+                }),
         })
     }
 }

@@ -539,6 +539,7 @@ async fn compare_versions(
         measures: rules.summed_measures(),
         sample: crate::run::DEFAULT_SAMPLE,
         checksum_columns: None,
+        edges: None,
     };
     let comparison = compare(&ctx, &spec, None, None).await?;
     Ok(ValidationReport {
@@ -550,5 +551,6 @@ async fn compare_versions(
         )],
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
+        edges_ms: 0,
     })
 }

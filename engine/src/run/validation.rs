@@ -371,7 +371,11 @@ pub(crate) async fn run_validation(
         })
         .transpose()?
         .flatten();
-    validate(
+    // The keys around the range, for the key merge to look up (see `crate::run::edges`).
+    let started = std::time::Instant::now();
+    let edges = crate::run::edges::EdgeScan::prepare(plan, resources).await?;
+    let mut edges_ms = started.elapsed().as_millis() as u64;
+    let mut report = validate(
         &ctx,
         &PartitionKey::Time(layout.clone()),
         rules,
@@ -379,11 +383,21 @@ pub(crate) async fn run_validation(
         Known {
             new: Some(new_side),
             old_checksums: logged,
+            edges: edges.as_ref().map(crate::run::edges::EdgeScan::probe),
         },
         checksum_columns,
         extra_checks,
     )
-    .await
+    .await?;
+    if let Some(edges) = edges {
+        let started = std::time::Instant::now();
+        let check = edges.check(plan, resources, &report.comparison).await?;
+        edges_ms += started.elapsed().as_millis() as u64;
+        report.passed &= check.passed;
+        report.checks.push(check);
+    }
+    report.edges_ms = edges_ms;
+    Ok(report)
 }
 
 /// The partitions of `range` at the read version, each with its row checksum when every file

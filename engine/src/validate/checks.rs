@@ -25,6 +25,8 @@ use crate::sqltext::ident;
 pub(crate) struct Known {
     pub(crate) new: KnownCounts,
     pub(crate) old_checksums: Option<LoggedChecksums>,
+    /// The keys around the range, for the key merge to look up (see [`super::edges`]).
+    pub(crate) edges: Option<std::sync::Arc<super::edges::EdgeProbe>>,
 }
 
 /// Runs every check of `rules` over `previous` and `output` in `ctx`.
@@ -44,6 +46,7 @@ pub(crate) async fn validate(
         measures: rules.summed_measures(),
         sample,
         checksum_columns: Some(checksum_columns),
+        edges: known.edges.clone(),
     };
     // The old side is scanned but where its logged checksums settle a partition (its files' own,
     // never of a file with a deletion vector): its counts then honour deletion vectors, which
@@ -152,6 +155,7 @@ pub(crate) async fn validate(
         checks,
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
+        edges_ms: 0,
     })
 }
 

@@ -121,6 +121,9 @@ pub(crate) struct CompareSpec {
     /// The columns whose values make a row (every column but the partition columns, in the
     /// table's order): when set, both sides are checksummed to tell whether they are identical.
     pub(crate) checksum_columns: Option<Vec<String>>,
+    /// The keys of the partitions around the range, which the key merge looks up for every key
+    /// it finds added or removed (see [`super::edges`]).
+    pub(crate) edges: Option<Arc<super::edges::EdgeProbe>>,
 }
 
 /// Old versus new, per partition and in total.
@@ -974,6 +977,7 @@ mod tests {
             measures: vec!["v".into()],
             sample: 4,
             checksum_columns: Some(vec!["id".into(), "s".into(), "v".into()]),
+            edges: None,
         }
     }
 

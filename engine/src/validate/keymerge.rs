@@ -38,6 +38,7 @@ mod capture;
 pub(crate) use capture::{Capture, CaptureWriter};
 
 use super::compare::{CompareSpec, LoggedChecksums};
+use super::edges::{EdgeProbe, Hit};
 use super::rowdiff::{
     ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, compared_columns, partition_label,
     read_back,
@@ -716,8 +717,15 @@ fn radix_sort(records: &[u8], fixed: u32, groups: &mut Vec<usize>, out: &mut Vec
 }
 
 /// Pairs both sides' rows of a bucket, each sorted by key hash.
-fn pair_bucket(old: &[Entry], new: &[Entry], nullable: &[bool], sample: usize) -> Tally {
+fn pair_bucket(
+    old: &[Entry],
+    new: &[Entry],
+    nullable: &[bool],
+    sample: usize,
+    edges: Option<&Arc<EdgeProbe>>,
+) -> Tally {
     let mut tally = Tally::new(nullable.len(), sample);
+    tally.edges = edges.cloned();
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < new.len() {
         let key = match (old.get(i), new.get(j)) {
@@ -749,6 +757,10 @@ struct Tally {
     samples: [Vec<Pending>; 3],
     sample: usize,
     duplicate_keys: u64,
+    /// The keys around the range, looked up for every added and removed key.
+    edges: Option<Arc<EdgeProbe>>,
+    /// Added (`true`) and removed keys the probe holds, with their labels.
+    edge_hits: Vec<(bool, u32, (u64, u32))>,
 }
 
 /// A sampled difference, before its label is known for sure.
@@ -769,6 +781,8 @@ impl Tally {
             samples: [Vec::new(), Vec::new(), Vec::new()],
             sample,
             duplicate_keys: 0,
+            edges: None,
+            edge_hits: Vec::new(),
         }
     }
 
@@ -789,6 +803,13 @@ impl Tally {
         match coalesce_with {
             Some(o) => *self.coalesced.entry((label, o)).or_default() += 1,
             None => self.counts[label as usize][kind] += 1,
+        }
+        if kind != CHANGED
+            && let Some(edges) = &self.edges
+            && edges.contains(key.0, key.1 as u32)
+        {
+            self.edge_hits
+                .push((kind == ADDED, label, (key.0, key.1 as u32)));
         }
         if self.samples[kind].len() < self.sample {
             self.samples[kind].push(Pending {
@@ -963,6 +984,10 @@ impl<'a> Merge<'a> {
                 .collect(),
         );
         let sample = self.spec.sample;
+        let edges = self.spec.edges.clone();
+        if let Some(edges) = &edges {
+            edges.consulted();
+        }
         match (Side::gather(old_sides, buckets), new_rows) {
             (Ok(mut old_rows), Ok(mut new_rows)) => {
                 if let Some(keep) = &keep {
@@ -973,7 +998,7 @@ impl<'a> Merge<'a> {
                 }
                 old_rows.sort_unstable_by_key(|e| e.k1);
                 new_rows.sort_unstable_by_key(|e| e.k1);
-                let tally = pair_bucket(&old_rows, &new_rows, &nullable, sample);
+                let tally = pair_bucket(&old_rows, &new_rows, &nullable, sample, edges.as_ref());
                 self.absorb(tally)?;
             }
             (Err(mut old_files), Err(mut new_files)) => {
@@ -998,6 +1023,7 @@ impl<'a> Merge<'a> {
                         })
                         .collect();
                     let nullable = Arc::clone(&nullable);
+                    let edges = edges.clone();
                     let keep = keep.clone();
                     let relabel = relabel.clone();
                     tasks.push(tokio::task::spawn_blocking(move || {
@@ -1015,8 +1041,13 @@ impl<'a> Merge<'a> {
                                 if let Some(relabel) = &relabel {
                                     relabel.apply(&mut scratch.new);
                                 }
-                                let tally =
-                                    pair_bucket(&scratch.old, &scratch.new, &nullable, sample);
+                                let tally = pair_bucket(
+                                    &scratch.old,
+                                    &scratch.new,
+                                    &nullable,
+                                    sample,
+                                    edges.as_ref(),
+                                );
                                 drop((old, new));
                                 Ok((bucket, tally))
                             })
@@ -1168,6 +1199,15 @@ impl<'a> Merge<'a> {
             self.counts[label as usize][CHANGED] += n;
         }
         self.facts.duplicate_keys += tally.duplicate_keys;
+        if let Some(edges) = &self.spec.edges
+            && !tally.edge_hits.is_empty()
+        {
+            edges.record(tally.edge_hits.into_iter().map(|(added, label, key)| Hit {
+                key,
+                added,
+                label: self.labels.labels[label as usize].text.clone(),
+            }));
+        }
         for (kind, pending) in tally.samples.into_iter().enumerate() {
             for p in pending {
                 if self.taken[kind] >= self.spec.sample {

@@ -13,6 +13,7 @@
 
 pub(crate) mod checks;
 pub(crate) mod compare;
+pub(crate) mod edges;
 pub(crate) mod keymerge;
 pub(crate) mod report;
 pub(crate) mod rowdiff;

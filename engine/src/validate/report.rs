@@ -16,6 +16,10 @@ pub struct ValidationReport {
     pub comparison: Comparison,
     /// Wall time of validation.
     pub elapsed_ms: u64,
+    /// Wall time of the edge check (reading around the range, and widening it), part of
+    /// validation's.
+    #[serde(default)]
+    pub edges_ms: u64,
 }
 
 /// One check and its outcome.
@@ -81,6 +85,50 @@ impl ValidationReport {
             .filter(|c| !c.passed && c.protocol)
             .map(|c| c.name.clone())
             .collect()
+    }
+
+    /// Returns the range no key crosses (first and last partition), when the edge check failed
+    /// and found one (see [`crate::validate::edges`]).
+    pub fn clean_range(&self) -> Option<(String, String)> {
+        let check = self
+            .checks
+            .iter()
+            .find(|c| !c.passed && c.name == super::edges::EDGE_CHECK)?;
+        let found = check
+            .failures
+            .iter()
+            .find(|f| f["complete"].as_bool() == Some(true))?;
+        Some((
+            found["suggested_from"].as_str()?.to_string(),
+            found["suggested_to"].as_str()?.to_string(),
+        ))
+    }
+
+    /// Returns the keys that crossed the range's edges when the run was allowed to publish them
+    /// (`--allow-edge-moves`), with the reason.
+    pub fn allowed_edge_moves(&self) -> Option<crate::log::metadata::EdgeMoves> {
+        let check = self
+            .checks
+            .iter()
+            .find(|c| c.name == super::edges::EDGE_CHECK)?;
+        let reason = check
+            .failures
+            .iter()
+            .find(|f| f["allowed"].as_bool() == Some(true))?["reason"]
+            .as_str()?
+            .to_string();
+        let sum = |field: &str| {
+            check
+                .failures
+                .iter()
+                .filter_map(|f| f[field].as_u64())
+                .sum::<u64>()
+        };
+        Some(crate::log::metadata::EdgeMoves {
+            duplicated: sum("duplicated"),
+            moved: sum("moved"),
+            reason,
+        })
     }
 
     /// Returns the names of the failed checks.

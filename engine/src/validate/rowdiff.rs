@@ -837,6 +837,7 @@ mod tests {
                 measures: Vec::new(),
                 sample: 5,
                 checksum_columns: None,
+                edges: None,
             };
             let hashed = row_diff(&ctx, &spec, "previous", "output")
                 .await
@@ -873,6 +874,7 @@ mod tests {
                 measures: Vec::new(),
                 sample: 5,
                 checksum_columns: None,
+                edges: None,
             };
             // In memory, and through buckets on disk (as for a side of a billion rows).
             let (merged, facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0, None)
@@ -980,6 +982,7 @@ mod tests {
             measures: Vec::new(),
             sample: 5,
             checksum_columns: None,
+            edges: None,
         };
         let (merged, _) = merge_diff(&ctx, &whole_key, "narrow_old", "narrow_new", None, 0, None)
             .await
@@ -997,6 +1000,7 @@ mod tests {
             measures: Vec::new(),
             sample: 5,
             checksum_columns: None,
+            edges: None,
         };
         assert!(
             merge_diff(&ctx, &spec("x"), "previous", "output", None, 0, None)
@@ -1032,6 +1036,7 @@ mod tests {
             measures: Vec::new(),
             sample: 3,
             checksum_columns: None,
+            edges: None,
         };
         let only_a = col("d").eq(lit("a"));
         let (merged, facts) = merge_diff(
