@@ -87,6 +87,7 @@ impl Resources {
         let ctx = DeltaSessionContext::with_runtime_env(Arc::clone(&self.runtime)).into_inner();
         let state = crate::fastcast::with_rules(ctx.state());
         let ctx = SessionContext::new_with_state(state);
+        read_as_spark_wrote(ctx.state_ref().write().config_mut().options_mut());
         if let Some(limit) = self.memory_limit {
             let state_ref = ctx.state_ref();
             let mut state = state_ref.write();
@@ -102,6 +103,15 @@ impl Resources {
         }
         ctx
     }
+}
+
+/// Reads Parquet the way the writers of Delta tables mean it: Spark writes timestamps as INT96
+/// by default, an instant in microseconds' range stored as nanoseconds; read as nanoseconds, the
+/// `9999-12-31` "valid to" of a slowly changing dimension overflows into 1816 (#32). Read as
+/// microseconds in UTC, as Spark reads them, every Delta timestamp (years 1 to 9999) fits.
+pub(crate) fn read_as_spark_wrote(options: &mut deltalake::datafusion::config::ConfigOptions) {
+    options.execution.parquet.coerce_int96 = Some("us".into());
+    options.execution.parquet.coerce_int96_tz = Some("UTC".into());
 }
 
 impl std::fmt::Debug for Resources {

@@ -45,4 +45,5 @@ mod s3;
 mod secrets;
 mod shapes;
 mod support;
+mod types;
 mod validation;

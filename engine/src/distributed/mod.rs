@@ -157,9 +157,10 @@ async fn stage_batch(
     lease: Option<u64>,
 ) -> Result<BatchRecord> {
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, %engine, "staging batch on the cluster");
-    let config = SessionConfig::new_with_ballista()
+    let mut config = SessionConfig::new_with_ballista()
         .with_target_partitions(TASKS)
         .with_ballista_physical_extension_codec(Arc::new(writer::LakefillCodec::default()));
+    crate::resources::read_as_spark_wrote(config.options_mut());
     // Filters on a timestamp's date compare the timestamp, as locally (the rewrite yields plain
     // expressions the cluster decodes; the physical one, a function of lakefill's, stays local).
     let state = crate::fastcast::with_logical_rule(

@@ -434,7 +434,14 @@ impl TableProvider for StagedTable {
         let table_schema = TableSchema::builder(Arc::clone(&self.file_schema))
             .with_table_partition_cols(self.partition_fields.clone())
             .build();
-        let source = Arc::new(ParquetSource::new(table_schema));
+        // The session's Parquet settings (INT96 read as Spark means it, see
+        // `crate::resources::read_as_spark_wrote`): pinned source files may be other writers'.
+        let source = Arc::new(ParquetSource::new(table_schema).with_table_parquet_options(
+            deltalake::datafusion::config::TableParquetOptions {
+                global: state.config().options().execution.parquet.clone(),
+                ..Default::default()
+            },
+        ));
         let count = self
             .groups
             .unwrap_or_else(|| state.config().target_partitions())

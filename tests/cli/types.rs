@@ -1,0 +1,103 @@
+//! Real data types of other writers' tables pass through a backfill unchanged (#32): Spark's
+//! INT96 timestamps at the ends of the calendar. Tables are written the way Spark writes them
+//! (`spark_tables.py`), and every value is checked by pyarrow on the raw Parquet files.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::{json_ok, run_in, stdout};
+
+fn spark(args: &[&str]) -> String {
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/spark_tables.py");
+    let out = Command::new("python3")
+        .arg(helper)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "spark_tables.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A slowly changing dimension as Spark writes it: INT96 `valid_from`/`valid_to` holding
+/// `0001-01-01` and `9999-12-31 23:59:59.999999` (read as nanoseconds, the latter overflows to
+/// 1816). A fix of another column rewrites them exactly, and `sql` reads them right.
+#[test]
+fn issue_32_spark_int96_timestamps_keep_their_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    spark(&["int96", path]);
+    let table = dir.path().join("lake/scd");
+    let table = table.to_str().unwrap();
+    let before: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    assert!(
+        before
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["physical"] == "INT96")
+    );
+
+    let read = run_in(
+        dir.path(),
+        &[
+            "sql",
+            "SELECT CAST(MIN(valid_from) AS VARCHAR), CAST(MAX(valid_to) AS VARCHAR) FROM scd",
+        ],
+    );
+    let text = stdout(&read);
+    assert!(
+        text.contains("0001-01-01T00:00:00") && text.contains("9999-12-31T23:59:59.999999"),
+        "{text}"
+    );
+
+    let report = json_ok(&run_in(
+        dir.path(),
+        &[
+            "backfill",
+            "scd",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--output-format",
+            "json",
+        ],
+    ));
+    assert_eq!(report["state"], "published", "{report}");
+    // Every row changed its name, and nothing else.
+    assert_eq!(
+        report["validation"]["comparison"]["totals"]["changed"], 12,
+        "{report}"
+    );
+    let after: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let after = after.as_array().unwrap();
+    assert_eq!(after.len(), 12);
+    for (old, new) in before.as_array().unwrap().iter().zip(after) {
+        assert_eq!(new["id"], old["id"]);
+        assert_eq!(new["valid_from"], old["valid_from"], "{new}");
+        assert_eq!(new["valid_to"], old["valid_to"], "{new}");
+        assert_eq!(
+            new["name"],
+            old["name"].as_str().unwrap().to_uppercase(),
+            "{new}"
+        );
+        // lakefill writes microseconds as INT64, as Delta's own writers do.
+        assert_eq!(new["physical"], "INT64");
+    }
+    assert!(
+        after
+            .iter()
+            .any(|r| r["valid_to"] == "9999-12-31T23:59:59.999999")
+    );
+    assert!(
+        after
+            .iter()
+            .any(|r| r["valid_from"] == "0001-01-01T00:00:00.000000")
+    );
+}
