@@ -412,7 +412,10 @@ fn print_table(results: &[Measured], days: u32, limit: u64) {
         r.map_or((f64::NAN, f64::NAN), |r| {
             let t = &r["result"]["timings"];
             let ms = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
-            (ms("edges_ms") / 1000.0, 100.0 * ms("edges_ms") / ms("total_ms"))
+            (
+                ms("edges_ms") / 1000.0,
+                100.0 * ms("edges_ms") / ms("total_ms"),
+            )
         })
     };
     for n in [days, 30.min(days)] {

@@ -111,6 +111,16 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// The range stops short of the partitions the model's change reaches.
+    #[error("the range of `{model}` stops short: {why}")]
+    RangeTooShort {
+        /// The model.
+        model: String,
+        /// Why the change reaches further.
+        why: String,
+        /// The backfill over the range it reaches.
+        command: String,
+    },
     /// A command-line option value is not usable.
     #[error("invalid value `{value}` for `{option}`: {message}")]
     InvalidOption {
@@ -480,6 +490,7 @@ impl Error {
             | Error::UnknownModelVersion { .. }
             | Error::Model { .. }
             | Error::InvalidRange { .. }
+            | Error::RangeTooShort { .. }
             | Error::InvalidOption { .. }
             | Error::Partitioning { .. }
             | Error::SchemaMismatch { .. }
@@ -546,6 +557,9 @@ impl Error {
             Error::Model { hint, .. } | Error::Partitioning { hint, .. } => hint.clone(),
             Error::InvalidRange { .. } => {
                 "pass `--from` and `--to` as partition values with `--from` <= `--to`, e.g. `--from 2026-01-01 --to 2026-01-31`".into()
+            }
+            Error::RangeTooShort { command, .. } => {
+                format!("run `{command}`: the range the change reaches")
             }
             Error::InvalidOption { option, .. } => match option.as_str() {
                 "QUERY" => "`lakefill sql` runs one read-only SELECT over the tables of lakefill.toml; quote a table with a version or a time: `\"events@12\"`, `\"events@2026-01-31T00:00:00Z\"`".into(),
@@ -836,6 +850,11 @@ mod tests {
                 hint: s(),
             },
             Error::InvalidRange { message: s() },
+            Error::RangeTooShort {
+                model: s(),
+                why: s(),
+                command: s(),
+            },
             Error::InvalidOption {
                 option: s(),
                 value: s(),
@@ -1012,6 +1031,7 @@ mod tests {
                 | Error::UnknownModelVersion { .. }
                 | Error::Model { .. }
                 | Error::InvalidRange { .. }
+                | Error::RangeTooShort { .. }
                 | Error::InvalidOption { .. }
                 | Error::OpenTable { .. }
                 | Error::TooManyPartitions { .. }

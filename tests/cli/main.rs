@@ -41,6 +41,7 @@ mod protocol;
 mod report;
 mod resources;
 mod revert;
+mod running;
 mod s3;
 mod secrets;
 mod shapes;

@@ -317,11 +317,24 @@ impl CascadeBuilder {
                     reached_by_windows = hull(reached_by_windows, exact);
                 }
             }
-            let (Some((start, end)), Some((exact_start, exact_end))) =
+            let (Some((start, mut end)), Some((exact_start, mut exact_end))) =
                 (reached, reached_by_windows)
             else {
                 continue;
             };
+            // A model that reads its own past carries a change into every later partition.
+            let own = model.header().sources.get(&child_table);
+            if let (Some(own), Some((_, last))) = (own, existing)
+                && own.window.is_some()
+                && own.lookback > 0
+                && last > end
+            {
+                (end, exact_end) = (last, last.max(exact_end));
+                why.entry(child.clone()).or_default().push(format!(
+                    "{child} reads its own past (lookback {}): the change reaches every later partition, through the last",
+                    own.lookback
+                ));
+            }
             let root_seconds = (root_span.1 - root_span.0).num_seconds().max(1) as f64;
             let factor = (exact_end - exact_start).num_seconds() as f64 / root_seconds;
             if factor > max_expansion {

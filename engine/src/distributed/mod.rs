@@ -97,6 +97,11 @@ fn refuse_unsupported(plan: &BackfillPlan, engine: &str) -> Result<()> {
     if layout.partition_columns.is_empty() {
         return refuse("an unpartitioned table");
     }
+    if plan.report.reads_own_past {
+        return refuse(
+            "a model that reads its own past (staged one partition at a time, in order)",
+        );
+    }
     if plan.report.publish == crate::adjust::PublishMode::Adjustments || plan.adjusted.is_some() {
         return refuse("a run that publishes adjustments");
     }

@@ -66,7 +66,11 @@ pub(crate) fn plan(
     let zone = |from: Option<Period>, to: Option<Period>| {
         from.zip(to).map(|(f, t)| (f.label(), t.label()))
     };
-    for (source, _) in reach.iter().filter(|(s, _)| s.lookback + s.lookahead > 0) {
+    let time_keyed = !key.is_empty() && !keyed;
+    for (source, _) in reach
+        .iter()
+        .filter(|(s, _)| s.lookback + s.lookahead > 0 && !time_keyed)
+    {
         let sides = [
             (source.lookback, "before", "lookback"),
             (source.lookahead, "past", "lookahead"),
@@ -78,10 +82,8 @@ pub(crate) fn plan(
         .join(" and ");
         let consequence = if keyed {
             "a row may land on the other side of the range's edge from where it was: the backfill fails if a key would be lost or written twice there"
-        } else if key.is_empty() {
-            "a row may land on the other side of the range's edge from where it was, and without `[validate] key` the backfill cannot check that none is lost or written twice; set the key"
         } else {
-            "the key holds the time, so no row can be in two partitions"
+            "a row may land on the other side of the range's edge from where it was, and without `[validate] key` the backfill cannot check that none is lost or written twice; set the key"
         };
         notes.push(format!(
             "`{}` is read {sides}, which this run does not replace: {consequence}",

@@ -7,6 +7,7 @@
 
 mod edges;
 pub(crate) mod query;
+mod recursive;
 pub(crate) mod restore;
 
 pub use edges::EdgePlan;
@@ -35,6 +36,7 @@ use crate::partition::{
 use crate::protocol::{AddedColumn, TableProtocol};
 use crate::run_id::RunId;
 use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
+use crate::time::Period;
 use crate::validate::ValidationRules;
 use deltalake::arrow::datatypes::DataType;
 
@@ -249,8 +251,19 @@ impl PlanBuilder {
             // Nothing is removed, so no rows are carried over.
             affected.files.clear();
         }
-        let batches = batches(&range, &layout, batch_partitions, &affected.files);
         let (sources, source_plans) = self.plan_sources(&model, &target, read_version).await?;
+        let mut range_notes = range_notes;
+        let own_past = recursive::reads_own_past(
+            &model,
+            &source_plans,
+            &layout,
+            &range,
+            &files,
+            &mut range_notes,
+        )?;
+        // Reading its own past, a partition needs the one before it staged first.
+        let batch_partitions = if own_past { 1 } else { batch_partitions };
+        let batches = batches(&range, &layout, batch_partitions, &affected.files);
         let run_id = run_id(
             &model,
             &source_plans,
@@ -264,7 +277,6 @@ impl PlanBuilder {
         let mut rules =
             ValidationRules::from_spec(header.validate.as_ref(), &columns, model.path())?;
         rules.protocol = protocol.rules.clone();
-        let mut range_notes = range_notes;
         let edges = edges::plan(
             &rules.key,
             &layout,
@@ -354,6 +366,7 @@ impl PlanBuilder {
             layout,
             publish,
             edges,
+            reads_own_past: own_past,
         };
         let mut plan = BackfillPlan {
             target_config,
@@ -894,6 +907,55 @@ impl BackfillPlan {
         Ok(())
     }
 
+    /// The plan of `batch` of a model that reads its own past: its target, as a source, reads as
+    /// this run will publish it so far, with the partitions of the range before the batch
+    /// replaced by what `staged` (their staged files) holds.
+    pub(crate) fn reading_staged(
+        &self,
+        batch: &BatchPlan,
+        staged: &[deltalake::kernel::Add],
+    ) -> Result<Self> {
+        let grain = self.report.range.grain;
+        let previous = Period::from_label(grain, &batch.start)
+            .and_then(|p| p.offset(-1))
+            .filter(|p| self.report.range.first().is_some_and(|first| first <= *p));
+        let Some(previous) = previous else {
+            // The first partition reads the one before the range as the table holds it.
+            return Ok(self.clone());
+        };
+        let mut plan = self.clone();
+        let layout = self.report.layout.clone();
+        let partition_columns = layout.partition_columns.clone();
+        let adds = staged.to_vec();
+        let key = format!("own-{}-{}", self.report.run_id, batch.index);
+        let overlay = Overlay {
+            layout,
+            range: PartitionRange {
+                from: self.report.range.from.clone(),
+                to: previous.label(),
+                grain,
+                include_null: false,
+            },
+            staged: Arc::new(move |ctx, table, schema| {
+                let staged = crate::stage::staged::StagedTable::register_store(
+                    ctx,
+                    table,
+                    schema,
+                    &partition_columns,
+                    &adds,
+                    &key,
+                )?;
+                Ok(Arc::new(staged) as Arc<dyn deltalake::datafusion::catalog::TableProvider>)
+            }),
+        };
+        for source in &mut plan.sources {
+            if source.name == self.model.header().target {
+                source.overlay = Some(overlay.clone());
+            }
+        }
+        Ok(plan)
+    }
+
     /// Returns the printable, serializable view of the plan.
     pub fn report(&self) -> &PlanReport {
         &self.report
@@ -1081,6 +1143,10 @@ pub struct PlanReport {
     /// The partitions around the range whose keys the backfill checks for rows that would cross
     /// its edges; `null` when no key can cross (no key, or one holding the time).
     pub edges: Option<EdgePlan>,
+    /// Whether the model reads its own target's past: its partitions are staged one at a time,
+    /// in order, each reading the rows staged before it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reads_own_past: bool,
 }
 
 /// Current state of one affected partition, from the Delta log.

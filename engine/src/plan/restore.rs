@@ -191,6 +191,7 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         publish,
         // The range as it was, read from the table itself: no row changes partition.
         edges: None,
+        reads_own_past: false,
     };
     let mut plan = BackfillPlan {
         target_config: (*config).clone(),

@@ -635,7 +635,8 @@ impl BackfillBuilder {
         let store = plan.target.object_store();
         let batches_total = report.batches.len();
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
-        let staging = stage(plan, options, skip, sender);
+        let done = journal.batches.clone();
+        let staging = stage(plan, options, skip, &done, sender);
         let journaling = async {
             while let Some(record) = receiver.recv().await {
                 let (index, rows) = (record.index, record.rows.values().sum::<u64>());

@@ -76,7 +76,7 @@ pub(crate) struct StageOptions {
     pub(crate) capture: Option<Arc<Capture>>,
 }
 
-/// Stages every batch not in `skip`.
+/// Stages every batch not in `skip` (`done` holds the records of those, from an earlier attempt).
 ///
 /// Each finished batch is sent to `finished`, in completion order, so the caller can journal it
 /// before more finish; the channel's bound keeps staging from running far ahead of the journal.
@@ -84,6 +84,7 @@ pub(crate) async fn stage(
     plan: &BackfillPlan,
     options: &StageOptions,
     skip: &BTreeSet<usize>,
+    done: &[BatchRecord],
     finished: tokio::sync::mpsc::Sender<BatchRecord>,
 ) -> Result<()> {
     if let Some(engine) = &options.engine {
@@ -92,6 +93,9 @@ pub(crate) async fn stage(
         return crate::distributed::stage(plan, options, engine, skip, finished).await;
     }
     let target_schema = Arc::new(target_schema(plan)?);
+    if plan.report.reads_own_past {
+        return stage_in_order(plan, options, skip, done, finished, target_schema).await;
+    }
     each_batch(plan, skip, options.max_parallel, finished, |batch| {
         let schema = Arc::clone(&target_schema);
         let resources = options.resources.clone();
@@ -100,6 +104,42 @@ pub(crate) async fn stage(
         async move { stage_batch(plan, &batch, schema, &resources, store, capture.as_ref()).await }
     })
     .await
+}
+
+/// Stages a model that reads its own past (see [`crate::plan`]'s `recursive`): one batch (of one
+/// partition) at a time, in order, each reading its target as this run will publish it so far,
+/// the rows at the read version with every partition staged before overlaid.
+async fn stage_in_order(
+    plan: &BackfillPlan,
+    options: &StageOptions,
+    skip: &BTreeSet<usize>,
+    done: &[BatchRecord],
+    finished: tokio::sync::mpsc::Sender<BatchRecord>,
+    target_schema: SchemaRef,
+) -> Result<()> {
+    let mut staged: Vec<Add> = done.iter().flat_map(|b| b.files.iter().cloned()).collect();
+    let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
+    for batch in &plan.report.batches {
+        if skip.contains(&batch.index) {
+            continue;
+        }
+        let reading = plan.reading_staged(batch, &staged)?;
+        let record = stage_batch(
+            &reading,
+            batch,
+            Arc::clone(&target_schema),
+            &options.resources,
+            Arc::clone(&store),
+            options.capture.as_ref(),
+        )
+        .await?;
+        staged.extend(record.files.iter().cloned());
+        if finished.send(record).await.is_err() {
+            // The journal stopped listening: it failed, and reports why.
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Runs `stage_one` on every batch of `plan` not in `skip`, `max_parallel` at a time, and sends
