@@ -81,6 +81,7 @@ mod sqltext;
 mod stage;
 mod storage;
 mod time;
+mod types;
 mod validate;
 
 pub use adjust::{

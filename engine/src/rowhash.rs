@@ -256,6 +256,12 @@ fn column_value_hashes(state: &RandomState, column: &ArrayRef, out: &mut [u64]) 
                 .map_err(|e| Error::Internal(format!("cannot hash a dictionary column: {e}")))?;
             column_value_hashes(state, &values, out)?;
         }
+        nested if crate::types::is_nested(nested) && &crate::types::canonical(nested) != nested => {
+            // Strings inside structs, lists and maps hash as one type whatever their flavour.
+            let values = cast(column, &crate::types::canonical(nested))
+                .map_err(|e| Error::Internal(format!("cannot hash a nested column: {e}")))?;
+            column_value_hashes(state, &values, out)?;
+        }
         _ => {
             out.fill(0);
             create_hashes([Arc::clone(column)], state, out)

@@ -352,12 +352,7 @@ pub(crate) fn check_schema(
     }
 }
 
-/// String flavours are one logical type: Delta stores them alike.
+/// The type as Delta stores it (see [`crate::types::canonical`]).
 pub(crate) fn normalize(data_type: &DataType) -> DataType {
-    match data_type {
-        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
-        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
-        DataType::Dictionary(_, value) => normalize(value),
-        other => other.clone(),
-    }
+    crate::types::canonical(data_type)
 }
