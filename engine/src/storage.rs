@@ -280,6 +280,32 @@ pub(crate) fn is_local_symlink(root: &url::Url, path: &str) -> bool {
 pub(crate) fn object_path(path: &str) -> deltalake::Path {
     deltalake::Path::parse(path).unwrap_or_else(|_| deltalake::Path::from(path))
 }
+/// The characters a relative URL path cannot hold as they are: a `%` (it would start an
+/// escape), a `#` or `?` (a fragment, a query), spaces and controls, and the characters URLs
+/// leave out.
+const URL_PATH: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'|');
+
+/// A file of the log, named by its decoded path (what delta-rs' `path()` gives), as delta-rs'
+/// file selection expects it: a URL path relative to the table root. The decoded path of a
+/// partition directory Delta escaped (`ts=2026-01-01%2000%3A00%3A00`) holds `%`s that would
+/// otherwise be decoded a second time and name a file the log does not have (#32).
+pub(crate) fn selection_path(decoded: &str) -> String {
+    percent_encoding::utf8_percent_encode(decoded, URL_PATH).to_string()
+}
+
 /// Percent-decodes a path as Delta writes them in the log and in partition directory names; a
 /// `%` that does not start an escape stays as it is.
 pub(crate) fn decode(path: &str) -> String {

@@ -175,21 +175,35 @@ def rows_table(name, uri):
                 storage_options=options,
             )
         return
-    if name == "flat_ts":
+    if name in ("flat_ts", "coarse_ts"):
+        # coarse_ts: partitioned by the day as a TIMESTAMP, whose directory names Delta escapes
+        # (`event_day=2026-01-01%2000%3A00%3A00.000000`).
         utc = datetime.timezone.utc
-        schema = pa.schema([("id", pa.int64()), ("amount", pa.int64()), ("event_ts", pa.timestamp("us", tz="UTC"))])
+        fields = [("id", pa.int64()), ("amount", pa.int64()), ("event_ts", pa.timestamp("us", tz="UTC"))]
+        if name == "coarse_ts":
+            fields.append(("event_day", pa.timestamp("us", tz="UTC")))
+        schema = pa.schema(fields)
         for n in range(4):
             rows = []
             for m in range(20):
                 t = datetime.datetime(2026, 1, 1, tzinfo=utc) + datetime.timedelta(minutes=37 * (20 * n + m))
-                rows.append({"id": 100 * n + m, "amount": m, "event_ts": t})
-            write_deltalake(uri, pa.Table.from_pylist(rows, schema=schema), mode="append", storage_options=options)
+                row = {"id": 100 * n + m, "amount": m, "event_ts": t}
+                if name == "coarse_ts":
+                    row["event_day"] = t.replace(hour=0, minute=0, second=0, microsecond=0)
+                rows.append(row)
+            write_deltalake(
+                uri,
+                pa.Table.from_pylist(rows, schema=schema),
+                mode="append",
+                partition_by=["event_day"] if name == "coarse_ts" else None,
+                storage_options=options,
+            )
         return
     raise SystemExit(f"unknown table {name}")
 
 
 def shape(name, uri):
-    if name in ("flat", "coarse", "flat_ts"):
+    if name in ("flat", "coarse", "flat_ts", "coarse_ts"):
         return rows_table(name, uri)
     rows, partition_by, types = shape_rows(name)
     fields = [] if name.startswith(("totals", "ma_")) else [pa.field("id", pa.int64()), pa.field("amount", pa.int64())]

@@ -547,7 +547,7 @@ fn tables_replaced_by_rows(store: Store) {
         usize,
         InRange,
     );
-    let cases: [Case; 3] = [
+    let cases: [Case; 4] = [
         (
             "flat",
             "",
@@ -572,6 +572,18 @@ fn tables_replaced_by_rows(store: Store) {
             "flat_ts",
             "",
             "event_ts",
+            "event_ts",
+            "2026-01-01T10",
+            "2026-01-01T14",
+            2,
+            |r| between(r, "event_ts", "2026-01-01T10:00:00", "2026-01-01T14:59:59"),
+        ),
+        // Partitioned by a TIMESTAMP day, whose escaped directory names the carried rows' scan
+        // once decoded twice (#32).
+        (
+            "coarse_ts",
+            "partition_by = \"event_day\"\n",
+            "event_ts, event_day",
             "event_ts",
             "2026-01-01T10",
             "2026-01-01T14",

@@ -474,7 +474,12 @@ pub(crate) async fn carried_check(
     let provider = plan
         .target
         .table_provider()
-        .with_file_paths(journal.affected_files.iter().cloned())
+        .with_file_paths(
+            journal
+                .affected_files
+                .iter()
+                .map(|p| crate::storage::selection_path(p)),
+        )
         .await
         .query_context(|| "cannot scan the files the backfill rewrites".into())?;
     let schema = table_schema(plan)?;

@@ -716,7 +716,12 @@ async fn carried_dataframe(
     let provider = plan
         .target
         .table_provider()
-        .with_file_paths(report.affected_files.iter().cloned())
+        .with_file_paths(
+            report
+                .affected_files
+                .iter()
+                .map(|p| crate::storage::selection_path(p)),
+        )
         .await
         .query_context(|| "cannot scan the files the backfill rewrites".into())?;
     let schema = target_schema(plan)?;
