@@ -118,7 +118,7 @@ impl Printer {
         let mut previous = error.to_string();
         let mut causes = Vec::new();
         for cause in error.chain().skip(1) {
-            let text = cause.to_string();
+            let text = without_backtrace(&cause.to_string());
             if !previous.contains(&text) {
                 let _ = writeln!(out, "caused by: {text}");
                 causes.push(text.clone());
@@ -770,6 +770,24 @@ pub(crate) fn comparison_text(comparison: &lakefill::Comparison) -> String {
         }
     }
     out
+}
+
+/// An error's text without the Rust backtrace some libraries append to it (the Delta kernel
+/// does under `RUST_BACKTRACE`): numbered frames are for bug reports, not for users (#32).
+fn without_backtrace(text: &str) -> String {
+    let frame = |line: &str| {
+        let line = line.trim_start();
+        line.split_once(": ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
+    let mut lines: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        if frame(line) && line.starts_with(char::is_whitespace) {
+            break;
+        }
+        lines.push(line);
+    }
+    lines.join("\n").trim_end().to_string()
 }
 
 /// One-line JSON without quotes around simple keys, for samples and failures.

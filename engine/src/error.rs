@@ -111,6 +111,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A table's Delta log was read but does not parse.
+    #[error("the Delta log of `{table}` is damaged")]
+    DamagedLog {
+        /// The table.
+        table: String,
+        /// What did not parse.
+        #[source]
+        source: Box<deltalake::DeltaTableError>,
+    },
     /// The range stops short of the partitions the model's change reaches.
     #[error("the range of `{model}` stops short: {why}")]
     RangeTooShort {
@@ -165,6 +174,18 @@ pub enum Error {
         version: u64,
         /// Its latest version.
         latest: u64,
+    },
+    /// A version whose commits the log no longer keeps (cleaned up after a checkpoint).
+    #[error(
+        "version {version} of `{table}` is no longer in its log: the oldest version it can be read at is {earliest}"
+    )]
+    VersionCleanedUp {
+        /// The table.
+        table: String,
+        /// The version asked for.
+        version: u64,
+        /// The oldest version the log can still be read at.
+        earliest: u64,
     },
     /// A time was asked for before the table's first commit.
     #[error("table `{table}` did not exist at {at}: its first commit is from {first}")]
@@ -397,7 +418,9 @@ pub enum Error {
         clean_range: Option<String>,
     },
     /// The target has a Delta table feature lakefill cannot honour.
-    #[error("cannot backfill `{table}`: it uses the Delta table feature `{feature}`; {why}")]
+    #[error(
+        "`{table}` uses the Delta table feature `{feature}`, which lakefill cannot honour: {why}"
+    )]
     UnsupportedFeature {
         /// The table.
         table: String,
@@ -480,6 +503,8 @@ impl Error {
     /// under the run, `1` for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
+            // A file the log names is gone: not a usage error.
+            Error::Sql { source } if is_missing_data_file(&source.to_string()) => 1,
             Error::ProjectNotFound { .. }
             | Error::ProjectExists { .. }
             | Error::ConfigParse { .. }
@@ -500,6 +525,7 @@ impl Error {
             | Error::ModelEdited { .. }
             | Error::UnsupportedFeature { .. }
             | Error::NoSuchVersion { .. }
+            | Error::VersionCleanedUp { .. }
             | Error::TooManyPartitions { .. }
             | Error::BeforeHistory { .. }
             | Error::Sql { .. }
@@ -515,6 +541,7 @@ impl Error {
             Error::StagedFilesMissing { .. } | Error::RevertFilesGone { .. } => 1,
             Error::ReadFile { .. }
             | Error::OpenTable { .. }
+            | Error::DamagedLog { .. }
             | Error::StagingWrite { .. }
             | Error::NotADeltaTable { .. }
             | Error::Spill { .. }
@@ -573,6 +600,9 @@ impl Error {
                 "--table" => "write it as NAME=URI, e.g. `--table events=lake/events`".into(),
                 option => format!("see `lakefill help` for the form of `{option}`"),
             },
+            Error::DamagedLog { table, .. } => format!(
+                "a commit or checkpoint file under `_delta_log/` of `{table}` does not parse: restore it from a backup or ask whoever wrote it; lakefill changed nothing (`lakefill history {table}` shows the commits it can read)"
+            ),
             Error::OpenTable { table, .. } => format!(
                 "check `tables.{table}` in lakefill.toml: the location, and storage options such as the endpoint, region, credentials and `AWS_ALLOW_HTTP` for http endpoints; `lakefill plan` lists the options in effect"
             ),
@@ -679,9 +709,15 @@ impl Error {
             Error::NoSuchVersion { table, .. } => format!(
                 "`lakefill history {table}` lists its versions; `\"{table}@N\"` reads version N"
             ),
+            Error::VersionCleanedUp { table, earliest, .. } => format!(
+                "the table's log was cleaned up (`delta.logRetentionDuration`) before that version; read version {earliest} or later, or a copy of the table kept from then; `lakefill history {table}` lists what is kept"
+            ),
             Error::BeforeHistory { table, .. } => format!(
                 "ask for a time after the first commit; `lakefill history {table}` lists every version with its time"
             ),
+            Error::Sql { source } if is_missing_data_file(&source.to_string()) => {
+                "a data file of the version read is gone (vacuumed?): read a newer version (`\"table@N\"`; `lakefill history TABLE` lists them), or check the table's retention".into()
+            }
             Error::Sql { .. } => {
                 "check table and column names (they are case-sensitive; quote `\"events@12\"` to read version 12); `lakefill sql` reads the tables of lakefill.toml and writes nothing".into()
             }
@@ -865,6 +901,10 @@ mod tests {
                 uri: s(),
                 source: delta(),
             },
+            Error::DamagedLog {
+                table: s(),
+                source: delta(),
+            },
             Error::TooManyPartitions {
                 range: s(),
                 count: 2,
@@ -875,6 +915,11 @@ mod tests {
                 table: s(),
                 version: 9,
                 latest: 1,
+            },
+            Error::VersionCleanedUp {
+                table: s(),
+                version: 1,
+                earliest: 2,
             },
             Error::BeforeHistory {
                 table: s(),
@@ -1034,8 +1079,10 @@ mod tests {
                 | Error::RangeTooShort { .. }
                 | Error::InvalidOption { .. }
                 | Error::OpenTable { .. }
+                | Error::DamagedLog { .. }
                 | Error::TooManyPartitions { .. }
                 | Error::NoSuchVersion { .. }
+                | Error::VersionCleanedUp { .. }
                 | Error::BeforeHistory { .. }
                 | Error::Sql { .. }
                 | Error::Check { .. }

@@ -49,6 +49,40 @@ pub struct RowRule {
     pub violation: String,
 }
 
+/// Reader features delta-rs 1.1 (which lakefill reads tables with) refuses to scan, with why.
+const UNREADABLE: &[(&str, &str)] = &[(
+    "vacuumProtocolCheck",
+    "delta-rs 1.1, which lakefill reads tables with, refuses to scan a table that lists this reader feature (it asks nothing of a reader: only that VACUUM check the protocol)",
+)];
+
+/// Refuses, by name, a table (named `name`) whose protocol lists a reader feature lakefill
+/// cannot read; what it reads otherwise fails deep in a scan with delta-rs' words (#32).
+pub(crate) fn check_readable(table: &DeltaTable, name: &str) -> Result<()> {
+    let snapshot = table
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{name}`"))?;
+    let features: Vec<String> = snapshot
+        .protocol()
+        .reader_features()
+        .into_iter()
+        .flatten()
+        .map(|f| f.to_string())
+        .collect();
+    for (feature, why) in UNREADABLE {
+        if features.iter().any(|f| f == feature) {
+            return Err(Error::UnsupportedFeature {
+                table: name.to_string(),
+                feature: (*feature).to_string(),
+                why: (*why).to_string(),
+                hint: format!(
+                    "read a version of `{name}` from before the feature was added (`--source-version {name}=N`, `\"{name}@N\"`; `lakefill history {name}` lists them), or backfill a copy of the table without it"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Features lakefill supports, with what it does for each.
 fn supported(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -64,7 +98,6 @@ fn supported(name: &str) -> Option<&'static str> {
         }
         "timestampNtz" | "timestampWithoutTimezone" => "supported",
         "v2Checkpoint" => "supported",
-        "vacuumProtocolCheck" => "supported",
         "checkpointProtection" => {
             "supported: lakefill never rewrites checkpoints or cleans the log"
         }
@@ -82,6 +115,7 @@ impl TableProtocol {
     /// `appends`: the run publishes by appending only (adjustments), which an append-only table
     /// accepts.
     pub(crate) fn read(table: &DeltaTable, name: &str, appends: bool) -> Result<Self> {
+        check_readable(table, name)?;
         let snapshot = table
             .snapshot()
             .delta_context(|| format!("cannot read the snapshot of `{name}`"))?;

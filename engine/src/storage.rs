@@ -57,12 +57,21 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
     if let (Err(_), Some(version)) = (&loaded, version) {
         // Say which versions exist, not a kernel message about log segments.
         if let Ok(latest) = Box::pin(open_table_at(table, TableVersion::Latest)).await {
-            let latest = loaded_version(&latest)?;
-            if version > latest {
+            let latest_version = loaded_version(&latest)?;
+            if version > latest_version {
                 return Err(Error::NoSuchVersion {
                     table: table.name().to_string(),
                     version,
-                    latest,
+                    latest: latest_version,
+                });
+            }
+            if let Some(earliest) = earliest_readable(&latest, latest_version).await
+                && version < earliest
+            {
+                return Err(Error::VersionCleanedUp {
+                    table: table.name().to_string(),
+                    version,
+                    earliest,
                 });
             }
         }
@@ -97,6 +106,12 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
         {
             not_a_table(source)
         }
+        // The log is there but does not parse: a damaged commit or checkpoint, not a location
+        // or credentials problem.
+        source if is_damaged_log(&source.to_string()) => Error::DamagedLog {
+            table: table.name().to_string(),
+            source: Box::new(source),
+        },
         DeltaTableError::InvalidVersion(_) => Error::InvalidOption {
             option: "version".into(),
             value: version.map(|v| v.to_string()).unwrap_or_default(),
@@ -108,6 +123,48 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
             source: Box::new(source),
         },
     })
+}
+
+/// The oldest version of `table` (whose latest is `latest`) its log can still be read at: the
+/// first commit when every commit since is there, else the oldest checkpoint followed by every
+/// commit up to the latest. `None` when the log cannot be listed.
+async fn earliest_readable(table: &DeltaTable, latest: u64) -> Option<u64> {
+    use futures::TryStreamExt as _;
+    let listed: Vec<deltalake::ObjectMeta> = table
+        .object_store()
+        .list(Some(&Path::from("_delta_log")))
+        .try_collect()
+        .await
+        .ok()?;
+    let mut commits = std::collections::BTreeSet::new();
+    let mut checkpoints = std::collections::BTreeSet::new();
+    for meta in &listed {
+        let name = meta.location.filename().unwrap_or_default();
+        let Some(version) = name.get(..20).and_then(|v| v.parse::<u64>().ok()) else {
+            continue;
+        };
+        if name.ends_with(".json") && name.len() == 25 {
+            commits.insert(version);
+        } else if name[20..].starts_with(".checkpoint") {
+            checkpoints.insert(version);
+        }
+    }
+    // The oldest start from which every commit up to the latest follows.
+    let complete_from = |start: u64| (start + 1..=latest).all(|v| commits.contains(&v));
+    if commits.contains(&0) && complete_from(0) {
+        return Some(0);
+    }
+    checkpoints.into_iter().find(|c| complete_from(*c))
+}
+
+/// Whether an error opening a table says its log was read but does not parse.
+fn is_damaged_log(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("json error")
+        || lower.contains("invalid json")
+        || lower.contains("error parsing")
+        || lower.contains("invalid checkpoint")
+        || (lower.contains("parquet error") && lower.contains("_delta_log"))
 }
 
 /// Retry bounds for object stores, unless the project sets its own: a dead endpoint fails in

@@ -36,6 +36,7 @@ mod garbage;
 mod hints;
 mod inspect;
 mod lifecycle;
+mod logs;
 mod notify;
 mod protocol;
 mod report;

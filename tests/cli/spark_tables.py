@@ -2,6 +2,11 @@
 pyarrow with Spark's options, and a Delta log written by hand exactly as the protocol says.
 
     python3 spark_tables.py int96 DIR        # project DIR with table `scd` (INT96 timestamps)
+    python3 spark_tables.py plain DIR        # project DIR with table `t`: 3 appends by hand
+    python3 spark_tables.py vacuum_check DIR # project DIR with table `t` whose version 1 adds the
+                                             # reader feature vacuumProtocolCheck
+    python3 spark_tables.py cleaned DIR      # project DIR with table `t`: 5 appends, a checkpoint
+                                             # at version 4, the commits before 3 cleaned up
     python3 spark_tables.py timestamps URI   # every row of the table's current files, read by
                                              # pyarrow from the raw Parquet (INT96 as Spark means
                                              # it: microseconds), as JSON sorted by id
@@ -128,6 +133,86 @@ SELECT id, upper(name) AS name, valid_from, valid_to, day FROM scd
         )
 
 
+def hand_written(directory, commits):
+    """Table `t` (id long, day date partition) of `commits`: each a list of (day, ids) files,
+    with optional protocol action; written by hand with commit times 2026-01-01 plus the version
+    in minutes."""
+    root = os.path.join(directory, "lake", "t")
+    os.makedirs(os.path.join(root, "_delta_log"))
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+            {"name": "day", "type": "date", "nullable": True, "metadata": {}},
+        ],
+    }
+    for version, (protocol, files) in enumerate(commits):
+        actions = []
+        if protocol:
+            actions.append({"protocol": protocol})
+        if version == 0:
+            actions.append(
+                {
+                    "metaData": {
+                        "id": str(uuid.uuid4()),
+                        "format": {"provider": "parquet", "options": {}},
+                        "schemaString": json.dumps(schema),
+                        "partitionColumns": ["day"],
+                        "configuration": {},
+                        "createdTime": 1767225600000,
+                    }
+                }
+            )
+        for day, ids in files:
+            relative = f"day={day}/part-{uuid.uuid4()}.c000.snappy.parquet"
+            os.makedirs(os.path.join(root, f"day={day}"), exist_ok=True)
+            pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), os.path.join(root, relative))
+            actions.append(
+                {
+                    "add": {
+                        "path": relative,
+                        "partitionValues": {"day": day},
+                        "size": os.path.getsize(os.path.join(root, relative)),
+                        "modificationTime": 1767225600000,
+                        "dataChange": True,
+                        "stats": json.dumps({"numRecords": len(ids)}),
+                    }
+                }
+            )
+        actions.append({"commitInfo": {"timestamp": 1767225600000 + 60000 * version, "operation": "WRITE"}})
+        with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), "w") as f:
+            f.write("".join(json.dumps(a) + "\n" for a in actions))
+    with open(os.path.join(directory, "lakefill.toml"), "w") as f:
+        f.write('[tables.t]\nuri = "lake/t"\n')
+
+
+def plain(directory):
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    hand_written(directory, [(protocol if v == 0 else None, [("2026-01-01", [v])]) for v in range(3)])
+
+
+def vacuum_check(directory):
+    plain = {"minReaderVersion": 1, "minWriterVersion": 2}
+    upgraded = {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["vacuumProtocolCheck"],
+        "writerFeatures": ["vacuumProtocolCheck"],
+    }
+    hand_written(directory, [(plain, [("2026-01-01", [1, 2])]), (upgraded, [("2026-01-02", [3, 4])])])
+
+
+def cleaned(directory):
+    from deltalake import DeltaTable
+
+    plain = {"minReaderVersion": 1, "minWriterVersion": 2}
+    hand_written(directory, [(plain if v == 0 else None, [("2026-01-01", [v])]) for v in range(5)])
+    root = os.path.join(directory, "lake", "t")
+    DeltaTable(root).create_checkpoint()
+    for version in range(3):
+        os.remove(os.path.join(root, "_delta_log", f"{version:020d}.json"))
+
+
 def text(value):
     """An instant as UTC text; a value without a zone is UTC (how INT96 is read)."""
     if value.tzinfo is not None:
@@ -163,6 +248,12 @@ if __name__ == "__main__":
     command = sys.argv[1]
     if command == "int96":
         int96(sys.argv[2])
+    elif command == "plain":
+        plain(sys.argv[2])
+    elif command == "vacuum_check":
+        vacuum_check(sys.argv[2])
+    elif command == "cleaned":
+        cleaned(sys.argv[2])
     elif command == "timestamps":
         timestamps(sys.argv[2])
     else:

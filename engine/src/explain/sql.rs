@@ -107,7 +107,25 @@ pub async fn sql_in_release(
             (at, _) => at,
         };
         let config = project.table(base, "the query")?;
+        let at = match at {
+            // By the commit times `history` prints, not the log files' modification times.
+            TableVersion::Timestamp(time) => {
+                let latest = open_table_at(config, TableVersion::Latest).await?;
+                match crate::log::version_at(&latest, time).await? {
+                    Ok(version) => TableVersion::Version(version),
+                    Err((_, first)) => {
+                        return Err(Error::BeforeHistory {
+                            table: base.to_string(),
+                            at: time.to_rfc3339(),
+                            first: first.map_or_else(|| "?".to_string(), |t| t.to_rfc3339()),
+                        });
+                    }
+                }
+            }
+            at => at,
+        };
         let opened = open_table_at(config, at).await?;
+        crate::protocol::check_readable(&opened, base)?;
         tables.insert(name.clone(), loaded_version(&opened)?);
         let provider = opened
             .table_provider()

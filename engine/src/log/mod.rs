@@ -192,3 +192,86 @@ pub(crate) async fn range_touched_after(
     }
     Ok(false)
 }
+
+/// When version `version` of `table` was committed, as `history` shows it: its in-commit
+/// timestamp, else its `commitInfo.timestamp`; `None` when its commit is no longer in the log.
+pub(crate) async fn commit_time(
+    table: &DeltaTable,
+    version: u64,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+    let Some(commit) = read_commit(table, version).await? else {
+        return Ok(None);
+    };
+    let millis = commit.info["inCommitTimestamp"]
+        .as_i64()
+        .or_else(|| commit.info["timestamp"].as_i64());
+    Ok(millis.and_then(chrono::DateTime::from_timestamp_millis))
+}
+
+/// The newest version of `table` (loaded at its latest) committed at or before `time`, by the
+/// commit times `history` prints (delta-rs' own time travel goes by the log files' modification
+/// times, which a copied or rewritten log does not keep: a time `history` printed could be
+/// refused, #32). `Err((earliest, its time))` when `time` is before every commit the log keeps.
+/// Commit times only grow, so the search reads a few commits, not the whole log.
+pub(crate) async fn version_at(
+    table: &DeltaTable,
+    time: chrono::DateTime<chrono::Utc>,
+) -> Result<std::result::Result<u64, (u64, Option<chrono::DateTime<chrono::Utc>>)>> {
+    let latest = loaded_version(table)?;
+    // Back from the latest by growing steps to a commit at or before `time` (or past the first
+    // one the log keeps), then bisect between.
+    let (mut low, mut high) = (None, latest);
+    let mut step = 1u64;
+    let mut probe = latest;
+    loop {
+        match commit_time(table, probe).await? {
+            Some(at) if at <= time => {
+                low = Some(probe);
+                break;
+            }
+            Some(_) => high = probe,
+            None => break,
+        }
+        if probe == 0 {
+            break;
+        }
+        let next = probe.saturating_sub(step);
+        step = step.saturating_mul(2);
+        if next == probe {
+            break;
+        }
+        probe = next;
+    }
+    let Some(mut low) = low else {
+        // Nothing at or before `time` among the commits kept: the earliest kept is `high` or
+        // lies between the missing probe and `high`.
+        let mut earliest = high;
+        let mut missing = probe;
+        while missing + 1 < earliest {
+            let middle = missing + (earliest - missing) / 2;
+            if commit_time(table, middle).await?.is_some() {
+                earliest = middle;
+            } else {
+                missing = middle;
+            }
+        }
+        let first = commit_time(table, earliest).await?;
+        if first.is_some_and(|t| t <= time) {
+            return Ok(Ok(earliest));
+        }
+        return Ok(Err((earliest, first)));
+    };
+    // `low` is at or before `time`, `high` after it (or the latest): bisect.
+    let mut high = if high > low { high } else { return Ok(Ok(low)) };
+    if commit_time(table, high).await?.is_some_and(|t| t <= time) {
+        return Ok(Ok(high));
+    }
+    while low + 1 < high {
+        let middle = low + (high - low) / 2;
+        match commit_time(table, middle).await? {
+            Some(at) if at <= time => low = middle,
+            _ => high = middle,
+        }
+    }
+    Ok(Ok(low))
+}

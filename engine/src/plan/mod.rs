@@ -442,6 +442,7 @@ impl PlanBuilder {
                 open_table(&config, self.source_versions.get(name).copied()).await?
             };
             let version = loaded_version(&table)?;
+            crate::protocol::check_readable(&table, name)?;
             let window_time = source_window(model, name, spec, &table)?;
             source_plans.push(SourcePlan {
                 table: name.clone(),
