@@ -713,6 +713,9 @@ pub(crate) fn validation_text(validation: &lakefill::ValidationReport) -> String
         }
     }
     out.push_str(&comparison_text(&validation.comparison));
+    for note in &validation.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
     out
 }
 

@@ -144,6 +144,10 @@ pub struct ValidateSpec {
     /// else a source of the model at its pinned version).
     #[serde(default)]
     pub conserve_with: std::collections::BTreeMap<String, String>,
+    /// Float and double columns that agree to this many decimal places are equal (in the row
+    /// diff, in "up to date"); without it they are compared bit for bit.
+    #[serde(default)]
+    pub decimals: Option<u32>,
 }
 
 /// A user check of the `[validate]` section.

@@ -271,6 +271,28 @@ fn column_value_hashes(state: &RandomState, column: &ArrayRef, out: &mut [u64]) 
     Ok(())
 }
 
+/// `columns` with every float and double value taken to `places` decimal places (NaN stays
+/// NaN, -0 becomes 0), so that values computed in another order hash alike (#32).
+fn rounded(columns: &[ArrayRef], places: u32) -> Result<Vec<ArrayRef>> {
+    use deltalake::arrow::array::Float64Array;
+    use deltalake::arrow::datatypes::Float64Type;
+    let scale = 10f64.powi(i32::try_from(places).unwrap_or(i32::MAX));
+    columns
+        .iter()
+        .map(|column| match column.data_type() {
+            DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+                let doubles = cast(column, &DataType::Float64)
+                    .map_err(|e| Error::Internal(format!("cannot round a float column: {e}")))?;
+                let values: Float64Array = doubles
+                    .as_primitive::<Float64Type>()
+                    .unary(|v| ((v * scale).round() / scale) + 0.0);
+                Ok(Arc::new(values) as ArrayRef)
+            }
+            _ => Ok(Arc::clone(column)),
+        })
+        .collect()
+}
+
 /// The SQL name of the key hash functions, before `_0` or `_1`.
 const KEY_HASH_FUNCTION: &str = "lakefill_key_hash";
 
@@ -341,10 +363,30 @@ struct HashUdf {
     kind: HashKind,
     name: String,
     signature: Signature,
+    /// Places floats are rounded to before a row is hashed.
+    decimals: Option<u32>,
 }
 
-/// Registers the hash functions in `ctx` (every query that hashes rows or keys needs them).
+/// Registers the hash functions in `ctx` (every query that hashes rows or keys needs them),
+/// unless it has them already (then they stay as registered, e.g. rounding floats).
 pub(crate) fn register_hash_functions(ctx: &deltalake::datafusion::prelude::SessionContext) {
+    if ctx
+        .state()
+        .scalar_functions()
+        .contains_key(ROW_HASH_FUNCTION)
+    {
+        return;
+    }
+    register_hash_functions_rounding(ctx, None);
+}
+
+/// Registers the hash functions in `ctx`, the row hash taking float and double values to
+/// `decimals` places first when given (`[validate] decimals`: values that agree to that many
+/// places are the same row). Key hashes never round.
+pub(crate) fn register_hash_functions_rounding(
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    decimals: Option<u32>,
+) {
     for (kind, name) in [
         (HashKind::Row, ROW_HASH_FUNCTION.to_string()),
         (HashKind::KeyHalf(0), format!("{KEY_HASH_FUNCTION}_0")),
@@ -354,6 +396,7 @@ pub(crate) fn register_hash_functions(ctx: &deltalake::datafusion::prelude::Sess
             kind,
             name,
             signature: Signature::variadic_any(Volatility::Immutable),
+            decimals,
         }));
     }
 }
@@ -375,7 +418,11 @@ impl ScalarUDFImpl for HashUdf {
         let rows = args.number_rows;
         let columns = ColumnarValue::values_to_arrays(&args.args)?;
         let hashes = match self.kind {
-            HashKind::Row => hash_rows(&columns, rows).map(UInt64Array::from),
+            HashKind::Row => match self.decimals {
+                Some(places) => rounded(&columns, places).and_then(|c| hash_rows(&c, rows)),
+                None => hash_rows(&columns, rows),
+            }
+            .map(UInt64Array::from),
             HashKind::KeyHalf(half) => key_hashes(half, &columns, rows),
         }
         .map_err(|e| DataFusionError::External(Box::new(e)))?;

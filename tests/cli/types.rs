@@ -171,3 +171,64 @@ fn issue_32_nested_columns_pass_through_unchanged() {
         assert_eq!(nested(&["rows", path]), after, "{layout}");
     }
 }
+
+fn floats(args: &[&str]) -> Value {
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/floats.py");
+    let out = Command::new("python3")
+        .arg(helper)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "floats.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// A model that computes the same doubles in another order: compared bit for bit (the default)
+/// the rows whose bits differ are "changed" and the report says it looks like float noise; with
+/// `[validate] decimals = 9` the run is up to date and publishes nothing.
+#[test]
+fn issue_32_float_noise_is_named_and_decimals_compare_to_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    floats(&["make", path]);
+    let (from, to) = ("2026-01-02", "2026-01-03");
+    let expected = floats(&["differing", path, from, to]);
+    assert!(expected["changed"].as_u64().unwrap() > 0, "{expected}");
+    let before = floats(&["rows", path]);
+    let backfill = |version: &str| {
+        json_ok(&run_in(
+            dir.path(),
+            &[
+                "backfill",
+                "scores",
+                "--from",
+                from,
+                "--to",
+                to,
+                "--model-version",
+                version,
+                "--stage-only",
+                "--output-format",
+                "json",
+            ],
+        ))
+    };
+    let exact = backfill("v1");
+    assert_eq!(
+        exact["validation"]["comparison"]["totals"]["changed"], expected["changed"],
+        "{exact}"
+    );
+    let notes = exact["validation"]["notes"].to_string();
+    assert!(
+        notes.contains("decimals = N") && notes.contains("total"),
+        "{exact}"
+    );
+    let rounded = backfill("v2");
+    assert_eq!(rounded["outcome"], "up_to_date", "{rounded}");
+    assert_eq!(rounded["validation"]["comparison"]["totals"]["changed"], 0);
+    assert_eq!(floats(&["rows", path]), before, "nothing published");
+}

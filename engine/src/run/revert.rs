@@ -552,5 +552,6 @@ async fn compare_versions(
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
         edges_ms: 0,
+        notes: Vec::new(),
     })
 }

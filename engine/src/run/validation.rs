@@ -197,6 +197,10 @@ pub(crate) async fn run_validation(
     }
     let layout = &journal.layout;
     let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
+    // `[validate] decimals`: rows are compared with their floats rounded, in this session's
+    // row hashes only (checks and protocol rules see the values as they are).
+    let rounding = rules.decimals.is_some();
+    crate::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
     let adjustments = journal.publish_as == crate::adjust::PublishMode::Adjustments;
     if adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
@@ -341,7 +345,8 @@ pub(crate) async fn run_validation(
             carried_check(
                 plan,
                 journal,
-                &ctx,
+                // Carried rows must be exactly as they were: hashed without rounding.
+                &resources.session(),
                 &checksum_columns,
                 carried.unwrap_or_default(),
             )
@@ -370,7 +375,14 @@ pub(crate) async fn run_validation(
             )
         })
         .transpose()?
-        .flatten();
+        .flatten()
+        .filter(|_| !rounding);
+    if rounding {
+        // Staging hashed the rows as written; rounded, the new side is hashed again from the
+        // staged files.
+        new_side.checksums = None;
+        new_side.captured = None;
+    }
     // The keys around the range, for the key merge to look up (see `crate::run::edges`).
     let started = std::time::Instant::now();
     let edges = crate::run::edges::EdgeScan::prepare(plan, resources).await?;
@@ -397,7 +409,59 @@ pub(crate) async fn run_validation(
         report.checks.push(check);
     }
     report.edges_ms = edges_ms;
+    if rules.decimals.is_none()
+        && let Some(note) = float_noise(&report.comparison, &target_schema)
+    {
+        report.notes.push(note);
+    }
     Ok(report)
+}
+
+/// A note when every sampled changed row differs only in float or double columns, each by less
+/// than one part in 10^9: the model most likely computes the same numbers in another order, and
+/// `[validate] decimals` compares them to a number of places (#32).
+fn float_noise(
+    comparison: &crate::validate::Comparison,
+    schema: &deltalake::arrow::datatypes::Schema,
+) -> Option<String> {
+    use deltalake::arrow::datatypes::DataType;
+    let samples = &comparison.samples.changed;
+    if comparison.totals.changed == 0 || samples.is_empty() {
+        return None;
+    }
+    let is_float = |column: &str| {
+        schema.field_with_name(column).is_ok_and(|f| {
+            matches!(
+                f.data_type(),
+                DataType::Float16 | DataType::Float32 | DataType::Float64
+            )
+        })
+    };
+    let number = |v: &serde_json::Value| {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse::<f64>().ok()))
+    };
+    let mut columns = std::collections::BTreeSet::new();
+    for sample in samples {
+        let (Some(old), Some(new)) = (sample["old"].as_object(), sample["new"].as_object()) else {
+            return None;
+        };
+        for (column, value) in new {
+            let (Some(a), Some(b)) = (old.get(column).and_then(number), number(value)) else {
+                return None;
+            };
+            let scale = a.abs().max(b.abs()).max(f64::MIN_POSITIVE);
+            if !is_float(column) || (a - b).abs() / scale >= 1e-9 {
+                return None;
+            }
+            columns.insert(column.clone());
+        }
+    }
+    Some(format!(
+        "the {} changed rows sampled differ only in float columns ({}), each by less than one part in 10^9: the same numbers computed in another order? `decimals = N` under `[validate]` compares floats to N decimal places",
+        samples.len(),
+        columns.into_iter().collect::<Vec<_>>().join(", ")
+    ))
 }
 
 /// The partitions of `range` at the read version, each with its row checksum when every file

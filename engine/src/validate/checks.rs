@@ -156,6 +156,7 @@ pub(crate) async fn validate(
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
         edges_ms: 0,
+        notes: Vec::new(),
     })
 }
 

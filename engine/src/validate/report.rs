@@ -20,6 +20,9 @@ pub struct ValidationReport {
     /// validation's.
     #[serde(default)]
     pub edges_ms: u64,
+    /// What a reader of the report should know beyond the checks (e.g. floating-point noise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// One check and its outcome.

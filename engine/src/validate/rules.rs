@@ -17,7 +17,12 @@ pub(crate) struct ValidationRules {
     pub(crate) checks: Vec<CheckSpec>,
     /// Rules of the target's protocol (constraints, NOT NULL, invariants, generated columns).
     pub(crate) protocol: Vec<RowRule>,
+    /// Places to which float columns must agree to be equal (`None`: bit for bit).
+    pub(crate) decimals: Option<u32>,
 }
+
+/// The most decimal places `validate.decimals` may ask for.
+const MAX_DECIMALS: u32 = 15;
 
 /// A limit on a change: a percentage of the old value, or an absolute amount.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -167,6 +172,19 @@ impl ValidationRules {
             conserve_with,
             checks: spec.checks.clone(),
             protocol: Vec::new(),
+            decimals: match spec.decimals {
+                Some(places) if places > MAX_DECIMALS => {
+                    return Err(model_error(
+                        format!(
+                            "`validate.decimals` is {places}; a double holds about 15 significant digits"
+                        ),
+                        format!(
+                            "write `decimals = N` with N at most {MAX_DECIMALS}, the places to which float columns must agree"
+                        ),
+                    ));
+                }
+                places => places,
+            },
         })
     }
 
