@@ -4,28 +4,13 @@
 //! `deltalake` and plain python over the rows), never from lakefill.
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::Value;
 
 use crate::support::{json_ok, run_in, stderr, stdout};
 
-fn helper() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/edges.py")
-}
-
 fn python(args: &[&str]) -> Value {
-    let out = Command::new("python3")
-        .arg(helper())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "edges.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::support::python_json("edges.py", args)
 }
 
 /// The labels of partitions `n` and `m` of the lake (0 = its first).

@@ -5,22 +5,12 @@
 //! protocol says (`spark_tables.py`).
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::support::{json_ok, lakefill_command, stderr};
 
 fn spark(args: &[&str]) {
-    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/spark_tables.py");
-    let out = Command::new("python3")
-        .arg(helper)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "spark_tables.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::python_script("spark_tables.py", args);
 }
 
 /// Runs the binary with `RUST_BACKTRACE=1`, as many users' shells set it.

@@ -3,26 +3,12 @@
 //! reading the one before as the run computed it. Over day and month grains; tables and
 //! expectations from `running.py` (python `deltalake` and plain python), never from lakefill.
 
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::Value;
 
 use crate::support::{json_ok, run_in, stderr, stdout};
 
 fn python(args: &[&str]) -> String {
-    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/running.py");
-    let out = Command::new("python3")
-        .arg(helper)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "running.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    crate::support::python_script("running.py", args)
 }
 
 fn rows(path: &str, what: &str) -> Value {

@@ -517,6 +517,34 @@ pub(crate) fn append_event(lake: &TestLake, date: &str, event_id: i64) {
         .expect("append");
 }
 
+/// Runs the python helper `script` (a file of `tests/cli/`) with `args`; returns its stdout, or
+/// fails the test with its stderr.
+pub(crate) fn python_script(script: &str, args: &[&str]) -> String {
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/cli")
+        .join(script);
+    let out = Command::new("python3")
+        .arg(helper)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// [`python_script`]'s output as JSON (`null` when it printed nothing).
+pub(crate) fn python_json(script: &str, args: &[&str]) -> serde_json::Value {
+    let out = python_script(script, args);
+    if out.trim().is_empty() {
+        return serde_json::Value::Null;
+    }
+    serde_json::from_str(&out).unwrap()
+}
+
 fn python_helper() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/delta_tables.py")
 }

@@ -2,26 +2,12 @@
 //! INT96 timestamps at the ends of the calendar. Tables are written the way Spark writes them
 //! (`spark_tables.py`), and every value is checked by pyarrow on the raw Parquet files.
 
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::Value;
 
 use crate::support::{json_ok, run_in, stdout};
 
 fn spark(args: &[&str]) -> String {
-    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/spark_tables.py");
-    let out = Command::new("python3")
-        .arg(helper)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "spark_tables.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    crate::support::python_script("spark_tables.py", args)
 }
 
 /// A slowly changing dimension as Spark writes it: INT96 `valid_from`/`valid_to` holding
@@ -103,18 +89,7 @@ fn issue_32_spark_int96_timestamps_keep_their_values() {
 }
 
 fn nested(args: &[&str]) -> Value {
-    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/nested.py");
-    let out = Command::new("python3")
-        .arg(helper)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nested.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    crate::support::python_json("nested.py", args)
 }
 
 /// Structs, lists, maps, lists of structs and binaries (strings inside each, NULLs, empty lists)
@@ -173,18 +148,7 @@ fn issue_32_nested_columns_pass_through_unchanged() {
 }
 
 fn floats(args: &[&str]) -> Value {
-    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/floats.py");
-    let out = Command::new("python3")
-        .arg(helper)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "floats.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    crate::support::python_json("floats.py", args)
 }
 
 /// A model that computes the same doubles in another order: compared bit for bit (the default)

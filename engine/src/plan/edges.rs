@@ -2,9 +2,9 @@
 //! check itself is [`crate::validate::edges`]).
 //!
 //! A model reads each source over the batch's window widened by the source's lookback and
-//! lookahead, so a row can land up to that many partitions away from where the old rows had it.
-//! The check looks that far on each side of the range (at least one partition, at most
-//! [`MAX_EDGE_WIDTH`]), in partitions of the target's grain.
+//! lookahead, so a row can land up to that many partitions away from the range. The check looks
+//! that far before (lookback) and after (lookahead) the range, at least one partition and at
+//! most [`MAX_EDGE_WIDTH`] on each side, in partitions of the target's grain.
 
 use serde::Serialize;
 
@@ -19,8 +19,10 @@ pub(crate) const MAX_EDGE_WIDTH: u32 = 31;
 /// The partitions around a backfill's range whose keys it checks.
 #[derive(Debug, Clone, Serialize)]
 pub struct EdgePlan {
-    /// Partitions checked on each side of the range.
-    pub width: u32,
+    /// Partitions checked before the range (as far as the sources' lookback reaches, at least 1).
+    pub width_before: u32,
+    /// Partitions checked after the range (as far as the sources' lookahead reaches, at least 1).
+    pub width_after: u32,
     /// The partitions checked before the range, first and last (`null` before the calendar).
     pub before: Option<(String, String)>,
     /// The partitions checked after the range, first and last.
@@ -55,12 +57,14 @@ pub(crate) fn plan(
     };
     let time_columns = layout.time.encoding.columns();
     let keyed = !key.is_empty() && !time_columns.iter().all(|c| key.iter().any(|k| k == c));
+    // How far each source is read before and after a batch, in partitions of the target.
     let reach = sources
         .iter()
         .filter_map(|s| {
             let window = s.window_time.as_ref()?;
-            let partitions = in_grain(s.lookback + s.lookahead, window.grain, grain);
-            Some((s, partitions))
+            let before = in_grain(s.lookback, window.grain, grain);
+            let after = in_grain(s.lookahead, window.grain, grain);
+            Some((s, (before, after)))
         })
         .collect::<Vec<_>>();
     let zone = |from: Option<Period>, to: Option<Period>| {
@@ -93,14 +97,25 @@ pub(crate) fn plan(
     if !keyed {
         return Ok(None);
     }
-    let widest = reach.iter().map(|(_, n)| *n).max().unwrap_or(0);
-    let width = widest.clamp(1, MAX_EDGE_WIDTH);
-    let why = match reach.iter().filter(|(_, n)| *n > 0).max_by_key(|(_, n)| *n) {
-        Some((source, n)) => format!(
-            "`{}` is read {} around each batch{}",
-            source.table,
-            partitions(source.lookback + source.lookahead),
-            if *n > MAX_EDGE_WIDTH {
+    // The sources' windows around the range, at least the partition next to each edge.
+    let widest = |side: fn(&(u32, u32)) -> u32| {
+        reach
+            .iter()
+            .map(|(_, r)| side(r))
+            .max()
+            .unwrap_or(0)
+            .clamp(1, MAX_EDGE_WIDTH)
+    };
+    let (width_before, width_after) = (widest(|r| r.0), widest(|r| r.1));
+    let capped = reach
+        .iter()
+        .any(|(_, (b, a))| *b > MAX_EDGE_WIDTH || *a > MAX_EDGE_WIDTH);
+    let why = match reach.iter().find(|(s, _)| s.lookback + s.lookahead > 0) {
+        Some(_) => format!(
+            "the sources' windows: {} before, {} after{}",
+            partitions(width_before),
+            partitions(width_after),
+            if capped {
                 format!(" (checked up to {MAX_EDGE_WIDTH})")
             } else {
                 String::new()
@@ -108,11 +123,11 @@ pub(crate) fn plan(
         ),
         None => "the partition next to each edge".to_string(),
     };
-    let width_i = i64::from(width);
     Ok(Some(EdgePlan {
-        width,
-        before: zone(first.offset(-width_i), first.offset(-1)),
-        after: zone(last.offset(1), last.offset(width_i)),
+        width_before,
+        width_after,
+        before: zone(first.offset(-i64::from(width_before)), first.offset(-1)),
+        after: zone(last.offset(1), last.offset(i64::from(width_after))),
         why,
         allowed,
     }))

@@ -10,7 +10,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use deltalake::arrow::array::Array;
+use deltalake::arrow::array::{Array, AsArray, StringArray};
+use deltalake::arrow::datatypes::DataType;
 use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde_json::json;
@@ -22,7 +23,7 @@ use crate::resources::Resources;
 use crate::sqltext::ident;
 use crate::time::Period;
 use crate::validate::edges::{
-    EDGE_CHECK, EdgeFindings, EdgeProbe, KeyHash, add_sightings, closure,
+    EDGE_CHECK, EdgeFindings, EdgeProbe, KeyHash, KeyMap, add_sightings, closure,
 };
 use crate::validate::{CheckResult, Comparison, PartitionKey};
 
@@ -30,7 +31,8 @@ use crate::validate::{CheckResult, Comparison, PartitionKey};
 pub(crate) struct EdgeScan {
     from: Period,
     to: Period,
-    width: i64,
+    /// Partitions read before and after the range at first (and the margin the closure keeps).
+    widths: (i64, i64),
     /// The first and last partitions read (the range and the partitions around it).
     read: (Period, Period),
     probe: Arc<EdgeProbe>,
@@ -50,10 +52,10 @@ impl EdgeScan {
         let (Some(from), Some(to)) = (range.first(), range.last()) else {
             return Ok(None);
         };
-        let width = i64::from(edges.width);
+        let widths = (i64::from(edges.width_before), i64::from(edges.width_after));
         let zones: Vec<(Period, Period)> = [
-            (from.offset(-width), from.offset(-1)),
-            (to.offset(1), to.offset(width)),
+            (from.offset(-widths.0), from.offset(-1)),
+            (to.offset(1), to.offset(widths.1)),
         ]
         .into_iter()
         .filter_map(|(first, last)| first.zip(last))
@@ -65,7 +67,7 @@ impl EdgeScan {
                 .map(|(first, last)| read_around(plan, resources, *first, *last)),
         )
         .await?;
-        let mut keys = HashMap::new();
+        let mut keys = KeyMap::default();
         let mut read = (from, to);
         for ((first, last), (old, new)) in zones.into_iter().zip(sides) {
             add_sightings(&mut keys, false, old);
@@ -75,7 +77,7 @@ impl EdgeScan {
         Ok(Some(Self {
             from,
             to,
-            width,
+            widths,
             read,
             probe: Arc::new(EdgeProbe::new(keys)),
         }))
@@ -116,16 +118,17 @@ impl EdgeScan {
         let Self {
             from,
             to,
-            width,
+            widths,
             mut read,
             probe,
         } = self;
+        let width = widths.0.max(widths.1);
         let grain = plan.report.range.grain;
-        let mut keys = match Arc::try_unwrap(probe) {
+        let (mut keys, found) = match Arc::try_unwrap(probe) {
             Ok(probe) => probe.into_sightings(grain),
             Err(_) => return Err(Error::Internal("the edge probe is still shared".into())),
         };
-        let findings = EdgeFindings::of(&keys, from, to);
+        let findings = EdgeFindings::of(&keys, &found, from, to);
         if findings.is_clean() {
             return Ok(passed);
         }
@@ -136,13 +139,13 @@ impl EdgeScan {
                 allowed,
             ));
         }
-        // Widen until no key crosses, reading further out as needed (as far as the range is
-        // long, or as the calendar goes).
-        let budget = (period_span(from, to)).max(8 * width);
+        // Widen until no key crosses, reading further out as needed: at most twice the range's
+        // length (a month, or 8 windows, at least) on each side, or as far as the calendar goes.
+        let budget = (2 * period_span(from, to)).max(31).max(8 * width);
         let complete = loop {
             let (low, high) = closure(&keys, from, to);
-            let need_before = low.offset(-width).is_some_and(|p| p < read.0);
-            let need_after = high.offset(width).is_some_and(|p| p > read.1);
+            let need_before = low.offset(-widths.0).is_some_and(|p| p < read.0);
+            let need_after = high.offset(widths.1).is_some_and(|p| p > read.1);
             if !need_before && !need_after {
                 break true;
             }
@@ -253,15 +256,7 @@ async fn old_keys(
         crate::run::validation::register_range(&ctx, "__lf_edge", &plan.target, layout, zone)
             .await?;
     }
-    let partitions = PartitionKey::Time(layout.clone());
-    collect_keys(
-        &ctx,
-        "__lf_edge",
-        &partitions,
-        &plan.rules.key,
-        report.range.grain,
-    )
-    .await
+    collect_keys(&ctx, plan).await
 }
 
 /// The keys of the model's output for the partitions of `zone`, as staging would write them.
@@ -289,45 +284,62 @@ async fn model_keys(
         .query_context(|| "cannot keep the model's rows around the range".into())?;
     ctx.register_table("__lf_edge", df.into_view())
         .query_context(|| "cannot register the model's rows around the range".into())?;
-    let partitions = PartitionKey::Time(layout.clone());
-    collect_keys(
-        &ctx,
-        "__lf_edge",
-        &partitions,
-        &plan.rules.key,
-        report.range.grain,
-    )
-    .await
+    collect_keys(&ctx, plan).await
 }
 
-/// The key hash (as the key merge knows it) and period of every row of `table` whose key has
-/// no NULL.
-async fn collect_keys(
-    ctx: &SessionContext,
-    table: &str,
-    partitions: &PartitionKey,
-    key: &[String],
-    grain: crate::time::Grain,
-) -> Result<Vec<(KeyHash, Period)>> {
+/// The key hash (as the key merge knows it) and period of every row of `__lf_edge` in `ctx`
+/// whose key has no NULL.
+async fn collect_keys(ctx: &SessionContext, plan: &BackfillPlan) -> Result<Seen> {
+    let partitions = PartitionKey::Time(plan.report.layout.clone());
+    let (key, grain, table) = (&plan.rules.key, plan.report.range.grain, "__lf_edge");
     let mut select = partitions.select(ident);
     let first_key = select.len();
     select.extend(key.iter().map(|k| ident(k)));
     let sql = format!("SELECT {} FROM {}", select.join(", "), ident(table));
     let mut stream =
         crate::validate::rows::run(ctx, &sql, "read the keys around the range").await?;
+    // A zone holds a few partitions: each distinct partition value is labelled once, not once a
+    // row (labelling parses and formats times).
+    let mut periods: HashMap<String, Option<Period>> = HashMap::new();
+    let mut text = String::new();
     let mut out = Vec::new();
     while let Some(batch) = stream.next().await {
         let batch = batch.query_context(|| "cannot read the keys around the range".into())?;
         let rows = batch.num_rows();
-        let labels = partitions.labels(&batch, 0);
+        let parts = (0..first_key)
+            .map(|i| {
+                deltalake::arrow::compute::cast(batch.column(i), &DataType::Utf8)
+                    .map_err(|e| Error::Internal(format!("cannot read a partition value: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<&StringArray> = parts.iter().map(|c| c.as_string::<i32>()).collect();
         let columns = batch.columns()[first_key..].to_vec();
         let k1 = crate::rowhash::key_hashes(0, &columns, rows)?;
         let k2 = crate::rowhash::key_hashes(1, &columns, rows)?;
-        for (row, label) in labels.iter().enumerate() {
+        for row in 0..rows {
             if k1.is_null(row) {
                 continue;
             }
-            if let Some(period) = Period::from_label(grain, label) {
+            text.clear();
+            for part in &parts {
+                if part.is_valid(row) {
+                    text.push_str(part.value(row));
+                }
+                text.push('\u{1f}');
+            }
+            let period = match periods.get(text.as_str()) {
+                Some(period) => *period,
+                None => {
+                    let values: Vec<Option<String>> = parts
+                        .iter()
+                        .map(|p| p.is_valid(row).then(|| p.value(row).to_string()))
+                        .collect();
+                    let period = Period::from_label(grain, &partitions.label(&values));
+                    periods.insert(text.clone(), period);
+                    period
+                }
+            };
+            if let Some(period) = period {
                 out.push(((k1.value(row), k2.value(row) as u32), period));
             }
         }

@@ -18,7 +18,7 @@
 //! [`EdgeFindings`] counts what crosses each edge, and [`closure`] widens the range until no key
 //! crosses: the range that would be clean.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -32,25 +32,62 @@ pub(crate) const EDGE_CHECK: &str = "edges";
 /// A key as the merge knows it: the first half of its hash and 32 bits of the second.
 pub(crate) type KeyHash = (u64, u32);
 
+/// The keys seen, by key: a map whose hasher does little (the keys are hashes already).
+pub(crate) type KeyMap = deltalake::datafusion::common::HashMap<KeyHash, Sightings>;
+
 /// Where one key was seen: the periods holding it in the target at the read version (`old`) and
 /// the periods the model writes it into (`new`). Inside the range, only what the key merge
 /// reported (a key added to or removed from the range) is known.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sightings {
-    pub(crate) old: Vec<Period>,
-    pub(crate) new: Vec<Period>,
+    pub(crate) old: Places,
+    pub(crate) new: Places,
+}
+
+/// The periods a key was seen in on one side: almost always one, kept without an allocation.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Places {
+    #[default]
+    None,
+    One(Period),
+    Many(Vec<Period>),
+}
+
+impl Places {
+    fn add(&mut self, period: Period) {
+        match self {
+            Places::None => *self = Places::One(period),
+            Places::One(one) if *one == period => {}
+            Places::One(one) => *self = Places::Many(vec![*one, period]),
+            Places::Many(many) => {
+                if !many.contains(&period) {
+                    many.push(period);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Period> {
+        let slice: &[Period] = match self {
+            Places::None => &[],
+            Places::One(one) => std::slice::from_ref(one),
+            Places::Many(many) => many,
+        };
+        slice.iter()
+    }
 }
 
 impl Sightings {
     fn add(&mut self, new: bool, period: Period) {
-        let list = if new { &mut self.new } else { &mut self.old };
-        if !list.contains(&period) {
-            list.push(period);
+        if new {
+            self.new.add(period);
+        } else {
+            self.old.add(period);
         }
     }
 
     fn periods(&self) -> impl Iterator<Item = &Period> {
-        self.old.iter().chain(&self.new)
+        self.old.iter().chain(self.new.iter())
     }
 }
 
@@ -66,7 +103,7 @@ pub(crate) struct Hit {
 
 /// The keys of the partitions around the range, for the key merge to look up, and what it found.
 pub(crate) struct EdgeProbe {
-    keys: HashMap<KeyHash, Sightings>,
+    keys: KeyMap,
     hits: Mutex<Vec<Hit>>,
     consulted: AtomicBool,
 }
@@ -81,7 +118,7 @@ impl std::fmt::Debug for EdgeProbe {
 
 impl EdgeProbe {
     /// A probe over the keys seen around the range.
-    pub(crate) fn new(keys: HashMap<KeyHash, Sightings>) -> Self {
+    pub(crate) fn new(keys: KeyMap) -> Self {
         Self {
             keys,
             hits: Mutex::new(Vec::new()),
@@ -117,25 +154,30 @@ impl EdgeProbe {
         self.keys.is_empty()
     }
 
-    /// The keys seen around the range, with what the merge found of them inside it.
-    pub(crate) fn into_sightings(self, grain: Grain) -> HashMap<KeyHash, Sightings> {
+    /// The keys seen around the range, with what the merge found of them inside it, and the
+    /// keys it found (the only ones that can cross an edge of the range).
+    pub(crate) fn into_sightings(self, grain: Grain) -> (KeyMap, Vec<KeyHash>) {
         let mut keys = self.keys;
         let hits = self.hits.into_inner().unwrap_or_default();
+        let mut found = Vec::with_capacity(hits.len());
         for hit in hits {
             if let (Some(sightings), Some(period)) = (
                 keys.get_mut(&hit.key),
                 Period::from_label(grain, &hit.label),
             ) {
                 sightings.add(hit.added, period);
+                found.push(hit.key);
             }
         }
-        keys
+        found.sort_unstable();
+        found.dedup();
+        (keys, found)
     }
 }
 
 /// Adds the keys of `rows` (seen on the `new` side or the old one) to `keys`.
 pub(crate) fn add_sightings(
-    keys: &mut HashMap<KeyHash, Sightings>,
+    keys: &mut KeyMap,
     new: bool,
     rows: impl IntoIterator<Item = (KeyHash, Period)>,
 ) {
@@ -156,11 +198,17 @@ pub(crate) struct EdgeFindings {
 }
 
 impl EdgeFindings {
-    /// What crosses the edges of `from..=to`, from the keys seen around it and inside it.
-    pub(crate) fn of(keys: &HashMap<KeyHash, Sightings>, from: Period, to: Period) -> Self {
+    /// What crosses the edges of `from..=to`, from the keys seen around it and inside it: of
+    /// the keys `candidates` (those seen inside it; a key seen only outside crosses nothing).
+    pub(crate) fn of<'a>(
+        keys: &KeyMap,
+        candidates: impl IntoIterator<Item = &'a KeyHash>,
+        from: Period,
+        to: Period,
+    ) -> Self {
         let inside = |p: &Period| from <= *p && *p <= to;
         let mut findings = Self::default();
-        for sightings in keys.values() {
+        for sightings in candidates.into_iter().filter_map(|k| keys.get(k)) {
             let (old_in, old_out): (Vec<Period>, Vec<Period>) =
                 sightings.old.iter().partition(|p| inside(p));
             let (new_in, new_out): (Vec<Period>, Vec<Period>) =
@@ -231,11 +279,7 @@ impl EdgeFindings {
 /// The smallest range holding `from..=to` across whose edges no key of `keys` crosses: a key
 /// seen in a partition of the range must have every partition it is seen in inside it. Only
 /// the partitions `keys` were gathered over count; the caller makes sure they reach far enough.
-pub(crate) fn closure(
-    keys: &HashMap<KeyHash, Sightings>,
-    from: Period,
-    to: Period,
-) -> (Period, Period) {
+pub(crate) fn closure(keys: &KeyMap, from: Period, to: Period) -> (Period, Period) {
     let (mut low, mut high) = (from, to);
     loop {
         let (mut next_low, mut next_high) = (low, high);
@@ -266,8 +310,8 @@ mod tests {
 
     /// Keys of a one-day time zone shift over days -3..=3: key `i` sits in day `d` in the old
     /// table and in day `d + 1` in the new one, for every day.
-    fn shifted(days: std::ops::RangeInclusive<i64>) -> HashMap<KeyHash, Sightings> {
-        let mut keys = HashMap::new();
+    fn shifted(days: std::ops::RangeInclusive<i64>) -> KeyMap {
+        let mut keys = KeyMap::default();
         for d in days {
             add_sightings(&mut keys, false, [((d as u64, 0), day(d))]);
             add_sightings(&mut keys, true, [((d as u64, 0), day(d + 1))]);
@@ -278,7 +322,7 @@ mod tests {
     #[test]
     fn a_shift_duplicates_at_one_edge_and_loses_at_the_other() {
         let keys = shifted(-3..=3);
-        let findings = EdgeFindings::of(&keys, day(-1), day(1));
+        let findings = EdgeFindings::of(&keys, keys.keys(), day(-1), day(1));
         // Key -2 sits in day -2 (outside) and is written into day -1: twice.
         assert_eq!(findings.duplicated.len(), 1);
         let (count, inside) = &findings.duplicated[&day(-2)];
@@ -293,7 +337,7 @@ mod tests {
             (1, vec![day(1)])
         );
         // Keys moving inside the range, and keys outside it, do not cross.
-        assert!(EdgeFindings::of(&keys, day(-10), day(10)).is_clean());
+        assert!(EdgeFindings::of(&keys, keys.keys(), day(-10), day(10)).is_clean());
     }
 
     #[test]
@@ -305,22 +349,22 @@ mod tests {
     #[test]
     fn the_closure_stops_where_no_key_crosses() {
         // Keys move from day 0 to day 1 only; day 5 has keys of its own that stay.
-        let mut keys = HashMap::new();
+        let mut keys = KeyMap::default();
         add_sightings(&mut keys, false, [((1, 1), day(0)), ((2, 2), day(5))]);
         add_sightings(&mut keys, true, [((1, 1), day(1)), ((2, 2), day(5))]);
         assert_eq!(closure(&keys, day(-2), day(0)), (day(-2), day(1)));
-        assert!(EdgeFindings::of(&keys, day(-2), day(1)).is_clean());
+        assert!(EdgeFindings::of(&keys, keys.keys(), day(-2), day(1)).is_clean());
         // A key outside on both sides (old before the range, new after it) does not cross.
-        let mut keys = HashMap::new();
+        let mut keys = KeyMap::default();
         add_sightings(&mut keys, false, [((3, 3), day(-1))]);
         add_sightings(&mut keys, true, [((3, 3), day(2))]);
         assert_eq!(closure(&keys, day(0), day(1)), (day(0), day(1)));
-        assert!(EdgeFindings::of(&keys, day(0), day(1)).is_clean());
+        assert!(EdgeFindings::of(&keys, keys.keys(), day(0), day(1)).is_clean());
     }
 
     #[test]
     fn hits_place_keys_inside_the_range() {
-        let mut keys = HashMap::new();
+        let mut keys = KeyMap::default();
         add_sightings(&mut keys, false, [((7, 7), day(-1))]);
         add_sightings(&mut keys, true, [((8, 8), day(2))]);
         let probe = EdgeProbe::new(keys);
@@ -337,8 +381,9 @@ mod tests {
                 label: day(1).label(),
             },
         ]);
-        let keys = probe.into_sightings(Grain::Day);
-        let findings = EdgeFindings::of(&keys, day(0), day(1));
+        let (keys, found) = probe.into_sightings(Grain::Day);
+        assert_eq!(found.len(), 2);
+        let findings = EdgeFindings::of(&keys, &found, day(0), day(1));
         assert_eq!((findings.duplicated.len(), findings.moved.len()), (1, 1));
         assert_eq!(findings.failures().len(), 2);
     }
