@@ -256,3 +256,44 @@ fn issue_32_allowed_edge_moves_are_recorded() {
     assert_eq!(moves["moved"], moved, "{info}");
     assert_eq!(moves["reason"], "the days around are fixed by another job");
 }
+
+/// The demo shows a week of the fix refused at its edges before it fixes the whole history; the
+/// week's run publishes nothing.
+#[test]
+fn issue_32_the_demo_refuses_a_week_of_the_fix_at_its_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_in(
+        dir.path(),
+        &[
+            "demo",
+            "--dir",
+            "demo",
+            "--days",
+            "10",
+            "--events-per-day",
+            "150",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("refused at its edges")
+            && text.contains("FAIL edges")
+            && text.contains("--from 2026-01-01 --to 2026-01-10"),
+        "{text}"
+    );
+    let history = json_ok(&run_in(
+        &dir.path().join("demo"),
+        &["history", "events", "--output-format", "json"],
+    ));
+    assert_eq!(
+        history.as_array().unwrap().len(),
+        3,
+        "create, v1, v2: {history}"
+    );
+    let runs = json_ok(&run_in(
+        &dir.path().join("demo"),
+        &["runs", "events", "--output-format", "json"],
+    ));
+    assert!(runs.to_string().contains("discarded"), "{runs}");
+}
