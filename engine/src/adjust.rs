@@ -28,7 +28,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::error::{QueryContext, Result};
+use crate::error::{Error, QueryContext, Result};
 use crate::sqltext::ident;
 use crate::stage::staged::StagedTable;
 use crate::validate::CheckResult;
@@ -162,6 +162,47 @@ pub(crate) fn check_plan(
         ));
     }
     Ok(missing)
+}
+
+/// Refuses adjustments into `table` when one of its rules (CHECK constraints, invariants,
+/// generated columns; NOT NULL holds for a negated value) reads a measure the reversal rows
+/// negate: those rows would break it, and Delta's writers refuse them (#33). Every rule is
+/// also checked over the rows the commit appends.
+pub(crate) fn check_rules(
+    rules: &crate::validate::ValidationRules,
+    table: &str,
+    model: &std::path::Path,
+) -> Result<()> {
+    let measures = rules.summed_measures();
+    for rule in rules
+        .protocol
+        .iter()
+        .filter(|r| !r.name.starts_with("not null "))
+    {
+        let text = rule.violation.to_ascii_lowercase();
+        let mentions = |measure: &String| {
+            let name = measure.to_ascii_lowercase();
+            text.match_indices(&name).any(|(at, _)| {
+                let before = text[..at].chars().next_back();
+                let after = text[at + name.len()..].chars().next();
+                let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                !word(before) && !word(after)
+            })
+        };
+        if let Some(measure) = measures.iter().find(|m| mentions(m)) {
+            return Err(Error::Model {
+                path: model.to_path_buf(),
+                message: format!(
+                    "the {} of `{table}` reads `{measure}`, which adjustment rows negate to reverse old rows: the reversals would break it, and Delta's writers refuse such rows",
+                    rule.name
+                ),
+                hint: format!(
+                    "publish this fix as a rewrite (`--publish-as rewrite`) if `{table}` allows it, or leave `{measure}` out of `[validate] measures` if it is no measure to reverse"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The net rows of `rows` (a view of the table): every column of `schema` in order, the

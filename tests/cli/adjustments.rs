@@ -431,6 +431,50 @@ fn adjustments_without_what_they_need_are_refused() {
     );
 }
 
+/// Adjustment rows must keep the table's own rules (#33): a CHECK constraint on a measure,
+/// which reversal rows negate, refuses adjustments at plan time by name; one on another column
+/// holds for every appended row (python `deltalake` reads them back).
+#[test]
+fn issue_33_adjustments_keep_the_tables_rules() {
+    let lake = ledger(Store::Local);
+    let uri = lake.uri("ledger");
+    lake.python(&["add_constraint", &uri, "positive", "amount_cents > 0"]);
+    let version = lake.open("ledger").version();
+    for command in ["plan", "backfill"] {
+        let out = lake.run(&[command, "fix", "--from", "2026-01-01", "--to", "2026-01-02"]);
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("constraint positive") && stderr(&out).contains("`amount_cents`"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(lake.open("ledger").version(), version, "nothing committed");
+
+    let lake = ledger(Store::Local);
+    let uri = lake.uri("ledger");
+    lake.python(&["add_constraint", &uri, "known_event", "event_id > 0"]);
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "fix",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let checks = report["validation"]["checks"].to_string();
+    assert!(checks.contains("constraint known_event"), "{checks}");
+    let rows: Vec<Value> = serde_json::from_str(&lake.python(&["all_rows", &uri])).unwrap();
+    assert!(
+        rows.iter().any(|r| r["_lakefill_kind"] == "reversal"),
+        "{rows:?}"
+    );
+    assert!(rows.iter().all(|r| r["event_id"].as_i64().unwrap() > 0));
+}
+
 /// An adjustments run stopped at each point (staging, adjusting, validating, committing) is
 /// finished by the same command with exactly one append; discarded, it leaves nothing staged.
 #[test]

@@ -8,6 +8,7 @@
     python3 delta_tables.py ledger KIND URI    # a ledger (`append_only`) or its source (`plain`)
     python3 delta_tables.py added URI VERSION  # the rows of only the files VERSION added
     python3 delta_tables.py append_ledger URI  # another writer appends event 777 on 2026-01-01
+    python3 delta_tables.py add_constraint URI NAME EXPR  # adds CHECK constraint NAME
 
 Every table has event_id (long), amount_cents (long) and event_date (date, the partition column),
 3 days x 4 rows; KIND adds what the feature needs.
@@ -237,6 +238,10 @@ def ledger(kind, uri):
     )
 
 
+def add_constraint(uri, name, expression):
+    DeltaTable(uri, storage_options=storage_options()).alter.add_constraint({name: expression})
+
+
 def append_ledger(uri):
     schema = DeltaTable(uri, storage_options=storage_options()).schema().to_arrow()
     row = {"event_id": 777, "country": "FR", "amount_cents": 5, "event_date": DAYS[0]}
@@ -302,6 +307,8 @@ if __name__ == "__main__":
         create(sys.argv[2], sys.argv[3])
     elif command == "ledger":
         ledger(sys.argv[2], sys.argv[3])
+    elif command == "add_constraint":
+        add_constraint(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "append_ledger":
         append_ledger(sys.argv[2])
     elif command == "added":

@@ -385,6 +385,10 @@ impl PlanBuilder {
         if let Some((config, table)) = companion {
             plan.write_to_companion(config, table).await?;
         }
+        if publish == PublishMode::Adjustments {
+            // The rules of the table the adjustments go to, over the measures they negate.
+            crate::adjust::check_rules(&plan.rules, &plan.report.target, plan.model.path())?;
+        }
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
         plan.write_schema = Some(write_schema);

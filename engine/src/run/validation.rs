@@ -396,6 +396,7 @@ pub(crate) async fn run_validation(
             new: Some(new_side),
             old_checksums: logged,
             edges: edges.as_ref().map(crate::run::edges::EdgeScan::probe),
+            appended: if adjustments { "adjustments" } else { "output" },
         },
         checksum_columns,
         extra_checks,

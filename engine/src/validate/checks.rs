@@ -21,12 +21,15 @@ use crate::sqltext::ident;
 
 /// What is known of the sides before anything is read: the new side's aggregates, and the old
 /// side's checksums that its files' log entries hold.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Known {
     pub(crate) new: KnownCounts,
     pub(crate) old_checksums: Option<LoggedChecksums>,
     /// The keys around the range, for the key merge to look up (see [`super::edges`]).
     pub(crate) edges: Option<std::sync::Arc<super::edges::EdgeProbe>>,
+    /// The table whose rows the commit appends, which the table's own rules must hold for:
+    /// `output`, or with adjustments `adjustments` (#33).
+    pub(crate) appended: &'static str,
 }
 
 /// Runs every check of `rules` over `previous` and `output` in `ctx`.
@@ -148,7 +151,7 @@ pub(crate) async fn validate(
             sample_rows,
         ));
     }
-    checks.extend(protocol_checks(ctx, partitions, &rules.protocol, sample).await?);
+    checks.extend(protocol_checks(ctx, partitions, &rules.protocol, sample, known.appended).await?);
     let passed = checks.iter().all(|c| c.passed);
     Ok(ValidationReport {
         passed,
@@ -167,6 +170,7 @@ async fn protocol_checks(
     partitions: &PartitionKey,
     rules: &[RowRule],
     sample: usize,
+    appended: &str,
 ) -> Result<Vec<CheckResult>> {
     if rules.is_empty() {
         return Ok(Vec::new());
@@ -188,7 +192,7 @@ async fn protocol_checks(
         .collect::<Vec<_>>()
         .join(", ");
     let sql = format!(
-        "SELECT {}, {counts} FROM output GROUP BY {group_by}",
+        "SELECT {}, {counts} FROM {appended} GROUP BY {group_by}",
         partitions.select(ident).join(", ")
     );
     let mut violations: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); rules.len()];
@@ -224,7 +228,7 @@ async fn protocol_checks(
             count_and_sample(
                 ctx,
                 &format!(
-                    "SELECT * FROM output WHERE {} LIMIT {sample}",
+                    "SELECT * FROM {appended} WHERE {} LIMIT {sample}",
                     rule.violation
                 ),
                 sample,
