@@ -236,6 +236,56 @@ fn a_revert_after_a_later_commit_in_its_range_is_refused() {
     assert_eq!(lake.files("events"), files, "no file changed");
 }
 
+/// A revert must not put back rows that break a rule the table got since the run (#33): a
+/// CHECK constraint that only the fixed rows satisfy refuses the revert by files and the logical
+/// one (exit 3), naming it; nothing is committed (python `deltalake` checked every row against
+/// the constraint when it added it).
+#[test]
+fn issue_33_a_revert_keeps_a_constraint_added_since() {
+    let lake = TestLake::new();
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(0),
+        "--to",
+        &lake.day(9),
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let run_id = report["run_id"].as_str().unwrap().to_string();
+    let table = lake.table_path("events");
+    crate::support::python_script(
+        "delta_tables.py",
+        &[
+            "add_constraint",
+            table.to_str().unwrap(),
+            "utc_dates",
+            "event_date = CAST(event_ts AS DATE)",
+        ],
+    );
+    let version = lake.version("events");
+    let files = lake.files("events");
+    for logical in [false, true] {
+        let mut args = vec!["revert", run_id.as_str()];
+        if logical {
+            args.push("--logical");
+        }
+        let out = lake.run(&args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("constraint utc_dates")
+                || crate::support::stdout(&out).contains("constraint utc_dates"),
+            "{args:?}: {}{}",
+            crate::support::stdout(&out),
+            stderr(&out)
+        );
+        assert_eq!(lake.version("events"), version, "nothing committed");
+        assert_eq!(lake.files("events"), files, "no file changed");
+    }
+}
+
 /// Either way of reverting needs the files the run replaced: vacuumed, they are named with the
 /// retention setting that removed them, and nothing changes.
 #[test]

@@ -106,7 +106,8 @@ pub(crate) async fn revert(
     }
     let run =
         lakefill::revert_run(&project, &args.run_id, args.reason.clone(), args.stage_only).await?;
-    printer.result(&run_text(&run), &run)
+    // Rows it would put back that break the table's rules now: exit 3, nothing committed.
+    finish(printer, &run)
 }
 
 pub(crate) async fn notify(

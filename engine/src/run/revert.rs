@@ -359,7 +359,22 @@ async fn revert_held(
     let restored = restorable_files(config, latest, run, version, &commit).await?;
 
     revert.partitions = partition_changes(run, &current, &restored);
-    revert.validation = Some(compare_versions(project, latest, run, version).await?);
+    let validation = compare_versions(project, latest, run, version).await?;
+    let passed = validation.passed;
+    revert.validation = Some(validation);
+    if !passed {
+        // The rows it would put back break the table's rules now: nothing is committed.
+        revert.state = RunState::FailedValidation;
+        revert.save(&store, lease).await?;
+        return Ok(RunReport::from_journal(
+            &revert,
+            Outcome::ValidationFailed,
+            Timings {
+                total_ms: started.elapsed().as_millis() as u64,
+                ..Timings::default()
+            },
+        ));
+    }
     if stage_only {
         revert.save(&store, lease).await?;
         let checked_ms = started.elapsed().as_millis() as u64;
@@ -542,13 +557,27 @@ async fn compare_versions(
         edges: None,
     };
     let comparison = compare(&ctx, &spec, None, None).await?;
+    // The rows put back must keep the table's rules as they are now (a constraint may have been
+    // added since the run, #33): Delta's writers would refuse to append them.
+    let protocol = crate::protocol::TableProtocol::read(latest, &run.target, false)?;
+    let mut checks = vec![CheckResult::new(
+        "files as the log had them",
+        Vec::new(),
+        Vec::new(),
+    )];
+    checks.extend(
+        crate::validate::checks::protocol_checks(
+            &ctx,
+            &PartitionKey::Time(run.layout.clone()),
+            &protocol.rules,
+            crate::run::DEFAULT_SAMPLE,
+            "output",
+        )
+        .await?,
+    );
     Ok(ValidationReport {
-        passed: true,
-        checks: vec![CheckResult::new(
-            "files as the log had them",
-            Vec::new(),
-            Vec::new(),
-        )],
+        passed: checks.iter().all(|c| c.passed),
+        checks,
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
         edges_ms: 0,

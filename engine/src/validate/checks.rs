@@ -165,7 +165,7 @@ pub(crate) async fn validate(
 
 /// The table's protocol rules over the new rows: one scan counts every rule's violations per
 /// partition, then a few rows of each broken rule are fetched as a sample.
-async fn protocol_checks(
+pub(crate) async fn protocol_checks(
     ctx: &SessionContext,
     partitions: &PartitionKey,
     rules: &[RowRule],
