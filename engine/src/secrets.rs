@@ -55,6 +55,42 @@ pub(crate) fn register_url_credentials(text: &str) {
     }
 }
 
+/// Registers what of a sink's URL can hold a secret (#33): the whole URL, its path (Slack-style
+/// `/services/T/B/XXXX`) and its query (`?token=…`), so that no stray copy of them is printed.
+pub(crate) fn register_sink_url(text: &str) {
+    register_url_credentials(text);
+    register(text);
+    if let Ok(url) = url::Url::parse(text.trim()) {
+        if url.path().len() > 1 {
+            register(url.path());
+        }
+        if let Some(query) = url.query() {
+            register(query);
+        }
+    }
+}
+
+/// A URL as reports show a sink: scheme, host and port, and the shape of its path and query,
+/// every segment and the query masked (a webhook's URL is its credential).
+pub(crate) fn redacted_url(text: &str) -> String {
+    let Ok(url) = url::Url::parse(text.trim()) else {
+        return MASK.to_string();
+    };
+    let mut out = format!("{}://{}", url.scheme(), url.host_str().unwrap_or(""));
+    if let Some(port) = url.port() {
+        out.push_str(&format!(":{port}"));
+    }
+    for _ in url.path().split('/').filter(|s| !s.is_empty()) {
+        out.push('/');
+        out.push_str(MASK);
+    }
+    if url.query().is_some() {
+        out.push('?');
+        out.push_str(MASK);
+    }
+    out
+}
+
 fn percent_decode(text: &str) -> std::result::Result<String, std::string::FromUtf8Error> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -118,6 +154,19 @@ fn mask_userinfo(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sink_url_shows_its_host_and_the_shape_of_its_path_only() {
+        assert_eq!(
+            redacted_url("https://hooks.slack.com/services/T0/B0/XXXX?token=abc"),
+            format!("https://hooks.slack.com/{MASK}/{MASK}/{MASK}/{MASK}?{MASK}")
+        );
+        assert_eq!(
+            redacted_url("http://127.0.0.1:8089/"),
+            "http://127.0.0.1:8089"
+        );
+        assert_eq!(redacted_url("not a url"), MASK);
+    }
 
     #[test]
     fn urls_lose_their_credentials_and_registered_values_their_text() {

@@ -38,6 +38,12 @@ struct Receiver {
 
 impl Receiver {
     fn start(fail_first: usize) -> Self {
+        Self::answering(fail_first, 200)
+    }
+
+    /// A receiver that answers `status` (after `fail_first` 500s); a 3xx points elsewhere, where
+    /// a GET is answered 200.
+    fn answering(fail_first: usize, status: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -66,16 +72,28 @@ impl Receiver {
                 let mut body = vec![0; length];
                 reader.read_exact(&mut body).unwrap();
                 let mut log = log.lock().unwrap();
-                let answered = if log.len() < fail_first { 500 } else { 200 };
+                // A client that follows a redirect comes back with a GET, which succeeds.
+                let answered = if line.starts_with("GET") {
+                    200
+                } else if log.len() < fail_first {
+                    500
+                } else {
+                    status
+                };
                 log.push(Received {
                     headers,
                     body: String::from_utf8(body).unwrap(),
                     answered,
                 });
                 drop(log);
+                let location = if (300..400).contains(&answered) {
+                    "Location: /elsewhere\r\n"
+                } else {
+                    ""
+                };
                 let _ = write!(
                     stream,
-                    "HTTP/1.1 {answered} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    "HTTP/1.1 {answered} X\r\n{location}Content-Length: 0\r\nConnection: close\r\n\r\n"
                 );
             }
         });
@@ -519,5 +537,81 @@ fn an_openlineage_sink_gets_a_complete_run_event_with_the_versions() {
         let day = p["partition"].as_str().unwrap();
         let rows = after.iter().find(|(d, _)| d == day).map_or(0, |(_, n)| *n);
         assert_eq!(p["new_rows"], rows, "{p}");
+    }
+}
+
+/// A webhook's URL is its credential (#33): a token in its query, from `${ENV}` or written
+/// inline, and a Slack-style secret path never reach the output (text or JSON, at the default
+/// log level or `-v`) nor the table's outbox; and a redirect is a failed delivery, not a
+/// delivered one.
+#[test]
+fn issue_33_sink_urls_stay_secret_and_redirects_fail() {
+    let lake = TestLake::new();
+    let closed = {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let redirecting = Receiver::answering(0, 301);
+    let secrets = [
+        "tok-SECRET-1234",
+        "T0SECRETXY",
+        "XXXXSECRETPATH",
+        "KEYSECRET9999",
+    ];
+    add_sinks(
+        &lake,
+        &format!(
+            "\"${{HOOK_URL}}\", \"http://127.0.0.1:{closed}/services/T0SECRETXY/B1/XXXXSECRETPATH?api_key=KEYSECRET9999\", \"{}\"",
+            redirecting.url
+        ),
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "backfill",
+            "events",
+            "--from",
+            "2026-01-02",
+            "--to",
+            "2026-01-03",
+            "--allow-edge-moves",
+            "--reason",
+            crate::support::PARTIAL_FIX,
+        ];
+        args.extend(extra);
+        lakefill_command(lake.path())
+            .args(&args)
+            .env(
+                "HOOK_URL",
+                format!("http://127.0.0.1:{closed}/hook?token=tok-SECRET-1234"),
+            )
+            .output()
+            .unwrap()
+    };
+    let json = run(&["--output-format", "json", "--stage-only"]);
+    let text = run(&["-v"]);
+    for out in [&json, &text] {
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(out));
+        for secret in secrets {
+            assert!(!all.contains(secret), "{secret} printed: {all}");
+        }
+    }
+    let report = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(report.contains("FAILED"), "{report}");
+    assert!(
+        report.contains("answered 301"),
+        "the redirect is a failure: {report}"
+    );
+    assert!(redirecting.received().iter().all(|r| r.answered == 301));
+    // The outbox (and everything else under the table) holds no secret either.
+    for file in crate::support::files_under(&lake.table_path("events")) {
+        if file.ends_with(".parquet") {
+            continue;
+        }
+        let bytes = std::fs::read(&file).unwrap();
+        let content = String::from_utf8_lossy(&bytes);
+        for secret in secrets {
+            assert!(!content.contains(secret), "{secret} in {file}");
+        }
     }
 }

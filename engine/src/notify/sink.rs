@@ -127,7 +127,12 @@ impl Sink {
             }
         }
         let expanded = expand(&url).map_err(|e| e.to_string())?;
-        crate::secrets::register_url_credentials(&expanded);
+        if expanded.starts_with("file:") {
+            crate::secrets::register_url_credentials(&expanded);
+        } else {
+            crate::secrets::register_sink_url(&expanded);
+            crate::secrets::register_sink_url(expanded.trim_start_matches("openlineage+"));
+        }
         let secret = secret
             .map(|s| expand(&s).map_err(|e| e.to_string()))
             .transpose()?;
@@ -164,9 +169,18 @@ impl Sink {
         })
     }
 
-    /// The sink as written in the project (secrets in it masked).
+    /// The sink as reports and logs name it: a `file:` path or a `${VARIABLE}` reference as
+    /// written, an HTTP URL written out by its scheme, host and the shape of its path only (a
+    /// webhook's URL is its credential, #33).
     pub fn name(&self) -> String {
-        crate::secrets::mask(&self.name)
+        match &self.target {
+            Target::File(_) => crate::secrets::mask(&self.name),
+            _ if self.name.trim_start().starts_with("${") => crate::secrets::mask(&self.name),
+            Target::Http(url) => crate::secrets::redacted_url(url.as_str()),
+            Target::OpenLineage(url) => {
+                format!("openlineage+{}", crate::secrets::redacted_url(url.as_str()))
+            }
+        }
     }
 
     /// A stable id for the sink's delivery state: a digest of where it delivers.
@@ -221,6 +235,8 @@ impl Sink {
         let timestamp = chrono::Utc::now().timestamp().to_string();
         let mut request = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
+            // A redirect would be followed as a GET without the event: a 3xx is a failure (#33).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?
             .post(url.clone())
@@ -241,7 +257,8 @@ impl Sink {
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| crate::secrets::mask(&e.to_string()))?;
+            // The client's error names the URL, which is the sink's credential: without it.
+            .map_err(|e| crate::secrets::mask(&e.without_url().to_string()))?;
         let status = response.status();
         if status.is_success() {
             Ok(())
