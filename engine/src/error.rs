@@ -439,6 +439,14 @@ pub enum Error {
         /// How many are missing.
         missing: usize,
     },
+    /// A staged file is not the one validation saw (replaced or rewritten since).
+    #[error("staged file `{}` of run `{run_id}` changed after validation{}; nothing was published", paths[0], if paths.len() > 1 { format!(" (and {} more)", paths.len() - 1) } else { String::new() })]
+    StagedFileChanged {
+        /// The run id.
+        run_id: String,
+        /// The files that changed.
+        paths: Vec<String>,
+    },
     /// Commits after a run changed its range (or the files it added): reverting it by files
     /// would undo them too.
     #[error(
@@ -538,7 +546,9 @@ impl Error {
             | Error::RevertBlocked { .. } => 4,
             Error::Interrupted => 130,
             Error::RunStopped { source, .. } => source.exit_code(),
-            Error::StagedFilesMissing { .. } | Error::RevertFilesGone { .. } => 1,
+            Error::StagedFilesMissing { .. }
+            | Error::StagedFileChanged { .. }
+            | Error::RevertFilesGone { .. } => 1,
             Error::ReadFile { .. }
             | Error::OpenTable { .. }
             | Error::DamagedLog { .. }
@@ -723,6 +733,9 @@ impl Error {
             }
             Error::Check { name, .. } => format!(
                 "check `{name}` is a SELECT over `output` (the staged rows) and `previous` (the rows they replace), with the target's columns; fix it in the model's `[[validate.checks]]`"
+            ),
+            Error::StagedFileChanged { run_id, .. } => format!(
+                "something wrote into the run's staging directory after validation: discard it with `lakefill discard {run_id}` and run the backfill again"
             ),
             Error::StagedFilesMissing { run_id, .. } => format!(
                 "discard it with `lakefill discard {run_id}` and run the backfill again"
@@ -1036,6 +1049,10 @@ mod tests {
                 run_id: s(),
                 missing: 1,
             },
+            Error::StagedFileChanged {
+                run_id: s(),
+                paths: vec![s()],
+            },
             Error::RevertBlocked {
                 run_id: s(),
                 table: s(),
@@ -1107,6 +1124,7 @@ mod tests {
                 | Error::ValidationFailed { .. }
                 | Error::UnsupportedFeature { .. }
                 | Error::StagedFilesMissing { .. }
+                | Error::StagedFileChanged { .. }
                 | Error::RevertBlocked { .. }
                 | Error::RevertFilesGone { .. }
                 | Error::Cascade { .. }

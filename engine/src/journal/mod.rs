@@ -96,6 +96,11 @@ pub struct Journal {
     /// Digest of the staged files validation ran on; publish refuses any other set.
     #[serde(default)]
     pub validated_files: Option<String>,
+    /// Each staged file as the store described it when validation ended (its ETag: a content
+    /// hash on S3, the inode, time and size on local disk): publish refuses a file that changed
+    /// since (#33).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub validated_stamps: BTreeMap<String, Option<String>>,
     /// The reason given to publish despite failed validation.
     #[serde(default)]
     pub forced: Option<String>,

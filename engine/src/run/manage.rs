@@ -292,22 +292,7 @@ pub async fn publish_run(
                 journal.resume_command()
             )));
         }
-        let mut missing = 0;
-        for add in journal.staged_files() {
-            if store
-                .head(&crate::storage::object_path(&add.path))
-                .await
-                .is_err()
-            {
-                missing += 1;
-            }
-        }
-        if missing > 0 {
-            return Err(Error::StagedFilesMissing {
-                run_id: run_id.to_string(),
-                missing,
-            });
-        }
+        crate::run::publish::verify_staged(&store, journal).await?;
         if journal.state == RunState::FailedValidation {
             journal.forced = force_reason.clone();
         }

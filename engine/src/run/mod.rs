@@ -544,6 +544,8 @@ impl BackfillBuilder {
         }
         journal.validation = Some(validation);
         journal.validated_files = Some(journal.staged_digest());
+        journal.validated_stamps =
+            crate::run::publish::stamps(&plan.target.object_store(), journal).await?;
         Ok(())
     }
 
@@ -811,6 +813,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         spill_dropped: 0,
         validation: None,
         validated_files: None,
+        validated_stamps: Default::default(),
         forced: None,
         published_version: None,
         sequence: report.publish_sequence,

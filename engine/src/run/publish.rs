@@ -5,6 +5,7 @@ use std::sync::Arc;
 use deltalake::DeltaTable;
 use deltalake::ObjectStore;
 use deltalake::kernel::Action;
+use deltalake::logstore::object_store::ObjectStoreExt as _;
 
 use crate::error::Error;
 use crate::error::Result;
@@ -16,6 +17,85 @@ use crate::log::find_run_commit;
 use crate::log::published_sequence;
 use crate::log::registry::record_published_model;
 use crate::publish::{commit, commit_actions};
+
+/// Each staged file of `journal` as the store describes it now: its ETag (a content hash on S3;
+/// the inode, time and size on local disk), by path.
+pub(crate) async fn stamps(
+    store: &Arc<dyn ObjectStore>,
+    journal: &Journal,
+) -> Result<std::collections::BTreeMap<String, Option<String>>> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    // Owned: borrowed items in the stream would trip the future's `Send` bound.
+    let paths: Vec<String> = journal.staged_files().map(|a| a.path.clone()).collect();
+    futures::stream::iter(paths)
+        .map(|path| {
+            let store = Arc::clone(store);
+            async move {
+                let meta = store
+                    .head(&crate::storage::object_path(&path))
+                    .await
+                    .map_err(|source| Error::Storage {
+                        path: path.clone(),
+                        source,
+                    })?;
+                Ok::<_, Error>((path, meta.e_tag))
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await
+}
+
+/// Refuses to publish `journal` when a staged file is gone, or is not the file validation saw:
+/// another size than its `add` action says, or another ETag than when validation ended (#33:
+/// a staged file replaced on disk after `--stage-only` was published and broke every read).
+pub(crate) async fn verify_staged(store: &Arc<dyn ObjectStore>, journal: &Journal) -> Result<()> {
+    use futures::StreamExt as _;
+    let files: Vec<(String, i64, Option<String>)> = journal
+        .staged_files()
+        .map(|add| {
+            let stamp = journal.validated_stamps.get(&add.path).cloned().flatten();
+            (add.path.clone(), add.size, stamp)
+        })
+        .collect();
+    let checked: Vec<(String, Option<bool>)> = futures::stream::iter(files)
+        .map(|(path, size, stamp)| {
+            let store = Arc::clone(store);
+            async move {
+                let same = match store.head(&crate::storage::object_path(&path)).await {
+                    Err(_) => None,
+                    Ok(meta) => Some(
+                        i64::try_from(meta.size).ok() == Some(size)
+                            && (stamp.is_none() || stamp == meta.e_tag),
+                    ),
+                };
+                (path, same)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let missing = checked.iter().filter(|(_, same)| same.is_none()).count();
+    if missing > 0 {
+        return Err(Error::StagedFilesMissing {
+            run_id: journal.run_id.to_string(),
+            missing,
+        });
+    }
+    let mut changed: Vec<String> = checked
+        .into_iter()
+        .filter(|(_, same)| *same == Some(false))
+        .map(|(path, _)| path)
+        .collect();
+    if !changed.is_empty() {
+        changed.sort();
+        return Err(Error::StagedFileChanged {
+            run_id: journal.run_id.to_string(),
+            paths: changed,
+        });
+    }
+    Ok(())
+}
 
 /// Commits a validated run and records the outcome in its journal. After any error from the
 /// commit path the log is read again: if the commit landed after all, the run is published;

@@ -457,6 +457,7 @@ fn revert_journal(
         spill_dropped: 0,
         validation: None,
         validated_files: None,
+        validated_stamps: Default::default(),
         forced: None,
         published_version: None,
         sequence: 1,
