@@ -176,3 +176,72 @@ fn gc_deletes_only_what_no_version_or_live_run_needs() {
             .any(|r| r["model_version"] == "v4" && r["state"] == "discarded")
     );
 }
+
+/// A Delta table of its own whose root is named like a staging directory (`lakefill-*` inside a
+/// partition directory) is not lakefill's: gc leaves every file of it (#33), and python reads it
+/// back whole.
+#[test]
+fn issue_33_gc_never_deletes_a_table_named_like_a_staging_directory() {
+    let lake = TestLake::new();
+    let nested = lake.table_path("events").join(format!(
+        "event_date={}/lakefill-someones-table",
+        lake.day(1)
+    ));
+    let script = format!(
+        "import os, sys, pyarrow as pa\nfrom deltalake import DeltaTable, write_deltalake\n\
+         write_deltalake({path:?}, pa.table({{'x': pa.array([1, 2, 3], pa.int64())}}))\n\
+         print(DeltaTable({path:?}).to_pyarrow_table().num_rows)\nsys.stdout.flush(); os._exit(0)\n",
+        path = nested.display().to_string()
+    );
+    let made = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let before = files_under(&nested);
+    assert!(before.iter().any(|f| f.ends_with(".parquet")), "{before:?}");
+    for args in [
+        vec![
+            "gc",
+            "events",
+            "--older-than",
+            "0s",
+            "--dry-run",
+            "--output-format",
+            "json",
+        ],
+        vec![
+            "gc",
+            "events",
+            "--older-than",
+            "0s",
+            "--output-format",
+            "json",
+        ],
+    ] {
+        let report = json_ok(&lake.run(&args));
+        assert!(
+            !report["files"]
+                .to_string()
+                .contains("lakefill-someones-table"),
+            "{report}"
+        );
+    }
+    assert_eq!(files_under(&nested), before, "every file of the table kept");
+    let read = Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import os, sys\nfrom deltalake import DeltaTable\n\
+                 print(DeltaTable({:?}).to_pyarrow_table().num_rows)\nsys.stdout.flush(); os._exit(0)\n",
+                nested.display().to_string()
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&read.stdout).trim(), "3");
+}

@@ -320,7 +320,13 @@ async fn staged_files(
             if is_local_symlink(root, dir.as_ref()) {
                 continue;
             }
-            for object in list(store, &dir).await?.objects {
+            let inside = list(store, &dir).await?;
+            if holds_a_table(&inside) {
+                // A Delta table of its own that happens to be named like a staging directory
+                // (#33): not lakefill's to delete.
+                continue;
+            }
+            for object in inside.objects {
                 if is_local_symlink(root, object.location.as_ref()) {
                     continue;
                 }

@@ -55,14 +55,18 @@ pub(crate) async fn delete_staging(
             .collect()
     };
     for prefix in staging_dirs(&store, &root, journal).await? {
-        let listed = store
+        let listing = store
             .list_with_delimiter(Some(&prefix))
             .await
             .map_err(|source| Error::Storage {
                 path: prefix.to_string(),
                 source,
-            })?
-            .objects;
+            })?;
+        if crate::storage::holds_a_table(&listing) {
+            // A Delta table of its own named like the run's staging directory (#33): not ours.
+            continue;
+        }
+        let listed = listing.objects;
         candidates.extend(
             listed
                 .into_iter()
