@@ -30,13 +30,18 @@ fn labels(grain: &str, n: i64, m: i64) -> (String, String) {
 }
 
 /// What the `edges` check reported, per kind: outside partition -> keys.
-fn reported(report: &Value, kind: &str) -> Value {
-    let check = report["validation"]["checks"]
+/// The `edges` check of a run's report.
+fn edge_check(report: &Value) -> &Value {
+    report["validation"]["checks"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["name"] == "edges")
-        .unwrap_or_else(|| panic!("no edges check: {report}"));
+        .unwrap_or_else(|| panic!("no edges check: {report}"))
+}
+
+fn reported(report: &Value, kind: &str) -> Value {
+    let check = edge_check(report);
     let mut out = serde_json::Map::new();
     for failure in check["failures"].as_array().unwrap() {
         if let Some(n) = failure[kind].as_u64() {
@@ -64,12 +69,7 @@ fn last_commit_info(dir: &Path) -> Value {
 }
 
 fn suggested(report: &Value) -> (String, String) {
-    let check = report["validation"]["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "edges")
-        .unwrap();
+    let check = edge_check(report);
     let found = check["failures"]
         .as_array()
         .unwrap()

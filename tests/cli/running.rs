@@ -83,6 +83,23 @@ fn running_total(grain: &str) {
         stdout(&plan)
     );
 
+    let fix_rest = || {
+        json_ok(&run_in(
+            dir.path(),
+            &[
+                "backfill",
+                "running",
+                "--from",
+                corrected,
+                "--to",
+                last,
+                "--model-version",
+                "v1",
+                "--output-format",
+                "json",
+            ],
+        ))
+    };
     // Killed while staging the fifth period: the same command resumes from the periods staged,
     // which the later ones read as the run left them.
     let killed = crate::support::lakefill_command(dir.path())
@@ -101,21 +118,7 @@ fn running_total(grain: &str) {
         .unwrap();
     assert_ne!(killed.status.code(), Some(0), "{}", stderr(&killed));
     assert_eq!(rows(path, "rows"), stale, "a killed run changes nothing");
-    let report = json_ok(&run_in(
-        dir.path(),
-        &[
-            "backfill",
-            "running",
-            "--from",
-            corrected,
-            "--to",
-            last,
-            "--model-version",
-            "v1",
-            "--output-format",
-            "json",
-        ],
-    ));
+    let report = fix_rest();
     assert_eq!(report["state"], "published", "{report}");
     // (The fourth may not be journaled yet when the fifth starts.)
     let resumed = report["resumed_batches"].as_u64().unwrap();
@@ -128,21 +131,7 @@ fn running_total(grain: &str) {
     assert_eq!(rows(path, "rows"), expected);
 
     // Running it again finds it up to date (each period reads the published one before it).
-    let again = json_ok(&run_in(
-        dir.path(),
-        &[
-            "backfill",
-            "running",
-            "--from",
-            corrected,
-            "--to",
-            last,
-            "--model-version",
-            "v1",
-            "--output-format",
-            "json",
-        ],
-    ));
+    let again = fix_rest();
     assert!(
         matches!(
             again["outcome"].as_str(),

@@ -155,9 +155,7 @@ impl EdgeScan {
                 if period_span(read.0, from) < budget
                     && let (Some(first), Some(last)) = (read.0.offset(-step), read.0.offset(-1))
                 {
-                    let (old, new) = read_around(plan, resources, first, last).await?;
-                    add_sightings(&mut keys, false, old);
-                    add_sightings(&mut keys, true, new);
+                    read_into(&mut keys, plan, resources, first, last).await?;
                     read.0 = first;
                     grew = true;
                 }
@@ -167,9 +165,7 @@ impl EdgeScan {
                 if period_span(to, read.1) < budget
                     && let (Some(first), Some(last)) = (read.1.offset(1), read.1.offset(step))
                 {
-                    let (old, new) = read_around(plan, resources, first, last).await?;
-                    add_sightings(&mut keys, false, old);
-                    add_sightings(&mut keys, true, new);
+                    read_into(&mut keys, plan, resources, first, last).await?;
                     read.1 = last;
                     grew = true;
                 }
@@ -213,6 +209,20 @@ fn allow(mut check: CheckResult, allowed: Option<String>) -> CheckResult {
 /// How many periods lie between `a` and `b` (0 when they are the same).
 fn period_span(a: Period, b: Period) -> i64 {
     crate::partition::period_count(a.min(b), a.max(b)) - 1
+}
+
+/// Reads the keys of the partitions `first..=last` (see [`read_around`]) into `keys`.
+async fn read_into(
+    keys: &mut KeyMap,
+    plan: &BackfillPlan,
+    resources: &Resources,
+    first: Period,
+    last: Period,
+) -> Result<()> {
+    let (old, new) = read_around(plan, resources, first, last).await?;
+    add_sightings(keys, false, old);
+    add_sightings(keys, true, new);
+    Ok(())
 }
 
 /// Keys with the partition they were seen in.
