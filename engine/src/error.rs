@@ -21,7 +21,7 @@ pub enum Error {
         start: PathBuf,
     },
     /// `init` found a project where it was to write one.
-    #[error("`{}` already exists; init never overwrites a project", path.display())]
+    #[error("`{}` already exists; init never overwrites a project or a model", path.display())]
     ProjectExists {
         /// The existing project file.
         path: PathBuf,
@@ -571,6 +571,10 @@ impl Error {
                 "run from a project directory, pass `--project DIR`, or create one with `lakefill demo`".into()
             }
             Error::ReadFile { .. } => "check that the file exists and is readable".into(),
+            Error::ProjectExists { path } if path.ends_with("identity.sql") => format!(
+                "init wrote nothing; move `{}` away first, or write the project in another directory",
+                path.display()
+            ),
             Error::ProjectExists { .. } => {
                 "run `lakefill init` in an empty directory (`lakefill init DIR`), or add tables to the existing lakefill.toml by hand".into()
             }

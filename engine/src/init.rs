@@ -34,6 +34,11 @@ pub async fn init(dir: &Path, tables: &[(String, String)]) -> Result<InitReport>
         return Err(Error::ProjectExists { path: project_file });
     }
     for (name, _) in tables {
+        // Nothing is written when any file init would write exists: a model is the user's work.
+        let model_file = identity_path(dir, name);
+        if model_file.exists() {
+            return Err(Error::ProjectExists { path: model_file });
+        }
         if !crate::model::is_model_name(name) {
             return Err(Error::InvalidOption {
                 option: "--table".into(),
@@ -61,17 +66,31 @@ pub async fn init(dir: &Path, tables: &[(String, String)]) -> Result<InitReport>
             return Err(error);
         }
     };
+    // Every model is built before any is written: a table that cannot be opened leaves no
+    // project behind.
+    let mut models = Vec::new();
     for (name, _) in tables {
-        let config = project.table(name, "--table")?;
-        let table = open_table(config, None).await?;
-        let model = identity_model(name, &table, &mut notes)?;
-        let model_dir = dir.join("sql").join(name);
-        std::fs::create_dir_all(&model_dir).map_err(|source| Error::ReadFile {
-            path: model_dir.clone(),
-            source,
-        })?;
-        // `identity` sorts before `v1`: the user's first fix is the newest version.
-        let path = model_dir.join("identity.sql");
+        let built = async {
+            let config = project.table(name, "--table")?;
+            let table = open_table(config, None).await?;
+            identity_model(name, &table, &mut notes)
+        }
+        .await;
+        match built {
+            Ok(model) => models.push((identity_path(dir, name), model)),
+            Err(error) => {
+                let _ = std::fs::remove_file(&project_file);
+                return Err(error);
+            }
+        }
+    }
+    for (path, model) in models {
+        if let Some(model_dir) = path.parent() {
+            std::fs::create_dir_all(model_dir).map_err(|source| Error::ReadFile {
+                path: model_dir.to_path_buf(),
+                source,
+            })?;
+        }
         std::fs::write(&path, model).map_err(|source| Error::ReadFile {
             path: path.clone(),
             source,
@@ -83,6 +102,12 @@ pub async fn init(dir: &Path, tables: &[(String, String)]) -> Result<InitReport>
         files,
         notes,
     })
+}
+
+/// Where init writes a table's identity model: `identity` sorts before `v1`, so the user's
+/// first fix is the newest version.
+fn identity_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join("sql").join(name).join("identity.sql")
 }
 
 fn starter_toml(tables: &[(String, String)]) -> String {

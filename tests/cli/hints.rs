@@ -362,3 +362,52 @@ fn init_writes_a_project_whose_identity_backfills_are_up_to_date() {
         );
     }
 }
+
+#[test]
+fn issue_33_init_never_overwrites_a_model() {
+    let lake = TestLake::new();
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("shop");
+    let model = project.join("sql/events/identity.sql");
+    std::fs::create_dir_all(model.parent().unwrap()).unwrap();
+    std::fs::write(&model, "-- the user's own work\nSELECT 1\n").unwrap();
+    let table = |name: &str| format!("{name}={}", lake.table_path(name).display());
+    // A table that exists next to one whose model is already there: init writes nothing at all.
+    let out = run_in(
+        dir.path(),
+        &[
+            "init",
+            "shop",
+            "--table",
+            &table("raw_events"),
+            "--table",
+            &table("events"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sql/events/identity.sql") && stderr(&out).contains("move"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&model).unwrap(),
+        "-- the user's own work\nSELECT 1\n"
+    );
+    assert!(!project.join("lakefill.toml").exists());
+    assert!(!project.join("sql/raw_events").exists());
+    // A table that cannot be opened leaves no project behind either.
+    let missing = dir.path().join("nowhere");
+    let out = run_in(
+        dir.path(),
+        &[
+            "init",
+            "shop",
+            "--table",
+            &format!("ghost={}", missing.display()),
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!project.join("lakefill.toml").exists());
+    assert!(!project.join("sql/ghost").exists());
+}

@@ -325,3 +325,85 @@ fn a_cascade_gets_one_report_of_every_table() {
         assert!(dom.contains(&format!("id=\"verdict-{table}\"")), "{table}");
     }
 }
+
+/// A reason is the user's text, shown and never acted on: in the Markdown report (printed on
+/// stdout and written by `--report`) its terminal escapes, line breaks, raw HTML and links are
+/// escaped. An independent CommonMark renderer (markdown-it-py, tables on) finds no tag, link or
+/// extra table row of the reason in it.
+#[test]
+fn issue_33_the_markdown_report_escapes_a_hostile_reason() {
+    let lake = TestLake::new();
+    let reason = "fix \u{1b}[31mred\u{1b}[0m tz\n# Heading\n| a | b |\n<a href=\"javascript:alert(1)\">x</a> \
+                  [click](javascript:alert(2)) <script>alert(3)</script> **bold** `tick`";
+    let file = lake.path().join("hostile.md");
+    let run = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        &lake.day(2),
+        "--to",
+        &lake.day(3),
+        "--stage-only",
+        "--allow-edge-moves",
+        "--reason",
+        reason,
+        "--report",
+        file.to_str().unwrap(),
+        "--output-format",
+        "json",
+    ]));
+    let run_id = run["run_id"].as_str().unwrap();
+    let printed = lake.run(&["report", run_id, "--format", "md"]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    for markdown in [
+        String::from_utf8_lossy(&printed.stdout).to_string(),
+        std::fs::read_to_string(&file).unwrap(),
+    ] {
+        assert!(!markdown.contains('\u{1b}'), "no raw escape: {markdown}");
+        assert!(markdown.contains("\\u{1b}\\[31mred"), "{markdown}");
+        let reason_line = markdown
+            .lines()
+            .find(|l| l.starts_with("| reason |"))
+            .unwrap_or_else(|| panic!("one line holds the reason: {markdown}"));
+        assert!(reason_line.contains("Heading"), "{reason_line}");
+        let rendered = Command::new("python3")
+            .args([
+                "-c",
+                "import sys\nfrom markdown_it import MarkdownIt\n\
+                 print(MarkdownIt('commonmark').enable('table').render(sys.stdin.read()))",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write as _;
+                child.stdin.take().unwrap().write_all(markdown.as_bytes())?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        assert!(rendered.status.success(), "{}", stderr(&rendered));
+        let html = String::from_utf8(rendered.stdout).unwrap();
+        for forbidden in [
+            "<a ",
+            "<script",
+            "javascript:alert(1)\">",
+            "<h1>Heading",
+            "<strong>bold",
+            "<code>tick",
+        ] {
+            assert!(!html.contains(forbidden), "{forbidden} in {html}");
+        }
+        assert!(
+            html.contains("&lt;script&gt;alert(3)"),
+            "shown as text: {html}"
+        );
+        // The reason stays in its one table cell: the run's table keeps its rows.
+        let rows = html.matches("<tr>").count();
+        let cells_of_reason = html
+            .split("<tr>")
+            .find(|row| row.contains("reason"))
+            .map(|row| row.matches("<td>").count());
+        assert_eq!(cells_of_reason, Some(2), "{html}");
+        assert!(rows >= 5, "{html}");
+    }
+}

@@ -10,6 +10,7 @@
 
 mod cascade;
 mod charts;
+mod markdown;
 
 pub use cascade::{
     CASCADE_REPORT_SCHEMA, CascadeDocument, NodeLine, cascade_report, render_cascade,
@@ -312,16 +313,21 @@ pub fn render(report: &Report, format: ReportFormat) -> Result<String> {
     Ok(crate::secrets::mask(&rendered))
 }
 
-/// The templates of run and cascade reports (HTML escaped, Markdown as is).
+/// The templates of run and cascade reports: every value they quote is escaped for its format
+/// (HTML, or Markdown text, code span or fence), so a reason or a sample value is shown, never
+/// acted on.
 fn environment() -> Result<minijinja::Environment<'static>> {
     let mut env = minijinja::Environment::new();
     env.set_auto_escape_callback(|name| {
         if name.ends_with(".html") {
             minijinja::AutoEscape::Html
         } else {
-            minijinja::AutoEscape::None
+            minijinja::AutoEscape::Custom(markdown::AUTO_ESCAPE)
         }
     });
+    env.set_formatter(markdown::formatter);
+    env.add_filter("code", markdown::code);
+    env.add_filter("fenced", markdown::fenced);
     for (name, text) in [
         ("style.html", include_str!("style.html")),
         ("run.html", include_str!("run.html")),
