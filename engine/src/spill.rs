@@ -8,6 +8,10 @@
 //! directory removes every directory whose lock nobody holds, and never one whose process still
 //! runs. Where the directory cannot be made (a read-only temp dir), DataFusion picks its own, as
 //! before.
+//!
+//! The root is trusted only when it is a real directory of this user: a symbolic link (to
+//! anywhere) or a directory another user owns is refused with a warning, never followed nor
+//! swept, and DataFusion's own temporary directory is used instead.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -38,6 +42,10 @@ pub(crate) fn dir() -> Option<&'static Path> {
     SPILL
         .get_or_init(|| match create(&root()) {
             Ok(spill) => Some(spill),
+            Err(error) if error.kind() == ErrorKind::PermissionDenied => {
+                tracing::warn!("{error}; spilling to a temporary directory of DataFusion's");
+                None
+            }
             Err(error) => {
                 tracing::debug!(%error, "no spill directory of lakefill's own; using the system's");
                 None
@@ -68,7 +76,19 @@ pub fn release() {
 
 fn create(root: &Path) -> std::io::Result<SpillDir> {
     std::fs::create_dir_all(root)?;
-    sweep(root);
+    let refused = |why: &str| {
+        std::io::Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "the spill root `{}` {why}: lakefill neither follows nor sweeps it; remove it, or \
+                 point TMPDIR elsewhere",
+                root.display()
+            ),
+        )
+    };
+    if std::fs::symlink_metadata(root)?.file_type().is_symlink() {
+        return Err(refused("is a symbolic link"));
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -79,7 +99,13 @@ fn create(root: &Path) -> std::io::Result<SpillDir> {
         .create_new(true)
         .write(true)
         .open(&unnamed)?;
+    // The lock file is this user's: the root must be too (checked before anything is swept).
+    if !same_owner(&lock.metadata()?, &std::fs::symlink_metadata(root)?) {
+        let _ = std::fs::remove_file(&unnamed);
+        return Err(refused("belongs to another user"));
+    }
     lock.try_lock().map_err(std::io::Error::other)?;
+    sweep(root);
     let lock_path = root.join(format!("{name}.lock"));
     std::fs::rename(&unnamed, &lock_path)?;
     let dir = root.join(&name);
@@ -89,6 +115,17 @@ fn create(root: &Path) -> std::io::Result<SpillDir> {
         lock_path,
         _lock: lock,
     })
+}
+
+#[cfg(unix)]
+fn same_owner(mine: &std::fs::Metadata, root: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    mine.uid() == root.uid()
+}
+
+#[cfg(not(unix))]
+fn same_owner(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
+    true
 }
 
 /// Removes the spill directories under `root` whose lock no process holds.

@@ -349,3 +349,63 @@ fn a_killed_process_spill_files_are_removed_by_the_next_process_and_a_live_ones_
     query();
     assert_eq!(spill_dirs(&root), Default::default());
 }
+
+/// A spill root that is a symbolic link, or that another user owns, is refused: never followed,
+/// never swept, and the command still runs (spilling where DataFusion puts its own files).
+#[cfg(unix)]
+#[test]
+fn issue_33_a_foreign_or_linked_spill_root_is_never_swept() {
+    let lake = TestLake::new();
+    let tmp = tempfile::tempdir().expect("a temp dir");
+    // What a dead lakefill process would leave: a directory and its unlocked lock.
+    let foreign = tmp.path().join("elsewhere");
+    let dead = |root: &std::path::Path| {
+        std::fs::create_dir_all(root.join("4242-1")).unwrap();
+        std::fs::write(root.join("4242-1/keep.bin"), b"not lakefill's").unwrap();
+        std::fs::write(root.join("4242-1.lock"), b"").unwrap();
+    };
+    dead(&foreign);
+    let linked = tmp.path().join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&foreign, linked.join("lakefill-spill")).unwrap();
+    // A root of another user (only root can make one; otherwise that half is skipped).
+    let owned = tmp.path().join("owned");
+    dead(&owned.join("lakefill-spill"));
+    let chowned = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(owned.join("lakefill-spill"))
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut cases = vec![(linked, foreign.clone(), "symbolic link")];
+    if chowned {
+        cases.push((owned.clone(), owned.join("lakefill-spill"), "another user"));
+    }
+    for (tmpdir, root, why) in cases {
+        let out = crate::support::lakefill_command(lake.path())
+            .args(["sql", "SELECT COUNT(*) AS n FROM events"])
+            .env("TMPDIR", &tmpdir)
+            .output()
+            .expect("run sql");
+        assert!(out.status.success(), "{why}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(why) && stderr(&out).contains("lakefill-spill"),
+            "{why}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            std::fs::read(root.join("4242-1/keep.bin")).unwrap(),
+            b"not lakefill's",
+            "{why}"
+        );
+        assert!(root.join("4242-1.lock").exists(), "{why}");
+        let entries: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            entries.len(),
+            2,
+            "{why}: nothing of lakefill's left in it: {entries:?}"
+        );
+    }
+}
