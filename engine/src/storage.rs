@@ -112,6 +112,25 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
             table: table.name().to_string(),
             source: Box::new(source),
         },
+        // A reader feature (or reader version) the Delta kernel does not know: the table is
+        // there and reachable, and no credential changes that.
+        source if unknown_reader_feature(&source.to_string()).is_some() => {
+            let feature = unknown_reader_feature(&source.to_string()).unwrap_or_default();
+            Error::UnsupportedFeature {
+                table: table.name().to_string(),
+                why: format!(
+                    "the Delta reader lakefill is built with does not know it ({source}), so no \
+                     version that has it can be read"
+                ),
+                hint: format!(
+                    "read a version of `{}` from before the feature was added (`\"{}@N\"`), or \
+                     backfill a copy without it",
+                    table.name(),
+                    table.name()
+                ),
+                feature,
+            }
+        }
         DeltaTableError::InvalidVersion(_) => Error::InvalidOption {
             option: "version".into(),
             value: version.map(|v| v.to_string()).unwrap_or_default(),
@@ -123,6 +142,24 @@ pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Resu
             source: Box::new(source),
         },
     })
+}
+
+/// The feature named by the Delta kernel's refusal of a protocol it does not support
+/// (`Unsupported: Feature 'x' is not supported`), or `reader version N` for a reader version
+/// past its own.
+fn unknown_reader_feature(message: &str) -> Option<String> {
+    let (_, after) = message.split_once("Unsupported: ")?;
+    if let Some(name) = after
+        .strip_prefix("Feature '")
+        .and_then(|rest| rest.split_once('\''))
+        .map(|(name, _)| name.to_string())
+    {
+        return Some(name);
+    }
+    after
+        .to_ascii_lowercase()
+        .contains("reader version")
+        .then(|| after.trim().to_string())
 }
 
 /// The oldest version of `table` (whose latest is `latest`) its log can still be read at: the

@@ -191,13 +191,13 @@ def plain(directory):
     hand_written(directory, [(protocol if v == 0 else None, [("2026-01-01", [v])]) for v in range(3)])
 
 
-def vacuum_check(directory):
+def vacuum_check(directory, feature="vacuumProtocolCheck"):
     plain = {"minReaderVersion": 1, "minWriterVersion": 2}
     upgraded = {
         "minReaderVersion": 3,
         "minWriterVersion": 7,
-        "readerFeatures": ["vacuumProtocolCheck"],
-        "writerFeatures": ["vacuumProtocolCheck"],
+        "readerFeatures": [feature],
+        "writerFeatures": [feature],
     }
     hand_written(directory, [(plain, [("2026-01-01", [1, 2])]), (upgraded, [("2026-01-02", [3, 4])])])
 
@@ -252,6 +252,9 @@ if __name__ == "__main__":
         plain(sys.argv[2])
     elif command == "vacuum_check":
         vacuum_check(sys.argv[2])
+    elif command == "unknown_feature":
+        # A reader feature no Delta reader of today knows.
+        vacuum_check(sys.argv[2], "fancyNewFeature")
     elif command == "cleaned":
         cleaned(sys.argv[2])
     elif command == "timestamps":
