@@ -666,6 +666,12 @@ pub(crate) fn notifications_text(deliveries: &[lakefill::Delivery]) -> String {
                 d.error.as_deref().unwrap_or("?")
             ));
         }
+        if !d.pending.is_empty() {
+            parts.push(format!(
+                "not tried {} (out of time); `lakefill notify` or the next command delivers",
+                versions(&d.pending)
+            ));
+        }
         if parts.is_empty() {
             parts.push("nothing new".into());
         }

@@ -615,3 +615,119 @@ fn issue_33_sink_urls_stay_secret_and_redirects_fail() {
         }
     }
 }
+
+/// `publish RUN` re-run after a crash right after its commit answers "already published", and
+/// still sends the event the crash left unsent (once).
+#[test]
+fn issue_33_publish_run_again_catches_up_the_outbox() {
+    let lake = TestLake::new();
+    add_sinks(&lake, "\"file:notifications.jsonl\"");
+    let run_id = lake.stage_events(2, 3);
+    let before = lake.version("events");
+    let crashed = lakefill_command(lake.path())
+        .args(["publish", &run_id])
+        .env("LAKEFILL_FAILPOINTS", "after-commit")
+        .output()
+        .unwrap();
+    assert!(!crashed.status.success(), "{}", stderr(&crashed));
+    assert_eq!(lake.version("events"), before + 1, "the commit landed");
+    assert!(file_lines(&lake).is_empty(), "not delivered yet");
+    let again = json_ok(&lake.run(&["publish", &run_id, "--output-format", "json"]));
+    assert_eq!(again["outcome"], "already_published", "{again}");
+    assert_eq!(
+        again["notifications"][0]["delivered"],
+        serde_json::json!([before + 1]),
+        "{again}"
+    );
+    let lines = file_lines(&lake);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["version_after"], before + 1);
+    assert_eq!(lines[0]["run_id"], run_id.as_str());
+    let third = json_ok(&lake.run(&["publish", &run_id, "--output-format", "json"]));
+    assert_eq!(
+        third["notifications"][0]["delivered"],
+        serde_json::json!([])
+    );
+    assert_eq!(file_lines(&lake).len(), 1, "nothing twice");
+}
+
+/// Sinks that accept a connection and never answer cost one command a bounded time, all
+/// together: the file sink beside them is told at once, the versions they were not told stay
+/// pending (never marked delivered), and a later command with a working sink delivers them.
+#[test]
+fn issue_33_hanging_sinks_cost_a_bounded_time() {
+    let lake = TestLake::new();
+    // Two receivers that read nothing and answer nothing (connections are kept open).
+    let hanging: Vec<(TcpListener, String)> = (0..2)
+        .map(|_| {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}/hook", listener.local_addr().unwrap());
+            (listener, url)
+        })
+        .collect();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    for (listener, _) in &hanging {
+        let listener = listener.try_clone().unwrap();
+        let held = Arc::clone(&held);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                held.lock().unwrap().push(stream);
+            }
+        });
+    }
+    add_sinks(
+        &lake,
+        &format!(
+            "\"{}\", \"{}\", \"file:notifications.jsonl\"",
+            hanging[0].1, hanging[1].1
+        ),
+    );
+    let started = std::time::Instant::now();
+    let mut published = Vec::new();
+    for day in [2, 5] {
+        let report = json_ok(&lake.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &lake.day(day),
+            "--to",
+            &lake.day(day),
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
+            "--output-format",
+            "json",
+        ]));
+        let version = report["published_version"].as_u64().unwrap();
+        published.push(version);
+        let notifications = report["notifications"].as_array().unwrap();
+        assert_eq!(notifications.len(), 3, "{report}");
+        for hung in &notifications[..2] {
+            let failed = hung["failed"].as_array().unwrap();
+            let pending = hung
+                .get("pending")
+                .and_then(|p| p.as_array())
+                .cloned()
+                .unwrap_or_default();
+            assert!(hung["delivered"].as_array().unwrap().is_empty(), "{hung}");
+            // Every version since the sink started is either failed or not tried.
+            assert_eq!(failed.len() + pending.len(), published.len(), "{hung}");
+        }
+        assert_eq!(
+            notifications[2]["delivered"],
+            serde_json::json!([version]),
+            "the file sink is not held up: {report}"
+        );
+    }
+    // Two commands, two hanging sinks, two versions: a bound of the budget per command (plus
+    // the runs themselves); unbounded retries took 31 s per sink and version (over 2 minutes).
+    let elapsed = started.elapsed();
+    assert!(elapsed < std::time::Duration::from_secs(75), "{elapsed:?}");
+    // The file sink holds each version once.
+    let lines = file_lines(&lake);
+    let versions: Vec<u64> = lines
+        .iter()
+        .map(|e| e["version_after"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, published);
+}

@@ -9,7 +9,8 @@
 //! `delivered/<version>.json` and `failed/<version>.json`. A crash before delivery, or a sink
 //! that was down, is caught up by the next `backfill`, `publish` or `revert` of the table and by
 //! `lakefill notify TABLE`. A failing sink never fails the command: it is reported and retried
-//! later. A sink added to a project starts with the versions after the one it first saw.
+//! later. Sinks are tried side by side, within [`BUDGET`] per command: a sink that hangs costs
+//! each command that long at most, and what it was not told stays pending. A sink added to a project starts with the versions after the one it first saw.
 
 pub(crate) mod event;
 pub(crate) mod lineage;
@@ -45,6 +46,10 @@ pub struct Delivery {
     pub skipped: Vec<u64>,
     /// Versions whose delivery failed now; later commands retry them.
     pub failed: Vec<u64>,
+    /// Versions not tried because the command's time for notifications ran out; later commands
+    /// deliver them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<u64>,
     /// Why the last failure failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -110,6 +115,7 @@ pub(crate) async fn after_commit(
                     delivered: Vec::new(),
                     skipped: Vec::new(),
                     failed: committed.into_iter().collect(),
+                    pending: Vec::new(),
                     error: Some(crate::secrets::mask(&error.to_string())),
                 })
                 .collect()
@@ -150,6 +156,11 @@ struct Record {
     error: Option<String>,
 }
 
+/// The time one command spends on its sinks, all together: sinks are tried side by side, and
+/// what is not delivered by then stays pending for the next command (a sink that hangs costs
+/// each command this long, not minutes).
+const BUDGET: std::time::Duration = std::time::Duration::from_secs(12);
+
 async fn deliver(
     config: &TableConfig,
     latest: &DeltaTable,
@@ -164,7 +175,8 @@ async fn deliver(
         event_of(config, latest, &store, version).await?;
         crate::failpoint::reach("mid-notify").await?;
     }
-    let mut deliveries = Vec::new();
+    // What each sink has pending, then each version's event once, whatever the number of sinks.
+    let mut pending = Vec::new();
     let mut events: std::collections::BTreeMap<u64, Option<Event>> = Default::default();
     for sink in config.sinks() {
         let dir = format!("{OUTBOX}/sinks/{}", sink.id());
@@ -178,67 +190,111 @@ async fn deliver(
         } else {
             settled(&store, &format!("{dir}/delivered")).await?
         };
-        let mut outcome = Delivery {
-            sink: sink.name(),
-            delivered: Vec::new(),
-            skipped: Vec::new(),
-            failed: Vec::new(),
-            error: None,
-        };
-        let mut first_failure = None;
-        for version in from.max(1)..=latest_version {
-            if delivered.contains(&version) {
-                continue;
-            }
-            // Each version's event is read (or derived) once, whatever the number of sinks.
-            let event = match events.entry(version) {
-                std::collections::btree_map::Entry::Occupied(known) => known.into_mut(),
-                std::collections::btree_map::Entry::Vacant(slot) => {
-                    slot.insert(event_of(config, latest, &store, version).await?)
-                }
-            };
-            let Some(event) = event.as_ref() else {
-                continue;
-            };
-            let marker = Path::from(format!("{dir}/delivered/{version:020}.json"));
-            if !sink.wants(event) {
-                put_json(&store, &marker, &record(event, Some("filtered"), None)).await?;
-                outcome.skipped.push(version);
-                continue;
-            }
-            let body =
-                serde_json::to_string(event).map_err(|e| Error::Internal(format!("event: {e}")))?;
-            match sink.deliver(event, &body).await {
-                Ok(()) => {
-                    put_json(&store, &marker, &record(event, None, None)).await?;
-                    outcome.delivered.push(version);
-                }
-                Err(error) => {
-                    let error = crate::secrets::mask(&error);
-                    let failed = Path::from(format!("{dir}/failed/{version:020}.json"));
-                    put_json(&store, &failed, &record(event, None, Some(error.clone()))).await?;
-                    tracing::warn!(sink = %sink.name(), version, %error, "notification not delivered; it is retried by the next command");
-                    outcome.failed.push(version);
-                    outcome.error = Some(error);
-                    first_failure.get_or_insert(version);
-                }
+        let versions: Vec<u64> = (from.max(1)..=latest_version)
+            .filter(|v| !delivered.contains(v))
+            .collect();
+        for &version in &versions {
+            if let std::collections::btree_map::Entry::Vacant(slot) = events.entry(version) {
+                slot.insert(event_of(config, latest, &store, version).await?);
             }
         }
-        // Every version before the first failure is settled for this sink.
-        let settled_up_to = first_failure.map_or(latest_version, |v: u64| v - 1);
-        if settled_up_to > cursor && window.since.is_none() {
-            put_json(
-                &store,
-                &Path::from(format!("{dir}/since.json")),
-                &Cursor {
-                    since: settled_up_to,
-                },
-            )
-            .await?;
-        }
-        deliveries.push(outcome);
+        pending.push((sink, dir, cursor, versions));
     }
-    Ok(deliveries)
+    let deadline = tokio::time::Instant::now() + BUDGET;
+    let events = &events;
+    let store = &store;
+    futures::future::try_join_all(pending.into_iter().map(|(sink, dir, cursor, versions)| {
+        deliver_to(
+            sink,
+            dir,
+            cursor,
+            versions,
+            events,
+            store,
+            deadline,
+            window,
+            latest_version,
+        )
+    }))
+    .await
+}
+
+/// Delivers `versions` to one sink, in order, until `deadline`; records each outcome beside
+/// the sink and moves its cursor past what is settled.
+#[allow(clippy::too_many_arguments)]
+async fn deliver_to(
+    sink: &sink::Sink,
+    dir: String,
+    cursor: u64,
+    versions: Vec<u64>,
+    events: &std::collections::BTreeMap<u64, Option<Event>>,
+    store: &Arc<dyn ObjectStore>,
+    deadline: tokio::time::Instant,
+    window: Window,
+    latest_version: u64,
+) -> Result<Delivery> {
+    let mut outcome = Delivery {
+        sink: sink.name(),
+        delivered: Vec::new(),
+        skipped: Vec::new(),
+        failed: Vec::new(),
+        pending: Vec::new(),
+        error: None,
+    };
+    let mut first_failure = None;
+    for version in versions {
+        let Some(event) = events.get(&version).and_then(Option::as_ref) else {
+            continue;
+        };
+        let marker = Path::from(format!("{dir}/delivered/{version:020}.json"));
+        if !sink.wants(event) {
+            put_json(store, &marker, &record(event, Some("filtered"), None)).await?;
+            outcome.skipped.push(version);
+            continue;
+        }
+        let body =
+            serde_json::to_string(event).map_err(|e| Error::Internal(format!("event: {e}")))?;
+        match sink.deliver(event, &body, deadline).await {
+            Ok(()) => {
+                put_json(store, &marker, &record(event, None, None)).await?;
+                outcome.delivered.push(version);
+            }
+            Err(sink::Undelivered::Failed(error)) => {
+                let error = crate::secrets::mask(&error);
+                let failed = Path::from(format!("{dir}/failed/{version:020}.json"));
+                put_json(store, &failed, &record(event, None, Some(error.clone()))).await?;
+                tracing::warn!(sink = %sink.name(), version, %error, "notification not delivered; it is retried by the next command");
+                outcome.failed.push(version);
+                outcome.error = Some(error);
+                first_failure.get_or_insert(version);
+            }
+            Err(sink::Undelivered::OutOfTime) => {
+                outcome.pending.push(version);
+                first_failure.get_or_insert(version);
+            }
+        }
+    }
+    if !outcome.pending.is_empty() {
+        tracing::warn!(
+            sink = %sink.name(),
+            versions = ?outcome.pending,
+            "the time for notifications ({} s) ran out; the next command delivers the rest",
+            BUDGET.as_secs()
+        );
+    }
+    // Every version before the first failure is settled for this sink.
+    let settled_up_to = first_failure.map_or(latest_version, |v: u64| v - 1);
+    if settled_up_to > cursor && window.since.is_none() {
+        put_json(
+            store,
+            &Path::from(format!("{dir}/since.json")),
+            &Cursor {
+                since: settled_up_to,
+            },
+        )
+        .await?;
+    }
+    Ok(outcome)
 }
 
 fn record(event: &Event, skipped: Option<&str>, error: Option<String>) -> Record {

@@ -33,6 +33,18 @@ pub const EVENT_TYPES: &[&str] = &[
 /// Attempts per delivery before it is left for a later command.
 const ATTEMPTS: u32 = 3;
 
+/// How long one request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a delivery did not happen.
+#[derive(Debug)]
+pub(crate) enum Undelivered {
+    /// It was tried and failed: why the last attempt failed.
+    Failed(String),
+    /// The command's time for notifications ran out before it was tried.
+    OutOfTime,
+}
+
 /// A sink as written in `lakefill.toml`: a URL, or a table with `url` and optionally `secret`,
 /// `events` and `min_changed_rows` (read by [`Sink::parse`], which names what is wrong).
 pub(crate) type RawSink = toml::Value;
@@ -200,41 +212,59 @@ impl Sink {
             && event.changed_rows() >= self.min_changed_rows
     }
 
-    /// Delivers `event` (its JSON `body`), retrying a few times with backoff; the error says why
-    /// the last attempt failed.
+    /// Delivers `event` (its JSON `body`), retrying a few times with backoff, until `deadline`
+    /// (no attempt starts after it, and none runs past it).
     pub(crate) async fn deliver(
         &self,
         event: &Event,
         body: &str,
-    ) -> std::result::Result<(), String> {
-        let mut last = String::new();
+        deadline: tokio::time::Instant,
+    ) -> std::result::Result<(), Undelivered> {
+        let mut last = None;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
             }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let timeout = left.min(REQUEST_TIMEOUT);
             let result = match &self.target {
                 Target::File(path) => append_line(path, &event.event_id, body),
-                Target::Http(url) => self.post(url, event, body).await,
+                Target::Http(url) => self.post(url, event, body, timeout).await,
                 Target::OpenLineage(url) => {
                     let run_event = super::lineage::run_event(event).to_string();
-                    self.post(url, event, &run_event).await
+                    self.post(url, event, &run_event, timeout).await
                 }
             };
             match result {
                 Ok(()) => return Ok(()),
                 Err(error) => {
                     tracing::debug!(sink = %self.name(), attempt, %error, "delivery failed");
-                    last = error;
+                    last = Some((attempt + 1, error));
                 }
             }
         }
-        Err(format!("{last} (after {ATTEMPTS} attempts)"))
+        match last {
+            Some((attempts, error)) => Err(Undelivered::Failed(format!(
+                "{error} (after {attempts} attempt{})",
+                if attempts == 1 { "" } else { "s" }
+            ))),
+            None => Err(Undelivered::OutOfTime),
+        }
     }
 
-    async fn post(&self, url: &Url, event: &Event, body: &str) -> std::result::Result<(), String> {
+    async fn post(
+        &self,
+        url: &Url,
+        event: &Event,
+        body: &str,
+        timeout: Duration,
+    ) -> std::result::Result<(), String> {
         let timestamp = chrono::Utc::now().timestamp().to_string();
         let mut request = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
+            .timeout(timeout)
             // A redirect would be followed as a GET without the event: a 3xx is a failure (#33).
             .redirect(reqwest::redirect::Policy::none())
             .build()

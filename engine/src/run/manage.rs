@@ -257,11 +257,11 @@ pub async fn publish_run(
             violations,
         )? {
             Publishable::AlreadyPublished => {
-                return Ok(RunReport::from_journal(
-                    journal,
-                    Outcome::AlreadyPublished,
-                    Timings::default(),
-                ));
+                let mut report =
+                    RunReport::from_journal(journal, Outcome::AlreadyPublished, Timings::default());
+                // A crash right after the commit left its event unsent: the re-run sends it.
+                report.notifications = crate::notify::after_commit(config, latest, None).await;
+                return Ok(report);
             }
             Publishable::UpToDate => {
                 return Ok(RunReport::from_journal(
