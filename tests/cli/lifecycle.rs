@@ -1087,3 +1087,49 @@ fn issue_33_a_staged_file_changed_after_validation_is_not_published() {
     );
     assert!(!rows.is_empty());
 }
+
+/// A run held by a process in another PID namespace of this machine (a container: the same
+/// boot id, its own pids, pid 1 being the holder) is not taken over: its pid means another
+/// process here, so only the lease's time-to-live can say it died. Needs `unshare` (root); the
+/// lease's unit test covers the rule where it is missing.
+#[test]
+fn issue_33_a_holder_in_another_pid_namespace_keeps_its_run() {
+    let usable = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !usable {
+        eprintln!("skipped: `unshare --pid` is not available here");
+        return;
+    }
+    let lake = TestLake::new();
+    let before = lake.version("events");
+    let args = backfill_args(&lake);
+    let log = lake.path().join("contained.log");
+    let mut contained = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+        .arg(assert_cmd::cargo::cargo_bin("lakefill"))
+        .args(&args)
+        .current_dir(lake.path())
+        .env_remove("AWS_ENDPOINT_URL")
+        .env("LAKEFILL_FAILPOINTS", "after-stage=pause")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_paused(&mut contained, &log);
+    let second = command(&lake, &args, None).output().unwrap();
+    let err = stderr(&second);
+    assert_eq!(second.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("is being worked on by another process") && err.contains("pid 1 "),
+        "{err}"
+    );
+    assert_eq!(
+        lake.version("events"),
+        before,
+        "nothing published by the second"
+    );
+    contained.kill().unwrap();
+    contained.wait().unwrap();
+}

@@ -50,6 +50,11 @@ struct Holder {
     pid: u32,
     /// Start time of the process (clock ticks after boot), so a reused pid is not mistaken for it.
     started: Option<u64>,
+    /// The PID namespace `pid` is a number of (`pid:[4026531836]`): containers on one machine
+    /// share its boot id, but not their pids. A holder of another namespace (or of a version
+    /// that did not record one) is judged by the time-to-live only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pid_namespace: Option<String>,
 }
 
 impl Holder {
@@ -60,6 +65,7 @@ impl Holder {
             boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
             pid,
             started: process_start(pid),
+            pid_namespace: pid_namespace(),
         }
     }
 
@@ -68,6 +74,10 @@ impl Holder {
     fn alive_here(&self) -> Option<bool> {
         let here = read_trimmed("/proc/sys/kernel/random/boot_id")?;
         if self.boot_id.as_deref() != Some(here.as_str()) {
+            return None;
+        }
+        let namespace = pid_namespace()?;
+        if self.pid_namespace.as_deref() != Some(namespace.as_str()) {
             return None;
         }
         Some(process_start(self.pid).is_some_and(|started| Some(started) == self.started))
@@ -79,6 +89,13 @@ fn read_trimmed(path: &str) -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+/// This process's PID namespace, as `/proc/self/ns/pid` links to it.
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|target| target.to_str().map(str::to_string))
 }
 
 /// Field 22 of `/proc/<pid>/stat`: when the process started.
@@ -527,6 +544,51 @@ mod tests {
         assert!(!still_held(&store, &run, 2).await, "expired");
     }
 
+    /// A holder in another PID namespace of this machine (a container: same boot id) is judged
+    /// by the time-to-live: its pid means another process here (pid 1 is this namespace's init).
+    #[test]
+    fn a_holder_of_another_pid_namespace_is_judged_by_the_ttl() {
+        let here = Holder::current();
+        if here.boot_id.is_none() || here.pid_namespace.is_none() {
+            return; // Not Linux: liveness is always by time-to-live.
+        }
+        let record = |holder: Holder, renewed: chrono::DateTime<chrono::Utc>| LeaseRecord {
+            run_id: run_x(),
+            generation: 1,
+            holder,
+            command: "backfill".into(),
+            acquired_at: renewed.to_rfc3339(),
+            renewed_at: renewed.to_rfc3339(),
+            ttl_seconds: 120,
+            released: false,
+        };
+        let now = chrono::Utc::now();
+        let long_ago = now - chrono::Duration::seconds(600);
+        let in_container = Holder {
+            pid: 1,
+            started: Some(7),
+            pid_namespace: Some("pid:[1]".into()),
+            ..here.clone()
+        };
+        assert!(live_holder(&record(in_container.clone(), now)).is_some());
+        assert!(live_holder(&record(in_container, long_ago)).is_none());
+        // Recorded by a version that did not name its namespace: the same.
+        let unnamed = Holder {
+            pid: 1,
+            started: Some(7),
+            pid_namespace: None,
+            ..here.clone()
+        };
+        assert!(live_holder(&record(unnamed, now)).is_some());
+        // In this namespace the process itself decides, whatever the time-to-live says.
+        assert!(live_holder(&record(here.clone(), long_ago)).is_some());
+        let dead = Holder {
+            started: here.started.map(|s| s + 1),
+            ..here
+        };
+        assert!(live_holder(&record(dead, now)).is_none());
+    }
+
     #[tokio::test]
     async fn racing_processes_get_one_lease() {
         let store = store();
@@ -557,6 +619,7 @@ mod tests {
                 boot_id: Some("another-machine".into()),
                 pid: 1,
                 started: None,
+                pid_namespace: None,
             },
             command: "backfill".into(),
             acquired_at: "2026-01-01T00:00:00Z".into(),
