@@ -425,7 +425,7 @@ pub(crate) struct BlameArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct SqlArgs {
-    /// The query (one SELECT).
+    /// The query (one SELECT); `-` reads it from stdin.
     pub(crate) query: String,
     /// Rows to print at most.
     #[arg(long, value_name = "N", default_value_t = 1000)]

@@ -122,13 +122,17 @@ pub(crate) async fn sql(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
-    let result = lakefill::sql_in_release(
-        &project,
-        &args.query,
-        args.max_rows,
-        args.cascade.as_deref(),
-    )
-    .await?;
+    // `-`: the query is read from stdin (a query longer than a command line takes).
+    let query = if args.query == "-" {
+        let mut query = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut query)
+            .map_err(|e| anyhow::anyhow!("cannot read the query from stdin: {e}"))?;
+        query
+    } else {
+        args.query.clone()
+    };
+    let result =
+        lakefill::sql_in_release(&project, &query, args.max_rows, args.cascade.as_deref()).await?;
     let mut text = result.to_table()?;
     text.push('\n');
     if result.truncated {
