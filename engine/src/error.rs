@@ -488,6 +488,10 @@ pub enum Error {
         /// What to do.
         hint: String,
     },
+    /// A node of a cascade was computed from a parent that has changed since, where the node
+    /// read it: publishing it would make the two tables disagree.
+    #[error("{0}")]
+    CascadeParentMoved(Box<ParentMoved>),
     /// A run journal could not be read or written.
     #[error("run journal `{path}` is unreadable: {message}")]
     Journal {
@@ -503,6 +507,27 @@ pub enum Error {
 
 /// Result type of every fallible engine function.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A cascade node's parent that changed since the node read it ([`Error::CascadeParentMoved`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{table}` of cascade `{cascade}` was computed from `{parent}` at version {read}, and `{parent}` has changed since where `{table}` reads it (version {}); nothing of `{table}` was published",
+    versions.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+)]
+pub struct ParentMoved {
+    /// The cascade.
+    pub cascade: String,
+    /// The node's table.
+    pub table: String,
+    /// The parent's table.
+    pub parent: String,
+    /// The parent's version the node read (with the parent run's output on top).
+    pub read: u64,
+    /// The parent's commits since, other than its run's own, in what the node read.
+    pub versions: Vec<u64>,
+    /// The command that recomputes the cascade.
+    pub rerun: String,
+}
 
 impl Error {
     /// Returns the process exit code of DESIGN §3 for this error.
@@ -543,6 +568,7 @@ impl Error {
             Error::Conflict { .. }
             | Error::RunBusy { .. }
             | Error::LeaseLost { .. }
+            | Error::CascadeParentMoved(_)
             | Error::RevertBlocked { .. } => 4,
             Error::Interrupted => 130,
             Error::RunStopped { source, .. } => source.exit_code(),
@@ -666,6 +692,10 @@ impl Error {
                 "see them with `lakefill history {table}`: a revert by files would undo them too. Revert those runs first (newest first), or recompute {range} as it was before the run with `lakefill revert {run_id} --logical` (their changes in the range are replaced too; `--stage-only` to review it first)"
             ),
             Error::Cascade { hint, .. } => hint.clone(),
+            Error::CascadeParentMoved(moved) => format!(
+                "run the cascade again (`{}`): it recomputes the children from their parents as they are now, and publishes them together",
+                moved.rerun
+            ),
             Error::RevertFilesGone { retention, table, .. } => format!(
                 "VACUUM deletes files a version no longer uses once they are older than the table's `delta.deletedFileRetentionDuration` ({retention}); they cannot be put back by files. Recompute the range with a backfill instead, and raise the retention of `{table}` if reverts must reach further back"
             ),
@@ -1057,6 +1087,14 @@ mod tests {
                 run_id: s(),
                 paths: vec![s()],
             },
+            Error::CascadeParentMoved(Box::new(ParentMoved {
+                cascade: s(),
+                table: s(),
+                parent: s(),
+                read: 1,
+                versions: vec![2],
+                rerun: s(),
+            })),
             Error::RevertBlocked {
                 run_id: s(),
                 table: s(),
@@ -1132,6 +1170,7 @@ mod tests {
                 | Error::RevertBlocked { .. }
                 | Error::RevertFilesGone { .. }
                 | Error::Cascade { .. }
+                | Error::CascadeParentMoved(_)
                 | Error::Journal { .. }
                 | Error::Internal(_) => true,
             };

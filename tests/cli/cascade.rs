@@ -1006,3 +1006,98 @@ fn a_conflict_on_a_middle_node_leaves_a_truthful_record_and_a_rerun_completes() 
     );
     assert_chain_consistent(&lake, 3, 4);
 }
+
+/// Another writer's copy of one row of `events` on `date` (python `deltalake`, an append).
+fn append_event_copy(lake: &TestLake, date: &str) {
+    let script = r#"
+import os, sys
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+path, date = sys.argv[1], sys.argv[2]
+rows = DeltaTable(path).to_pyarrow_table()
+rows = rows.filter(pc.equal(pc.cast(rows["event_date"], "string"), date)).slice(0, 1)
+assert rows.num_rows == 1, date
+write_deltalake(path, rows, mode="append")
+sys.stdout.flush()
+os._exit(0)
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(lake.table_path("events"))
+        .arg(date)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A staged cascade whose root was published alone (what a crash between nodes leaves), then
+/// changed again by another writer where a child reads it: publishing the cascade refuses the
+/// child (exit 4, naming the parent and its version) instead of publishing a child computed from
+/// replaced rows. A change of the parent outside what the child reads does not stop it, and
+/// running the cascade again leaves every table consistent with its parent.
+#[test]
+fn issue_33_publish_cascade_checks_each_childs_parents() {
+    for (inside, day) in [(true, 3), (false, 8)] {
+        let lake = TestLake::new();
+        add_rolling(&lake);
+        let before = versions(&lake);
+        let staged = json_ok(&cascade(
+            &lake,
+            3,
+            4,
+            &["--stage-only", "--output-format", "json"],
+        ));
+        let id = staged["cascade_id"].as_str().unwrap().to_string();
+        let root_run = staged["nodes"][0]["run_id"].as_str().unwrap().to_string();
+        json_ok(&lake.run(&["publish", &root_run, "--output-format", "json"]));
+        append_event_copy(&lake, &lake.day(day));
+        let events_now = lake.version("events");
+        let out = lake.run(&["publish", &id, "--output-format", "json"]);
+        if inside {
+            assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+            let err = stderr(&out);
+            assert!(
+                err.contains("`daily_revenue` of cascade")
+                    && err.contains(&format!("(version {events_now})"))
+                    && err.contains("--cascade`"),
+                "{err}"
+            );
+            assert_eq!(
+                versions(&lake)[1..],
+                before[1..],
+                "no child published from replaced rows"
+            );
+            // Running the cascade again recomputes the children from events as it is now.
+            let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+            assert_eq!(report["outcome"], "published", "{report:#}");
+        } else {
+            let published = json_ok(&out);
+            assert_eq!(published["outcome"], "published", "{published:#}");
+            assert_eq!(
+                versions(&lake)[1..],
+                before[1..].iter().map(|v| v + 1).collect::<Vec<_>>()
+            );
+        }
+        // Every table equals a recompute from its parent where the cascade wrote it.
+        let (d0, d1) = (lake.day(3), lake.day(4));
+        let revenue = rows(
+            &lake,
+            &["daily_revenue"],
+            &format!(
+                "SELECT CAST(event_date AS VARCHAR), country, CAST(revenue_cents AS VARCHAR) \
+                 FROM daily_revenue WHERE event_date BETWEEN DATE '{d0}' AND DATE '{d1}' ORDER BY 1, 2"
+            ),
+        );
+        let expected = rows(
+            &lake,
+            &["events"],
+            &format!(
+                "SELECT CAST(event_date AS VARCHAR), country, CAST(r AS VARCHAR) FROM ( \
+                   SELECT event_date, country, SUM(amount_cents) AS r FROM events \
+                   WHERE event_date BETWEEN DATE '{d0}' AND DATE '{d1}' \
+                   GROUP BY event_date, country) ORDER BY 1, 2"
+            ),
+        );
+        assert_eq!(revenue, expected, "inside: {inside}");
+    }
+}

@@ -283,7 +283,12 @@ impl CascadeRunner {
             if run.state != RunState::Validated {
                 continue;
             }
-            let published = match publish_run(&self.project, &run.run_id, None).await {
+            let published = match super::manage::check_parents(&self.project, &record, index).await
+            {
+                Ok(()) => publish_run(&self.project, &run.run_id, None).await,
+                Err(error) => Err(error),
+            };
+            let published = match published {
                 Ok(published) => published,
                 Err(error) => {
                     record.nodes[index].state = format!("failed: {error}");
