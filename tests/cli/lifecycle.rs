@@ -1133,3 +1133,50 @@ fn issue_33_a_holder_in_another_pid_namespace_keeps_its_run() {
     contained.kill().unwrap();
     contained.wait().unwrap();
 }
+
+/// A journal that claims a version the log has not reached (damaged, edited by hand) is not
+/// believed: `runs`, `report` and `publish` show the version the log says the run made.
+#[test]
+fn issue_33_a_journal_claiming_a_missing_version_is_corrected_from_the_log() {
+    let lake = TestLake::new();
+    let report = json_ok(&run(
+        &lake,
+        &[
+            "backfill",
+            "events",
+            "--from",
+            &lake.day(2),
+            "--to",
+            &lake.day(3),
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
+            "--output-format",
+            "json",
+        ],
+    ));
+    let run_id = report["run_id"].as_str().unwrap().to_string();
+    let published = report["published_version"].as_u64().unwrap();
+    let path = lake
+        .table_path("events")
+        .join(format!("_lakefill/runs/{run_id}.json"));
+    let mut journal: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    journal["published_version"] = serde_json::json!(999);
+    std::fs::write(&path, serde_json::to_string(&journal).unwrap()).unwrap();
+    let runs = json_ok(&run(&lake, &["runs", "events", "--output-format", "json"]));
+    let listed = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["run_id"] == run_id.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["published_version"], published, "{listed}");
+    let again = json_ok(&run(
+        &lake,
+        &["publish", &run_id, "--output-format", "json"],
+    ));
+    assert_eq!(again["outcome"], "already_published", "{again}");
+    assert_eq!(again["published_version"], published, "{again}");
+}

@@ -58,13 +58,18 @@ async fn published_in(latest: &DeltaTable, journal: &mut Journal) -> Result<Opti
     if logged.is_none_or(|sequence| sequence < journal.sequence) {
         return Ok(None);
     }
-    if journal.state == RunState::Published && journal.published_version.is_some() {
+    // A version the log has not reached is no version of this run's (a damaged or hand-edited
+    // journal): the log says which one is.
+    let reached = crate::storage::loaded_version(latest)?;
+    if journal.state == RunState::Published
+        && journal.published_version.is_some_and(|v| v <= reached)
+    {
         return Ok(Some(false));
     }
     journal.state = RunState::Published;
     journal.published_version = find_run_commit(latest, &journal.run_id)
         .await?
-        .or(journal.published_version);
+        .or(journal.published_version.filter(|v| *v <= reached));
     journal.error = None;
     tracing::info!(run_id = %journal.run_id, version = ?journal.published_version, "the Delta log has the run's commit: repaired its journal");
     Ok(Some(true))
