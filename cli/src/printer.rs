@@ -624,6 +624,9 @@ pub(crate) fn run_text(report: &RunReport) -> String {
         );
     }
     out.push_str(&notifications_text(&report.notifications));
+    for note in &report.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
     let t = &report.timings;
     if report.outcome == Outcome::Reverted && report.files_written == 0 {
         let _ = writeln!(

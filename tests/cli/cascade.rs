@@ -1101,3 +1101,48 @@ fn issue_33_publish_cascade_checks_each_childs_parents() {
         assert_eq!(revenue, expected, "inside: {inside}");
     }
 }
+
+/// A published cascade cannot be discarded (it says to revert it instead), and reverting one of
+/// its runs alone names the tables that still hold what the cascade computed from it.
+#[test]
+fn issue_33_discard_and_revert_of_part_of_a_published_cascade_say_what_they_leave() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    let id = report["cascade_id"].as_str().unwrap().to_string();
+    let published = versions(&lake);
+    let out = lake.run(&["discard", &id]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("lakefill revert {id}")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(versions(&lake), published, "nothing changed");
+    let root = report["nodes"][0]["run_id"].as_str().unwrap().to_string();
+    let reverted = json_ok(&lake.run(&[
+        "revert",
+        &root,
+        "--reason",
+        "undo the events fix only",
+        "--output-format",
+        "json",
+    ]));
+    let note = reverted["notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.contains("`daily_revenue`, `rolling_7d`")
+            && note.contains(&format!("lakefill revert {id}")),
+        "{reverted:#}"
+    );
+    let text = lake.run(&["revert", &id, "--reason", "undo the rest"]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    assert_eq!(
+        snapshot(&lake, None),
+        snapshot(
+            &lake,
+            Some(&published.iter().map(|v| v - 1).collect::<Vec<_>>())
+        ),
+        "every table as before the cascade"
+    );
+}

@@ -50,13 +50,25 @@ pub async fn publish_cascade(project: &Project, id: &str) -> Result<CascadeRunRe
 pub async fn discard_cascade(project: &Project, id: &str) -> Result<CascadeRunReport> {
     let (store, mut record) = load_record(project, id).await?;
     let states = states(project).await?;
+    let published = |run_id: &str| {
+        states
+            .iter()
+            .any(|(r, s)| r == run_id && *s == RunState::Published)
+    };
+    if record.nodes.iter().all(|n| published(&n.run_id)) {
+        return Err(Error::RunState {
+            run_id: id.to_string(),
+            state: RunState::Published.to_string(),
+            action: "discarded".into(),
+            next: format!(
+                "every table of it holds the cascade's data since it was published; to undo it, run `lakefill revert {id}`"
+            ),
+        });
+    }
     let mut nodes = Vec::new();
     for index in 0..record.nodes.len() {
         let run_id = record.nodes[index].run_id.clone();
-        if states
-            .iter()
-            .any(|(r, s)| *r == run_id && *s == RunState::Published)
-        {
+        if published(&run_id) {
             continue;
         }
         let report = discard_run(project, &run_id).await?;

@@ -62,6 +62,10 @@ pub struct RunReport {
     /// What each notification sink of the table was told (absent without sinks).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notify::Delivery>,
+    /// What the caller should know beyond the numbers (e.g. the tables a revert leaves as they
+    /// are, computed from the rows it took out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// What one invocation did.
@@ -130,6 +134,7 @@ impl RunReport {
             revert_of: journal.revert_of.as_ref().map(ToString::to_string),
             adjustments: journal.adjustment_counts,
             notifications: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -161,6 +166,7 @@ impl RunReport {
             revert_of: plan.revert_of.as_ref().map(ToString::to_string),
             adjustments: None,
             notifications: Vec::new(),
+            notes: Vec::new(),
         }
     }
 

@@ -81,10 +81,40 @@ pub async fn revert_run(
             )
             .await;
             lease.release().await;
-            result
+            let mut report = result?;
+            report.notes.extend(children_left(project, journal).await);
+            Ok(report)
         },
     )
     .await
+}
+
+/// When `run` is a node of a cascade whose later nodes (computed from it) are still published:
+/// what they keep, and the command that reverts them too.
+async fn children_left(project: &Project, run: &Journal) -> Option<String> {
+    let cascade = run.cascade.as_deref()?;
+    let (_, record) = crate::cascade::run::load_record(project, cascade)
+        .await
+        .ok()?;
+    let position = record
+        .nodes
+        .iter()
+        .position(|n| n.run_id == run.run_id.as_str())?;
+    let children: Vec<String> = record.nodes[position + 1..]
+        .iter()
+        .filter(|n| n.state == RunState::Published.to_string())
+        .map(|n| format!("`{}`", n.table))
+        .collect();
+    if children.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "run `{}` is the `{}` node of cascade `{cascade}`; {} still hold{} what the cascade computed from the rows this revert took out: `lakefill revert {cascade}` reverts them too (children first)",
+        run.run_id,
+        run.target,
+        children.join(", "),
+        if children.len() == 1 { "s" } else { "" }
+    ))
 }
 
 /// Plans the logical revert of the published run `run_id` (`lakefill revert RUN_ID --logical`):
