@@ -671,3 +671,71 @@ fn the_new_rows_hashed_while_staging_compare_exactly_as_read_back() {
     }
     assert_eq!(results[0], results[1]);
 }
+
+/// Each check is planned with the plan: one naming a missing table, a missing column or not
+/// parsing is refused by `plan` and by `backfill` before anything is staged (exit 2, the check
+/// named); one reading another table of the project as a cascade stages it plans.
+#[test]
+fn issue_33_checks_are_planned_at_plan_time() {
+    let lake = TestLake::new();
+    for (name, sql, wrong) in [
+        (
+            "a missing table",
+            "SELECT * FROM outptu WHERE amount_cents < 0",
+            Some("outptu"),
+        ),
+        (
+            "a missing column",
+            "SELECT * FROM output WHERE amount < 0",
+            Some("amount"),
+        ),
+        ("not SQL", "SELEKT nothing", Some("SELEKT")),
+        (
+            "another node",
+            "SELECT * FROM output o JOIN staged.daily_revenue d ON o.event_date = d.event_date WHERE d.revenue_cents < 0",
+            None,
+        ),
+    ] {
+        events_model(
+            &lake,
+            &format!("[[validate.checks]]\nname = \"{name}\"\nsql = \"{sql}\""),
+            V2_SELECT,
+        );
+        let plan = lake.run(&[
+            "plan",
+            "events",
+            "--from",
+            &lake.day(2),
+            "--to",
+            &lake.day(5),
+        ]);
+        let Some(wrong) = wrong else {
+            assert!(plan.status.success(), "{name}: {}", stderr(&plan));
+            continue;
+        };
+        assert_eq!(plan.status.code(), Some(2), "{name}: {}", stderr(&plan));
+        let err = stderr(&plan);
+        assert!(err.contains(name) && err.contains(wrong), "{name}: {err}");
+        let files = lake.files("events");
+        let mut disk_before = crate::support::files_under(&lake.table_path("events"));
+        disk_before.retain(|f| !f.contains("/_lakefill/"));
+        disk_before.sort();
+        let out = lake.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &lake.day(2),
+            "--to",
+            &lake.day(5),
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
+        assert_eq!(lake.files("events"), files, "{name}: nothing staged");
+        let mut on_disk = crate::support::files_under(&lake.table_path("events"));
+        on_disk.retain(|f| !f.contains("/_lakefill/"));
+        on_disk.sort();
+        assert_eq!(on_disk, disk_before, "{name}: no staged file");
+    }
+}

@@ -391,6 +391,7 @@ impl PlanBuilder {
         }
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
+        query::check_checks(&plan, &self.project, &write_schema).await?;
         plan.write_schema = Some(write_schema);
         plan.report.added_columns = added_columns;
         Ok(plan)

@@ -31,6 +31,85 @@ pub(crate) async fn check_model(plan: &BackfillPlan) -> Result<(SchemaRef, Vec<A
     check_schema(plan, df.schema().as_arrow(), &table)
 }
 
+/// Plans each `[[validate.checks]]` query against empty tables of the shapes validation gives
+/// it (`output` and `previous` with the rows' columns, `staged` in by-rows mode, and
+/// `staged.<table>` for any table of the project a cascade may stage before this model), so a
+/// missing table or column is named when the plan is made, not after staging. Reads no data.
+pub(crate) async fn check_checks(
+    plan: &BackfillPlan,
+    project: &crate::config::Project,
+    rows: &SchemaRef,
+) -> Result<()> {
+    use deltalake::datafusion::catalog::{MemTable, MemorySchemaProvider, SchemaProvider};
+    use deltalake::datafusion::sql::parser::DFParser;
+    use deltalake::datafusion::sql::resolve::resolve_table_references;
+    use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
+    if plan.rules.checks.is_empty() {
+        return Ok(());
+    }
+    let empty = |schema: SchemaRef| -> Result<Arc<MemTable>> {
+        MemTable::try_new(schema, vec![vec![]])
+            .map(Arc::new)
+            .query_context(|| "cannot make an empty table for the checks".into())
+    };
+    let ctx = SessionContext::new();
+    let mut names = vec!["output", "previous"];
+    if plan.report.layout.by_rows {
+        names.push("staged");
+    }
+    for name in names {
+        ctx.register_table(name, empty(Arc::clone(rows))?)
+            .query_context(|| format!("cannot register `{name}`"))?;
+    }
+    let staged = Arc::new(MemorySchemaProvider::new());
+    for check in &plan.rules.checks {
+        let as_check = |source: deltalake::datafusion::error::DataFusionError| Error::Check {
+            name: check.name.clone(),
+            source: Box::new(source),
+        };
+        let statements = DFParser::parse_sql_with_dialect(&check.sql, &GenericDialect {})
+            .map_err(|e| as_check(e.into()))?;
+        for statement in &statements {
+            let (tables, _) = resolve_table_references(statement, false).map_err(as_check)?;
+            for table in tables {
+                let (Some("staged"), name) = (table.schema(), table.table()) else {
+                    continue;
+                };
+                if staged.table_exist(name) {
+                    continue;
+                }
+                // Unknown tables are left unregistered: planning names them.
+                let Ok(config) = project.table(name, "a check") else {
+                    continue;
+                };
+                let opened = crate::storage::open_table(config, None).await?;
+                let schema = opened
+                    .snapshot()
+                    .delta_context(|| format!("cannot read the snapshot of `{name}`"))?
+                    .snapshot()
+                    .arrow_schema();
+                staged
+                    .register_table(name.to_string(), empty(schema)?)
+                    .query_context(|| format!("cannot register `staged.{name}`"))?;
+            }
+        }
+    }
+    if let Some(catalog) = ctx.catalog(&ctx.state().config().options().catalog.default_catalog) {
+        catalog
+            .register_schema("staged", staged)
+            .query_context(|| "cannot register the staged tables".into())?;
+    }
+    for check in &plan.rules.checks {
+        ctx.sql_with_options(&check.sql, crate::sqltext::read_only())
+            .await
+            .map_err(|source| Error::Check {
+                name: check.name.clone(),
+                source: Box::new(source),
+            })?;
+    }
+    Ok(())
+}
+
 pub(crate) fn target_schema(plan: &BackfillPlan) -> Result<Schema> {
     if let Some(schema) = &plan.write_schema {
         return Ok(schema.as_ref().clone());
