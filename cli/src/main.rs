@@ -39,6 +39,7 @@ fn lakefill_main() -> ExitCode {
         cli.global.verbose > 0,
     );
     init_logging(cli.global.verbose);
+    quiet_caught_panics();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(WORKER_STACK)
@@ -105,6 +106,32 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::Gc(args) => commands::runs::gc(&cli.global, args, printer).await,
         Command::Cluster(args) => commands::cluster::run(args, printer).await,
     }
+}
+
+/// Keeps the panics a dependency catches itself off the terminal. delta-rs aborts a failed
+/// upload with object_store's `BufWriter::abort`, which panics ("Already shut down") when the
+/// upload failed while completing (a full disk, a file too large); delta-rs catches that panic
+/// and returns the write error, which lakefill reports with its hint. The default hook would
+/// still print the panic and its backtrace first. Every other panic goes to the default hook.
+fn quiet_caught_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
+        let in_buffered_writer = info.location().is_some_and(|l| {
+            l.file().contains("object_store") && l.file().ends_with("buffered.rs")
+        });
+        if in_buffered_writer && message == Some("Already shut down") {
+            tracing::debug!(
+                "object_store's writer panicked on abort after a failed upload (caught by delta-rs)"
+            );
+            return;
+        }
+        default(info);
+    }));
 }
 
 /// Finds the engine error in a chain (it may be wrapped by the fixtures or by context).

@@ -293,3 +293,41 @@ both_stores!(
     a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges,
     overlapping_runs_one_publishes_the_other_conflicts,
 );
+
+/// A write the disk refuses (a full disk; here a file-size limit, `ulimit -f`, with SIGXFSZ
+/// ignored so the write fails with EFBIG as ENOSPC would) stops the run with its cause and the
+/// command to resume: no panic, no backtrace, nothing published, and the resumed run finishes.
+#[test]
+fn issue_33_a_full_disk_stops_the_run_cleanly() {
+    let lake = TestLake::new();
+    let before = rows(&lake);
+    let version = lake.version("events");
+    let args = backfill_args(&lake);
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\"")
+        .arg(assert_cmd::cargo::cargo_bin("lakefill"))
+        .args(&args)
+        .current_dir(lake.path())
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("LAKEFILL_FAILPOINTS")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for unwanted in ["panicked", "stack backtrace", "Already shut down"] {
+        assert!(!err.contains(unwanted), "{unwanted}: {err}");
+    }
+    assert!(
+        err.contains("File too large") && err.contains("resumes the run"),
+        "{err}"
+    );
+    assert_eq!(lake.version("events"), version, "nothing published");
+    assert_eq!(rows(&lake), before);
+    let out = crate::support::lakefill_command(lake.path())
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(lake.version("events"), version + 1);
+}

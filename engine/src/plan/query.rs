@@ -67,8 +67,8 @@ pub(crate) async fn check_checks(
             name: check.name.clone(),
             source: Box::new(source),
         };
-        let statements = DFParser::parse_sql_with_dialect(&check.sql, &GenericDialect {})
-            .map_err(as_check)?;
+        let statements =
+            DFParser::parse_sql_with_dialect(&check.sql, &GenericDialect {}).map_err(as_check)?;
         for statement in &statements {
             let (tables, _) = resolve_table_references(statement, false).map_err(as_check)?;
             for table in tables {
