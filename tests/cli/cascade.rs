@@ -1146,3 +1146,58 @@ fn issue_33_discard_and_revert_of_part_of_a_published_cascade_say_what_they_leav
         "every table as before the cascade"
     );
 }
+
+/// The rules of a cascade node's table hold for the rows the cascade computes for it: a CHECK
+/// constraint of `daily_revenue` that only the fixed sums break fails the cascade's validation
+/// (exit 3) by name, and no table of the cascade is published (python `deltalake` checked every
+/// existing row against the constraint when it added it).
+#[test]
+fn issue_33_a_cascade_node_keeps_its_tables_rules() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    let day = lake.day(3);
+    // A sum the fix produces that the table does not hold yet.
+    let fixed = rows(
+        &lake,
+        &["raw_events"],
+        &format!(
+            "SELECT CAST(r AS VARCHAR) FROM (SELECT country, SUM(amount_cents) AS r FROM raw_events \
+             WHERE CAST(event_ts AS DATE) = DATE '{day}' GROUP BY country) ORDER BY 1"
+        ),
+    );
+    let held: std::collections::BTreeSet<String> = rows(
+        &lake,
+        &["daily_revenue"],
+        "SELECT CAST(revenue_cents AS VARCHAR) FROM daily_revenue",
+    )
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect();
+    let value = fixed
+        .iter()
+        .map(|r| r[0].clone())
+        .find(|v| !held.contains(v))
+        .expect("the fix changes a sum");
+    crate::support::python_script(
+        "delta_tables.py",
+        &[
+            "add_constraint",
+            lake.table_path("daily_revenue").to_str().unwrap(),
+            "not_the_fixed_sum",
+            &format!("revenue_cents <> {value}"),
+        ],
+    );
+    let before = versions(&lake);
+    let out = cascade(&lake, 3, 4, &["--output-format", "json"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("constraint not_the_fixed_sum"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(versions(&lake), before, "no table of the cascade published");
+    // A cascade is never forced.
+    let forced = cascade(&lake, 3, 4, &["--force-publish"]);
+    assert_eq!(forced.status.code(), Some(2), "{}", stderr(&forced));
+    assert_eq!(versions(&lake), before);
+}

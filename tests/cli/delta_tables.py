@@ -39,6 +39,8 @@ def rows(with_double=False):
 
 
 def create(kind, path):
+    # `KIND@flat`: the same table unpartitioned (a backfill replaces its range by rows).
+    kind, _, layout = kind.partition("@")
     fields = [
         Field("event_id", "long", nullable=kind != "not_null"),
         Field("amount_cents", "long"),
@@ -62,8 +64,9 @@ def create(kind, path):
         configuration["delta.enableChangeDataFeed"] = "true"
     elif kind not in ("constraints", "plain"):
         raise SystemExit(f"unknown kind {kind}")
+    partition_by = None if layout == "flat" else ["event_date"]
     DeltaTable.create(
-        path, schema=Schema(fields), partition_by=["event_date"], configuration=configuration or None
+        path, schema=Schema(fields), partition_by=partition_by, configuration=configuration or None
     )
     types = {"long": pa.int64(), "date": pa.date32()}
     schema = pa.schema([pa.field(f.name, types[f.type.type], nullable=f.nullable) for f in fields])

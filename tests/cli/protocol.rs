@@ -40,7 +40,11 @@ struct FeatureProject {
 impl FeatureProject {
     fn new(kind: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        // `KIND@flat`: unpartitioned, so that models replace the range by rows.
         python(&["create", kind, dir.path().join("t").to_str().unwrap()]);
+        if kind.ends_with("@flat") {
+            std::fs::write(dir.path().join("flat"), "").unwrap();
+        }
         std::fs::write(
             dir.path().join("lakefill.toml"),
             "[tables.t]\nuri = \"t\"\n",
@@ -57,10 +61,15 @@ impl FeatureProject {
     fn model(&self, name: &str, columns: &str) {
         let dir = self.path().join("sql").join(name);
         std::fs::create_dir_all(&dir).unwrap();
+        let layout = if self.path().join("flat").exists() {
+            "range_column"
+        } else {
+            "partition_by"
+        };
         std::fs::write(
             dir.join("v1.sql"),
             format!(
-                "/*\ntarget = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n*/\n\
+                "/*\ntarget = \"t\"\n{layout} = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n*/\n\
                  SELECT {columns} FROM t WHERE event_date BETWEEN $start AND $end\n"
             ),
         )
@@ -169,7 +178,13 @@ fn rows_breaking_the_tables_rules_fail_validation_and_cannot_be_forced() {
             "generated column double_amount",
         ),
     ];
+    // Each rule over both ways a rewrite commits: whole partitions, and by rows (the range's
+    // rows of an unpartitioned table, the rows around them carried).
+    let cases = cases.iter().flat_map(|&(kind, broken, correct, rule)| {
+        [kind.to_string(), format!("{kind}@flat")].map(|kind| (kind, broken, correct, rule))
+    });
     for (kind, broken, correct, rule) in cases {
+        let kind = kind.as_str();
         let project = FeatureProject::new(kind);
         project.model("broken", broken);
         project.model("fixed", correct);
