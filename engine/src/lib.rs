@@ -16,25 +16,35 @@
 //!
 //! ## How the crate is laid out
 //!
-//! Each phase is a module, and a module only uses the ones below it:
+//! The ground floor is its own crate, [`lakefill_table`] (config, sinks, model, partition,
+//! protocol, storage, rowhash, resources, error, time…), used here as `crate::config` and so
+//! on; Cargo keeps it from reaching up. Above it, each phase is a module:
 //!
 //! ```text
 //!  explain/   history, blame, sql, diff, gc        what happened, and what no history needs
 //!  report/    the report for people: model, SVG charts, HTML and Markdown templates
+//!  cascade/   a fix of one table through every table computed from it
 //!  run/       the runner (sequences the phases), publish step, reconcile, cleanup,
 //!             manage (runs, publish, discard), revert, report
-//!  notify/    after a commit: the event, sinks (file, webhook), the outbox
+//!  notify/    after a commit: the event, delivery to the sinks, the outbox
+//!  distributed/  staging on a Ballista cluster (feature `distributed`)
 //!  ─────────────────────────────────────────────────────────────────────────────────────────
 //!  publish    the one Delta commit of a run           stage/     the model's output, staged
+//!  adjust     publishing by appended adjustments
 //!  plan/      scope, batches, run id; query.rs: the model as a DataFusion query per batch
 //!  journal/   the run's record: journal, lease, lifecycle (the run state machine)
 //!  validate/  rules, compare (shared with diff), checks, report
 //!  log/       the Delta log, read: commits, run ids, typed commit metadata, the model
 //!             registry, the files retained versions reference
-//!  ─────────────────────────────────────────────────────────────────────────────────────────
-//!  config  model  partition  protocol  storage  rowhash  resources    (what a table is)
-//!  error  secrets  time  sqltext  failpoint                           (foundation)
+//!  init  failpoint  cluster
+//!  ═════════════════════════════════════════════════════════════════════════════════════════
+//!  lakefill-table: config sink model settings partition protocol storage rowhash resources
+//!                  types fastcast error run_id secrets time sqltext spill
 //! ```
+//!
+//! Within this crate some modules still reach up past the order drawn here (the adjustments,
+//! the journal, cascades): the next crates to split off (log and journal, validation, Ballista)
+//! make Cargo refuse those too.
 //!
 //! A run moves through `plan → stage → validate → publish`; the runner only sequences those
 //! steps and keeps the journal current; after a commit, [`notify`] tells the table's sinks.
@@ -50,38 +60,31 @@
 //! # Ok(()) }
 //! ```
 
+// The ground floor, as `crate::config` etc. for the layers of this crate.
+#[cfg(feature = "distributed")]
+use lakefill_table::fastcast;
+pub use lakefill_table::spill;
+use lakefill_table::{
+    config, error, model, partition, protocol, resources, rowhash, run_id, secrets, settings, sink,
+    sqltext, storage, time, types,
+};
+
 mod adjust;
 mod cascade;
 mod cluster;
-mod config;
 #[cfg(feature = "distributed")]
 mod distributed;
-mod error;
 mod explain;
 mod failpoint;
-mod fastcast;
 mod init;
 mod journal;
 mod log;
-mod model;
 mod notify;
-mod partition;
 mod plan;
-mod protocol;
 mod publish;
 mod report;
-mod resources;
-mod rowhash;
 mod run;
-mod run_id;
-mod secrets;
-mod settings;
-pub mod spill;
-mod sqltext;
 mod stage;
-mod storage;
-mod time;
-mod types;
 mod validate;
 
 pub use adjust::{

@@ -323,7 +323,7 @@ impl Event {
         }
     }
 
-    /// The rows the event says changed (see [`EventTotals::changed_rows`]).
+    /// The rows the event says changed (changed plus added plus removed rows).
     pub fn changed_rows(&self) -> u64 {
         self.totals.changed_rows
     }

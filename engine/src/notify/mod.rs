@@ -31,6 +31,7 @@ use crate::run_id::RunId;
 use crate::storage::{loaded_version, open_table};
 
 pub use event::{EVENT_SCHEMA, Event};
+use sink::Deliver as _;
 pub use sink::{EVENT_TYPES, Sink};
 
 const OUTBOX: &str = "_lakefill/outbox";

@@ -1,20 +1,10 @@
-//! Where events go: `file:PATH` appends a JSON line, `openlineage+http(s)://…` POSTs an OpenLineage
-//! RunEvent of it ([`super::lineage`]), `http(s)://…` POSTs the event (signed as the
-//! Standard Webhooks convention says when a secret is set), each with optional filters.
-//!
-//! In `lakefill.toml`, per table (`[tables.NAME] notify = [...]`) or for every table (a
-//! top-level `notify = [...]`), a sink is a URL, or a table:
-//!
-//! ```toml
-//! notify = [
-//!   "file:notifications.jsonl",
-//!   { url = "https://hooks.example.com/lake", secret = "${HOOK_SECRET}",
-//!     events = ["backfill.published"], min_changed_rows = 100 },
-//! ]
-//! ```
+//! Delivering to a sink ([`lakefill_table::sink::Sink`], as the project declares it):
+//! `file:PATH` appends a JSON line, `openlineage+http(s)://…` POSTs an OpenLineage RunEvent of
+//! it ([`super::lineage`]), `http(s)://…` POSTs the event (signed as the Standard Webhooks
+//! convention says when a secret is set), each after the sink's filters.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -22,13 +12,8 @@ use hmac::{KeyInit as _, Mac as _};
 use url::Url;
 
 use super::event::Event;
-
-/// The event types a sink may filter on.
-pub const EVENT_TYPES: &[&str] = &[
-    "backfill.published",
-    "backfill.reverted",
-    "cascade.published",
-];
+use crate::sink::Target;
+pub use crate::sink::{EVENT_TYPES, Sink};
 
 /// Attempts per delivery before it is left for a later command.
 const ATTEMPTS: u32 = 3;
@@ -45,176 +30,28 @@ pub(crate) enum Undelivered {
     OutOfTime,
 }
 
-/// A sink as written in `lakefill.toml`: a URL, or a table with `url` and optionally `secret`,
-/// `events` and `min_changed_rows` (read by [`Sink::parse`], which names what is wrong).
-pub(crate) type RawSink = toml::Value;
-
-/// The keys of a sink's table form.
-const SINK_KEYS: &[&str] = &["url", "secret", "events", "min_changed_rows"];
-
-/// A configured sink.
-#[derive(Clone)]
-pub struct Sink {
-    target: Target,
-    /// As written, with `${ENV}` unexpanded: names the sink in output and in its delivery state.
-    name: String,
-    secret: Option<String>,
-    events: Vec<String>,
-    min_changed_rows: u64,
-}
-
-#[derive(Clone, Debug)]
-enum Target {
-    File(PathBuf),
-    Http(Url),
-    /// `openlineage+http(s)://…`: an OpenLineage RunEvent POSTed to the URL without the prefix.
-    OpenLineage(Url),
-}
-
-impl std::fmt::Debug for Sink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sink")
-            .field("name", &self.name)
-            .field("secret", &self.secret.as_ref().map(|_| "****"))
-            .field("events", &self.events)
-            .field("min_changed_rows", &self.min_changed_rows)
-            .finish()
-    }
-}
-
-impl Sink {
-    /// Reads one sink of the project in `root`; `expand` expands `${ENV}` references. The error
-    /// says what is wrong with it.
-    pub(crate) fn parse(
-        raw: &RawSink,
-        root: &Path,
-        expand: impl Fn(&str) -> crate::error::Result<String>,
-    ) -> std::result::Result<Self, String> {
-        let (url, secret, events, min_changed_rows) = match raw {
-            toml::Value::String(url) => (url.clone(), None, Vec::new(), 0),
-            toml::Value::Table(table) => {
-                if let Some(unknown) = table.keys().find(|k| !SINK_KEYS.contains(&k.as_str())) {
-                    return Err(format!(
-                        "unknown key `{unknown}` (a sink has {})",
-                        SINK_KEYS.join(", ")
-                    ));
-                }
-                let text = |key: &str| match table.get(key) {
-                    None => Ok(None),
-                    Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-                    Some(_) => Err(format!("`{key}` must be a string")),
-                };
-                let url = text("url")?.ok_or("a sink table needs a `url`")?;
-                let events = match table.get("events") {
-                    None => Vec::new(),
-                    Some(toml::Value::Array(items)) => items
-                        .iter()
-                        .map(|i| i.as_str().map(str::to_string))
-                        .collect::<Option<Vec<_>>>()
-                        .ok_or("`events` must be a list of event types")?,
-                    Some(_) => return Err("`events` must be a list of event types".into()),
-                };
-                let min_changed_rows = match table.get("min_changed_rows") {
-                    None => 0,
-                    Some(toml::Value::Integer(n)) if *n >= 0 => *n as u64,
-                    Some(_) => {
-                        return Err("`min_changed_rows` must be a whole number, 0 or more".into());
-                    }
-                };
-                (url, text("secret")?, events, min_changed_rows)
-            }
-            _ => {
-                return Err(
-                    "a sink is a URL such as `file:notifications.jsonl`, or a table with a `url`"
-                        .into(),
-                );
-            }
-        };
-        for event in &events {
-            if !EVENT_TYPES.contains(&event.as_str()) {
-                return Err(format!(
-                    "unknown event type `{event}` (known: {})",
-                    EVENT_TYPES.join(", ")
-                ));
-            }
-        }
-        let expanded = expand(&url).map_err(|e| e.to_string())?;
-        if expanded.starts_with("file:") {
-            crate::secrets::register_url_credentials(&expanded);
-        } else {
-            crate::secrets::register_sink_url(&expanded);
-            crate::secrets::register_sink_url(expanded.trim_start_matches("openlineage+"));
-        }
-        let secret = secret
-            .map(|s| expand(&s).map_err(|e| e.to_string()))
-            .transpose()?;
-        if let Some(secret) = &secret {
-            crate::secrets::register(secret);
-        }
-        let target = if let Some(path) = expanded.strip_prefix("file:") {
-            let path = path.strip_prefix("//").unwrap_or(path);
-            if path.is_empty() {
-                return Err("`file:` needs a path, e.g. `file:notifications.jsonl`".into());
-            }
-            Target::File(root.join(path))
-        } else if expanded.starts_with("http://") || expanded.starts_with("https://") {
-            Target::Http(Url::parse(&expanded).map_err(|e| format!("`{url}` is not a URL: {e}"))?)
-        } else if let Some(http) = expanded
-            .strip_prefix("openlineage+")
-            .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
-        {
-            Target::OpenLineage(Url::parse(http).map_err(|e| format!("`{url}` is not a URL: {e}"))?)
-        } else {
-            return Err(format!(
-                "`{url}` is not a sink: use `file:PATH`, an `http(s)://` URL or an `openlineage+http(s)://` URL"
-            ));
-        };
-        if secret.is_some() && matches!(target, Target::File(_)) {
-            return Err("a `secret` signs HTTP deliveries; a `file:` sink has none".into());
-        }
-        Ok(Self {
-            target,
-            name: url,
-            secret,
-            events,
-            min_changed_rows,
-        })
-    }
-
-    /// The sink as reports and logs name it: a `file:` path or a `${VARIABLE}` reference as
-    /// written, an HTTP URL written out by its scheme, host and the shape of its path only (a
-    /// webhook's URL is its credential, #33).
-    pub fn name(&self) -> String {
-        match &self.target {
-            Target::File(_) => crate::secrets::mask(&self.name),
-            _ if self.name.trim_start().starts_with("${") => crate::secrets::mask(&self.name),
-            Target::Http(url) => crate::secrets::redacted_url(url.as_str()),
-            Target::OpenLineage(url) => {
-                format!("openlineage+{}", crate::secrets::redacted_url(url.as_str()))
-            }
-        }
-    }
-
-    /// A stable id for the sink's delivery state: a digest of where it delivers.
-    pub(crate) fn id(&self) -> String {
-        use sha2::Digest as _;
-        let target = match &self.target {
-            Target::File(path) => format!("file:{}", path.display()),
-            Target::Http(url) => url.to_string(),
-            Target::OpenLineage(url) => format!("openlineage+{url}"),
-        };
-        hex::encode(sha2::Sha256::digest(target))[..16].to_string()
-    }
-
+/// What the runner does with a sink: filter and deliver.
+pub(crate) trait Deliver {
     /// Whether the sink wants `event` (its type and size filters).
-    pub(crate) fn wants(&self, event: &Event) -> bool {
-        (self.events.is_empty() || self.events.contains(&event.kind))
-            && event.changed_rows() >= self.min_changed_rows
-    }
+    fn wants(&self, event: &Event) -> bool;
 
     /// Delivers `event` (its JSON `body`), retrying a few times with backoff, until `deadline`
     /// (no attempt starts after it, and none runs past it).
-    pub(crate) async fn deliver(
+    async fn deliver(
+        &self,
+        event: &Event,
+        body: &str,
+        deadline: tokio::time::Instant,
+    ) -> std::result::Result<(), Undelivered>;
+}
+
+impl Deliver for Sink {
+    fn wants(&self, event: &Event) -> bool {
+        (self.events().is_empty() || self.events().contains(&event.kind))
+            && event.changed_rows() >= self.min_changed_rows()
+    }
+
+    async fn deliver(
         &self,
         event: &Event,
         body: &str,
@@ -230,12 +67,12 @@ impl Sink {
                 break;
             }
             let timeout = left.min(REQUEST_TIMEOUT);
-            let result = match &self.target {
+            let result = match self.target() {
                 Target::File(path) => append_line(path, &event.event_id, body),
-                Target::Http(url) => self.post(url, event, body, timeout).await,
+                Target::Http(url) => post(self, url, event, body, timeout).await,
                 Target::OpenLineage(url) => {
                     let run_event = super::lineage::run_event(event).to_string();
-                    self.post(url, event, &run_event, timeout).await
+                    post(self, url, event, &run_event, timeout).await
                 }
             };
             match result {
@@ -254,47 +91,48 @@ impl Sink {
             None => Err(Undelivered::OutOfTime),
         }
     }
+}
 
-    async fn post(
-        &self,
-        url: &Url,
-        event: &Event,
-        body: &str,
-        timeout: Duration,
-    ) -> std::result::Result<(), String> {
-        let timestamp = chrono::Utc::now().timestamp().to_string();
-        let mut request = reqwest::Client::builder()
-            .timeout(timeout)
-            // A redirect would be followed as a GET without the event: a 3xx is a failure (#33).
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| e.to_string())?
-            .post(url.clone())
-            .header("content-type", "application/json")
-            .header(
-                "user-agent",
-                concat!("lakefill/", env!("CARGO_PKG_VERSION")),
-            )
-            .header("webhook-id", &event.event_id)
-            .header("webhook-timestamp", &timestamp);
-        if let Some(secret) = &self.secret {
-            request = request.header(
-                "webhook-signature",
-                signature(secret, &event.event_id, &timestamp, body),
-            );
-        }
-        let response = request
-            .body(body.to_string())
-            .send()
-            .await
-            // The client's error names the URL, which is the sink's credential: without it.
-            .map_err(|e| crate::secrets::mask(&e.without_url().to_string()))?;
-        let status = response.status();
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("the receiver answered {status}"))
-        }
+/// POSTs `body` to `url` for `sink`, within `timeout`.
+async fn post(
+    sink: &Sink,
+    url: &Url,
+    event: &Event,
+    body: &str,
+    timeout: Duration,
+) -> std::result::Result<(), String> {
+    let timestamp = chrono::Utc::now().timestamp().to_string();
+    let mut request = reqwest::Client::builder()
+        .timeout(timeout)
+        // A redirect would be followed as a GET without the event: a 3xx is a failure (#33).
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())?
+        .post(url.clone())
+        .header("content-type", "application/json")
+        .header(
+            "user-agent",
+            concat!("lakefill/", env!("CARGO_PKG_VERSION")),
+        )
+        .header("webhook-id", &event.event_id)
+        .header("webhook-timestamp", &timestamp);
+    if let Some(secret) = sink.secret() {
+        request = request.header(
+            "webhook-signature",
+            signature(secret, &event.event_id, &timestamp, body),
+        );
+    }
+    let response = request
+        .body(body.to_string())
+        .send()
+        .await
+        // The client's error names the URL, which is the sink's credential: without it.
+        .map_err(|e| crate::secrets::mask(&e.without_url().to_string()))?;
+    let status = response.status();
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("the receiver answered {status}"))
     }
 }
 

@@ -44,8 +44,7 @@ use deltalake::arrow::datatypes::DataType;
 /// [`PlanBuilder::with_max_partitions`].
 pub const DEFAULT_MAX_PARTITIONS: u64 = 10_000;
 
-/// Default number of partitions per batch.
-pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
+pub use crate::settings::DEFAULT_BATCH_PARTITIONS;
 
 /// Plans a backfill without writing anything.
 #[must_use = "a PlanBuilder does nothing until it is awaited"]

@@ -119,7 +119,7 @@ async fn children_left(project: &Project, run: &Journal) -> Option<String> {
 
 /// Plans the logical revert of the published run `run_id` (`lakefill revert RUN_ID --logical`):
 /// a backfill of its range that reads the table as it was just before the run's commit (see
-/// [`crate::plan::restore`]). Run it with [`crate::BackfillBuilder`] like any plan: it is staged,
+/// `plan::restore`). Run it with [`crate::BackfillBuilder`] like any plan: it is staged,
 /// validated (old = the range now, new = the range restored), journaled and published with the
 /// usual conflict check, as the revert of `run_id`; a second revert of the same run publishes
 /// nothing. Unlike a revert by files, later commits in the range do not block it (they are

@@ -91,7 +91,7 @@ impl ValidationReport {
     }
 
     /// Returns the range no key crosses (first and last partition), when the edge check failed
-    /// and found one (see [`crate::validate::edges`]).
+    /// and found one (the edge check).
     pub fn clean_range(&self) -> Option<(String, String)> {
         let check = self
             .checks

@@ -3,7 +3,7 @@
 //! A model file starts with a block comment holding a TOML header, followed by one read-only
 //! `SELECT`. This module finds versions (natural sort), fingerprints the bytes, parses the header
 //! and checks the SQL statically: one query, no DDL/DML/COPY, every table it reads declared.
-//! Running the SQL is left to [`crate::stage`].
+//! Running the SQL is left to the runner (`lakefill::stage`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -57,7 +57,7 @@ pub struct ModelHeader {
     #[serde(default)]
     pub range_column: Option<String>,
     /// How the run publishes: `rewrite` (the default: the range's files are replaced) or
-    /// `adjustments` (reversal and correction rows are appended; see [`crate::adjust`]).
+    /// `adjustments` (reversal and correction rows are appended; see `lakefill::adjust`).
     #[serde(default)]
     pub publish: Option<String>,
     /// Default reason recorded with each backfill.
@@ -337,7 +337,7 @@ impl Model {
 
     /// This model (its name, version, fingerprint and validation) reading `sources` with `sql`
     /// in place of its file's: what a logical revert runs to recompute a range as it was.
-    pub(crate) fn restoring(&self, sql: String, sources: BTreeMap<String, SourceSpec>) -> Self {
+    pub fn restoring(&self, sql: String, sources: BTreeMap<String, SourceSpec>) -> Self {
         let mut header = self.header.clone();
         header.sources = sources;
         Self {
@@ -348,12 +348,12 @@ impl Model {
     }
 
     /// Returns whether the model may add columns to the target.
-    pub(crate) fn adds_columns(&self) -> bool {
+    pub fn adds_columns(&self) -> bool {
         self.header.schema.as_deref() == Some("add-columns")
     }
 
     /// Returns the declared grain of the target's time partitions, if any.
-    pub(crate) fn grain(&self) -> Option<crate::time::Grain> {
+    pub fn grain(&self) -> Option<crate::time::Grain> {
         self.header
             .grain
             .as_deref()
@@ -362,10 +362,10 @@ impl Model {
 }
 
 /// The most partitions a source's `lookback` or `lookahead` may add around a batch.
-pub(crate) const MAX_WINDOW_PARTITIONS: u32 = 100_000;
+pub const MAX_WINDOW_PARTITIONS: u32 = 100_000;
 
 /// Whether `name` can be a model: a directory name with no path in it.
-pub(crate) fn is_model_name(name: &str) -> bool {
+pub fn is_model_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars
         .next()
@@ -421,7 +421,7 @@ fn check_sql(path: &Path, sql: &str, header: &ModelHeader) -> Result<()> {
 }
 
 /// Accepts a plain query; returns the kind of any other statement.
-pub(crate) fn check_read_only(statement: &Statement) -> std::result::Result<(), String> {
+pub fn check_read_only(statement: &Statement) -> std::result::Result<(), String> {
     match statement {
         Statement::Statement(inner) => match inner.as_ref() {
             SqlStatement::Query(_) => Ok(()),
@@ -445,7 +445,7 @@ fn statement_kind(statement: &SqlStatement) -> String {
 }
 
 /// Lists the versions in a model directory, oldest first (natural sort: v2 < v10).
-pub(crate) fn list_versions(dir: &Path) -> Vec<String> {
+pub fn list_versions(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -463,7 +463,7 @@ pub(crate) fn list_versions(dir: &Path) -> Vec<String> {
 }
 
 /// Lists the models of a project: directories of `sql/` holding `.sql` files.
-pub(crate) fn list_models(sql_dir: &Path) -> Vec<String> {
+pub fn list_models(sql_dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(sql_dir) else {
         return Vec::new();
     };

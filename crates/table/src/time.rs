@@ -25,7 +25,7 @@ pub enum Grain {
 
 impl Grain {
     /// Parses a grain name as the model header writes it.
-    pub(crate) fn parse(text: &str) -> Option<Self> {
+    pub fn parse(text: &str) -> Option<Self> {
         match text.trim().to_ascii_lowercase().as_str() {
             "hour" | "hourly" => Some(Grain::Hour),
             "day" | "daily" => Some(Grain::Day),
@@ -46,7 +46,7 @@ impl Grain {
     }
 
     /// Whether periods of this grain are whole days (so `$start`/`$end` are dates).
-    pub(crate) fn is_calendar(self) -> bool {
+    pub fn is_calendar(self) -> bool {
         self != Grain::Hour
     }
 }
@@ -61,7 +61,7 @@ impl std::fmt::Display for Grain {
 pub const NULL_LABEL: &str = "(null)";
 
 /// How journals name the rows a by-rows backfill carries over unchanged.
-pub(crate) const CARRIED_LABEL: &str = "(carried)";
+pub const CARRIED_LABEL: &str = "(carried)";
 
 /// The first and last years lakefill handles: labels of other years would not sort as times.
 const YEARS: std::ops::RangeInclusive<i32> = 1..=9999;
@@ -75,7 +75,7 @@ pub struct Period {
 
 impl Period {
     /// The period of `grain` that holds `instant`; `None` outside the years 1 to 9999.
-    pub(crate) fn containing(grain: Grain, instant: NaiveDateTime) -> Option<Self> {
+    pub fn containing(grain: Grain, instant: NaiveDateTime) -> Option<Self> {
         if !YEARS.contains(&instant.year()) {
             return None;
         }
@@ -90,27 +90,27 @@ impl Period {
     }
 
     /// The period of `grain` that holds `date`.
-    pub(crate) fn of_date(grain: Grain, date: NaiveDate) -> Option<Self> {
+    pub fn of_date(grain: Grain, date: NaiveDate) -> Option<Self> {
         Self::containing(grain, date.and_time(NaiveTime::MIN))
     }
 
     /// The grain.
-    pub(crate) fn grain(&self) -> Grain {
+    pub fn grain(&self) -> Grain {
         self.grain
     }
 
     /// The first instant.
-    pub(crate) fn start(&self) -> NaiveDateTime {
+    pub fn start(&self) -> NaiveDateTime {
         self.start
     }
 
     /// The first day.
-    pub(crate) fn first_day(&self) -> NaiveDate {
+    pub fn first_day(&self) -> NaiveDate {
         self.start.date()
     }
 
     /// The period `n` periods later (earlier for negative `n`), if it exists.
-    pub(crate) fn offset(&self, n: i64) -> Option<Self> {
+    pub fn offset(&self, n: i64) -> Option<Self> {
         let start = match self.grain {
             Grain::Hour => self.start.checked_add_signed(TimeDelta::try_hours(n)?)?,
             Grain::Day => self.start.checked_add_signed(TimeDelta::try_days(n)?)?,
@@ -132,13 +132,13 @@ impl Period {
     }
 
     /// The next period.
-    pub(crate) fn next(&self) -> Option<Self> {
+    pub fn next(&self) -> Option<Self> {
         self.offset(1)
     }
 
     /// The first instant after the period (its exclusive end). Defined for every period lakefill
     /// handles (the year 10000 starts after the last of them).
-    pub(crate) fn end(&self) -> NaiveDateTime {
+    pub fn end(&self) -> NaiveDateTime {
         match self.grain {
             Grain::Hour => self.start + TimeDelta::hours(1),
             Grain::Day => self.start + Days::new(1),
@@ -154,7 +154,7 @@ impl Period {
     }
 
     /// The last day the period touches.
-    pub(crate) fn last_day(&self) -> NaiveDate {
+    pub fn last_day(&self) -> NaiveDate {
         (self.end() - TimeDelta::microseconds(1)).date()
     }
 
@@ -169,7 +169,7 @@ impl Period {
     }
 
     /// Parses a label of `grain` exactly as [`Period::label`] writes it.
-    pub(crate) fn from_label(grain: Grain, label: &str) -> Option<Self> {
+    pub fn from_label(grain: Grain, label: &str) -> Option<Self> {
         let instant = parse_instant(label)?;
         let period = Self::containing(grain, instant.0)?;
         (period.label() == label).then_some(period)
@@ -178,7 +178,7 @@ impl Period {
     /// Parses what a user may write for a period of `grain` (`2026-01-05`, `2026-01`, `2026`,
     /// `2026-01-05T13`, `2026-01-05 13:00`, ...): the period that holds the instant written, and
     /// whether that instant was the period's first (so nothing was rounded).
-    pub(crate) fn parse_user(grain: Grain, text: &str) -> Option<(Self, bool)> {
+    pub fn parse_user(grain: Grain, text: &str) -> Option<(Self, bool)> {
         let (instant, _) = parse_instant(text.trim())?;
         let period = Self::containing(grain, instant)?;
         Some((period, period.start == instant))
@@ -194,7 +194,7 @@ impl std::fmt::Display for Period {
 /// Parses an instant written as a year, a month, a day, or a day with a time (`T` or a space),
 /// with or without a UTC offset (times are UTC). Returns the instant and how precisely it was
 /// written.
-pub(crate) fn parse_instant(text: &str) -> Option<(NaiveDateTime, Grain)> {
+pub fn parse_instant(text: &str) -> Option<(NaiveDateTime, Grain)> {
     let text = text.trim();
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {
         return Some((time.naive_utc(), Grain::Hour));
@@ -243,7 +243,7 @@ pub(crate) fn parse_instant(text: &str) -> Option<(NaiveDateTime, Grain)> {
 }
 
 /// The current time in RFC 3339, UTC.
-pub(crate) fn now() -> String {
+pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 

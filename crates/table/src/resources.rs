@@ -45,13 +45,14 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
 
 /// The runtime every query of one run shares.
 #[derive(Clone)]
-pub(crate) struct Resources {
+pub struct Resources {
     runtime: Arc<RuntimeEnv>,
     memory_limit: Option<usize>,
 }
 
 impl Resources {
-    pub(crate) fn new(memory_limit: Option<u64>) -> Self {
+    /// Resources bounded by `memory_limit` bytes (the built-in share when `None`).
+    pub fn new(memory_limit: Option<u64>) -> Self {
         let memory_limit = memory_limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX));
         let builder = || {
             let builder = RuntimeEnvBuilder::new();
@@ -74,16 +75,14 @@ impl Resources {
     }
 
     /// The disk manager of the shared runtime (its spill files).
-    pub(crate) fn disk_manager(
-        &self,
-    ) -> Arc<deltalake::datafusion::execution::disk_manager::DiskManager> {
+    pub fn disk_manager(&self) -> Arc<deltalake::datafusion::execution::disk_manager::DiskManager> {
         Arc::clone(&self.runtime.disk_manager)
     }
 
     /// A Delta-aware session on the shared runtime, whose casts of UTC timestamps to dates skip
     /// the time zone, and whose filters on such dates compare the timestamps
     /// ([`crate::fastcast`]).
-    pub(crate) fn session(&self) -> SessionContext {
+    pub fn session(&self) -> SessionContext {
         let ctx = DeltaSessionContext::with_runtime_env(Arc::clone(&self.runtime)).into_inner();
         let state = crate::fastcast::with_rules(ctx.state());
         let ctx = SessionContext::new_with_state(state);
@@ -109,7 +108,7 @@ impl Resources {
 /// by default, an instant in microseconds' range stored as nanoseconds; read as nanoseconds, the
 /// `9999-12-31` "valid to" of a slowly changing dimension overflows into 1816 (#32). Read as
 /// microseconds in UTC, as Spark reads them, every Delta timestamp (years 1 to 9999) fits.
-pub(crate) fn read_as_spark_wrote(options: &mut deltalake::datafusion::config::ConfigOptions) {
+pub fn read_as_spark_wrote(options: &mut deltalake::datafusion::config::ConfigOptions) {
     options.execution.parquet.coerce_int96 = Some("us".into());
     options.execution.parquet.coerce_int96_tz = Some("UTC".into());
 }

@@ -14,16 +14,16 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// Where journals live under a table's root.
-pub(crate) const RUNS_DIR: &str = "_lakefill/runs";
+pub const RUNS_DIR: &str = "_lakefill/runs";
 
 /// Where leases live under a table's root.
-pub(crate) const LEASES_DIR: &str = "_lakefill/leases";
+pub const LEASES_DIR: &str = "_lakefill/leases";
 
 /// The prefix of a run's staging directory in a partition directory.
 const STAGING_PREFIX: &str = "lakefill-";
 
 /// The prefix of a run's Delta application id.
-pub(crate) const APP_ID_PREFIX: &str = "lakefill:";
+pub const APP_ID_PREFIX: &str = "lakefill:";
 
 /// The longest run id.
 const MAX_LEN: usize = 200;
@@ -44,7 +44,7 @@ impl RunId {
     }
 
     /// The id of a run of `model@version` whose inputs hash to `digest` (hex).
-    pub(crate) fn derive(model: &str, version: &str, digest: &str) -> Self {
+    pub fn derive(model: &str, version: &str, digest: &str) -> Self {
         let version: String = version
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -61,32 +61,32 @@ impl RunId {
     }
 
     /// The run's journal under the table's root: `_lakefill/runs/<id>.json`.
-    pub(crate) fn journal_path(&self) -> Path {
+    pub fn journal_path(&self) -> Path {
         Path::from(format!("{RUNS_DIR}/{}.json", self.0))
     }
 
     /// The run id a journal file name names, if it names one.
-    pub(crate) fn from_journal_name(name: &str) -> Option<Self> {
+    pub fn from_journal_name(name: &str) -> Option<Self> {
         Self::try_from(name.strip_suffix(".json")?.to_string()).ok()
     }
 
     /// The run's lease directory under the table's root: `_lakefill/leases/<id>`.
-    pub(crate) fn lease_dir(&self) -> Path {
+    pub fn lease_dir(&self) -> Path {
         Path::from(format!("{LEASES_DIR}/{}", self.0))
     }
 
     /// The name of the run's staging directory inside a partition directory: `lakefill-<id>`.
-    pub(crate) fn staging_dir(&self) -> String {
+    pub fn staging_dir(&self) -> String {
         format!("{STAGING_PREFIX}{}", self.0)
     }
 
     /// The run a staging directory name belongs to, if it is one.
-    pub(crate) fn from_staging_dir(name: &str) -> Option<Self> {
+    pub fn from_staging_dir(name: &str) -> Option<Self> {
         Self::try_from(name.strip_prefix(STAGING_PREFIX)?.to_string()).ok()
     }
 
     /// The run's Delta application id: `lakefill:<id>`.
-    pub(crate) fn app_id(&self) -> String {
+    pub fn app_id(&self) -> String {
         format!("{APP_ID_PREFIX}{}", self.0)
     }
 }

@@ -5,8 +5,10 @@
 
 use crate::config::Project;
 use crate::error::{Error, Result};
-use crate::plan::DEFAULT_BATCH_PARTITIONS;
 use crate::resources::parse_size;
+
+/// Partitions per batch when neither the command nor `[defaults] batch_partitions` says.
+pub const DEFAULT_BATCH_PARTITIONS: usize = 7;
 
 /// What the command line said, each `None` when the flag was not given.
 #[derive(Debug, Clone, Default)]
@@ -80,7 +82,7 @@ impl RunSettings {
 
 /// Where batches are staged: `--engine` (`local`, or a scheduler), else `[engine] scheduler`,
 /// else this process.
-pub(crate) fn engine(project: &Project, flag: Option<&str>) -> Result<Option<String>> {
+pub fn engine(project: &Project, flag: Option<&str>) -> Result<Option<String>> {
     let Some((value, origin)) = pick(
         flag.map(str::to_string),
         "--engine",
@@ -111,7 +113,7 @@ pub(crate) fn engine(project: &Project, flag: Option<&str>) -> Result<Option<Str
 
 /// Batches in flight: `--max-parallel`, else `[defaults] max_parallel`, else the number of
 /// cores.
-pub(crate) fn max_parallel(project: &Project, flag: Option<usize>) -> Result<usize> {
+pub fn max_parallel(project: &Project, flag: Option<usize>) -> Result<usize> {
     match pick(
         flag,
         "--max-parallel",
@@ -129,13 +131,13 @@ pub(crate) fn max_parallel(project: &Project, flag: Option<usize>) -> Result<usi
 }
 
 /// The built-in number of batches in flight: the number of cores.
-pub(crate) fn default_parallelism() -> usize {
+pub fn default_parallelism() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Partitions per batch: `--batch-partitions`, else `[defaults] batch_partitions`, else
 /// [`DEFAULT_BATCH_PARTITIONS`].
-pub(crate) fn batch_partitions(project: &Project, flag: Option<usize>) -> Result<usize> {
+pub fn batch_partitions(project: &Project, flag: Option<usize>) -> Result<usize> {
     match pick(
         flag,
         "--batch-partitions",
@@ -154,7 +156,7 @@ pub(crate) fn batch_partitions(project: &Project, flag: Option<usize>) -> Result
 
 /// The memory pool in bytes: `--memory-limit`, else `[defaults] memory_limit`, else
 /// [`default_memory_limit`]. `unlimited` lifts the bound (`None`).
-pub(crate) fn memory_limit(project: &Project, flag: Option<&str>) -> Result<Option<u64>> {
+pub fn memory_limit(project: &Project, flag: Option<&str>) -> Result<Option<u64>> {
     let Some((text, origin)) = pick(
         flag.map(str::to_string),
         "--memory-limit",

@@ -6,12 +6,12 @@
 use deltalake::datafusion::prelude::SQLOptions;
 
 /// Quotes an identifier for SQL (`"name"`, with `"` doubled).
-pub(crate) fn ident(name: &str) -> String {
+pub fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// Options that refuse DDL, DML and statements: only queries are planned.
-pub(crate) fn read_only() -> SQLOptions {
+pub fn read_only() -> SQLOptions {
     SQLOptions::new()
         .with_allow_ddl(false)
         .with_allow_dml(false)

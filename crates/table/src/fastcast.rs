@@ -44,7 +44,7 @@ use deltalake::datafusion::physical_plan::projection::{ProjectionExec, Projectio
 /// common subexpressions are taken out: a cast compared twice (`CAST(ts AS DATE) BETWEEN ...`,
 /// or compared and selected) would otherwise be compared as a column of a projection below the
 /// filter, out of the rule's reach, and cast row by row in the scan.
-pub(crate) fn with_rules(
+pub fn with_rules(
     state: deltalake::datafusion::execution::SessionState,
 ) -> deltalake::datafusion::execution::SessionState {
     deltalake::datafusion::execution::SessionStateBuilder::new_from_existing(with_logical_rule(
@@ -56,7 +56,7 @@ pub(crate) fn with_rules(
 
 /// `state` with [`UnwrapDateCasts`] alone (plain expressions, for a cluster that does not know
 /// lakefill's physical ones), where [`with_rules`] puts it.
-pub(crate) fn with_logical_rule(
+pub fn with_logical_rule(
     state: deltalake::datafusion::execution::SessionState,
 ) -> deltalake::datafusion::execution::SessionState {
     let mut rules = state.optimizers().to_vec();
@@ -74,7 +74,7 @@ pub(crate) fn with_logical_rule(
 /// comparisons of the timestamp with the first instant of that date or of the next, in filters
 /// and in the filters pushed into scans.
 #[derive(Debug, Default)]
-pub(crate) struct UnwrapDateCasts;
+pub struct UnwrapDateCasts;
 
 impl OptimizerRule for UnwrapDateCasts {
     fn name(&self) -> &str {
@@ -172,7 +172,7 @@ fn unwrap_comparison(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
 /// Replaces `CAST(<timestamp in UTC or without a zone> AS DATE)` in filters and projections by
 /// [`TimestampDate`].
 #[derive(Debug, Default)]
-pub(crate) struct FastTimestampDates;
+pub struct FastTimestampDates;
 
 impl PhysicalOptimizerRule for FastTimestampDates {
     fn optimize(
@@ -257,7 +257,7 @@ fn in_utc(data_type: &DataType) -> bool {
 
 /// The date of a timestamp in UTC or without a zone, as `CAST(... AS DATE)` gives it.
 #[derive(Debug, Clone, Eq)]
-pub(crate) struct TimestampDate {
+pub struct TimestampDate {
     input: Arc<dyn PhysicalExpr>,
 }
 
@@ -275,7 +275,8 @@ impl Hash for TimestampDate {
 }
 
 impl TimestampDate {
-    pub(crate) fn new(input: Arc<dyn PhysicalExpr>) -> Self {
+    /// The cast of `input`.
+    pub fn new(input: Arc<dyn PhysicalExpr>) -> Self {
         Self { input }
     }
 }
@@ -332,7 +333,7 @@ impl PhysicalExpr for TimestampDate {
 }
 
 /// The dates of the timestamps `array`.
-pub(crate) fn dates(array: &ArrayRef) -> Result<ArrayRef> {
+pub fn dates(array: &ArrayRef) -> Result<ArrayRef> {
     let out = match array.data_type() {
         DataType::Timestamp(TimeUnit::Second, _) => of::<TimestampSecondType>(array, 1),
         DataType::Timestamp(TimeUnit::Millisecond, _) => {

@@ -14,7 +14,7 @@ use crate::error::{DeltaContext, Error, Result};
 use crate::partition::{NULL_PARTITION_DIR, PartitionValues};
 
 /// Opens `table` at `version`, or at its latest version when `None`.
-pub(crate) async fn open_table(table: &TableConfig, version: Option<u64>) -> Result<DeltaTable> {
+pub async fn open_table(table: &TableConfig, version: Option<u64>) -> Result<DeltaTable> {
     open_table_at(
         table,
         version.map_or(TableVersion::Latest, TableVersion::Version),
@@ -24,7 +24,7 @@ pub(crate) async fn open_table(table: &TableConfig, version: Option<u64>) -> Res
 
 /// Which snapshot of a table to open.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum TableVersion {
+pub enum TableVersion {
     /// The newest version.
     Latest,
     /// A version number.
@@ -34,7 +34,7 @@ pub(crate) enum TableVersion {
 }
 
 /// Opens `table` at the given snapshot.
-pub(crate) async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<DeltaTable> {
+pub async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<DeltaTable> {
     let version = match at {
         TableVersion::Version(v) => Some(v),
         _ => None,
@@ -215,7 +215,7 @@ fn is_object_store(table: &TableConfig) -> bool {
 /// The options passed to delta-rs: the project's (table over `[storage]`), plus bounded retries
 /// for object stores. delta-rs itself fills in `AWS_*` variables from the environment for keys
 /// that are still unset, so the environment comes last.
-pub(crate) fn effective_options(table: &TableConfig) -> HashMap<String, String> {
+pub fn effective_options(table: &TableConfig) -> HashMap<String, String> {
     let mut options: HashMap<String, String> = table
         .storage_options()
         .iter()
@@ -244,7 +244,7 @@ pub struct StorageOption {
 
 /// The storage options that apply to `table`, in precedence order (table, project `[storage]`,
 /// environment), with secret values masked.
-pub(crate) fn describe_options(table: &TableConfig, project_keys: &[String]) -> Vec<StorageOption> {
+pub fn describe_options(table: &TableConfig, project_keys: &[String]) -> Vec<StorageOption> {
     let show = |key: &str, value: &str| {
         if crate::config::is_secret_option(key) {
             "****".to_string()
@@ -286,7 +286,7 @@ pub(crate) fn describe_options(table: &TableConfig, project_keys: &[String]) -> 
 
 /// Refuses object stores that do not honour conditional writes: delta-rs commits with
 /// put-if-absent, and a store that ignores it lets two writers overwrite each other's commit.
-pub(crate) async fn ensure_conditional_writes(table: &DeltaTable, name: &str) -> Result<()> {
+pub async fn ensure_conditional_writes(table: &DeltaTable, name: &str) -> Result<()> {
     use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
     if !matches!(table.table_url().scheme(), "s3" | "s3a") {
         return Ok(());
@@ -335,7 +335,7 @@ pub(crate) async fn ensure_conditional_writes(table: &DeltaTable, name: &str) ->
 }
 
 /// Returns the loaded version of `table`, which every opened table has.
-pub(crate) fn loaded_version(table: &DeltaTable) -> Result<u64> {
+pub fn loaded_version(table: &DeltaTable) -> Result<u64> {
     table.version().ok_or_else(|| {
         Error::Internal(format!(
             "table `{}` has no loaded version",
@@ -347,7 +347,7 @@ pub(crate) fn loaded_version(table: &DeltaTable) -> Result<u64> {
 /// Returns whether `path` (relative to a local table's `root`) is, or passes through, a symbolic
 /// link. Object stores have no links; a local table's links may lead into another table, so
 /// lakefill never follows them when it deletes.
-pub(crate) fn is_local_symlink(root: &url::Url, path: &str) -> bool {
+pub fn is_local_symlink(root: &url::Url, path: &str) -> bool {
     if root.scheme() != "file" {
         return false;
     }
@@ -371,7 +371,7 @@ pub(crate) fn is_local_symlink(root: &url::Url, path: &str) -> bool {
 /// The object-store path of a file an `add` action names (relative to the table root). The
 /// path is already encoded as the store names objects; encoding it again would name another
 /// object.
-pub(crate) fn object_path(path: &str) -> deltalake::Path {
+pub fn object_path(path: &str) -> deltalake::Path {
     deltalake::Path::parse(path).unwrap_or_else(|_| deltalake::Path::from(path))
 }
 /// The characters a relative URL path cannot hold as they are: a `%` (it would start an
@@ -396,13 +396,13 @@ const URL_PATH: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
 /// file selection expects it: a URL path relative to the table root. The decoded path of a
 /// partition directory Delta escaped (`ts=2026-01-01%2000%3A00%3A00`) holds `%`s that would
 /// otherwise be decoded a second time and name a file the log does not have (#32).
-pub(crate) fn selection_path(decoded: &str) -> String {
+pub fn selection_path(decoded: &str) -> String {
     percent_encoding::utf8_percent_encode(decoded, URL_PATH).to_string()
 }
 
 /// Percent-decodes a path as Delta writes them in the log and in partition directory names; a
 /// `%` that does not start an escape stays as it is.
-pub(crate) fn decode(path: &str) -> String {
+pub fn decode(path: &str) -> String {
     percent_encoding::percent_decode_str(path)
         .decode_utf8_lossy()
         .into_owned()
@@ -412,7 +412,7 @@ pub(crate) fn decode(path: &str) -> String {
 /// found by walking the partition columns level by level: never through a symbolic link, never
 /// into a directory that holds a table of its own, never into anything but `column=value`
 /// directories. An unpartitioned table has one: its root.
-pub(crate) async fn partition_dirs(
+pub async fn partition_dirs(
     store: &Arc<dyn ObjectStore>,
     root: &Url,
     partition_columns: &[String],
@@ -445,7 +445,8 @@ pub(crate) async fn partition_dirs(
     Ok(level)
 }
 
-pub(crate) async fn list(
+/// Lists the objects and common prefixes directly under `prefix`.
+pub async fn list(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
 ) -> Result<deltalake::logstore::object_store::ListResult> {
@@ -464,14 +465,14 @@ pub(crate) async fn list(
 }
 
 /// Whether a directory listing shows a Delta table of its own (it has a `_delta_log`).
-pub(crate) fn holds_a_table(listing: &deltalake::logstore::object_store::ListResult) -> bool {
+pub fn holds_a_table(listing: &deltalake::logstore::object_store::ListResult) -> bool {
     listing
         .common_prefixes
         .iter()
         .any(|p| p.filename() == Some("_delta_log"))
 }
 /// Reloads `table` at its newest version.
-pub(crate) async fn latest(table: &DeltaTable) -> Result<DeltaTable> {
+pub async fn latest(table: &DeltaTable) -> Result<DeltaTable> {
     let mut latest = table.clone();
     latest
         .update_incremental(None)
@@ -481,7 +482,7 @@ pub(crate) async fn latest(table: &DeltaTable) -> Result<DeltaTable> {
 }
 /// The live rows of a file of the log: its record count less the rows its deletion vector
 /// removes; `None` when the file has no statistics.
-pub(crate) fn live_rows(file: &deltalake::kernel::LogicalFileView) -> Option<u64> {
+pub fn live_rows(file: &deltalake::kernel::LogicalFileView) -> Option<u64> {
     let deleted = file
         .deletion_vector_descriptor()
         .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
@@ -490,7 +491,7 @@ pub(crate) fn live_rows(file: &deltalake::kernel::LogicalFileView) -> Option<u64
 }
 
 /// The bytes of the object at `path`, or `None` when there is none.
-pub(crate) async fn read_object(
+pub async fn read_object(
     store: &Arc<dyn ObjectStore>,
     path: &Path,
 ) -> Result<Option<bytes::Bytes>> {
@@ -507,7 +508,7 @@ pub(crate) async fn read_object(
 }
 
 /// Every object under `prefix`.
-pub(crate) async fn list_objects(
+pub async fn list_objects(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
 ) -> Result<Vec<deltalake::ObjectMeta>> {

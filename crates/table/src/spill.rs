@@ -38,7 +38,7 @@ static SPILL: OnceLock<Option<SpillDir>> = OnceLock::new();
 
 /// This process's spill directory, made on first use (after removing those of processes that
 /// are gone); `None` when it cannot be made.
-pub(crate) fn dir() -> Option<&'static Path> {
+pub fn dir() -> Option<&'static Path> {
     SPILL
         .get_or_init(|| match create(&root()) {
             Ok(spill) => Some(spill),
@@ -57,7 +57,7 @@ pub(crate) fn dir() -> Option<&'static Path> {
 
 /// A disk manager whose spill files go to this process's spill directory (DataFusion's default
 /// where there is none).
-pub(crate) fn disk_manager() -> DiskManagerBuilder {
+pub fn disk_manager() -> DiskManagerBuilder {
     match dir() {
         Some(dir) => DiskManagerBuilder::default()
             .with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()])),

@@ -5,7 +5,7 @@
 //! is made, before anything is staged. Every reader and writer feature the table has is either
 //! supported (and what it asks of a writer is done) or refused by name. The row rules it yields
 //! (NOT NULL columns, column invariants, CHECK constraints, generated columns) are enforced on the
-//! staged rows by [`crate::validate`]; a violation fails validation and cannot be forced, since
+//! staged rows by validation (`lakefill::validate`); a violation fails validation and cannot be forced, since
 //! Delta's own writers would refuse the same rows.
 
 use std::collections::BTreeMap;
@@ -57,7 +57,7 @@ const UNREADABLE: &[(&str, &str)] = &[(
 
 /// Refuses, by name, a table (named `name`) whose protocol lists a reader feature lakefill
 /// cannot read; what it reads otherwise fails deep in a scan with delta-rs' words (#32).
-pub(crate) fn check_readable(table: &DeltaTable, name: &str) -> Result<()> {
+pub fn check_readable(table: &DeltaTable, name: &str) -> Result<()> {
     let snapshot = table
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{name}`"))?;
@@ -114,7 +114,7 @@ impl TableProtocol {
     /// lakefill cannot honour.
     /// `appends`: the run publishes by appending only (adjustments), which an append-only table
     /// accepts.
-    pub(crate) fn read(table: &DeltaTable, name: &str, appends: bool) -> Result<Self> {
+    pub fn read(table: &DeltaTable, name: &str, appends: bool) -> Result<Self> {
         check_readable(table, name)?;
         let snapshot = table
             .snapshot()
@@ -290,7 +290,7 @@ impl TableProtocol {
 
 /// The Delta type of a column a model adds, for the table's schema; refused when the table's
 /// protocol does not allow it (a `TIMESTAMP_NTZ` without the `timestampNtz` feature).
-pub(crate) fn delta_type(
+pub fn delta_type(
     data_type: &deltalake::arrow::datatypes::DataType,
     protocol: &TableProtocol,
 ) -> std::result::Result<String, String> {

@@ -11,7 +11,7 @@
 //! Values travel as the strings the Delta log holds; a value becomes a [`Period`] only through
 //! the layout, so ranges are compared as times, never as text. Hive paths are built the way
 //! delta-rs builds them, so every value is encoded exactly once. Reading and writing rows is
-//! left to [`crate::stage`].
+//! left to the runner (`lakefill::stage`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -23,7 +23,7 @@ use deltalake::kernel::scalars::ScalarExt as _;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-pub(crate) use crate::time::{CARRIED_LABEL, NULL_LABEL};
+pub use crate::time::{CARRIED_LABEL, NULL_LABEL};
 use crate::time::{Grain, Period, parse_instant};
 
 /// How one column (or the integer parts of a date) holds time.
@@ -64,7 +64,7 @@ pub enum TimeEncoding {
 
 impl TimeEncoding {
     /// The columns that hold the time.
-    pub(crate) fn columns(&self) -> Vec<&str> {
+    pub fn columns(&self) -> Vec<&str> {
         match self {
             TimeEncoding::Date { column }
             | TimeEncoding::Timestamp { column, .. }
@@ -105,12 +105,12 @@ pub struct TimeColumn {
 }
 
 /// The values of one file's (or one row's) partition columns, as the Delta log writes them.
-pub(crate) type PartitionValues = HashMap<String, Option<String>>;
+pub type PartitionValues = HashMap<String, Option<String>>;
 
 impl TimeColumn {
     /// The period a file's partition values fall in: `Ok(None)` for NULL, `Err` (with the value)
     /// for a value that is not a time of this grain.
-    pub(crate) fn period_of(
+    pub fn period_of(
         &self,
         values: &PartitionValues,
     ) -> std::result::Result<Option<Period>, String> {
@@ -212,7 +212,7 @@ impl TimeColumn {
 
     /// The period a row's value falls in, wherever inside the period it lies (for a time column
     /// that is not a partition column).
-    pub(crate) fn period_containing(
+    pub fn period_containing(
         &self,
         values: &PartitionValues,
     ) -> std::result::Result<Option<Period>, String> {
@@ -262,7 +262,7 @@ impl TimeColumn {
     /// Rows whose time lies in `from..=to` (both of this column's grain), as a filter that
     /// prunes partitions. `exact_values` says the column holds only period values (a partition
     /// column), so a list of values may be used; otherwise any time inside the periods matches.
-    pub(crate) fn predicate(
+    pub fn predicate(
         &self,
         from: Period,
         to: Period,
@@ -333,7 +333,7 @@ fn periods(from: Period, to: Period) -> impl Iterator<Item = Period> {
 }
 
 /// How many periods `from..=to` holds (0 when reversed).
-pub(crate) fn period_count(from: Period, to: Period) -> i64 {
+pub fn period_count(from: Period, to: Period) -> i64 {
     if to < from {
         return 0;
     }
@@ -443,7 +443,7 @@ const KNOWN_FORMATS: [&str; 9] = [
 ];
 
 /// The grain of the periods a format writes.
-pub(crate) fn format_grain(format: &str) -> Option<Grain> {
+pub fn format_grain(format: &str) -> Option<Grain> {
     if format.contains("%M") || format.contains("%S") {
         return None;
     }
@@ -470,7 +470,7 @@ fn is_sortable_format(format: &str) -> bool {
 }
 
 /// Parses `text` written in `format`, filling in what a coarse format leaves out.
-pub(crate) fn parse_with_format(text: &str, format: &str) -> Option<NaiveDateTime> {
+pub fn parse_with_format(text: &str, format: &str) -> Option<NaiveDateTime> {
     let grain = format_grain(format)?;
     let parsed = match grain {
         Grain::Hour => {
@@ -492,7 +492,7 @@ pub(crate) fn parse_with_format(text: &str, format: &str) -> Option<NaiveDateTim
 }
 
 /// Writes `period` in `format`.
-pub(crate) fn format_period(period: &Period, format: &str) -> String {
+pub fn format_period(period: &Period, format: &str) -> String {
     period.start().format(format).to_string()
 }
 
@@ -513,17 +513,17 @@ fn infer_format<'a>(values: impl Iterator<Item = &'a str> + Clone) -> Option<&'s
 
 /// What to go on when deciding how a column holds time: its type, its values in the log (for a
 /// partition column), and what the model header declares.
-pub(crate) struct ColumnFacts<'a> {
+pub struct ColumnFacts<'a> {
     /// The column.
-    pub(crate) column: &'a str,
+    pub column: &'a str,
     /// Its Arrow type.
-    pub(crate) data_type: &'a DataType,
+    pub data_type: &'a DataType,
     /// Its distinct non-NULL values in the log, when it is a partition column.
-    pub(crate) values: Option<Vec<String>>,
+    pub values: Option<Vec<String>>,
     /// Declared `grain`.
-    pub(crate) grain: Option<Grain>,
+    pub grain: Option<Grain>,
     /// Declared `format`.
-    pub(crate) format: Option<&'a str>,
+    pub format: Option<&'a str>,
 }
 
 /// The value type behind a dictionary.
@@ -546,7 +546,7 @@ fn is_integer(data_type: &DataType) -> bool {
 }
 
 /// How one column holds time, or why it does not (a message for the user).
-pub(crate) fn time_column(facts: &ColumnFacts<'_>) -> std::result::Result<TimeColumn, String> {
+pub fn time_column(facts: &ColumnFacts<'_>) -> std::result::Result<TimeColumn, String> {
     let column = facts.column;
     let values = facts.values.as_deref().unwrap_or(&[]);
     match value_type(facts.data_type) {
@@ -678,10 +678,7 @@ pub(crate) fn time_column(facts: &ColumnFacts<'_>) -> std::result::Result<TimeCo
 
 /// Integer columns named `year`, `month`, `day` and `hour` holding the parts of a time: every
 /// name must be one of those, `year` must be there, and there is no gap from the top.
-pub(crate) fn parts_time(
-    columns: &[String],
-    schema: &Schema,
-) -> std::result::Result<TimeColumn, String> {
+pub fn parts_time(columns: &[String], schema: &Schema) -> std::result::Result<TimeColumn, String> {
     let mut parts: [Option<String>; 4] = Default::default();
     for column in columns {
         let slot = ["year", "month", "day", "hour"]
@@ -778,7 +775,7 @@ pub struct Layout {
 impl Layout {
     /// Decides the layout of table `table` from its partition columns, schema and log values,
     /// and what the model header says (`partition_by`, `grain`, `format`).
-    pub(crate) fn detect(
+    pub fn detect(
         table: &str,
         partition_columns: &[String],
         schema: &Schema,
@@ -894,7 +891,7 @@ impl Layout {
 
     /// The layout of a table whose range selects rows by `range_column` (a column that is not a
     /// partition column): unpartitioned, or partitioned coarser than the range.
-    pub(crate) fn detect_rows(
+    pub fn detect_rows(
         table: &str,
         partition_columns: &[String],
         schema: &Schema,
@@ -947,7 +944,7 @@ impl Layout {
     }
 
     /// A layout with no columns: what a journal without one holds until it is upgraded.
-    pub(crate) fn unknown() -> Self {
+    pub fn unknown() -> Self {
         Self {
             by_rows: false,
             partition_columns: Vec::new(),
@@ -962,7 +959,7 @@ impl Layout {
     }
 
     /// A layout of one DATE or string column, as journals of format 1 recorded it.
-    pub(crate) fn legacy(column: &str, text: bool) -> Self {
+    pub fn legacy(column: &str, text: bool) -> Self {
         let encoding = if text {
             TimeEncoding::Text {
                 column: column.to_string(),
@@ -986,7 +983,7 @@ impl Layout {
 
     /// The hive directory of a file's partition values (`a=1/b=x%2Fy`), encoded the way delta-rs
     /// encodes them.
-    pub(crate) fn hive_path(&self, values: &PartitionValues) -> String {
+    pub fn hive_path(&self, values: &PartitionValues) -> String {
         self.partition_columns
             .iter()
             .map(|column| {
@@ -1004,7 +1001,7 @@ impl Layout {
 
     /// Rows of the range's partitions (and of the NULL partition when the range includes it), as
     /// a filter on the partition columns that prunes files. `schema` is the table's.
-    pub(crate) fn range_predicate(&self, range: &PartitionRange, schema: &Schema) -> Result<Expr> {
+    pub fn range_predicate(&self, range: &PartitionRange, schema: &Schema) -> Result<Expr> {
         let time_column = self.time.encoding.columns()[0].to_string();
         let data_type = schema
             .field_with_name(&time_column)
@@ -1034,11 +1031,7 @@ impl Layout {
     }
 
     /// The label of the partition a file with these values belongs to, if it lies in `range`.
-    pub(crate) fn label_in(
-        &self,
-        range: &PartitionRange,
-        values: &PartitionValues,
-    ) -> Option<String> {
+    pub fn label_in(&self, range: &PartitionRange, values: &PartitionValues) -> Option<String> {
         match self.time.period_of(values) {
             Ok(Some(period)) if range.contains(&period) => Some(period.label()),
             Ok(None) if range.include_null => Some(NULL_LABEL.to_string()),
@@ -1047,7 +1040,7 @@ impl Layout {
     }
 
     /// The directory a run stages one partition's files in: `<hive path>/lakefill-<run_id>`.
-    pub(crate) fn staging_prefix(
+    pub fn staging_prefix(
         &self,
         values: &PartitionValues,
         run_id: &crate::run_id::RunId,
@@ -1080,12 +1073,12 @@ fn day() -> Grain {
 }
 
 /// The most periods one run may span.
-pub(crate) const MAX_PERIODS: i64 = 100_000;
+pub const MAX_PERIODS: i64 = 100_000;
 
 impl PartitionRange {
     /// Parses `--from` and `--to` for `time`, rounding each to the period that holds it.
     /// Returns the range and a note for each bound that was rounded.
-    pub(crate) fn parse(
+    pub fn parse(
         from: &str,
         to: &str,
         time: &TimeColumn,
@@ -1146,17 +1139,17 @@ impl PartitionRange {
     }
 
     /// The first period.
-    pub(crate) fn first(&self) -> Option<Period> {
+    pub fn first(&self) -> Option<Period> {
         Period::from_label(self.grain, &self.from)
     }
 
     /// The last period.
-    pub(crate) fn last(&self) -> Option<Period> {
+    pub fn last(&self) -> Option<Period> {
         Period::from_label(self.grain, &self.to)
     }
 
     /// Every period of the range, in order.
-    pub(crate) fn periods(&self) -> Vec<Period> {
+    pub fn periods(&self) -> Vec<Period> {
         match (self.first(), self.last()) {
             (Some(from), Some(to)) => periods(from, to).collect(),
             _ => Vec::new(),
@@ -1164,14 +1157,14 @@ impl PartitionRange {
     }
 
     /// Whether `period` lies in the range.
-    pub(crate) fn contains(&self, period: &Period) -> bool {
+    pub fn contains(&self, period: &Period) -> bool {
         period.grain() == self.grain
             && self.first().is_some_and(|from| from <= *period)
             && self.last().is_some_and(|to| *period <= to)
     }
 
     /// Whether the period labelled `label` lies in the range.
-    pub(crate) fn contains_label(&self, label: &str) -> bool {
+    pub fn contains_label(&self, label: &str) -> bool {
         Period::from_label(self.grain, label).is_some_and(|p| self.contains(&p))
     }
 }
@@ -1191,7 +1184,7 @@ fn example(time: &TimeColumn) -> String {
 
 /// The label of the partition a file's (or a row's) values fall in, for reports: the period,
 /// `(null)`, or the raw values when they are not times of the grain.
-pub(crate) fn label_of(layout: &Layout, values: &PartitionValues) -> String {
+pub fn label_of(layout: &Layout, values: &PartitionValues) -> String {
     let period = if layout.by_rows {
         layout.time.period_containing(values)
     } else {
@@ -1212,7 +1205,7 @@ pub(crate) fn label_of(layout: &Layout, values: &PartitionValues) -> String {
 }
 
 /// How a hive directory names a NULL partition value (as delta-rs writes it).
-pub(crate) const NULL_PARTITION_DIR: &str = "__HIVE_DEFAULT_PARTITION__";
+pub const NULL_PARTITION_DIR: &str = "__HIVE_DEFAULT_PARTITION__";
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,7 @@ use deltalake::arrow::datatypes::{DataType, Field};
 /// `data_type` as Delta stores it: strings `Utf8`, binaries `Binary`, dictionaries their
 /// values, list items named `element`, and nested fields nullable (what a schema check and a
 /// hash need to agree on; a table's own nullability is checked by its protocol rules).
-pub(crate) fn canonical(data_type: &DataType) -> DataType {
+pub fn canonical(data_type: &DataType) -> DataType {
     let field = |f: &Field, name: &str| Arc::new(Field::new(name, canonical(f.data_type()), true));
     match data_type {
         DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
@@ -54,7 +54,7 @@ pub(crate) fn canonical(data_type: &DataType) -> DataType {
 }
 
 /// Whether `data_type` holds anything [`canonical`] changes inside a struct, list or map.
-pub(crate) fn is_nested(data_type: &DataType) -> bool {
+pub fn is_nested(data_type: &DataType) -> bool {
     matches!(
         data_type,
         DataType::List(_)

@@ -8,7 +8,7 @@
 //! ([`register_hash_functions`]); both run the same code, so identical rows hash alike whatever Arrow flavour
 //! (`Utf8` or `Utf8View`, dictionary or not) each side reads them in.
 //!
-//! Deciding what "up to date" means is left to [`crate::validate`].
+//! Deciding what "up to date" means is left to validation (`lakefill::validate`).
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher as _;
@@ -36,7 +36,7 @@ const STATE: RandomState = RandomState::with_seed(0x6c61_6b65_6669_6c6c);
 /// What a NULL contributes (never the hash of a value, but for a 2⁻⁶⁴ chance).
 const NULL_HASH: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The hash of a row with no columns to hash.
-pub(crate) const EMPTY_ROW_HASH: u64 = 0x2545_f491_4f6c_dd1d;
+pub const EMPTY_ROW_HASH: u64 = 0x2545_f491_4f6c_dd1d;
 
 /// Row count and sum of row hashes of one partition.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,20 +50,20 @@ pub struct RowChecksum {
 
 impl RowChecksum {
     /// Adds rows with the given hashes.
-    pub(crate) fn add_hashes(&mut self, hashes: &[u64]) {
+    pub fn add_hashes(&mut self, hashes: &[u64]) {
         self.rows += hashes.len() as u64;
         self.sum += hashes.iter().map(|h| u128::from(*h)).sum::<u128>();
     }
 
     /// Adds another checksum (of other rows of the same partition).
-    pub(crate) fn merge(&mut self, other: &RowChecksum) {
+    pub fn merge(&mut self, other: &RowChecksum) {
         self.rows += other.rows;
         self.sum += other.sum;
     }
 }
 
 /// Checksums per partition value.
-pub(crate) type PartitionChecksums = BTreeMap<String, RowChecksum>;
+pub type PartitionChecksums = BTreeMap<String, RowChecksum>;
 
 mod u128_text {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -81,7 +81,7 @@ mod u128_text {
 }
 
 /// The tag of a staged file's `add` action that carries its [`FileDigest`].
-pub(crate) const DIGEST_TAG: &str = "lakefill.rowChecksum";
+pub const DIGEST_TAG: &str = "lakefill.rowChecksum";
 
 /// The version of what a [`FileDigest`] hashes and how; a digest of another version is ignored.
 const DIGEST_VERSION: u64 = 1;
@@ -95,7 +95,7 @@ const DIGEST_VERSION: u64 = 1;
 /// no deletion vector and that its record count is the digest's: a writer that deletes rows by
 /// a vector keeps the file, and may keep its tags.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct FileDigest {
+pub struct FileDigest {
     #[serde(rename = "v")]
     version: u64,
     rows: u64,
@@ -107,7 +107,7 @@ pub(crate) struct FileDigest {
 
 impl FileDigest {
     /// The tag value for the file at `path` whose rows (of the columns `fields`) have `checksum`.
-    pub(crate) fn tag(
+    pub fn tag(
         checksum: &RowChecksum,
         fields: &[deltalake::arrow::datatypes::FieldRef],
         path: &str,
@@ -126,7 +126,7 @@ impl FileDigest {
     /// statistics and `deletion_vector` set when it has one), when the tag is of this version,
     /// of that file, of the columns whose fingerprint is `columns`, and the file's rows are all
     /// live.
-    pub(crate) fn read(
+    pub fn read(
         tag: &str,
         path: &str,
         records: Option<u64>,
@@ -153,7 +153,7 @@ fn file_name(path: &str) -> &str {
 
 /// A fingerprint of the columns a row hash covers: their names and types in order, string,
 /// binary and dictionary flavours as one (they hash alike).
-pub(crate) fn columns_fingerprint(fields: &[deltalake::arrow::datatypes::FieldRef]) -> String {
+pub fn columns_fingerprint(fields: &[deltalake::arrow::datatypes::FieldRef]) -> String {
     use sha2::{Digest as _, Sha256};
     let mut hasher = Sha256::new();
     for field in fields {
@@ -166,7 +166,7 @@ pub(crate) fn columns_fingerprint(fields: &[deltalake::arrow::datatypes::FieldRe
 }
 
 /// Hashes every row of `columns` (all of length `rows`).
-pub(crate) fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
+pub fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
     hash_rows_with(&STATE, columns, rows)
 }
 
@@ -184,7 +184,7 @@ fn hash_rows_with(state: &RandomState, columns: &[ArrayRef], rows: usize) -> Res
 
 /// The hash of each value of `column` that [`hash_rows`] combines (a NULL's is fixed): to hash
 /// rows of several sets of columns, each column is hashed once.
-pub(crate) fn value_hashes(column: &ArrayRef) -> Result<Vec<u64>> {
+pub fn value_hashes(column: &ArrayRef) -> Result<Vec<u64>> {
     value_hashes_with(&STATE, column)
 }
 
@@ -203,7 +203,7 @@ fn value_hashes_with(state: &RandomState, column: &ArrayRef) -> Result<Vec<u64>>
 }
 
 /// [`hash_rows`] of columns given by their [`value_hashes`], in order.
-pub(crate) fn combine_rows(columns: &[&[u64]], rows: usize) -> Vec<u64> {
+pub fn combine_rows(columns: &[&[u64]], rows: usize) -> Vec<u64> {
     let mut hashes = vec![EMPTY_ROW_HASH; rows];
     for (index, values) in columns.iter().enumerate() {
         let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -305,7 +305,7 @@ const KEY_STATES: [RandomState; 2] = [
 
 /// The hashes of every row's key `columns` under the state of `half` (0 or 1): `None` for a
 /// row with a NULL in any key column (such a key equals no other, as in SQL).
-pub(crate) fn key_hashes(half: usize, columns: &[ArrayRef], rows: usize) -> Result<UInt64Array> {
+pub fn key_hashes(half: usize, columns: &[ArrayRef], rows: usize) -> Result<UInt64Array> {
     let state = &KEY_STATES[half.min(1)];
     let hashes = hash_rows_with(state, columns, rows)?;
     let nulls: Vec<_> = columns.iter().map(|c| c.logical_nulls()).collect();
@@ -316,7 +316,7 @@ pub(crate) fn key_hashes(half: usize, columns: &[ArrayRef], rows: usize) -> Resu
 /// Whether a key column of type `data_type` can be compared by [`key_hashes`]: two values hash
 /// alike exactly when SQL's `=` holds. Not for floats (`-0.0 = 0.0` yet their bits differ; NaN)
 /// nor nested types (whose equality treats nested NULLs its own way).
-pub(crate) fn key_hashable(data_type: &DataType) -> bool {
+pub fn key_hashable(data_type: &DataType) -> bool {
     match data_type {
         DataType::Dictionary(_, value) => key_hashable(value),
         DataType::Float16 | DataType::Float32 | DataType::Float64 => false,
@@ -338,7 +338,7 @@ pub(crate) fn key_hashable(data_type: &DataType) -> bool {
 }
 
 /// The type a key column hashes as: string and binary flavours, and dictionaries, are one.
-pub(crate) fn key_type_class(data_type: &DataType) -> DataType {
+pub fn key_type_class(data_type: &DataType) -> DataType {
     match data_type {
         DataType::Dictionary(_, value) => key_type_class(value),
         DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
@@ -369,7 +369,7 @@ struct HashUdf {
 
 /// Registers the hash functions in `ctx` (every query that hashes rows or keys needs them),
 /// unless it has them already (then they stay as registered, e.g. rounding floats).
-pub(crate) fn register_hash_functions(ctx: &deltalake::datafusion::prelude::SessionContext) {
+pub fn register_hash_functions(ctx: &deltalake::datafusion::prelude::SessionContext) {
     if ctx
         .state()
         .scalar_functions()
@@ -383,7 +383,7 @@ pub(crate) fn register_hash_functions(ctx: &deltalake::datafusion::prelude::Sess
 /// Registers the hash functions in `ctx`, the row hash taking float and double values to
 /// `decimals` places first when given (`[validate] decimals`: values that agree to that many
 /// places are the same row). Key hashes never round.
-pub(crate) fn register_hash_functions_rounding(
+pub fn register_hash_functions_rounding(
     ctx: &deltalake::datafusion::prelude::SessionContext,
     decimals: Option<u32>,
 ) {
@@ -432,7 +432,7 @@ impl ScalarUDFImpl for HashUdf {
 
 /// The SQL expression of one half (0 or 1) of the key hash of `columns`; the session must have
 /// the [hash functions](register_hash_functions) registered.
-pub(crate) fn key_hash_sql(half: usize, columns: &[String]) -> String {
+pub fn key_hash_sql(half: usize, columns: &[String]) -> String {
     let columns: Vec<String> = columns.iter().map(|c| crate::sqltext::ident(c)).collect();
     format!(
         "{KEY_HASH_FUNCTION}_{}({})",
@@ -443,7 +443,7 @@ pub(crate) fn key_hash_sql(half: usize, columns: &[String]) -> String {
 
 /// The SQL expression of the hash of a row's `columns` (the empty row's hash when there are
 /// none); the session must have the [hash functions](register_hash_functions) registered.
-pub(crate) fn row_hash_sql(columns: &[String]) -> String {
+pub fn row_hash_sql(columns: &[String]) -> String {
     if columns.is_empty() {
         // Typed like the function's result, so that readers of the hash see one type.
         return format!("arrow_cast({EMPTY_ROW_HASH}, 'UInt64')");

@@ -34,7 +34,7 @@ pub struct TableConfig {
     uri: String,
     storage_options: BTreeMap<String, String>,
     table_storage_keys: Vec<String>,
-    sinks: Vec<crate::notify::Sink>,
+    sinks: Vec<crate::sink::Sink>,
     adjustments: Option<String>,
 }
 
@@ -64,7 +64,7 @@ pub struct EngineConfig {
 struct RawProject {
     /// Sinks of every table.
     #[serde(default)]
-    notify: Vec<crate::notify::sink::RawSink>,
+    notify: Vec<crate::sink::RawSink>,
     #[serde(default)]
     storage: BTreeMap<String, String>,
     #[serde(default)]
@@ -82,7 +82,7 @@ struct RawTable {
     #[serde(default)]
     storage: BTreeMap<String, String>,
     #[serde(default)]
-    notify: Vec<crate::notify::sink::RawSink>,
+    notify: Vec<crate::sink::RawSink>,
     /// The project table adjustments of this one go to (created on first use).
     #[serde(default)]
     adjustments: Option<String>,
@@ -178,7 +178,7 @@ impl Project {
                 } else {
                     format!("tables.{name}.notify[{}]", i - raw.notify.len())
                 };
-                let sink = crate::notify::Sink::parse(raw_sink, root, |v| expand_env(v, &field))
+                let sink = crate::sink::Sink::parse(raw_sink, root, |v| expand_env(v, &field))
                     .map_err(|message| Error::ConfigValue {
                         path: path.to_path_buf(),
                         field: field.clone(),
@@ -261,7 +261,7 @@ impl Project {
     }
 
     /// Returns the keys set in `[storage]`.
-    pub(crate) fn storage_keys(&self) -> &[String] {
+    pub fn storage_keys(&self) -> &[String] {
         &self.storage_keys
     }
 
@@ -312,15 +312,17 @@ impl TableConfig {
     }
 
     /// Returns the notification sinks of the table (the project's, then its own).
-    pub fn sinks(&self) -> &[crate::notify::Sink] {
+    pub fn sinks(&self) -> &[crate::sink::Sink] {
         &self.sinks
     }
 
-    pub(crate) fn storage_options(&self) -> &BTreeMap<String, String> {
+    /// The table's storage options, as resolved (secrets expanded).
+    pub fn storage_options(&self) -> &BTreeMap<String, String> {
         &self.storage_options
     }
 
-    pub(crate) fn table_storage_keys(&self) -> &[String] {
+    /// The storage option keys set on the table itself (not inherited from `[storage]`).
+    pub fn table_storage_keys(&self) -> &[String] {
         &self.table_storage_keys
     }
 }

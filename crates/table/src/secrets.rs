@@ -20,7 +20,7 @@ const SHORTEST: usize = 4;
 static SECRETS: LazyLock<RwLock<BTreeSet<String>>> = LazyLock::new(|| RwLock::new(BTreeSet::new()));
 
 /// Registers `value` as a secret (and its forms escaped in JSON and percent-encoded in URLs).
-pub(crate) fn register(value: &str) {
+pub fn register(value: &str) {
     let value = value.trim();
     if value.chars().count() < SHORTEST {
         return;
@@ -38,7 +38,7 @@ pub(crate) fn register(value: &str) {
 }
 
 /// Registers the user and password of `text` if it is a URL with credentials.
-pub(crate) fn register_url_credentials(text: &str) {
+pub fn register_url_credentials(text: &str) {
     if let Ok(url) = url::Url::parse(text.trim()) {
         if !url.username().is_empty() {
             register(url.username());
@@ -57,7 +57,7 @@ pub(crate) fn register_url_credentials(text: &str) {
 
 /// Registers what of a sink's URL can hold a secret (#33): the whole URL, its path (Slack-style
 /// `/services/T/B/XXXX`) and its query (`?token=…`), so that no stray copy of them is printed.
-pub(crate) fn register_sink_url(text: &str) {
+pub fn register_sink_url(text: &str) {
     register_url_credentials(text);
     register(text);
     if let Ok(url) = url::Url::parse(text.trim()) {
@@ -72,7 +72,7 @@ pub(crate) fn register_sink_url(text: &str) {
 
 /// A URL as reports show a sink: scheme, host and port, and the shape of its path and query,
 /// every segment and the query masked (a webhook's URL is its credential).
-pub(crate) fn redacted_url(text: &str) -> String {
+pub fn redacted_url(text: &str) -> String {
     let Ok(url) = url::Url::parse(text.trim()) else {
         return MASK.to_string();
     };

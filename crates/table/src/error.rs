@@ -845,7 +845,8 @@ fn list_or_none(items: &[String]) -> String {
     }
 }
 
-pub(crate) trait DeltaContext<T> {
+/// Wraps a delta-rs error with what the engine was doing.
+pub trait DeltaContext<T> {
     /// Wraps a delta-rs error with what the engine was doing.
     fn delta_context(self, context: impl FnOnce() -> String) -> Result<T>;
 }
@@ -859,7 +860,8 @@ impl<T> DeltaContext<T> for std::result::Result<T, DeltaTableError> {
     }
 }
 
-pub(crate) trait QueryContext<T> {
+/// Wraps a DataFusion error with what the engine was doing.
+pub trait QueryContext<T> {
     /// Wraps a DataFusion error with what the engine was doing.
     fn query_context(self, context: impl FnOnce() -> String) -> Result<T>;
 }
@@ -1062,7 +1064,7 @@ mod tests {
             },
             Error::RunStopped {
                 run_id: s(),
-                state: crate::journal::lifecycle::RunState::Failed.to_string(),
+                state: "failed".into(),
                 phase: s(),
                 resume: s(),
                 source: Box::new(Error::Interrupted),

@@ -1,0 +1,32 @@
+//! # lakefill-table
+//!
+//! The ground floor of lakefill: what a table is, and the vocabulary every layer above speaks.
+//! Nothing here reads a run, plans, stages or publishes; those crates use this one, never the
+//! other way round.
+//!
+//! ```text
+//!  config  sink  model  settings          the project file, its sinks, the model files, a run's settings
+//!  partition  protocol  storage           how a table keeps time, the rules its protocol puts on
+//!                                         rows, opening it at a version
+//!  rowhash  resources  types  fastcast    row checksums, a session's memory and threads, Arrow
+//!                                         types as Delta keeps them, fast timestamp casts
+//!  error  run_id  secrets  time  sqltext  spill   (foundation)
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod fastcast;
+pub mod model;
+pub mod partition;
+pub mod protocol;
+pub mod resources;
+pub mod rowhash;
+pub mod run_id;
+pub mod secrets;
+pub mod settings;
+pub mod sink;
+pub mod spill;
+pub mod sqltext;
+pub mod storage;
+pub mod time;
+pub mod types;
