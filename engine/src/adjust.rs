@@ -28,10 +28,10 @@ use deltalake::datafusion::prelude::SessionContext;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::error::{Error, QueryContext, Result};
-use crate::sqltext::ident;
 use crate::stage::staged::StagedTable;
 use crate::validate::CheckResult;
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::sqltext::ident;
 
 /// The run that wrote an adjustment row.
 pub const RUN_ID_COLUMN: &str = "_lakefill_run_id";
@@ -475,7 +475,7 @@ pub(crate) async fn register_net(
 pub(crate) async fn stage(
     plan: &crate::plan::BackfillPlan,
     batches: &[crate::journal::BatchRecord],
-    resources: &crate::resources::Resources,
+    resources: &lakefill_table::resources::Resources,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<(Vec<crate::journal::BatchRecord>, AdjustmentCounts)> {
     let report = &plan.report;
@@ -486,13 +486,13 @@ pub(crate) async fn stage(
     let mut counted = AdjustmentCounts::default();
     for new_rows in batches {
         let Some(batch) = report.batches.iter().find(|b| b.index == new_rows.index) else {
-            return Err(crate::error::Error::Internal(format!(
+            return Err(lakefill_table::error::Error::Internal(format!(
                 "staged batch {} is not in the plan",
                 new_rows.index
             )));
         };
         let ctx = resources.session();
-        let periods = crate::partition::PartitionRange {
+        let periods = lakefill_table::partition::PartitionRange {
             from: batch.start.clone(),
             to: batch.end.clone(),
             grain: report.range.grain,
@@ -557,13 +557,13 @@ pub(crate) async fn stage(
 /// columns, the lineage columns, the same partitioning, `delta.appendOnly`. When another process
 /// created it first, that table is used.
 pub(crate) async fn create_companion(
-    config: &crate::config::TableConfig,
+    config: &lakefill_table::config::TableConfig,
     target: &deltalake::DeltaTable,
     partition_columns: &[String],
     of: &str,
 ) -> Result<deltalake::DeltaTable> {
-    use crate::error::DeltaContext as _;
     use deltalake::kernel::{DataType as DeltaType, StructField};
+    use lakefill_table::error::DeltaContext as _;
     let schema = target
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{of}`"))?
@@ -578,7 +578,7 @@ pub(crate) async fn create_companion(
         .with_metadata([("lakefill".to_string(), json!({"companion_of": of}))]);
     let created = deltalake::operations::create::CreateBuilder::new()
         .with_location(config.url().as_str())
-        .with_storage_options(crate::storage::effective_options(config))
+        .with_storage_options(lakefill_table::storage::effective_options(config))
         .with_columns(fields)
         .with_partition_columns(partition_columns.to_vec())
         .with_configuration_property(deltalake::TableProperty::AppendOnly, Some("true"))
@@ -594,17 +594,15 @@ pub(crate) async fn create_companion(
             Ok(table)
         }
         // Another process may have just created it.
-        Err(error) => {
-            crate::storage::open_table(config, None)
-                .await
-                .map_err(|_| crate::error::Error::Delta {
-                    context: format!(
-                        "cannot create `{}`, the companion table for adjustments of `{of}`",
-                        config.name()
-                    ),
-                    source: Box::new(error),
-                })
-        }
+        Err(error) => lakefill_table::storage::open_table(config, None)
+            .await
+            .map_err(|_| lakefill_table::error::Error::Delta {
+                context: format!(
+                    "cannot create `{}`, the companion table for adjustments of `{of}`",
+                    config.name()
+                ),
+                source: Box::new(error),
+            }),
     }
 }
 
@@ -614,7 +612,7 @@ pub(crate) async fn register_net_rows(
     ctx: &SessionContext,
     name: &str,
     plan: &crate::plan::BackfillPlan,
-    range: &crate::partition::PartitionRange,
+    range: &lakefill_table::partition::PartitionRange,
 ) -> Result<()> {
     let rows = format!("__lf_rows_of_{name}");
     register_ledger_rows(ctx, &rows, plan, range).await?;
@@ -634,7 +632,7 @@ async fn register_ledger_rows(
     ctx: &SessionContext,
     name: &str,
     plan: &crate::plan::BackfillPlan,
-    range: &crate::partition::PartitionRange,
+    range: &lakefill_table::partition::PartitionRange,
 ) -> Result<()> {
     let layout = &plan.report.layout;
     match &plan.adjusted {
@@ -669,15 +667,15 @@ pub(crate) async fn check_adjusted_unchanged(
     let Some((name, read)) = &journal.adjusts else {
         return Ok(());
     };
-    let latest = crate::storage::latest(table).await?;
-    let until = crate::storage::loaded_version(&latest)?;
+    let latest = lakefill_table::storage::latest(table).await?;
+    let until = lakefill_table::storage::loaded_version(&latest)?;
     let later =
         crate::log::commits_in_range(&latest, *read, &journal.layout, &journal.range, until)
             .await?;
     if later.is_empty() {
         return Ok(());
     }
-    Err(crate::error::Error::Conflict {
+    Err(lakefill_table::error::Error::Conflict {
         table: name.clone(),
         read_version: *read,
         source: Box::new(deltalake::DeltaTableError::Generic(format!(

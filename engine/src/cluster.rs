@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use crate::error::Result;
+use lakefill_table::error::Result;
 
 /// Starts a Ballista scheduler listening on `bind` (port 0 picks a free one), with lakefill's
 /// codec registered; it runs until the process exits. Returns where it listens.
@@ -38,8 +38,8 @@ pub async fn run_executor(
 }
 
 #[cfg(not(feature = "distributed"))]
-fn not_built(value: &str) -> crate::error::Error {
-    crate::error::Error::InvalidOption {
+fn not_built(value: &str) -> lakefill_table::error::Error {
+    lakefill_table::error::Error::InvalidOption {
         option: "cluster".into(),
         value: value.into(),
         message: "this lakefill was built without distributed staging; build it with `--features distributed`".into(),

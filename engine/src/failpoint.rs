@@ -22,7 +22,7 @@
 //! table is found, its lease not yet taken) and `gc-listed` (`gc`: the garbage is listed, none
 //! deleted) are for races with other processes.
 
-use crate::error::Result;
+use lakefill_table::error::Result;
 
 /// Acts on the point `name` if it is armed.
 pub(crate) async fn reach(name: &str) -> Result<()> {
@@ -30,7 +30,7 @@ pub(crate) async fn reach(name: &str) -> Result<()> {
     if let Some(action) = armed(name) {
         match action.as_str() {
             "error" => {
-                return Err(crate::error::Error::Internal(format!(
+                return Err(lakefill_table::error::Error::Internal(format!(
                     "injected failure at `{name}`"
                 )));
             }

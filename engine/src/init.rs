@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::config::{PROJECT_FILE, Project};
-use crate::error::{DeltaContext, Error, Result};
-use crate::partition::{Layout, TimeEncoding};
-use crate::storage::open_table;
+use lakefill_table::config::{PROJECT_FILE, Project};
+use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::partition::{Layout, TimeEncoding};
+use lakefill_table::storage::open_table;
 
 /// What `init` wrote.
 #[derive(Debug, Clone, Serialize)]
@@ -39,7 +39,7 @@ pub async fn init(dir: &Path, tables: &[(String, String)]) -> Result<InitReport>
         if model_file.exists() {
             return Err(Error::ProjectExists { path: model_file });
         }
-        if !crate::model::is_model_name(name) {
+        if !lakefill_table::model::is_model_name(name) {
             return Err(Error::InvalidOption {
                 option: "--table".into(),
                 value: name.clone(),
@@ -262,11 +262,11 @@ fn identity_model(
     let columns = schema
         .fields()
         .iter()
-        .map(|f| crate::sqltext::ident(f.name()))
+        .map(|f| lakefill_table::sqltext::ident(f.name()))
         .collect::<Vec<_>>()
         .join(", ");
     Ok(format!(
         "/*\n{header}*/\nSELECT {columns}\nFROM {}\n",
-        crate::sqltext::ident(name)
+        lakefill_table::sqltext::ident(name)
     ))
 }

@@ -17,8 +17,7 @@
 //! ## How the crate is laid out
 //!
 //! The ground floor is its own crate, [`lakefill_table`] (config, sinks, model, partition,
-//! protocol, storage, rowhash, resources, error, time…), used here as `crate::config` and so
-//! on; Cargo keeps it from reaching up. Above it, each phase is a module:
+//! protocol, storage, rowhash, resources, error, time…); Cargo keeps it from reaching up. Above it, each phase is a module:
 //!
 //! ```text
 //!  explain/   history, blame, sql, diff, gc        what happened, and what no history needs
@@ -60,13 +59,11 @@
 //! # Ok(()) }
 //! ```
 
-// The ground floor, as `crate::config` etc. for the layers of this crate.
-#[cfg(feature = "distributed")]
-use lakefill_table::fastcast;
+// The ground floor's modules, for this crate's public re-exports below.
 pub use lakefill_table::spill;
 use lakefill_table::{
-    config, error, model, partition, protocol, resources, rowhash, run_id, secrets, settings, sink,
-    sqltext, storage, time, types,
+    config, error, model, partition, protocol, resources, rowhash, run_id, secrets, settings,
+    storage, time,
 };
 
 mod adjust;

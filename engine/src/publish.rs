@@ -15,9 +15,9 @@ use deltalake::kernel::{Action, Transaction};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use serde_json::{Value, json};
 
-use crate::error::{DeltaContext, Error, Result};
 use crate::journal::Journal;
 use crate::log::metadata::{CommitMetadata, CommittedPartition, ValidationSummary};
+use lakefill_table::error::{DeltaContext, Error, Result};
 
 /// The commit metadata of a run (DESIGN §4.4).
 pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
@@ -146,7 +146,7 @@ pub(crate) async fn commit_actions(
     journal: &Journal,
     actions: Vec<Action>,
 ) -> Result<u64> {
-    crate::storage::ensure_conditional_writes(target, &journal.target).await?;
+    lakefill_table::storage::ensure_conditional_writes(target, &journal.target).await?;
     let snapshot = target
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
@@ -171,7 +171,7 @@ pub(crate) async fn commit_actions(
         predicate: Some(predicate),
     };
     // The metadata is public: whatever it quotes (a reason, sample values) is masked.
-    let user_metadata = crate::secrets::mask(
+    let user_metadata = lakefill_table::secrets::mask(
         &serde_json::to_string(&commit_metadata(journal))
             .map_err(|e| Error::Internal(format!("metadata: {e}")))?,
     );

@@ -4,15 +4,15 @@
 //! checks as a run of its own; the cascade record follows.
 
 use super::run::{CascadeRecord, CascadeRunReport, load_record, save};
-use crate::config::Project;
-use crate::error::{Error, Result};
 use crate::journal::{Journal, RunState};
-use crate::model::Model;
 use crate::run::manage::{discard_run, list_runs, publish_run};
 use crate::run::report::RunReport;
 use crate::run::revert::{logical_revert_plan, revert_run, reverts_logically};
-use crate::run_id::RunId;
-use crate::storage::{loaded_version, open_table};
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::model::Model;
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{loaded_version, open_table};
 
 /// Whether `id` names a cascade rather than a run.
 pub fn is_cascade_id(id: &str) -> bool {
@@ -199,7 +199,7 @@ pub(crate) async fn check_parents(
                 None => ("FROM".into(), "TO".into()),
             };
             return Err(Error::CascadeParentMoved(Box::new(
-                crate::error::ParentMoved {
+                lakefill_table::error::ParentMoved {
                     cascade: record.cascade_id.clone(),
                     table: node.table.clone(),
                     parent: parent.table.clone(),
@@ -221,10 +221,10 @@ pub(crate) async fn check_parents(
 /// commit's partitions tell whether it reached into it); `None` when any commit may have.
 fn read_window(
     journal: &Journal,
-    spec: &crate::model::SourceSpec,
-    parent_layout: &crate::partition::Layout,
+    spec: &lakefill_table::model::SourceSpec,
+    parent_layout: &lakefill_table::partition::Layout,
 ) -> Option<(
-    crate::partition::Layout,
+    lakefill_table::partition::Layout,
     chrono::NaiveDateTime,
     chrono::NaiveDateTime,
 )> {
@@ -241,11 +241,13 @@ fn read_window(
     let grain = parent_layout.time.grain;
     let first = journal.range.first()?;
     let last = journal.range.last()?;
-    let low =
-        crate::time::Period::containing(grain, first.start())?.offset(-i64::from(spec.lookback))?;
-    let high =
-        crate::time::Period::containing(grain, last.end() - chrono::TimeDelta::microseconds(1))?
-            .offset(i64::from(spec.lookahead))?;
+    let low = lakefill_table::time::Period::containing(grain, first.start())?
+        .offset(-i64::from(spec.lookback))?;
+    let high = lakefill_table::time::Period::containing(
+        grain,
+        last.end() - chrono::TimeDelta::microseconds(1),
+    )?
+    .offset(i64::from(spec.lookahead))?;
     Some((parent_layout.clone(), low.start(), high.end()))
 }
 

@@ -17,15 +17,15 @@ use chrono::NaiveDateTime;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::config::Project;
-use crate::error::{Error, Result};
 use crate::explain::history::table_layout;
-use crate::model::{Model, list_models};
-use crate::partition::{Layout, PartitionRange};
 use crate::plan::{BackfillPlan, PlanBuilder, source_window};
-use crate::run_id::RunId;
-use crate::storage::open_table;
-use crate::time::{Grain, Period};
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::model::{Model, list_models};
+use lakefill_table::partition::{Layout, PartitionRange};
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::open_table;
+use lakefill_table::time::{Grain, Period};
 
 pub(crate) mod manage;
 pub(crate) mod run;

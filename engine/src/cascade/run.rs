@@ -16,13 +16,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::CascadePlan;
-use crate::config::Project;
-use crate::error::{Error, Result};
 use crate::journal::{Journal, RunState};
 use crate::plan::Overlay;
 use crate::run::report::{Outcome, RunReport};
 use crate::run::{BackfillBuilder, manage::publish_run};
 use crate::stage::staged::StagedTable;
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, Result};
 
 /// Where cascade records live under the root target's root.
 const CASCADES_DIR: &str = "_lakefill/cascades";
@@ -93,16 +93,16 @@ pub(crate) async fn load_record(
     project: &Project,
     id: &str,
 ) -> Result<(Arc<dyn deltalake::ObjectStore>, CascadeRecord)> {
-    let id = crate::run_id::RunId::parse(id)?;
+    let id = lakefill_table::run_id::RunId::parse(id)?;
     let path = deltalake::Path::from(format!("{CASCADES_DIR}/{id}.json"));
     let mut searched = Vec::new();
     for config in project.tables() {
-        let Ok(table) = crate::storage::open_table(config, None).await else {
+        let Ok(table) = lakefill_table::storage::open_table(config, None).await else {
             continue;
         };
         searched.push(config.name().to_string());
         let store = table.object_store();
-        if let Some(bytes) = crate::storage::read_object(&store, &path).await? {
+        if let Some(bytes) = lakefill_table::storage::read_object(&store, &path).await? {
             let record = serde_json::from_slice(&bytes).map_err(|e| Error::Journal {
                 path: path.to_string(),
                 message: e.to_string(),
@@ -131,7 +131,7 @@ impl CascadeRunner {
             project: project.clone(),
             plan,
             stage_only: false,
-            memory_limit: Some(crate::settings::default_memory_limit()),
+            memory_limit: Some(lakefill_table::settings::default_memory_limit()),
             max_parallel: None,
             interrupt: None,
         }
@@ -185,8 +185,8 @@ impl CascadeRunner {
                     published_version: None,
                 })
                 .collect(),
-            created_at: crate::time::now(),
-            updated_at: crate::time::now(),
+            created_at: lakefill_table::time::now(),
+            updated_at: lakefill_table::time::now(),
         };
         save(&root_store, &mut record).await;
 
@@ -340,7 +340,7 @@ fn overlay(parent: &Journal) -> Option<Overlay> {
 /// Writes the record (best effort: the logs are the truth, the record a summary of them).
 pub(crate) async fn save(store: &Arc<dyn deltalake::ObjectStore>, record: &mut CascadeRecord) {
     use deltalake::logstore::object_store::{ObjectStoreExt as _, PutPayload};
-    record.updated_at = crate::time::now();
+    record.updated_at = lakefill_table::time::now();
     let path = deltalake::Path::from(format!("{CASCADES_DIR}/{}.json", record.cascade_id));
     let Ok(text) = serde_json::to_string_pretty(record) else {
         return;
@@ -348,7 +348,7 @@ pub(crate) async fn save(store: &Arc<dyn deltalake::ObjectStore>, record: &mut C
     if let Err(error) = store
         .put(
             &path,
-            PutPayload::from(crate::secrets::mask(&text).into_bytes()),
+            PutPayload::from(lakefill_table::secrets::mask(&text).into_bytes()),
         )
         .await
     {

@@ -23,7 +23,7 @@ use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use deltalake::datafusion::prelude::SessionConfig;
 
 use super::writer::LakefillCodec;
-use crate::error::{Error, Result};
+use lakefill_table::error::{Error, Result};
 
 fn codec() -> BallistaCodec<LogicalPlanNode, PhysicalPlanNode> {
     BallistaCodec::new(
@@ -144,7 +144,7 @@ pub(crate) async fn run_executor(
         Ok(Arc::new(
             RuntimeEnvBuilder::new()
                 .with_object_store_registry(Arc::clone(&stores) as Arc<dyn ObjectStoreRegistry>)
-                .with_disk_manager_builder(crate::spill::disk_manager())
+                .with_disk_manager_builder(lakefill_table::spill::disk_manager())
                 .build()?,
         ))
     });

@@ -35,11 +35,11 @@ use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 use futures::TryStreamExt;
 
-use crate::error::{Error, QueryContext, Result};
 use crate::journal::BatchRecord;
 use crate::plan::query::{model_dataframe, register_source_with, target_schema};
 use crate::plan::{BackfillPlan, BatchPlan};
 use crate::stage::{StageOptions, WriteSpec, Written, target_projection};
+use lakefill_table::error::{Error, QueryContext, Result};
 
 /// Writer tasks (and scan groups) per batch.
 const TASKS: usize = 8;
@@ -165,10 +165,10 @@ async fn stage_batch(
     let mut config = SessionConfig::new_with_ballista()
         .with_target_partitions(TASKS)
         .with_ballista_physical_extension_codec(Arc::new(writer::LakefillCodec::default()));
-    crate::resources::read_as_spark_wrote(config.options_mut());
+    lakefill_table::resources::read_as_spark_wrote(config.options_mut());
     // Filters on a timestamp's date compare the timestamp, as locally (the rewrite yields plain
     // expressions the cluster decodes; the physical one, a function of lakefill's, stays local).
-    let state = crate::fastcast::with_logical_rule(
+    let state = lakefill_table::fastcast::with_logical_rule(
         deltalake::datafusion::execution::SessionStateBuilder::new()
             .with_config(config.clone())
             .with_default_features()
@@ -362,7 +362,7 @@ fn gather(
 /// re-run task's second result, and of attempts that failed after writing.
 async fn delete_strays(plan: &BackfillPlan, record: &BatchRecord, strays: &[String]) -> Result<()> {
     let store = plan.target.object_store();
-    let normal = |path: &str| crate::storage::object_path(path).to_string();
+    let normal = |path: &str| lakefill_table::storage::object_path(path).to_string();
     let listed: BTreeSet<String> = record.files.iter().map(|a| normal(&a.path)).collect();
     // Every staging directory the batch wrote to (a partition's is written by one task).
     let dirs: BTreeSet<String> = record
@@ -380,7 +380,7 @@ async fn delete_strays(plan: &BackfillPlan, record: &BatchRecord, strays: &[Stri
         .filter(|p| !listed.contains(p))
         .collect();
     for dir in dirs {
-        let prefix = crate::storage::object_path(&dir);
+        let prefix = lakefill_table::storage::object_path(&dir);
         let objects: Vec<_> = store
             .list(Some(&prefix))
             .try_collect()
@@ -398,7 +398,10 @@ async fn delete_strays(plan: &BackfillPlan, record: &BatchRecord, strays: &[Stri
     }
     for path in doomed {
         tracing::warn!(%path, "deleting a file a writer task staged but the batch does not keep");
-        match store.delete(&crate::storage::object_path(&path)).await {
+        match store
+            .delete(&lakefill_table::storage::object_path(&path))
+            .await
+        {
             Ok(()) | Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
             Err(source) => return Err(Error::Storage { path, source }),
         }
@@ -409,10 +412,10 @@ async fn delete_strays(plan: &BackfillPlan, record: &BatchRecord, strays: &[Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::{Layout, PartitionRange};
-    use crate::rowhash::RowChecksum;
-    use crate::run_id::RunId;
     use deltalake::kernel::Add;
+    use lakefill_table::partition::{Layout, PartitionRange};
+    use lakefill_table::rowhash::RowChecksum;
+    use lakefill_table::run_id::RunId;
 
     fn spec() -> WriteSpec {
         let layout = Layout::legacy("d", false);

@@ -29,7 +29,7 @@ use deltalake::datafusion::prelude::SessionConfig;
 use futures::TryStreamExt as _;
 use tonic::transport::Channel;
 
-use crate::error::{Error, Result};
+use lakefill_table::error::{Error, Result};
 
 /// How often the job's status is asked for.
 const POLL: Duration = Duration::from_millis(50);

@@ -57,7 +57,7 @@ impl WriterMessage {
         &self,
         store: &Arc<dyn deltalake::ObjectStore>,
         files: &[String],
-    ) -> crate::error::Result<()> {
+    ) -> lakefill_table::error::Result<()> {
         let Some(generation) = self.lease else {
             return Ok(());
         };
@@ -66,12 +66,12 @@ impl WriterMessage {
             return Ok(());
         }
         for file in files {
-            let path = crate::storage::object_path(file);
+            let path = lakefill_table::storage::object_path(file);
             if let Err(error) = store.delete(&path).await {
                 tracing::warn!(%run_id, %path, %error, "cannot delete a file of a stopped job; `lakefill gc` will");
             }
         }
-        Err(crate::error::Error::Internal(format!(
+        Err(lakefill_table::error::Error::Internal(format!(
             "run `{run_id}` is no longer held by the client that submitted this job (stopped, or taken over); this writer task stops{}",
             if files.is_empty() {
                 String::new()
@@ -188,7 +188,7 @@ impl ExecutionPlan for StageWriterExec {
         let schema = output_schema();
         let out = Arc::clone(&schema);
         let work = async move {
-            let external = |e: crate::error::Error| DataFusionError::External(Box::new(e));
+            let external = |e: lakefill_table::error::Error| DataFusionError::External(Box::new(e));
             crate::failpoint::reach("stage-writer-start")
                 .await
                 .map_err(external)?;
@@ -257,12 +257,13 @@ fn writer_name() -> String {
 fn table_store(
     context: &TaskContext,
     table_url: &str,
-) -> crate::error::Result<Arc<dyn deltalake::ObjectStore>> {
-    let url = url::Url::parse(table_url)
-        .map_err(|e| crate::error::Error::Internal(format!("bad table URL `{table_url}`: {e}")))?;
+) -> lakefill_table::error::Result<Arc<dyn deltalake::ObjectStore>> {
+    let url = url::Url::parse(table_url).map_err(|e| {
+        lakefill_table::error::Error::Internal(format!("bad table URL `{table_url}`: {e}"))
+    })?;
     let (store_url, root) = super::store_location(&url)?;
     let store = context.runtime_env().object_store(&store_url).map_err(|e| {
-        crate::error::Error::Internal(format!(
+        lakefill_table::error::Error::Internal(format!(
             "this executor has no object store for `{store_url}` (it uses its own credentials): {e}"
         ))
     })?;

@@ -11,16 +11,16 @@ use deltalake::datafusion::prelude::SessionContext;
 use serde::Serialize;
 
 use super::history::table_layout;
-use crate::config::Project;
-use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::Journal;
-use crate::model::{Model, list_models};
-use crate::partition::{NULL_LABEL, label_of};
-use crate::run_id::RunId;
 use crate::stage::staged::StagedTable;
-use crate::storage::{loaded_version, open_table};
-use crate::time::Period;
 use crate::validate::{CompareSpec, Comparison, KnownSide, PartitionKey, compare};
+use lakefill_table::config::Project;
+use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
+use lakefill_table::model::{Model, list_models};
+use lakefill_table::partition::{NULL_LABEL, label_of};
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{loaded_version, open_table};
+use lakefill_table::time::Period;
 
 /// What `lakefill diff` compares the old version with.
 #[derive(Debug, Clone)]
@@ -99,8 +99,10 @@ pub async fn diff(
 
     let old_files = files_by_partition(&old, &partitions)?;
     // The same bound as a run's: `[defaults] memory_limit`, else the built-in share.
-    let ctx =
-        crate::resources::Resources::new(crate::settings::memory_limit(project, None)?).session();
+    let ctx = lakefill_table::resources::Resources::new(lakefill_table::settings::memory_limit(
+        project, None,
+    )?)
+    .session();
     let (to_version, run_id, new_counts, changed): (
         Option<u64>,
         Option<String>,
@@ -258,7 +260,7 @@ fn files_by_partition(
         };
         let entry = out.entry(label).or_default();
         entry.0.insert(file.path().to_string());
-        entry.1 += crate::storage::live_rows(&file).unwrap_or(0);
+        entry.1 += lakefill_table::storage::live_rows(&file).unwrap_or(0);
     }
     Ok(out)
 }

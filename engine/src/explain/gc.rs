@@ -20,16 +20,16 @@ use deltalake::{ObjectStore, Path};
 use serde::Serialize;
 use url::Url;
 
-use crate::config::Project;
-use crate::error::{DeltaContext, Error, Result};
 use crate::journal::lease::{RunLease, holder};
 use crate::journal::{Journal, RunState};
 use crate::log::references::ReferencedFiles;
-use crate::partition::PartitionValues;
 use crate::run::reconcile::reconcile;
-use crate::run_id::RunId;
-use crate::storage::{holds_a_table, is_local_symlink, list, open_table, partition_dirs};
-use crate::time::now;
+use lakefill_table::config::Project;
+use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::partition::PartitionValues;
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{holds_a_table, is_local_symlink, list, open_table, partition_dirs};
+use lakefill_table::time::now;
 
 /// What `gc` deleted, or would delete with `--dry-run`.
 #[derive(Debug, Clone, Serialize)]
@@ -277,7 +277,10 @@ async fn collect_run(
         return Ok(Collected::Moved);
     }
     for file in files {
-        match store.delete(&crate::storage::object_path(&file.path)).await {
+        match store
+            .delete(&lakefill_table::storage::object_path(&file.path))
+            .await
+        {
             Ok(()) | Err(deltalake::ObjectStoreError::NotFound { .. }) => {}
             Err(source) => {
                 return Err(Error::Storage {

@@ -7,12 +7,12 @@ use chrono::{DateTime, Utc};
 use deltalake::DeltaTable;
 use serde::Serialize;
 
-use crate::config::Project;
-use crate::error::{DeltaContext, Error, Result};
 use crate::log::{Commit, CommitMetadata, read_commit};
-use crate::model::{Model, list_models};
-use crate::partition::{Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of};
-use crate::storage::{loaded_version, open_table};
+use lakefill_table::config::Project;
+use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::model::{Model, list_models};
+use lakefill_table::partition::{Layout, NULL_LABEL, PartitionRange, PartitionValues, label_of};
+use lakefill_table::storage::{loaded_version, open_table};
 
 /// One version of a table, as `lakefill history` shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -160,7 +160,7 @@ pub async fn blame(project: &Project, table: &str, partition: &str) -> Result<Bl
         if matches(&file.partition_values_map()) {
             files += 1;
             rows = rows
-                .zip(crate::storage::live_rows(&file))
+                .zip(lakefill_table::storage::live_rows(&file))
                 .map(|(a, b)| a + b);
         }
     }

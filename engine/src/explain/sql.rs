@@ -10,10 +10,10 @@ use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
 use futures::StreamExt;
 use serde::Serialize;
 
-use crate::config::Project;
-use crate::error::{Error, QueryContext, Result};
-use crate::model::check_read_only;
-use crate::storage::{TableVersion, loaded_version, open_table_at};
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::model::check_read_only;
+use lakefill_table::storage::{TableVersion, loaded_version, open_table_at};
 
 /// The result of `lakefill sql`.
 #[derive(Debug, Clone, Serialize)]
@@ -108,8 +108,10 @@ pub async fn sql_in_release(
         })?;
 
     // The same bound as a run's: `[defaults] memory_limit`, else the built-in share.
-    let ctx =
-        crate::resources::Resources::new(crate::settings::memory_limit(project, None)?).session();
+    let ctx = lakefill_table::resources::Resources::new(lakefill_table::settings::memory_limit(
+        project, None,
+    )?)
+    .session();
     let mut tables = BTreeMap::new();
     for reference in references {
         let name = reference.table().to_string();
@@ -137,7 +139,7 @@ pub async fn sql_in_release(
             at => at,
         };
         let opened = open_table_at(config, at).await?;
-        crate::protocol::check_readable(&opened, base)?;
+        lakefill_table::protocol::check_readable(&opened, base)?;
         tables.insert(name.clone(), loaded_version(&opened)?);
         let provider = opened
             .table_provider()
@@ -146,7 +148,7 @@ pub async fn sql_in_release(
         ctx.register_table(name.as_str(), provider)
             .query_context(|| format!("cannot register `{name}`"))?;
     }
-    let options = crate::sqltext::read_only();
+    let options = lakefill_table::sqltext::read_only();
     let df = ctx
         .sql_with_options(query, options)
         .await

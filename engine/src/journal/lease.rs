@@ -19,8 +19,8 @@ use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions
 use deltalake::{ObjectStore, ObjectStoreError, Path};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::run_id::RunId;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::run_id::RunId;
 
 /// How long a lease stays valid without renewal.
 const DEFAULT_TTL: Duration = Duration::from_secs(120);
@@ -184,7 +184,7 @@ impl RunLease {
                     generation + 1
                 }
             };
-            let now = crate::time::now();
+            let now = lakefill_table::time::now();
             let record = LeaseRecord {
                 run_id: run_id.clone(),
                 generation: next,
@@ -248,7 +248,7 @@ impl RunLease {
         Err(Error::RunBusy {
             run_id: run_id.to_string(),
             holder: "another process".into(),
-            since: crate::time::now(),
+            since: lakefill_table::time::now(),
             expires: "when it finishes".into(),
         })
     }
@@ -275,7 +275,7 @@ impl RunLease {
                         continue;
                     }
                 }
-                record.renewed_at = crate::time::now();
+                record.renewed_at = lakefill_table::time::now();
                 let Ok(bytes) = serde_json::to_vec(&record) else {
                     continue;
                 };
@@ -324,7 +324,7 @@ impl RunLease {
         }
         let mut record = self.record.clone();
         record.released = true;
-        record.renewed_at = crate::time::now();
+        record.renewed_at = lakefill_table::time::now();
         if let Ok(bytes) = serde_json::to_vec(&record)
             && let Err(error) = self
                 .store
@@ -445,7 +445,7 @@ async fn latest_generation(
     run_id: &RunId,
 ) -> Result<Option<(u64, Option<LeaseRecord>)>> {
     let dir = run_id.lease_dir();
-    let objects = crate::storage::list_objects(store, &dir).await?;
+    let objects = lakefill_table::storage::list_objects(store, &dir).await?;
     let Some(latest) = objects
         .iter()
         .filter_map(|o| {

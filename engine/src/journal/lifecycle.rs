@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use lakefill_table::error::{Error, Result};
 
 /// The state of a run (DESIGN §4, `lakefill runs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -24,13 +24,13 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::adjust::{AdjustmentCounts, PublishMode};
-use crate::error::{Error, Result};
 use crate::journal::lease::RunLease;
 pub(crate) use crate::journal::lifecycle::RunState;
-use crate::partition::{Layout, PartitionRange, PartitionValues};
-use crate::rowhash::RowChecksum;
-use crate::run_id::{RUNS_DIR, RunId};
 use crate::validate::ValidationReport;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::partition::{Layout, PartitionRange, PartitionValues};
+use lakefill_table::rowhash::RowChecksum;
+use lakefill_table::run_id::{RUNS_DIR, RunId};
 
 /// Journal format written by this version of lakefill.
 pub(crate) const JOURNAL_FORMAT: u32 = 2;
@@ -74,7 +74,7 @@ pub struct Journal {
     pub reason: Option<String>,
     /// Nullable columns the publish adds to the table's schema.
     #[serde(default)]
-    pub added_columns: Vec<crate::protocol::AddedColumn>,
+    pub added_columns: Vec<lakefill_table::protocol::AddedColumn>,
     /// By rows (`range_column`): the files the publish removes (their other rows are carried
     /// into the staged files).
     #[serde(default)]
@@ -227,14 +227,14 @@ impl Journal {
             )));
         }
         lease.check()?;
-        self.updated_at = crate::time::now();
+        self.updated_at = lakefill_table::time::now();
         let path = self.run_id.journal_path();
         let text = serde_json::to_string_pretty(self).map_err(|e| Error::Journal {
             path: path.to_string(),
             message: e.to_string(),
         })?;
         // Error messages may quote a location with credentials: never store a secret.
-        let bytes = crate::secrets::mask(&text).into_bytes();
+        let bytes = lakefill_table::secrets::mask(&text).into_bytes();
         store
             .put(&path, PutPayload::from(bytes))
             .await
@@ -255,7 +255,7 @@ impl Journal {
     /// Reads and checks the journal of `run_id`, if there is one.
     pub(crate) async fn load(store: &Arc<dyn ObjectStore>, run_id: &RunId) -> Result<Option<Self>> {
         let path = run_id.journal_path();
-        let Some(bytes) = crate::storage::read_object(store, &path).await? else {
+        let Some(bytes) = lakefill_table::storage::read_object(store, &path).await? else {
             return Ok(None);
         };
         let damaged = |message: String| Error::Journal {
@@ -338,7 +338,7 @@ impl Journal {
 
     /// Lists the journals under a table's root, newest first. A damaged journal is an error.
     pub(crate) async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<Self>> {
-        let objects = crate::storage::list_objects(store, &Path::from(RUNS_DIR)).await?;
+        let objects = lakefill_table::storage::list_objects(store, &Path::from(RUNS_DIR)).await?;
         let mut journals = Vec::new();
         for object in objects {
             let Some(name) = object.location.filename() else {

@@ -12,10 +12,10 @@ pub(crate) mod registry;
 
 use deltalake::DeltaTable;
 
-use crate::error::{DeltaContext, Result};
-use crate::partition::{Layout, PartitionRange, PartitionValues};
-use crate::run_id::RunId;
-use crate::storage::loaded_version;
+use lakefill_table::error::{DeltaContext, Result};
+use lakefill_table::partition::{Layout, PartitionRange, PartitionValues};
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::loaded_version;
 
 pub(crate) use metadata::CommitMetadata;
 

@@ -12,10 +12,10 @@ use std::collections::BTreeSet;
 use deltalake::DeltaTable;
 use url::Url;
 
-use crate::config::Project;
-use crate::error::{DeltaContext, Result};
 use crate::log::read_commit;
-use crate::storage::{decode, loaded_version, open_table};
+use lakefill_table::config::Project;
+use lakefill_table::error::{DeltaContext, Result};
+use lakefill_table::storage::{decode, loaded_version, open_table};
 
 /// Absolute locations of every file some retained version of some table references.
 #[derive(Debug, Default, Clone)]
@@ -42,7 +42,7 @@ impl ReferencedFiles {
             }
             match open_table(config, None).await {
                 Ok(other) => files.add_table(&other).await?,
-                Err(crate::error::Error::NotADeltaTable { .. }) => {}
+                Err(lakefill_table::error::Error::NotADeltaTable { .. }) => {}
                 Err(error) => return Err(error),
             }
         }

@@ -7,7 +7,7 @@ use deltalake::logstore::object_store::{PutMode, PutOptions, PutPayload};
 use deltalake::{ObjectStore, ObjectStoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use lakefill_table::error::{Error, Result};
 
 /// Directory of the published model versions under a table's root.
 const MODELS_DIR: &str = "_lakefill/models";
@@ -65,7 +65,7 @@ pub(crate) async fn published_fingerprint(
     version: &str,
 ) -> Result<Option<String>> {
     let path = model_record_path(model, version);
-    let Some(bytes) = crate::storage::read_object(store, &path).await? else {
+    let Some(bytes) = lakefill_table::storage::read_object(store, &path).await? else {
         return Ok(None);
     };
     let record: ModelRecord = serde_json::from_slice(&bytes).map_err(|e| Error::Internal(format!(

@@ -269,7 +269,7 @@ impl Event {
             occurred_at: timestamp,
             table: EventTable {
                 name: name.to_string(),
-                uri: crate::secrets::mask(uri),
+                uri: lakefill_table::secrets::mask(uri),
             },
             version_before,
             version_after: version,

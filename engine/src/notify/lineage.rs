@@ -59,7 +59,7 @@ pub(crate) fn run_event(event: &Event) -> Value {
     );
     json!({
         "eventType": "COMPLETE",
-        "eventTime": event.occurred_at.clone().unwrap_or_else(crate::time::now),
+        "eventTime": event.occurred_at.clone().unwrap_or_else(lakefill_table::time::now),
         "run": {"runId": uuid_of(&event.event_id), "facets": run_facets},
         "job": {"namespace": NAMESPACE, "name": event.model.name, "facets": {}},
         "inputs": inputs,

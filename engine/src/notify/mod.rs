@@ -23,12 +23,12 @@ use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions
 use deltalake::{DeltaTable, ObjectStore, Path};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Project, TableConfig};
-use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::log::read_commit;
-use crate::run_id::RunId;
-use crate::storage::{loaded_version, open_table};
+use lakefill_table::config::{Project, TableConfig};
+use lakefill_table::error::{Error, Result};
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{loaded_version, open_table};
 
 pub use event::{EVENT_SCHEMA, Event};
 use sink::Deliver as _;
@@ -93,7 +93,7 @@ pub(crate) async fn after_commit(
     if config.sinks().is_empty() {
         return Vec::new();
     }
-    let latest = match crate::storage::latest(latest).await {
+    let latest = match lakefill_table::storage::latest(latest).await {
         Ok(latest) => latest,
         Err(error) => {
             tracing::warn!(table = config.name(), %error, "cannot read the table to notify");
@@ -117,7 +117,7 @@ pub(crate) async fn after_commit(
                     skipped: Vec::new(),
                     failed: committed.into_iter().collect(),
                     pending: Vec::new(),
-                    error: Some(crate::secrets::mask(&error.to_string())),
+                    error: Some(lakefill_table::secrets::mask(&error.to_string())),
                 })
                 .collect()
         }
@@ -261,7 +261,7 @@ async fn deliver_to(
                 outcome.delivered.push(version);
             }
             Err(sink::Undelivered::Failed(error)) => {
-                let error = crate::secrets::mask(&error);
+                let error = lakefill_table::secrets::mask(&error);
                 let failed = Path::from(format!("{dir}/failed/{version:020}.json"));
                 put_json(store, &failed, &record(event, None, Some(error.clone()))).await?;
                 tracing::warn!(sink = %sink.name(), version, %error, "notification not delivered; it is retried by the next command");
@@ -301,7 +301,7 @@ async fn deliver_to(
 fn record(event: &Event, skipped: Option<&str>, error: Option<String>) -> Record {
     Record {
         event_id: event.event_id.clone(),
-        at: crate::time::now(),
+        at: lakefill_table::time::now(),
         skipped: skipped.map(str::to_string),
         error,
     }
@@ -337,7 +337,7 @@ async fn cursor(store: &Arc<dyn ObjectStore>, dir: &str, first: u64) -> Result<u
 
 /// The versions with a record under `dir`.
 async fn settled(store: &Arc<dyn ObjectStore>, dir: &str) -> Result<BTreeSet<u64>> {
-    let listed = crate::storage::list_objects(store, &Path::from(dir)).await?;
+    let listed = lakefill_table::storage::list_objects(store, &Path::from(dir)).await?;
     Ok(listed
         .iter()
         .filter_map(|meta| {
@@ -393,7 +393,7 @@ async fn get_json<T: serde::de::DeserializeOwned>(
     store: &Arc<dyn ObjectStore>,
     path: &Path,
 ) -> Result<Option<T>> {
-    let Some(bytes) = crate::storage::read_object(store, path).await? else {
+    let Some(bytes) = lakefill_table::storage::read_object(store, path).await? else {
         return Ok(None);
     };
     // A damaged record is rebuilt rather than trusted.
@@ -410,7 +410,7 @@ async fn put_json<T: Serialize>(
     store
         .put(
             path,
-            PutPayload::from(crate::secrets::mask(&text).into_bytes()),
+            PutPayload::from(lakefill_table::secrets::mask(&text).into_bytes()),
         )
         .await
         .map_err(|source| Error::Storage {

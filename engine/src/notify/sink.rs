@@ -12,8 +12,8 @@ use hmac::{KeyInit as _, Mac as _};
 use url::Url;
 
 use super::event::Event;
-use crate::sink::Target;
-pub use crate::sink::{EVENT_TYPES, Sink};
+use lakefill_table::sink::Target;
+pub use lakefill_table::sink::{EVENT_TYPES, Sink};
 
 /// Attempts per delivery before it is left for a later command.
 const ATTEMPTS: u32 = 3;
@@ -127,7 +127,7 @@ async fn post(
         .send()
         .await
         // The client's error names the URL, which is the sink's credential: without it.
-        .map_err(|e| crate::secrets::mask(&e.without_url().to_string()))?;
+        .map_err(|e| lakefill_table::secrets::mask(&e.without_url().to_string()))?;
     let status = response.status();
     if status.is_success() {
         Ok(())

@@ -9,9 +9,9 @@
 use serde::Serialize;
 
 use super::SourcePlan;
-use crate::error::Result;
-use crate::partition::{Layout, PartitionRange};
-use crate::time::{Grain, Period};
+use lakefill_table::error::Result;
+use lakefill_table::partition::{Layout, PartitionRange};
+use lakefill_table::time::{Grain, Period};
 
 /// The most partitions checked on each side of the range.
 pub(crate) const MAX_EDGE_WIDTH: u32 = 31;
@@ -45,7 +45,7 @@ pub(crate) fn plan(
     notes: &mut Vec<String>,
 ) -> Result<Option<EdgePlan>> {
     if allowed.as_deref().is_some_and(|r| r.trim().is_empty()) {
-        return Err(crate::error::Error::InvalidOption {
+        return Err(lakefill_table::error::Error::InvalidOption {
             option: "--allow-edge-moves".into(),
             value: String::new(),
             message: "`--reason` must not be empty: say why keys may cross the range's edges; the commit records it".into(),

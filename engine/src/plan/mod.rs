@@ -22,29 +22,29 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::adjust::PublishMode;
-use crate::config::Project;
-use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::log::published_sequence;
 use crate::log::range_touched_after;
 use crate::log::registry::published_fingerprint;
-use crate::model::{Model, SourceSpec, list_models};
-use crate::partition::{
+use crate::validate::ValidationRules;
+use deltalake::arrow::datatypes::DataType;
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::model::{Model, SourceSpec, list_models};
+use lakefill_table::partition::{
     CARRIED_LABEL, ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn,
     parts_time, time_column,
 };
-use crate::protocol::{AddedColumn, TableProtocol};
-use crate::run_id::RunId;
-use crate::storage::{StorageOption, describe_options, loaded_version, open_table};
-use crate::time::Period;
-use crate::validate::ValidationRules;
-use deltalake::arrow::datatypes::DataType;
+use lakefill_table::protocol::{AddedColumn, TableProtocol};
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{StorageOption, describe_options, loaded_version, open_table};
+use lakefill_table::time::Period;
 
 /// The most partitions a range may have unless raised with
 /// [`PlanBuilder::with_max_partitions`].
 pub const DEFAULT_MAX_PARTITIONS: u64 = 10_000;
 
-pub use crate::settings::DEFAULT_BATCH_PARTITIONS;
+pub use lakefill_table::settings::DEFAULT_BATCH_PARTITIONS;
 
 /// Plans a backfill without writing anything.
 #[must_use = "a PlanBuilder does nothing until it is awaited"]
@@ -358,7 +358,7 @@ impl PlanBuilder {
             already_published,
             publish_sequence,
             max_partitions,
-            memory_limit: crate::settings::memory_limit(&self.project, None)?,
+            memory_limit: lakefill_table::settings::memory_limit(&self.project, None)?,
             protocol,
             affected_files: affected.files,
             added_columns: Vec::new(),
@@ -396,10 +396,10 @@ impl PlanBuilder {
         Ok(plan)
     }
 
-    /// Checks the options against the model; returns the batch size (see [`crate::settings`]).
+    /// Checks the options against the model; returns the batch size (see [`lakefill_table::settings`]).
     fn check_options(&self, model: &Model) -> Result<usize> {
         let batch_partitions =
-            crate::settings::batch_partitions(&self.project, self.batch_partitions)?;
+            lakefill_table::settings::batch_partitions(&self.project, self.batch_partitions)?;
         for table in self.source_versions.keys() {
             if !model.header().sources.contains_key(table) {
                 return Err(Error::InvalidOption {
@@ -446,7 +446,7 @@ impl PlanBuilder {
                 open_table(&config, self.source_versions.get(name).copied()).await?
             };
             let version = loaded_version(&table)?;
-            crate::protocol::check_readable(&table, name)?;
+            lakefill_table::protocol::check_readable(&table, name)?;
             let window_time = source_window(model, name, spec, &table)?;
             source_plans.push(SourcePlan {
                 table: name.clone(),
@@ -499,7 +499,7 @@ fn log_files(snapshot: &deltalake::table::state::DeltaTableState) -> Vec<LogFile
                 values: file.partition_values_map(),
                 bytes: u64::try_from(file.size()).unwrap_or(0),
                 // Rows a deletion vector removed are not rows of the table.
-                rows: crate::storage::live_rows(&file),
+                rows: lakefill_table::storage::live_rows(&file),
             }
         })
         .collect()
@@ -765,7 +765,10 @@ pub(crate) fn source_window(
                 column: window,
                 data_type: field.data_type(),
                 values,
-                grain: spec.grain.as_deref().and_then(crate::time::Grain::parse),
+                grain: spec
+                    .grain
+                    .as_deref()
+                    .and_then(lakefill_table::time::Grain::parse),
                 format: spec.format.as_deref(),
             };
             let time = time_column(&facts).map_err(window_error)?;
@@ -810,8 +813,8 @@ pub(crate) async fn publish_state(
 /// The storage options of the target and each source, secrets masked (DESIGN §4.1).
 fn storage_descriptions(
     project: &Project,
-    target: &crate::config::TableConfig,
-    header: &crate::model::ModelHeader,
+    target: &lakefill_table::config::TableConfig,
+    header: &lakefill_table::model::ModelHeader,
 ) -> Result<BTreeMap<String, Vec<StorageOption>>> {
     let mut storage = BTreeMap::new();
     storage.insert(
@@ -845,7 +848,7 @@ pub struct BackfillPlan {
     pub(crate) rules: ValidationRules,
     pub(crate) target: DeltaTable,
     /// The target as the project configures it (its sinks, for notifications).
-    pub(crate) target_config: crate::config::TableConfig,
+    pub(crate) target_config: lakefill_table::config::TableConfig,
     pub(crate) sources: Vec<PlannedSource>,
     /// The schema staged files are written with (the target's, plus added columns).
     pub(crate) write_schema: Option<deltalake::arrow::datatypes::SchemaRef>,
@@ -877,7 +880,7 @@ impl BackfillPlan {
     /// read as the rows the adjustments correct.
     pub(crate) async fn write_to_companion(
         &mut self,
-        config: crate::config::TableConfig,
+        config: lakefill_table::config::TableConfig,
         companion: DeltaTable,
     ) -> Result<()> {
         let version = loaded_version(&companion)?;
@@ -1042,10 +1045,10 @@ fn may_hold(time: &TimeColumn, range: &PartitionRange, stats: Option<&str>) -> b
     let instant = |value: &serde_json::Value| -> Option<chrono::NaiveDateTime> {
         let text = value.as_str()?;
         match &time.encoding {
-            crate::partition::TimeEncoding::Text { format, .. } => {
-                crate::partition::parse_with_format(text, format)
+            lakefill_table::partition::TimeEncoding::Text { format, .. } => {
+                lakefill_table::partition::parse_with_format(text, format)
             }
-            _ => crate::time::parse_instant(text).map(|(t, _)| t),
+            _ => lakefill_table::time::parse_instant(text).map(|(t, _)| t),
         }
     };
     if range.include_null && stats["nullCount"][column].as_u64() != Some(0) {

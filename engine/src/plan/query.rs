@@ -11,11 +11,11 @@ use deltalake::datafusion::logical_expr::Expr;
 use deltalake::datafusion::prelude::{DataFrame, SessionContext};
 
 use super::{BackfillPlan, BatchPlan, PlannedSource};
-use crate::error::{DeltaContext, Error, QueryContext, Result};
-use crate::partition::TimeEncoding;
-use crate::protocol::AddedColumn;
-use crate::resources::Resources;
-use crate::time::Period;
+use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
+use lakefill_table::partition::TimeEncoding;
+use lakefill_table::protocol::AddedColumn;
+use lakefill_table::resources::Resources;
+use lakefill_table::time::Period;
 
 /// Plans the model for the first batch and checks its output against the target's schema:
 /// names every column that differs. Reads no data.
@@ -37,7 +37,7 @@ pub(crate) async fn check_model(plan: &BackfillPlan) -> Result<(SchemaRef, Vec<A
 /// missing table or column is named when the plan is made, not after staging. Reads no data.
 pub(crate) async fn check_checks(
     plan: &BackfillPlan,
-    project: &crate::config::Project,
+    project: &lakefill_table::config::Project,
     rows: &SchemaRef,
 ) -> Result<()> {
     use deltalake::datafusion::catalog::{MemTable, MemorySchemaProvider, SchemaProvider};
@@ -82,7 +82,7 @@ pub(crate) async fn check_checks(
                 let Ok(config) = project.table(name, "a check") else {
                     continue;
                 };
-                let opened = crate::storage::open_table(config, None).await?;
+                let opened = lakefill_table::storage::open_table(config, None).await?;
                 let schema = opened
                     .snapshot()
                     .delta_context(|| format!("cannot read the snapshot of `{name}`"))?
@@ -100,7 +100,7 @@ pub(crate) async fn check_checks(
             .query_context(|| "cannot register the staged tables".into())?;
     }
     for check in &plan.rules.checks {
-        ctx.sql_with_options(&check.sql, crate::sqltext::read_only())
+        ctx.sql_with_options(&check.sql, lakefill_table::sqltext::read_only())
             .await
             .map_err(|source| Error::Check {
                 name: check.name.clone(),
@@ -186,7 +186,7 @@ pub(crate) async fn model_dataframe(
     plan: &BackfillPlan,
     batch: &BatchPlan,
 ) -> Result<DataFrame> {
-    let options = crate::sqltext::read_only();
+    let options = lakefill_table::sqltext::read_only();
     let model = &plan.model;
     let df = ctx
         .sql_with_options(model.sql(), options)
@@ -281,7 +281,7 @@ pub(crate) async fn register_source_with(
         return crate::adjust::register_net(
             ctx,
             &source.name,
-            &crate::sqltext::ident(&rows),
+            &lakefill_table::sqltext::ident(&rows),
             &schema,
             &plan.rules.summed_measures(),
         )
@@ -388,7 +388,7 @@ pub(crate) fn check_schema(
             continue;
         }
         let data_type = normalize(field.data_type());
-        match crate::protocol::delta_type(&data_type, &plan.report.protocol) {
+        match lakefill_table::protocol::delta_type(&data_type, &plan.report.protocol) {
             Ok(delta_type) => {
                 added.push(AddedColumn {
                     name: field.name().clone(),
@@ -431,7 +431,7 @@ pub(crate) fn check_schema(
     }
 }
 
-/// The type as Delta stores it (see [`crate::types::canonical`]).
+/// The type as Delta stores it (see [`lakefill_table::types::canonical`]).
 pub(crate) fn normalize(data_type: &DataType) -> DataType {
-    crate::types::canonical(data_type)
+    lakefill_table::types::canonical(data_type)
 }

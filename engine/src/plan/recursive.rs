@@ -8,10 +8,10 @@
 //! refused by name.
 
 use super::{LogFile, SourcePlan};
-use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::partition::{Layout, PartitionRange};
-use crate::time::Period;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::model::Model;
+use lakefill_table::partition::{Layout, PartitionRange};
+use lakefill_table::time::Period;
 
 /// Whether the model reads its own target's past. Refuses what lakefill cannot order: a model
 /// reading its own future, a range that stops short of the table's last partition (naming the

@@ -16,16 +16,16 @@ use super::{
     check_model_unedited, find_downstream, log_files, source_window, storage_descriptions,
 };
 use crate::adjust::PublishMode;
-use crate::config::{Project, TableConfig};
-use crate::error::{DeltaContext, Result};
 use crate::journal::Journal;
 use crate::log::published_sequence;
-use crate::model::{Model, SourceSpec};
-use crate::partition::TimeEncoding;
-use crate::protocol::TableProtocol;
-use crate::run_id::RunId;
-use crate::storage::{loaded_version, open_table};
 use crate::validate::ValidationRules;
+use lakefill_table::config::{Project, TableConfig};
+use lakefill_table::error::{DeltaContext, Result};
+use lakefill_table::model::{Model, SourceSpec};
+use lakefill_table::partition::TimeEncoding;
+use lakefill_table::protocol::TableProtocol;
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{loaded_version, open_table};
 
 /// What a logical revert needs to know about the run it reverts.
 pub(crate) struct Restore<'a> {
@@ -183,7 +183,7 @@ pub(crate) async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         already_published: sequence.is_some(),
         publish_sequence: sequence.unwrap_or(1),
         max_partitions: DEFAULT_MAX_PARTITIONS,
-        memory_limit: crate::settings::memory_limit(project, None)?,
+        memory_limit: lakefill_table::settings::memory_limit(project, None)?,
         protocol,
         affected_files: affected.files,
         added_columns: Vec::new(),

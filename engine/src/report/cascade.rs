@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::{Command, Report, ReportFormat, Verdict, environment, node_context, report};
 use crate::cascade::run::load_record;
-use crate::config::Project;
-use crate::error::{Error, Result};
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, Result};
 
 /// The version of the cascade report document.
 pub const CASCADE_REPORT_SCHEMA: &str = "lakefill.cascade-report/v1";
@@ -182,5 +182,5 @@ pub fn render_cascade(report: &CascadeDocument, format: ReportFormat) -> Result<
         .get_template(name)
         .and_then(|t| t.render(context))
         .map_err(|e| Error::Internal(format!("cannot render the cascade report: {e:#}")))?;
-    Ok(crate::secrets::mask(&rendered))
+    Ok(lakefill_table::secrets::mask(&rendered))
 }

@@ -20,13 +20,13 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::config::Project;
-use crate::error::{Error, Result};
 use crate::journal::{Journal, RunState};
-use crate::model::{Model, list_versions};
 use crate::run::manage::find_run;
 use crate::run::reconcile::reconcile;
-use crate::run_id::RunId;
+use lakefill_table::config::Project;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::model::{Model, list_versions};
+use lakefill_table::run_id::RunId;
 
 /// The version of the report document.
 pub const REPORT_SCHEMA: &str = "lakefill.report/v1";
@@ -310,7 +310,7 @@ pub fn render(report: &Report, format: ReportFormat) -> Result<String> {
         .and_then(|t| t.render(node_context(report)))
         .map_err(|e| Error::Internal(format!("cannot render the report: {e:#}")))?;
     // Whatever the report quotes (reasons, sample values) is masked like every other output.
-    Ok(crate::secrets::mask(&rendered))
+    Ok(lakefill_table::secrets::mask(&rendered))
 }
 
 /// The templates of run and cascade reports: every value they quote is escaped for its format

@@ -7,11 +7,11 @@ use deltalake::DeltaTable;
 use deltalake::ObjectStore;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 
-use crate::config::Project;
-use crate::error::Error;
-use crate::error::Result;
 use crate::journal::Journal;
 use crate::log::references::ReferencedFiles;
+use lakefill_table::config::Project;
+use lakefill_table::error::Error;
+use lakefill_table::error::Result;
 
 /// Deletes every file in the run's own staging directories of its in-range partitions (what
 /// its journal lists, and what unfinished batches left there), except files any retained version
@@ -51,7 +51,7 @@ pub(crate) async fn delete_staging(
     } else {
         journaled
             .iter()
-            .map(|p| crate::storage::object_path(p))
+            .map(|p| lakefill_table::storage::object_path(p))
             .collect()
     };
     for prefix in staging_dirs(&store, &root, journal).await? {
@@ -62,7 +62,7 @@ pub(crate) async fn delete_staging(
                 path: prefix.to_string(),
                 source,
             })?;
-        if crate::storage::holds_a_table(&listing) {
+        if lakefill_table::storage::holds_a_table(&listing) {
             // A Delta table of its own named like the run's staging directory (#33): not ours.
             continue;
         }
@@ -85,7 +85,7 @@ pub(crate) async fn delete_staging(
     };
     let mut deleted = 0;
     for path in candidates {
-        if crate::storage::is_local_symlink(&root, path.as_ref()) {
+        if lakefill_table::storage::is_local_symlink(&root, path.as_ref()) {
             tracing::warn!(path = %path, "kept a staged path that passes through a symbolic link");
             continue;
         }
@@ -117,13 +117,13 @@ pub(crate) async fn staging_dirs(
     let layout = &journal.layout;
     let mut dirs = Vec::new();
     for (dir, values) in
-        crate::storage::partition_dirs(store, root, &layout.partition_columns).await?
+        lakefill_table::storage::partition_dirs(store, root, &layout.partition_columns).await?
     {
         if layout.label_in(&journal.range, &values).is_none() {
             continue;
         }
         let dir = dir.join(journal.run_id.staging_dir().as_str());
-        if !crate::storage::is_local_symlink(root, dir.as_ref()) {
+        if !lakefill_table::storage::is_local_symlink(root, dir.as_ref()) {
             dirs.push(dir);
         }
     }

@@ -16,16 +16,16 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::error::{Error, QueryContext, Result};
-use crate::partition::PartitionRange;
 use crate::plan::{BackfillPlan, BatchPlan};
-use crate::resources::Resources;
-use crate::sqltext::ident;
-use crate::time::Period;
 use crate::validate::edges::{
     EDGE_CHECK, EdgeFindings, EdgeProbe, KeyHash, KeyMap, add_sightings, closure,
 };
 use crate::validate::{CheckResult, Comparison, PartitionKey};
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::partition::PartitionRange;
+use lakefill_table::resources::Resources;
+use lakefill_table::sqltext::ident;
+use lakefill_table::time::Period;
 
 /// The keys around a run's range, and how far they were read.
 pub(crate) struct EdgeScan {
@@ -208,7 +208,7 @@ fn allow(mut check: CheckResult, allowed: Option<String>) -> CheckResult {
 
 /// How many periods lie between `a` and `b` (0 when they are the same).
 fn period_span(a: Period, b: Period) -> i64 {
-    crate::partition::period_count(a.min(b), a.max(b)) - 1
+    lakefill_table::partition::period_count(a.min(b), a.max(b)) - 1
 }
 
 /// Reads the keys of the partitions `first..=last` (see [`read_around`]) into `keys`.
@@ -324,8 +324,8 @@ async fn collect_keys(ctx: &SessionContext, plan: &BackfillPlan) -> Result<Seen>
             .collect::<Result<Vec<_>>>()?;
         let parts: Vec<&StringArray> = parts.iter().map(|c| c.as_string::<i32>()).collect();
         let columns = batch.columns()[first_key..].to_vec();
-        let k1 = crate::rowhash::key_hashes(0, &columns, rows)?;
-        let k2 = crate::rowhash::key_hashes(1, &columns, rows)?;
+        let k1 = lakefill_table::rowhash::key_hashes(0, &columns, rows)?;
+        let k2 = lakefill_table::rowhash::key_hashes(1, &columns, rows)?;
         for row in 0..rows {
             if k1.is_null(row) {
                 continue;

@@ -13,17 +13,12 @@ use deltalake::ObjectStore;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 use serde::Serialize;
 
-use crate::config::Project;
-use crate::config::TableConfig;
-use crate::error::Error;
-use crate::error::Result;
 use crate::journal::Journal;
 use crate::journal::RunState;
 use crate::journal::lease::RunLease;
 use crate::journal::lease::holder;
 use crate::journal::lifecycle::Publishable;
 use crate::log::registry::record_published_model;
-use crate::partition::PartitionRange;
 use crate::run::cleanup::delete_run_files;
 use crate::run::publish::empty_reason;
 use crate::run::publish::publish_journal;
@@ -31,8 +26,13 @@ use crate::run::reconcile::reconcile;
 use crate::run::report::Outcome;
 use crate::run::report::RunReport;
 use crate::run::report::Timings;
-use crate::run_id::RunId;
-use crate::storage::open_table;
+use lakefill_table::config::Project;
+use lakefill_table::config::TableConfig;
+use lakefill_table::error::Error;
+use lakefill_table::error::Result;
+use lakefill_table::partition::PartitionRange;
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::open_table;
 
 /// One line of `lakefill runs`.
 #[derive(Debug, Clone, Serialize)]
@@ -190,7 +190,7 @@ pub(crate) async fn with_run<T>(
     let result = async {
         // The log as it is now that nobody else works on the run: whoever held it before may
         // have published it since it was found.
-        let latest = crate::storage::latest(&found).await?;
+        let latest = lakefill_table::storage::latest(&found).await?;
         let mut journal =
             Journal::load(&store, run_id)
                 .await?

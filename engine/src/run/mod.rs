@@ -30,8 +30,6 @@ use deltalake::logstore::object_store::ObjectStoreExt as _;
 use deltalake::{DeltaTable, ObjectStore};
 use serde_json::json;
 
-use crate::error::Error;
-use crate::error::Result;
 use crate::failpoint;
 use crate::journal::BatchBounds;
 use crate::journal::BatchRecord;
@@ -41,11 +39,7 @@ use crate::journal::RunState;
 use crate::journal::lease::RunLease;
 use crate::log::published_sequence;
 use crate::log::registry::record_published_model;
-use crate::partition::NULL_LABEL;
 use crate::plan::BackfillPlan;
-use crate::resources::ProgressEvent;
-use crate::resources::ProgressSink;
-use crate::resources::Resources;
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::validation::partition_changes;
@@ -53,9 +47,15 @@ use crate::run::validation::run_validation;
 use crate::stage::StageOptions;
 use crate::stage::stage;
 use crate::stage::throttle::Throttle;
-use crate::time::now;
 use crate::validate::CheckResult;
 use crate::validate::ValidationReport;
+use lakefill_table::error::Error;
+use lakefill_table::error::Result;
+use lakefill_table::partition::NULL_LABEL;
+use lakefill_table::resources::ProgressEvent;
+use lakefill_table::resources::ProgressSink;
+use lakefill_table::resources::Resources;
+use lakefill_table::time::now;
 
 /// Default number of sample rows per kind of difference.
 pub const DEFAULT_SAMPLE: usize = 5;
@@ -82,7 +82,7 @@ impl BackfillBuilder {
         Self {
             plan,
             max_parallel: None,
-            memory_limit: Some(crate::settings::default_memory_limit()),
+            memory_limit: Some(lakefill_table::settings::default_memory_limit()),
             throttle: None,
             progress: None,
             stage_only: false,
@@ -124,7 +124,7 @@ impl BackfillBuilder {
 
     /// Bounds the memory of the run's queries; sorts and aggregations spill to disk beyond it.
     ///
-    /// By default, [`default_memory_limit`](crate::settings::default_memory_limit); `None`
+    /// By default, [`default_memory_limit`](lakefill_table::settings::default_memory_limit); `None`
     /// lifts the bound.
     pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
         self.memory_limit = bytes;
@@ -254,7 +254,7 @@ impl BackfillBuilder {
     async fn run_held(&self, lease: &RunLease) -> Result<RunReport> {
         let started = Instant::now();
         // The log is the truth: another process may have published this run since the plan.
-        let latest = crate::storage::latest(&self.plan.target).await?;
+        let latest = lakefill_table::storage::latest(&self.plan.target).await?;
         let previous =
             Journal::load(&self.plan.target.object_store(), &self.plan.report.run_id).await?;
         let previous = match self.published_already(&latest, previous, lease).await? {
@@ -392,7 +392,7 @@ impl BackfillBuilder {
         let report = &self.plan.report;
         let max_parallel = self
             .max_parallel
-            .unwrap_or_else(crate::settings::default_parallelism);
+            .unwrap_or_else(lakefill_table::settings::default_parallelism);
         let options = StageOptions {
             max_parallel,
             resources: resources.clone(),
@@ -694,7 +694,7 @@ impl BackfillBuilder {
             tracing::warn!(run_id = %journal.run_id, error = %e, "cannot mark the run failed");
         }
         if drop_staged {
-            match crate::storage::latest(&self.plan.target).await {
+            match lakefill_table::storage::latest(&self.plan.target).await {
                 Ok(latest) => {
                     if let Err(e) = crate::run::cleanup::delete_unreferenced(&latest, journal).await
                     {
@@ -824,7 +824,7 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
         adjustments: Vec::new(),
         adjustment_counts: None,
         adjusts: plan.adjusted.as_ref().and_then(|a| {
-            crate::storage::loaded_version(&a.table)
+            lakefill_table::storage::loaded_version(&a.table)
                 .ok()
                 .map(|version| (a.name.clone(), version))
         }),
@@ -864,7 +864,7 @@ async fn reusable_batches(
         if complete {
             for add in &batch.files {
                 if store
-                    .head(&crate::storage::object_path(&add.path))
+                    .head(&lakefill_table::storage::object_path(&add.path))
                     .await
                     .is_err()
                 {

@@ -7,8 +7,6 @@ use deltalake::ObjectStore;
 use deltalake::kernel::Action;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 
-use crate::error::Error;
-use crate::error::Result;
 use crate::failpoint;
 use crate::journal::Journal;
 use crate::journal::RunState;
@@ -17,6 +15,8 @@ use crate::log::find_run_commit;
 use crate::log::published_sequence;
 use crate::log::registry::record_published_model;
 use crate::publish::{commit, commit_actions};
+use lakefill_table::error::Error;
+use lakefill_table::error::Result;
 
 /// Each staged file of `journal` as the store describes it now: its ETag (a content hash on S3;
 /// the inode, time and size on local disk), by path.
@@ -32,7 +32,7 @@ pub(crate) async fn stamps(
             let store = Arc::clone(store);
             async move {
                 let meta = store
-                    .head(&crate::storage::object_path(&path))
+                    .head(&lakefill_table::storage::object_path(&path))
                     .await
                     .map_err(|source| Error::Storage {
                         path: path.clone(),
@@ -62,7 +62,10 @@ pub(crate) async fn verify_staged(store: &Arc<dyn ObjectStore>, journal: &Journa
         .map(|(path, size, stamp)| {
             let store = Arc::clone(store);
             async move {
-                let same = match store.head(&crate::storage::object_path(&path)).await {
+                let same = match store
+                    .head(&lakefill_table::storage::object_path(&path))
+                    .await
+                {
                     Err(_) => None,
                     Ok(meta) => Some(
                         i64::try_from(meta.size).ok() == Some(size)
@@ -127,7 +130,7 @@ pub(crate) async fn publish_journal(
         Err(error) => error,
     };
     // Did a version get written anyway (a lost response, a racing retry)?
-    if let Ok(latest) = crate::storage::latest(target_at_read_version).await
+    if let Ok(latest) = lakefill_table::storage::latest(target_at_read_version).await
         && published_sequence(&latest, &journal.run_id)
             .await
             .ok()
@@ -170,7 +173,7 @@ pub(crate) async fn published(
         for add in journal.new_row_files() {
             if let Err(error) = deltalake::logstore::object_store::ObjectStoreExt::delete(
                 store.as_ref(),
-                &crate::storage::object_path(&add.path),
+                &lakefill_table::storage::object_path(&add.path),
             )
             .await
             {

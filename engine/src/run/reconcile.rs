@@ -2,11 +2,11 @@
 
 use deltalake::DeltaTable;
 
-use crate::error::Result;
 use crate::journal::Journal;
 use crate::journal::RunState;
 use crate::log::find_run_commit;
 use crate::log::published_sequence;
+use lakefill_table::error::Result;
 
 /// Makes `journal` agree with the target's Delta log (`latest`, loaded at its newest version):
 /// a run whose application transaction is in the log is published, whatever its journal says; a
@@ -22,7 +22,7 @@ pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Res
     }
     // The journal may have been written after `latest` was read (a publish that finished since):
     // read the log again before deciding that its commit is not there.
-    let latest = crate::storage::latest(latest).await?;
+    let latest = lakefill_table::storage::latest(latest).await?;
     if let Some(changed) = published_in(&latest, journal).await? {
         return Ok(changed);
     }
@@ -60,7 +60,7 @@ async fn published_in(latest: &DeltaTable, journal: &mut Journal) -> Result<Opti
     }
     // A version the log has not reached is no version of this run's (a damaged or hand-edited
     // journal): the log says which one is.
-    let reached = crate::storage::loaded_version(latest)?;
+    let reached = lakefill_table::storage::loaded_version(latest)?;
     if journal.state == RunState::Published
         && journal.published_version.is_some_and(|v| v <= reached)
     {

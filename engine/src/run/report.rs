@@ -3,13 +3,13 @@
 use serde::Deserialize;
 use serde::Serialize;
 
-use crate::error::Error;
 use crate::journal::Journal;
 use crate::journal::PartitionChange;
 use crate::journal::RunState;
-use crate::partition::PartitionRange;
 use crate::plan::BackfillPlan;
 use crate::validate::ValidationReport;
+use lakefill_table::error::Error;
+use lakefill_table::partition::PartitionRange;
 
 /// What a backfill or publish did (DESIGN §3 JSON contract).
 #[derive(Debug, Clone, Serialize)]

@@ -26,24 +26,24 @@ use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 use sha2::{Digest, Sha256};
 
-use crate::config::{Project, TableConfig};
-use crate::error::{DeltaContext, Error, Result};
 use crate::journal::lease::RunLease;
 use crate::journal::{Journal, PartitionChange, RunState};
 use crate::log::{Commit, commits_in_range, published_sequence, read_commit};
-use crate::model::Model;
 use crate::plan::BackfillPlan;
 use crate::plan::restore::{Restore, restore_plan};
-use crate::resources::Resources;
 use crate::run::manage::{find_run, with_run};
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::report::{Outcome, RunReport, Timings};
 use crate::run::validation::register_range;
-use crate::run_id::RunId;
-use crate::storage::{decode, live_rows, loaded_version, open_table};
 use crate::validate::compare::{CompareSpec, PartitionKey, compare};
 use crate::validate::{CheckResult, ValidationReport, ValidationRules};
+use lakefill_table::config::{Project, TableConfig};
+use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::model::Model;
+use lakefill_table::resources::Resources;
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{decode, live_rows, loaded_version, open_table};
 
 /// The label per-partition counts of a by-rows revert are kept under.
 const RANGE_LABEL: &str = "(range)";
@@ -131,7 +131,7 @@ pub async fn logical_revert_plan(
     batch_partitions: Option<usize>,
 ) -> Result<BackfillPlan> {
     check_reason(reason.as_deref())?;
-    let batch_partitions = crate::settings::batch_partitions(project, batch_partitions)?;
+    let batch_partitions = lakefill_table::settings::batch_partitions(project, batch_partitions)?;
     with_run(
         project,
         run_id,
@@ -462,7 +462,7 @@ fn revert_journal(
     read_version: u64,
     reason: Option<String>,
 ) -> Journal {
-    let now = crate::time::now();
+    let now = lakefill_table::time::now();
     Journal {
         format: crate::journal::JOURNAL_FORMAT,
         run_id: revert_id.clone(),
@@ -575,7 +575,7 @@ async fn compare_versions(
             ValidationRules::default()
         }
     };
-    let resources = Resources::new(crate::settings::memory_limit(project, None)?);
+    let resources = Resources::new(lakefill_table::settings::memory_limit(project, None)?);
     let ctx = resources.session();
     register_range(&ctx, "previous", latest, &run.layout, &run.range).await?;
     register_range(&ctx, "output", &before, &run.layout, &run.range).await?;
@@ -590,7 +590,7 @@ async fn compare_versions(
     let comparison = compare(&ctx, &spec, None, None).await?;
     // The rows put back must keep the table's rules as they are now (a constraint may have been
     // added since the run, #33): Delta's writers would refuse to append them.
-    let protocol = crate::protocol::TableProtocol::read(latest, &run.target, false)?;
+    let protocol = lakefill_table::protocol::TableProtocol::read(latest, &run.target, false)?;
     let mut checks = vec![CheckResult::new(
         "files as the log had them",
         Vec::new(),

@@ -8,20 +8,10 @@ use deltalake::DeltaTable;
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
-use crate::error::Error;
-use crate::error::QueryContext;
-use crate::error::Result;
 use crate::journal::BatchRecord;
 use crate::journal::Journal;
 use crate::journal::PartitionChange;
-use crate::partition::CARRIED_LABEL;
-use crate::partition::Layout;
-use crate::partition::PartitionRange;
-use crate::partition::PartitionValues;
-use crate::partition::label_of;
 use crate::plan::BackfillPlan;
-use crate::resources::Resources;
-use crate::rowhash::RowChecksum;
 use crate::stage::staged::StagedTable;
 use crate::validate::CheckResult;
 use crate::validate::KnownSide;
@@ -31,6 +21,16 @@ use crate::validate::checks::Known;
 use crate::validate::compare::LoggedChecksums;
 use crate::validate::rows::counts_from;
 use crate::validate::validate;
+use lakefill_table::error::Error;
+use lakefill_table::error::QueryContext;
+use lakefill_table::error::Result;
+use lakefill_table::partition::CARRIED_LABEL;
+use lakefill_table::partition::Layout;
+use lakefill_table::partition::PartitionRange;
+use lakefill_table::partition::PartitionValues;
+use lakefill_table::partition::label_of;
+use lakefill_table::resources::Resources;
+use lakefill_table::rowhash::RowChecksum;
 
 /// Registers `previous` (the target at the read version, affected partitions only) and `output`
 /// (the staged files) in a new session and validates them.
@@ -74,7 +74,7 @@ async fn conserve_with(
     table: &str,
     column: &str,
 ) -> Result<CheckResult> {
-    use crate::sqltext::ident;
+    use lakefill_table::sqltext::ident;
     let name = format!("conserve_with({measure} = {table}.{column})");
     let other = if plan.cascade_staged.iter().any(|(t, _, _)| t == table) {
         format!("staged.{}", ident(table))
@@ -200,7 +200,7 @@ pub(crate) async fn run_validation(
     // `[validate] decimals`: rows are compared with their floats rounded, in this session's
     // row hashes only (checks and protocol rules see the values as they are).
     let rounding = rules.decimals.is_some();
-    crate::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
+    lakefill_table::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
     let adjustments = journal.publish_as == crate::adjust::PublishMode::Adjustments;
     if adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
@@ -467,7 +467,7 @@ fn float_noise(
 
 /// The partitions of `range` at the read version, each with its row checksum when every file
 /// of it carries its own, as lakefill writes them into the `add` action of a staged file
-/// ([`crate::rowhash::FileDigest`]: of that file, of these `columns` with the types they have
+/// ([`lakefill_table::rowhash::FileDigest`]: of that file, of these `columns` with the types they have
 /// now, no deletion vector). Such a partition's old rows need not be read to be compared.
 fn logged_checksums(
     plan: &BackfillPlan,
@@ -476,12 +476,12 @@ fn logged_checksums(
     schema: &deltalake::arrow::datatypes::Schema,
     columns: &[String],
 ) -> Result<Option<LoggedChecksums>> {
-    use crate::rowhash::{DIGEST_TAG, FileDigest};
+    use lakefill_table::rowhash::{DIGEST_TAG, FileDigest};
     let fields: Vec<_> = columns
         .iter()
         .filter_map(|c| schema.field_with_name(c).ok().map(|f| Arc::new(f.clone())))
         .collect();
-    let fingerprint = crate::rowhash::columns_fingerprint(&fields);
+    let fingerprint = lakefill_table::rowhash::columns_fingerprint(&fields);
     let snapshot = plan.target.snapshot().map_err(|source| Error::Delta {
         context: "cannot read the target's snapshot".into(),
         source: Box::new(source),
@@ -543,7 +543,7 @@ pub(crate) async fn carried_check(
             journal
                 .affected_files
                 .iter()
-                .map(|p| crate::storage::selection_path(p)),
+                .map(|p| lakefill_table::storage::selection_path(p)),
         )
         .await
         .query_context(|| "cannot scan the files the backfill rewrites".into())?;

@@ -14,9 +14,9 @@ use deltalake::arrow::compute::take;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::common::ScalarValue;
 
-use crate::error::{Error, Result};
-use crate::rowhash::{RowChecksum, combine_rows, value_hashes};
 use crate::validate::keymerge::CaptureWriter;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::rowhash::{RowChecksum, combine_rows, value_hashes};
 
 /// The rows of one partition of one record batch.
 pub(super) struct Job {

@@ -39,17 +39,17 @@ use futures::{StreamExt, TryStreamExt};
 use indexmap::IndexMap;
 use tracing::Instrument as _;
 
-use crate::error::{DeltaContext, Error, QueryContext, Result};
 use crate::journal::BatchRecord;
-use crate::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
 use crate::plan::query::{batch_dataframe, target_schema};
 use crate::plan::{BackfillPlan, BatchPlan};
-use crate::resources::Resources;
-use crate::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
 use crate::stage::hasher::{Hashed, Hasher, Job};
 use crate::stage::throttle::{Throttle, ThrottledStore};
-use crate::time::Period;
 use crate::validate::keymerge::Capture;
+use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
+use lakefill_table::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
+use lakefill_table::resources::Resources;
+use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
+use lakefill_table::time::Period;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -333,9 +333,9 @@ pub(crate) struct WriteSpec {
     /// The model's name and version (for errors).
     pub(crate) model: String,
     pub(crate) model_version: String,
-    pub(crate) layout: crate::partition::Layout,
-    pub(crate) range: crate::partition::PartitionRange,
-    pub(crate) run_id: crate::run_id::RunId,
+    pub(crate) layout: lakefill_table::partition::Layout,
+    pub(crate) range: lakefill_table::partition::PartitionRange,
+    pub(crate) run_id: lakefill_table::run_id::RunId,
     /// The measures summed while writing.
     pub(crate) measures: Vec<String>,
     /// The key columns (written without a dictionary).
@@ -720,7 +720,7 @@ async fn carried_dataframe(
             report
                 .affected_files
                 .iter()
-                .map(|p| crate::storage::selection_path(p)),
+                .map(|p| lakefill_table::storage::selection_path(p)),
         )
         .await
         .query_context(|| "cannot scan the files the backfill rewrites".into())?;
@@ -738,7 +738,7 @@ async fn carried_dataframe(
 /// The period of each row's time value, for a time column that is not a partition column.
 fn row_periods(
     array: &deltalake::arrow::array::ArrayRef,
-    time: &crate::partition::TimeColumn,
+    time: &lakefill_table::partition::TimeColumn,
 ) -> Result<Vec<std::result::Result<Option<Period>, String>>> {
     use deltalake::arrow::datatypes::{Date32Type, TimeUnit, TimestampMicrosecondType};
     let grain = time.grain;
@@ -779,7 +779,8 @@ fn row_periods(
             let text = deltalake::arrow::compute::cast(array, &DataType::Utf8).map_err(|e| {
                 Error::Internal(format!("cannot read the time column as text: {e}"))
             })?;
-            let crate::partition::TimeEncoding::Text { column, format } = &time.encoding else {
+            let lakefill_table::partition::TimeEncoding::Text { column, format } = &time.encoding
+            else {
                 return Err(Error::Internal(format!(
                     "the range column has type {}, which holds no times",
                     array.data_type()
@@ -789,7 +790,7 @@ fn row_periods(
                 .iter()
                 .map(|value| match value {
                     None => Ok(None),
-                    Some(value) => crate::partition::parse_with_format(value, format)
+                    Some(value) => lakefill_table::partition::parse_with_format(value, format)
                         .map(|instant| Period::containing(grain, instant))
                         .ok_or_else(|| format!("`{column}` = `{value}` is not written `{format}`")),
                 })
@@ -825,7 +826,7 @@ fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
         .iter()
         .zip(sample.columns())
         .filter_map(|(field, column)| {
-            let hashes = crate::rowhash::hash_rows(&[column.slice(0, rows)], rows).ok()?;
+            let hashes = lakefill_table::rowhash::hash_rows(&[column.slice(0, rows)], rows).ok()?;
             let distinct: std::collections::HashSet<u64> = hashes.into_iter().collect();
             (distinct.len() * 100 >= rows * 95).then(|| field.name().clone())
         })

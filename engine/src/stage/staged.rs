@@ -35,7 +35,7 @@ use deltalake::kernel::Add;
 use deltalake::logstore::object_store::ObjectMeta;
 use deltalake::{DeltaTable, ObjectStore};
 
-use crate::error::{Error, Result};
+use lakefill_table::error::{Error, Result};
 
 /// Scans a set of Parquet files as one table.
 #[derive(Debug)]
@@ -135,7 +135,7 @@ impl StagedTable {
                 .collect::<Result<Vec<_>>>()?;
             // The path as the object store names it: already encoded, never encoded again.
             let meta = ObjectMeta {
-                location: crate::storage::object_path(&add.path),
+                location: lakefill_table::storage::object_path(&add.path),
                 last_modified: chrono::DateTime::<chrono::Utc>::from_timestamp_millis(
                     add.modification_time,
                 )
@@ -435,7 +435,7 @@ impl TableProvider for StagedTable {
             .with_table_partition_cols(self.partition_fields.clone())
             .build();
         // The session's Parquet settings (INT96 read as Spark means it, see
-        // `crate::resources::read_as_spark_wrote`): pinned source files may be other writers'.
+        // `lakefill_table::resources::read_as_spark_wrote`): pinned source files may be other writers'.
         let source = Arc::new(ParquetSource::new(table_schema).with_table_parquet_options(
             deltalake::datafusion::config::TableParquetOptions {
                 global: state.config().options().execution.parquet.clone(),

@@ -14,10 +14,10 @@ use super::keymerge::KeyFacts;
 use super::report::{CheckResult, ValidationReport};
 use super::rows::{batch_to_json, run};
 use super::rules::ValidationRules;
-use crate::error::{Error, QueryContext, Result};
-use crate::protocol::RowRule;
-use crate::rowhash::{RowChecksum, row_hash_sql};
-use crate::sqltext::ident;
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::protocol::RowRule;
+use lakefill_table::rowhash::{RowChecksum, row_hash_sql};
+use lakefill_table::sqltext::ident;
 
 /// What is known of the sides before anything is read: the new side's aggregates, and the old
 /// side's checksums that its files' log entries hold.
@@ -250,7 +250,7 @@ pub(crate) async fn checksum_of(
     table: &str,
     columns: &[String],
 ) -> Result<RowChecksum> {
-    crate::rowhash::register_hash_functions(ctx);
+    lakefill_table::rowhash::register_hash_functions(ctx);
     let hash = row_hash_sql(columns);
     let sql = format!("SELECT COUNT(*), SUM(CAST({hash} AS DECIMAL(38, 0))) FROM {table}");
     let mut stream = run(ctx, &sql, &format!("checksum `{table}`")).await?;

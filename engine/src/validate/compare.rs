@@ -15,13 +15,13 @@ use serde_json::Value;
 use super::keymerge::{Capture, Decision, KeyFacts, LabelTotals, merge_diff, merge_diff_whole_old};
 use super::rowdiff::row_diff;
 use super::rows::{run, text_column};
-use crate::error::{QueryContext, Result};
-use crate::partition::{
+use lakefill_table::error::{QueryContext, Result};
+use lakefill_table::partition::{
     Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeEncoding, label_of,
 };
-use crate::rowhash::{PartitionChecksums, RowChecksum, row_hash_sql};
-use crate::sqltext::ident;
-use crate::time::Period;
+use lakefill_table::rowhash::{PartitionChecksums, RowChecksum, row_hash_sql};
+use lakefill_table::sqltext::ident;
+use lakefill_table::time::Period;
 
 /// How rows are grouped into the partitions reports name.
 #[derive(Debug, Clone)]
@@ -146,7 +146,7 @@ pub struct Comparison {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identical: Option<bool>,
     /// Partitions whose old rows were not read: the checksums an earlier lakefill run wrote
-    /// into their files' `add` actions equal the new rows' (see [`crate::rowhash::FileDigest`]).
+    /// into their files' `add` actions equal the new rows' (see [`lakefill_table::rowhash::FileDigest`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub old_unread: u64,
 }
@@ -268,7 +268,7 @@ pub(crate) async fn compare_keyed(
     logged: Option<&LoggedChecksums>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
     if spec.checksum_columns.is_some() {
-        crate::rowhash::register_hash_functions(ctx);
+        lakefill_table::rowhash::register_hash_functions(ctx);
     }
     let mostly_changed = new_counts.as_ref().is_some_and(|c| c.mostly_changed);
     let mut new_counts = new_counts;
@@ -372,7 +372,7 @@ async fn narrow_previous(
         .deregister_table("previous")
         .query_context(|| "cannot take the old rows back".into())?
         .ok_or_else(|| {
-            crate::error::Error::Internal("table `previous` is not registered".into())
+            lakefill_table::error::Error::Internal("table `previous` is not registered".into())
         })?;
     ctx.register_table("previous", rest.into_view())
         .query_context(|| "cannot register the old rows of the other partitions".into())?;
@@ -871,11 +871,11 @@ async fn side_aggregates(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::{TimeColumn, TimeEncoding};
-    use crate::time::Grain;
     use deltalake::arrow::array::{Date32Array, Int64Array, StringArray};
     use deltalake::arrow::datatypes::{DataType, Field, Schema};
     use deltalake::datafusion::datasource::MemTable;
+    use lakefill_table::partition::{TimeColumn, TimeEncoding};
+    use lakefill_table::time::Grain;
     use std::sync::Arc;
 
     type Row = (Option<i32>, Option<i64>, Option<&'static str>, Option<i64>);
@@ -1074,7 +1074,7 @@ mod tests {
             let logged: LoggedChecksums = totals
                 .iter()
                 .map(|(label, t)| {
-                    let checksum = crate::rowhash::RowChecksum {
+                    let checksum = lakefill_table::rowhash::RowChecksum {
                         rows: t.rows,
                         sum: t.checksum,
                     };

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 
-use crate::time::{Grain, Period};
+use lakefill_table::time::{Grain, Period};
 
 /// The name of the check in reports.
 pub(crate) const EDGE_CHECK: &str = "edges";

@@ -3,7 +3,7 @@
 //!
 //! Each side is reduced to rows of four narrow values: the partition columns, a hash of the key
 //! (two independent 64-bit halves, NULL when a key column is NULL, of which the merge keeps 96
-//! bits) and the 64-bit hash of every other column both sides have ([`crate::rowhash`]), 24
+//! bits) and the 64-bit hash of every other column both sides have ([`lakefill_table::rowhash`]), 24
 //! bytes a row with the partition as a label number. The rows go to buckets by the top bits of the key hash (in memory for small
 //! sides, else spill files of the session's disk manager, sized so that one bucket of both sides
 //! is at most 64 MiB, less under a small memory pool), and each bucket is sorted and merged on
@@ -43,9 +43,9 @@ use super::rowdiff::{
     ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, compared_columns, partition_label,
     read_back,
 };
-use crate::error::{Error, QueryContext, Result};
-use crate::rowhash::{key_hash_sql, key_hashable, key_type_class, row_hash_sql};
-use crate::sqltext::ident;
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::rowhash::{key_hash_sql, key_hashable, key_type_class, row_hash_sql};
+use lakefill_table::sqltext::ident;
 
 /// What the pass saw of the new rows' keys.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -340,7 +340,7 @@ impl Columns {
         if !hashable_keys(spec, &old_schema, &new_schema) {
             return Ok(None);
         }
-        crate::rowhash::register_hash_functions(ctx);
+        lakefill_table::rowhash::register_hash_functions(ctx);
         let (common, compared) = compared_columns(ctx, spec, old, new).await?;
         Ok(Some(Self {
             common,
@@ -1091,7 +1091,7 @@ impl<'a> Merge<'a> {
     ) -> Result<Vec<Side>> {
         let what = if is_new { "new" } else { "old" };
         let streams = ctx
-            .sql_with_options(sql, crate::sqltext::read_only())
+            .sql_with_options(sql, lakefill_table::sqltext::read_only())
             .await
             .query_context(|| format!("cannot plan the query to hash the {what} rows by key"))?
             .execute_stream_partitioned()

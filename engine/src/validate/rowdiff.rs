@@ -1,7 +1,7 @@
 //! The row-level diff by key, without joining whole rows.
 //!
 //! Each side is first reduced to narrow rows: the partition columns, the key, and one 64-bit
-//! hash of every other column both sides have ([`crate::rowhash`]). Only those are joined, a
+//! hash of every other column both sides have ([`lakefill_table::rowhash`]). Only those are joined, a
 //! full outer join on the key (a sort-merge join that spills when the run has a memory limit),
 //! so the join holds about 24 bytes a row instead of whole rows. Two rows whose hashes agree are
 //! equal but for a 2⁻⁶⁴ chance; the rows that differ stream out and are counted per partition,
@@ -24,9 +24,9 @@ use serde_json::{Map, Value, json};
 
 use super::compare::{CompareSpec, Samples};
 use super::rows::{column_names, formatters_for, run};
-use crate::error::{QueryContext, Result};
-use crate::rowhash::{key_hash_sql, row_hash_sql};
-use crate::sqltext::ident;
+use lakefill_table::error::{QueryContext, Result};
+use lakefill_table::rowhash::{key_hash_sql, row_hash_sql};
+use lakefill_table::sqltext::ident;
 
 /// Differences by key.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ type Wanted<'a> = Vec<(Vec<ScalarValue>, &'a SampledKey)>;
 pub(crate) enum SampledKey {
     /// By its values.
     Values(Vec<ScalarValue>),
-    /// By the two halves of its hash ([`crate::rowhash::key_hashes`]).
+    /// By the two halves of its hash ([`lakefill_table::rowhash::key_hashes`]).
     Hashes(u64, u64),
     /// A key with a NULL in it (known by the row's hash only).
     Null,
@@ -100,7 +100,7 @@ pub(crate) async fn row_diff(
     old: &str,
     new: &str,
 ) -> Result<RowDiff> {
-    crate::rowhash::register_hash_functions(ctx);
+    lakefill_table::rowhash::register_hash_functions(ctx);
     let (common, compared) = compared_columns(ctx, spec, old, new).await?;
     let parts = spec.partitions.columns();
     // The narrow row: partition columns and key (each once), and the hash of the rest.
@@ -290,7 +290,7 @@ pub(crate) fn partition_label(spec: &CompareSpec, values: &[ScalarValue]) -> Res
                 &array,
                 &deltalake::arrow::datatypes::DataType::Utf8,
             )
-            .map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+            .map_err(|e| lakefill_table::error::Error::Internal(e.to_string()))?;
             Ok(Some(text.as_string::<i32>().value(0).to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -461,7 +461,7 @@ async fn fetch(
             let wanted = by_hash.then_some(&identities);
             collect_rows(&batch, common, key, wanted, &mut out)?;
         }
-        Ok::<_, crate::error::Error>(())
+        Ok::<_, lakefill_table::error::Error>(())
     }
     .await;
     let _ = ctx.deregister_table(view.as_str());
@@ -769,7 +769,7 @@ mod tests {
             let table = MemTable::try_new(batch.schema(), parts).expect("memtable");
             ctx.register_table(name, Arc::new(table)).expect("register");
         }
-        crate::rowhash::register_hash_functions(&ctx);
+        lakefill_table::rowhash::register_hash_functions(&ctx);
         ctx
     }
 

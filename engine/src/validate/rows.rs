@@ -9,7 +9,7 @@ use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::{Map, Value};
 
-use crate::error::{Error, QueryContext, Result};
+use lakefill_table::error::{Error, QueryContext, Result};
 
 /// Formats up to `limit` rows of `batch` as JSON objects of text values.
 pub(crate) fn batch_to_json(batch: &RecordBatch, limit: usize) -> Result<Vec<Value>> {
@@ -46,7 +46,7 @@ pub(crate) async fn run(
     sql: &str,
     what: &str,
 ) -> Result<deltalake::datafusion::execution::SendableRecordBatchStream> {
-    let options = crate::sqltext::read_only();
+    let options = lakefill_table::sqltext::read_only();
     let df = ctx
         .sql_with_options(sql, options)
         .await

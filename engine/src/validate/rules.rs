@@ -1,8 +1,8 @@
 //! The rules of a model's `[validate]` section.
 
-use crate::error::{Error, Result};
-use crate::model::{CheckSpec, ValidateSpec, check_read_only};
-use crate::protocol::RowRule;
+use lakefill_table::error::{Error, Result};
+use lakefill_table::model::{CheckSpec, ValidateSpec, check_read_only};
+use lakefill_table::protocol::RowRule;
 
 /// The rules of a model's `[validate]` section, parsed and checked against the target.
 #[derive(Debug, Clone, Default)]

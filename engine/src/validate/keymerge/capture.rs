@@ -24,10 +24,12 @@ use deltalake::datafusion::execution::disk_manager::DiskManager;
 use deltalake::datafusion::execution::spill_file::SpillWriter;
 
 use super::{Entry, LabelTable, Pending, RECORD, ReadTally, Scratch, Side, SpillFileRef, encode};
-use crate::error::{Error, QueryContext, Result};
-use crate::rowhash::{combine_rows, key_hashable, key_hashes, key_type_class, value_hashes};
 use crate::validate::compare::CompareSpec;
 use crate::validate::rowdiff::{ADDED, SampledKey};
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::rowhash::{
+    combine_rows, key_hashable, key_hashes, key_type_class, value_hashes,
+};
 
 /// Rows kept in memory before the capture goes to spill files.
 const MEMORY_ROWS: usize = 1 << 20;
