@@ -28,6 +28,7 @@ use lakefill_table::storage::open_table;
 use lakefill_table::time::{Grain, Period};
 
 pub(crate) mod manage;
+pub(crate) mod parents;
 pub(crate) mod run;
 
 /// How far a node's range may span, relative to the root's, unless raised.

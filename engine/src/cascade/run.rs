@@ -13,9 +13,10 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::CascadePlan;
+use crate::journal::cascade::{CascadeRecord, RecordNode, save};
 use crate::journal::{Journal, RunState};
 use crate::plan::Overlay;
 use crate::run::report::{Outcome, RunReport};
@@ -23,9 +24,6 @@ use crate::run::{BackfillBuilder, manage::publish_run};
 use crate::stage::staged::StagedTable;
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
-
-/// Where cascade records live under the root target's root.
-const CASCADES_DIR: &str = "_lakefill/cascades";
 
 /// What a cascade did.
 #[derive(Debug, Clone, Serialize)]
@@ -44,73 +42,6 @@ impl CascadeRunReport {
     pub fn validation_error(&self) -> Option<Error> {
         self.nodes.iter().find_map(RunReport::validation_error)
     }
-}
-
-/// The record of a cascade: its nodes and, as they land, each table's new version.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct CascadeRecord {
-    pub(crate) cascade_id: String,
-    pub(crate) root: String,
-    pub(crate) nodes: Vec<RecordNode>,
-    pub(crate) created_at: String,
-    pub(crate) updated_at: String,
-}
-
-/// One node of a cascade record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct RecordNode {
-    pub(crate) model: String,
-    pub(crate) table: String,
-    pub(crate) run_id: String,
-    pub(crate) state: String,
-    pub(crate) published_version: Option<u64>,
-}
-
-/// The version each table of cascade `id` was published as; refused unless every node is
-/// published (a half-published cascade is no release).
-pub(crate) async fn release(
-    project: &Project,
-    id: &str,
-) -> Result<std::collections::BTreeMap<String, u64>> {
-    let (_, record) = load_record(project, id).await?;
-    let mut versions = std::collections::BTreeMap::new();
-    for node in &record.nodes {
-        let version = node.published_version.ok_or_else(|| Error::RunState {
-            run_id: id.to_string(),
-            state: format!("{} is {}", node.table, node.state),
-            action: "read as a release".into(),
-            next: format!(
-                "publish the cascade first (`lakefill publish {id}`), or read each table at a version with \"table@VERSION\""
-            ),
-        })?;
-        versions.insert(node.table.clone(), version);
-    }
-    Ok(versions)
-}
-
-/// The record of cascade `id` and the store of the table it lives under (the root target).
-pub(crate) async fn load_record(
-    project: &Project,
-    id: &str,
-) -> Result<(Arc<dyn deltalake::ObjectStore>, CascadeRecord)> {
-    let id = lakefill_table::run_id::RunId::parse(id)?;
-    let path = deltalake::Path::from(format!("{CASCADES_DIR}/{id}.json"));
-    let mut searched = Vec::new();
-    for config in project.tables() {
-        let Ok(table) = lakefill_table::storage::open_table(config, None).await else {
-            continue;
-        };
-        searched.push(config.name().to_string());
-        let store = table.object_store();
-        if let Some(bytes) = lakefill_table::storage::read_object(&store, &path).await? {
-            let record = serde_json::from_slice(&bytes).map_err(|e| Error::Journal {
-                path: path.to_string(),
-                message: e.to_string(),
-            })?;
-            return Ok((store, record));
-        }
-    }
-    Err(CascadeRecord::unknown(id.as_str(), searched))
 }
 
 /// Runs a planned cascade.
@@ -283,7 +214,7 @@ impl CascadeRunner {
             if run.state != RunState::Validated {
                 continue;
             }
-            let published = match super::manage::check_parents(&self.project, &record, index).await
+            let published = match super::parents::check_parents(&self.project, &record, index).await
             {
                 Ok(()) => publish_run(&self.project, &run.run_id, None).await,
                 Err(error) => Err(error),
@@ -335,23 +266,4 @@ fn overlay(parent: &Journal) -> Option<Overlay> {
             Ok(Arc::new(staged) as Arc<dyn deltalake::datafusion::catalog::TableProvider>)
         }),
     })
-}
-
-/// Writes the record (best effort: the logs are the truth, the record a summary of them).
-pub(crate) async fn save(store: &Arc<dyn deltalake::ObjectStore>, record: &mut CascadeRecord) {
-    use deltalake::logstore::object_store::{ObjectStoreExt as _, PutPayload};
-    record.updated_at = lakefill_table::time::now();
-    let path = deltalake::Path::from(format!("{CASCADES_DIR}/{}.json", record.cascade_id));
-    let Ok(text) = serde_json::to_string_pretty(record) else {
-        return;
-    };
-    if let Err(error) = store
-        .put(
-            &path,
-            PutPayload::from(lakefill_table::secrets::mask(&text).into_bytes()),
-        )
-        .await
-    {
-        tracing::warn!(%error, cascade = %record.cascade_id, "cannot write the cascade record");
-    }
 }

@@ -55,7 +55,7 @@ pub async fn sql_in_release(
     cascade: Option<&str>,
 ) -> Result<QueryResult> {
     let release = match cascade {
-        Some(id) => crate::cascade::run::release(project, id).await?,
+        Some(id) => crate::journal::cascade::release(project, id).await?,
         None => BTreeMap::new(),
     };
     if query.len() > MAX_QUERY_BYTES {

@@ -10,6 +10,7 @@
 //! is an error naming it; nothing is published or deleted on its word. Only the holder of the
 //! run's lease writes it ([`crate::journal::lease`]).
 
+pub(crate) mod cascade;
 pub(crate) mod lease;
 pub(crate) mod lifecycle;
 

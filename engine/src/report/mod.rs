@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::journal::{Journal, RunState};
-use crate::run::manage::find_run;
+use crate::run::found::find_run;
 use crate::run::reconcile::reconcile;
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
@@ -564,7 +564,7 @@ fn verdict(journal: &Journal) -> Verdict {
 }
 
 fn measure_lines(
-    measures: &BTreeMap<String, crate::validate::compare::MeasureChange>,
+    measures: &BTreeMap<String, crate::validate::spec::MeasureChange>,
 ) -> Vec<MeasureLine> {
     measures
         .iter()
@@ -580,7 +580,7 @@ fn measure_lines(
 
 /// The samples as lines, and how often each column changed among the changed ones.
 fn samples(
-    comparison: Option<&crate::validate::compare::Comparison>,
+    comparison: Option<&crate::validate::spec::Comparison>,
 ) -> (ReportSamples, Vec<ColumnChange>) {
     let Some(comparison) = comparison else {
         return (ReportSamples::default(), Vec::new());

@@ -9,6 +9,7 @@
 
 pub(crate) mod cleanup;
 pub(crate) mod edges;
+pub(crate) mod found;
 pub(crate) mod manage;
 pub(crate) mod publish;
 pub(crate) mod reconcile;

@@ -31,12 +31,13 @@ use crate::journal::{Journal, PartitionChange, RunState};
 use crate::log::{Commit, commits_in_range, published_sequence, read_commit};
 use crate::plan::BackfillPlan;
 use crate::plan::restore::{Restore, restore_plan};
-use crate::run::manage::{find_run, with_run};
+use crate::run::found::{find_run, with_run};
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::report::{Outcome, RunReport, Timings};
 use crate::run::validation::register_range;
-use crate::validate::compare::{CompareSpec, PartitionKey, compare};
+use crate::validate::compare::compare;
+use crate::validate::spec::{CompareSpec, PartitionKey};
 use crate::validate::{CheckResult, ValidationReport, ValidationRules};
 use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{DeltaContext, Error, Result};
@@ -93,7 +94,7 @@ pub async fn revert_run(
 /// what they keep, and the command that reverts them too.
 async fn children_left(project: &Project, run: &Journal) -> Option<String> {
     let cascade = run.cascade.as_deref()?;
-    let (_, record) = crate::cascade::run::load_record(project, cascade)
+    let (_, record) = crate::journal::cascade::load_record(project, cascade)
         .await
         .ok()?;
     let position = record

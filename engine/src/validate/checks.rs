@@ -9,11 +9,12 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::compare::{CompareSpec, KnownCounts, LoggedChecksums, PartitionKey, compare_keyed};
+use super::compare::{KnownCounts, compare_keyed};
 use super::keymerge::KeyFacts;
 use super::report::{CheckResult, ValidationReport};
 use super::rows::{batch_to_json, run};
 use super::rules::ValidationRules;
+use super::spec::{CompareSpec, LoggedChecksums, PartitionKey};
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::protocol::RowRule;
 use lakefill_table::rowhash::{RowChecksum, row_hash_sql};

@@ -37,12 +37,12 @@ mod capture;
 
 pub(crate) use capture::{Capture, CaptureWriter};
 
-use super::compare::{CompareSpec, LoggedChecksums};
 use super::edges::{EdgeProbe, Hit};
 use super::rowdiff::{
     ADDED, CHANGED, REMOVED, RowDiff, Sampled, SampledKey, compared_columns, partition_label,
     read_back,
 };
+use super::spec::{CompareSpec, LoggedChecksums};
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::rowhash::{key_hash_sql, key_hashable, key_type_class, row_hash_sql};
 use lakefill_table::sqltext::ident;

@@ -19,9 +19,11 @@ pub(crate) mod report;
 pub(crate) mod rowdiff;
 pub(crate) mod rows;
 pub(crate) mod rules;
+pub(crate) mod spec;
 
 pub(crate) use checks::validate;
-pub(crate) use compare::{CompareSpec, KnownSide, PartitionKey, compare};
-pub use compare::{Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples};
+pub(crate) use compare::{KnownSide, compare};
 pub use report::{CheckResult, ValidationReport};
 pub(crate) use rules::ValidationRules;
+pub(crate) use spec::{CompareSpec, PartitionKey};
+pub use spec::{Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples};

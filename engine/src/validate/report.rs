@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::compare::Comparison;
+use super::spec::Comparison;
 
 /// The outcome of validation, saved with the run and summarised into the commit.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

@@ -22,8 +22,8 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
-use super::compare::{CompareSpec, Samples};
 use super::rows::{column_names, formatters_for, run};
+use super::spec::{CompareSpec, Samples};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::{key_hash_sql, row_hash_sql};
 use lakefill_table::sqltext::ident;
@@ -642,7 +642,7 @@ mod tests {
     use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
     use deltalake::datafusion::datasource::MemTable;
 
-    use crate::validate::compare::PartitionKey;
+    use crate::validate::spec::PartitionKey;
 
     /// A row: partition, key, a float, a text, a struct, a list.
     type Row = (

@@ -24,8 +24,8 @@ use deltalake::datafusion::execution::disk_manager::DiskManager;
 use deltalake::datafusion::execution::spill_file::SpillWriter;
 
 use super::{Entry, LabelTable, Pending, RECORD, ReadTally, Scratch, Side, SpillFileRef, encode};
-use crate::validate::compare::CompareSpec;
 use crate::validate::rowdiff::{ADDED, SampledKey};
+use crate::validate::spec::CompareSpec;
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::rowhash::{
     combine_rows, key_hashable, key_hashes, key_type_class, value_hashes,
