@@ -84,10 +84,6 @@ mod run;
 mod stage;
 mod validate;
 
-pub use adjust::{
-    AdjustmentCounts, CORRECTION, KIND_COLUMN, LINEAGE_COLUMNS, PublishMode, REASON_COLUMN,
-    REVERSAL, RUN_ID_COLUMN,
-};
 pub use cascade::manage::{discard_cascade, is_cascade_id, publish_cascade, revert_cascade};
 pub use cascade::run::{CascadeRunReport, CascadeRunner};
 pub use cascade::{
@@ -104,6 +100,10 @@ pub use explain::{
 pub use init::{InitReport, init};
 pub use journal::lifecycle::RunState;
 pub use journal::{BatchBounds, BatchRecord, Journal, PartitionChange};
+pub use lakefill_table::adjustments::{
+    AdjustmentCounts, CORRECTION, KIND_COLUMN, LINEAGE_COLUMNS, PublishMode, REASON_COLUMN,
+    REVERSAL, RUN_ID_COLUMN,
+};
 pub use log::metadata::{
     CheckSummary, CommitMetadata, CommittedPartition, EdgeMoves, ValidationSummary,
 };

@@ -48,7 +48,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
         validation,
         revert_of: journal.revert_of.as_ref().map(ToString::to_string),
         cascade: journal.cascade.clone(),
-        adjustments: (journal.publish_as == crate::adjust::PublishMode::Adjustments)
+        adjustments: (journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments)
             .then(|| journal.adjustment_counts.unwrap_or_default()),
         edge_moves: journal
             .validation
@@ -100,7 +100,7 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
     let layout = &journal.layout;
-    if journal.publish_as == crate::adjust::PublishMode::Adjustments {
+    if journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
         // Adjustments only append: nothing of the table is removed.
         let mut actions: Vec<Action> = journal
             .published_files()
@@ -161,8 +161,8 @@ pub(crate) async fn commit_actions(
     // Adjustments append; the range as the predicate still makes a concurrent commit in it a
     // conflict (the adjustments were derived from the rows the run read).
     let mode = match journal.publish_as {
-        crate::adjust::PublishMode::Adjustments => SaveMode::Append,
-        crate::adjust::PublishMode::Rewrite => SaveMode::Overwrite,
+        lakefill_table::adjustments::PublishMode::Adjustments => SaveMode::Append,
+        lakefill_table::adjustments::PublishMode::Rewrite => SaveMode::Overwrite,
     };
     let operation = DeltaOperation::Write {
         mode,

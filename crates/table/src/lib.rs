@@ -6,6 +6,7 @@
 //!
 //! ```text
 //!  config  sink  model  settings          the project file, its sinks, the model files, a run's settings
+//!  adjustments                            how a run publishes, and the lineage of adjustment rows
 //!  partition  protocol  storage           how a table keeps time, the rules its protocol puts on
 //!                                         rows, opening it at a version
 //!  rowhash  resources  types  fastcast    row checksums, a session's memory and threads, Arrow
@@ -13,6 +14,7 @@
 //!  error  run_id  secrets  time  sqltext  spill   (foundation)
 //! ```
 
+pub mod adjustments;
 pub mod config;
 pub mod error;
 pub mod fastcast;

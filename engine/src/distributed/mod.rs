@@ -102,7 +102,9 @@ fn refuse_unsupported(plan: &BackfillPlan, engine: &str) -> Result<()> {
             "a model that reads its own past (staged one partition at a time, in order)",
         );
     }
-    if plan.report.publish == crate::adjust::PublishMode::Adjustments || plan.adjusted.is_some() {
+    if plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
+        || plan.adjusted.is_some()
+    {
         return refuse("a run that publishes adjustments");
     }
     if plan.cascade.is_some() || plan.sources.iter().any(|s| s.overlay.is_some()) {

@@ -177,7 +177,7 @@ pub async fn diff(
         table.snapshot().is_ok_and(|s| {
             s.snapshot()
                 .arrow_schema()
-                .field_with_name(crate::adjust::KIND_COLUMN)
+                .field_with_name(lakefill_table::adjustments::KIND_COLUMN)
                 .is_ok()
         })
     };

@@ -24,10 +24,10 @@ use deltalake::logstore::object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::adjust::{AdjustmentCounts, PublishMode};
 use crate::journal::lease::RunLease;
 pub(crate) use crate::journal::lifecycle::RunState;
 use crate::validate::ValidationReport;
+use lakefill_table::adjustments::{AdjustmentCounts, PublishMode};
 use lakefill_table::error::{Error, Result};
 use lakefill_table::partition::{Layout, PartitionRange, PartitionValues};
 use lakefill_table::rowhash::RowChecksum;

@@ -44,7 +44,7 @@ pub struct CommitMetadata {
     /// When the run appended adjustment rows instead of rewriting the range: how many of each
     /// kind (the rows carry `_lakefill_run_id`, `_lakefill_kind`, `_lakefill_reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
+    pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
     /// When keys crossed the range's edges and the run was allowed to publish anyway
     /// (`--allow-edge-moves`): how many, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -56,7 +56,7 @@ pub struct Event {
     /// When the change was appended as adjustment rows (an append-only table): how many
     /// reversals and corrections; the rows and sums above are the table's net rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
+    pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
     /// Per partition: rows and measure sums before and after.
     pub partitions: Vec<EventPartition>,
     /// Rows before and after, and the difference, over the range.

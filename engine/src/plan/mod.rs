@@ -21,13 +21,13 @@ use deltalake::DeltaTable;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::adjust::PublishMode;
 use crate::journal::Journal;
 use crate::log::published_sequence;
 use crate::log::range_touched_after;
 use crate::log::registry::published_fingerprint;
 use crate::validate::ValidationRules;
 use deltalake::arrow::datatypes::DataType;
+use lakefill_table::adjustments::PublishMode;
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::model::{Model, SourceSpec, list_models};

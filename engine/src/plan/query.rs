@@ -237,7 +237,7 @@ pub(crate) async fn register_source_with(
     if let Some(overlay) = &source.overlay {
         df = overlaid(ctx, df, &source.name, &source.table, overlay)?;
     }
-    let nets = plan.report.publish == crate::adjust::PublishMode::Adjustments
+    let nets = plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
         && source.name == plan.model.header().target
         && source.overlay.is_none();
     if nets && let Some(adjusted) = &plan.adjusted {
@@ -351,11 +351,11 @@ pub(crate) fn check_schema(
     target: &Schema,
 ) -> Result<(SchemaRef, Vec<AddedColumn>)> {
     let mut problems = Vec::new();
-    let adjustments = plan.report.publish == crate::adjust::PublishMode::Adjustments;
+    let adjustments = plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments;
     for field in target.fields() {
         match output.field_with_name(field.name()) {
             // Adjustments fill the lineage columns themselves.
-            Err(_) if adjustments && crate::adjust::is_lineage(field.name()) => {}
+            Err(_) if adjustments && lakefill_table::adjustments::is_lineage(field.name()) => {}
             Err(_) => problems.push(format!(
                 "  missing column `{}` (the table has {})",
                 field.name(),
@@ -406,7 +406,7 @@ pub(crate) fn check_schema(
     // The lineage columns the table lacks join it with the first publish (a companion table
     // has them from its creation).
     if adjustments && plan.target_config.adjustments().is_none() {
-        for column in crate::adjust::LINEAGE_COLUMNS {
+        for column in lakefill_table::adjustments::LINEAGE_COLUMNS {
             if target.field_with_name(column).is_err() && output.field_with_name(column).is_err() {
                 added.push(AddedColumn {
                     name: column.to_string(),

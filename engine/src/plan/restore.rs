@@ -15,10 +15,10 @@ use super::{
     BackfillPlan, DEFAULT_MAX_PARTITIONS, PlanReport, PlannedSource, SourcePlan, affected, batches,
     check_model_unedited, find_downstream, log_files, source_window, storage_descriptions,
 };
-use crate::adjust::PublishMode;
 use crate::journal::Journal;
 use crate::log::published_sequence;
 use crate::validate::ValidationRules;
+use lakefill_table::adjustments::PublishMode;
 use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{DeltaContext, Result};
 use lakefill_table::model::{Model, SourceSpec};

@@ -81,7 +81,7 @@ pub struct Report {
     pub revert_of: Option<String>,
     /// When the run appends adjustment rows: how many of each kind.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
+    pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
     /// The thresholds of the model's `[validate]`.
     pub thresholds: Vec<Threshold>,
     /// Each check.

@@ -260,7 +260,7 @@ async fn old_keys(
     let report = &plan.report;
     let layout = &report.layout;
     let ctx = resources.session();
-    if report.publish == crate::adjust::PublishMode::Adjustments {
+    if report.publish == lakefill_table::adjustments::PublishMode::Adjustments {
         crate::adjust::register_net_rows(&ctx, "__lf_edge", plan, zone).await?;
     } else {
         crate::run::validation::register_range(&ctx, "__lf_edge", &plan.target, layout, zone)

@@ -205,7 +205,7 @@ impl BackfillBuilder {
             crate::stage::check_engine(&self.plan, engine, self.throttle.is_some())?;
         }
         if let Some(companion) = self.plan.target_config.adjustments()
-            && self.plan.report.publish == crate::adjust::PublishMode::Adjustments
+            && self.plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
             && self.plan.adjusted.is_none()
         {
             // Planned without its companion: the adjustments would go into the table itself.
@@ -297,7 +297,7 @@ impl BackfillBuilder {
         if !self.validate
             || self.engine.is_some()
             || report.layout.by_rows
-            || report.publish == crate::adjust::PublishMode::Adjustments
+            || report.publish == lakefill_table::adjustments::PublishMode::Adjustments
         {
             return None;
         }
@@ -529,7 +529,9 @@ impl BackfillBuilder {
             Ok(validation) => validation,
             Err(error) => return Err(self.stop(journal, lease, "validating", error, false).await),
         };
-        if report.layout.by_rows || report.publish == crate::adjust::PublishMode::Adjustments {
+        if report.layout.by_rows
+            || report.publish == lakefill_table::adjustments::PublishMode::Adjustments
+        {
             // The log cannot count a range's rows in shared files, nor a ledger's net rows;
             // validation did.
             for change in &mut journal.partitions {

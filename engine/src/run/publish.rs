@@ -167,7 +167,7 @@ pub(crate) async fn published(
     journal.transition(RunState::Published)?;
     journal.published_version = version;
     journal.error = None;
-    if journal.publish_as == crate::adjust::PublishMode::Adjustments {
+    if journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
         // The new rows served validation; the table got the adjustment rows. What cannot be
         // deleted now is left to `gc` (no version references it).
         for add in journal.new_row_files() {

@@ -58,7 +58,7 @@ pub struct RunReport {
     /// With adjustments (`publish = "adjustments"`): how many reversal and correction rows it
     /// appends (`files_written`/`bytes_written` count them, `rows_written` the new rows).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub adjustments: Option<crate::adjust::AdjustmentCounts>,
+    pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
     /// What each notification sink of the table was told (absent without sinks).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notify::Delivery>,

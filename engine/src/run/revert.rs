@@ -64,7 +64,7 @@ pub async fn revert_run(
         "revert",
         async |config, latest, journal, _lease| {
             let version = reverted_version(run_id, journal)?;
-            if journal.publish_as == crate::adjust::PublishMode::Adjustments {
+            if journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
                 return Err(Error::RunState {
                     run_id: run_id.to_string(),
                     state: journal.state.to_string(),
@@ -176,7 +176,7 @@ pub async fn reverts_logically(project: &Project, run_id: &str) -> Result<bool> 
     let (_, latest) = find_run(project, &run_id).await?;
     Ok(Journal::load(&latest.object_store(), &run_id)
         .await?
-        .is_some_and(|j| j.publish_as == crate::adjust::PublishMode::Adjustments))
+        .is_some_and(|j| j.publish_as == lakefill_table::adjustments::PublishMode::Adjustments))
 }
 
 /// The revert by files of `run_id` staged with `--stage-only`, if that is what it is: the run it
@@ -495,7 +495,7 @@ fn revert_journal(
         error: None,
         revert_of: Some(run.run_id.clone()),
         revert_logical: false,
-        publish_as: crate::adjust::PublishMode::Rewrite,
+        publish_as: lakefill_table::adjustments::PublishMode::Rewrite,
         adjustments: Vec::new(),
         adjustment_counts: None,
         adjusts: None,

@@ -201,7 +201,7 @@ pub(crate) async fn run_validation(
     // row hashes only (checks and protocol rules see the values as they are).
     let rounding = rules.decimals.is_some();
     lakefill_table::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
-    let adjustments = journal.publish_as == crate::adjust::PublishMode::Adjustments;
+    let adjustments = journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments;
     if adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
         // of the table and the companion together).

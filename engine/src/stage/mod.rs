@@ -308,7 +308,9 @@ pub(crate) fn target_projection(
         .fields()
         .iter()
         .map(|f| {
-            let value = if !produced.contains(f.name()) && crate::adjust::is_lineage(f.name()) {
+            let value = if !produced.contains(f.name())
+                && lakefill_table::adjustments::is_lineage(f.name())
+            {
                 Expr::Literal(deltalake::datafusion::common::ScalarValue::Null, None)
             } else {
                 Expr::Column(Column::new_unqualified(f.name()))
