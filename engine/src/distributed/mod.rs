@@ -327,7 +327,7 @@ fn gather(
             }
         }
     }
-    let mut total = BatchRecord::empty(&spec.batch);
+    let mut total = spec.batch.empty_record();
     let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
     for result in kept {
         for (value, count) in result.written.off_grain {
@@ -445,7 +445,7 @@ mod tests {
 
     /// A task's result: `files` per day (a file of 10 rows each), written by `writer`.
     fn result(task: u32, writer: &str, days: &[(&str, usize)]) -> TaskResult {
-        let mut record = BatchRecord::empty(&spec().batch);
+        let mut record = spec().batch.empty_record();
         for (day, files) in days {
             for f in 0..*files {
                 record.files.push(Add {

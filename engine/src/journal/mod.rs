@@ -184,23 +184,6 @@ pub struct BatchRecord {
     pub writers: BTreeMap<String, u64>,
 }
 
-impl BatchRecord {
-    /// The record of `batch` before anything is staged.
-    pub(crate) fn empty(batch: &crate::plan::BatchPlan) -> Self {
-        Self {
-            index: batch.index,
-            start: batch.start.clone(),
-            end: batch.end.clone(),
-            files: Vec::new(),
-            rows: BTreeMap::new(),
-            spill: BTreeMap::new(),
-            sums: BTreeMap::new(),
-            checksums: BTreeMap::new(),
-            writers: BTreeMap::new(),
-        }
-    }
-}
-
 impl Journal {
     /// The record of the model version this run published.
     pub(crate) fn model_record(&self) -> crate::log::registry::ModelRecord {

@@ -1231,6 +1231,23 @@ pub struct BatchPlan {
     pub carry: bool,
 }
 
+impl BatchPlan {
+    /// The journal's record of this batch before anything is staged.
+    pub(crate) fn empty_record(&self) -> crate::journal::BatchRecord {
+        crate::journal::BatchRecord {
+            index: self.index,
+            start: self.start.clone(),
+            end: self.end.clone(),
+            files: Vec::new(),
+            rows: Default::default(),
+            spill: Default::default(),
+            sums: Default::default(),
+            checksums: Default::default(),
+            writers: Default::default(),
+        }
+    }
+}
+
 /// A model that reads the target.
 #[derive(Debug, Clone, Serialize)]
 pub struct DownstreamModel {

@@ -15,6 +15,7 @@ pub(crate) mod publish;
 pub(crate) mod reconcile;
 pub(crate) mod report;
 pub(crate) mod revert;
+pub(crate) mod staging;
 pub(crate) mod validation;
 
 pub use report::{Outcome, RunReport, Timings};
@@ -43,10 +44,10 @@ use crate::log::registry::record_published_model;
 use crate::plan::BackfillPlan;
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
+use crate::run::staging::stage;
 use crate::run::validation::partition_changes;
 use crate::run::validation::run_validation;
 use crate::stage::StageOptions;
-use crate::stage::stage;
 use crate::stage::throttle::Throttle;
 use crate::validate::CheckResult;
 use crate::validate::ValidationReport;
@@ -202,7 +203,7 @@ impl BackfillBuilder {
         }
         if let Some(engine) = &self.engine {
             // Before the run exists: a run that cannot be staged there never starts.
-            crate::stage::check_engine(&self.plan, engine, self.throttle.is_some())?;
+            crate::run::staging::check_engine(&self.plan, engine, self.throttle.is_some())?;
         }
         if let Some(companion) = self.plan.target_config.adjustments()
             && self.plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments

@@ -87,11 +87,6 @@ pub(crate) async fn stage(
     done: &[BatchRecord],
     finished: tokio::sync::mpsc::Sender<BatchRecord>,
 ) -> Result<()> {
-    if let Some(engine) = &options.engine {
-        check_engine(plan, engine, options.throttle.is_some())?;
-        #[cfg(feature = "distributed")]
-        return crate::distributed::stage(plan, options, engine, skip, finished).await;
-    }
     let target_schema = Arc::new(target_schema(plan)?);
     if plan.report.reads_own_past {
         return stage_in_order(plan, options, skip, done, finished, target_schema).await;
@@ -174,22 +169,6 @@ where
         }
     }
     Ok(())
-}
-
-/// Refuses a run on the cluster at `engine` that cannot be staged there (see
-/// `crate::distributed`), or any when this build has no distributed staging.
-pub(crate) fn check_engine(plan: &BackfillPlan, engine: &str, throttled: bool) -> Result<()> {
-    #[cfg(feature = "distributed")]
-    return crate::distributed::check(plan, engine, throttled);
-    #[cfg(not(feature = "distributed"))]
-    {
-        let _ = (plan, throttled);
-        Err(Error::InvalidOption {
-            option: "--engine".into(),
-            value: engine.to_string(),
-            message: "this lakefill was built without distributed staging; build it with `--features distributed` or run with `--engine local`".into(),
-        })
-    }
 }
 
 /// Where the rows of one partition go.
@@ -683,7 +662,7 @@ impl WriteSpec {
                 spill,
                 sums,
                 checksums,
-                ..BatchRecord::empty(batch)
+                ..batch.empty_record()
             }),
             off_grain,
         })
