@@ -202,7 +202,7 @@ pub async fn diff(
                 .clone();
             ctx.register_table(raw.as_str(), rows)
                 .query_context(|| format!("cannot register `{side}`"))?;
-            crate::adjust::register_net(&ctx, side, &raw, &raw_schema, &measures).await?;
+            crate::validate::net::register_net(&ctx, side, &raw, &raw_schema, &measures).await?;
         }
     }
     let old_counts: BTreeMap<String, u64> = old_files

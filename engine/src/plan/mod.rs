@@ -5,6 +5,7 @@
 //! data scan), finds downstream models, splits the range into batches and derives the run id.
 //! It writes nothing. Running the plan is left to [`crate::stage`] and [`crate::publish`].
 
+pub(crate) mod adjust;
 mod edges;
 pub(crate) mod query;
 mod recursive;
@@ -296,7 +297,7 @@ impl PlanBuilder {
                 let table = match open_table(&config, None).await {
                     Ok(table) => Some(table),
                     Err(Error::NotADeltaTable { .. }) if self.create_companion => Some(
-                        crate::adjust::create_companion(
+                        crate::plan::adjust::create_companion(
                             &config,
                             &target,
                             &layout.partition_columns,
@@ -318,7 +319,7 @@ impl PlanBuilder {
             _ => None,
         };
         if publish == PublishMode::Adjustments {
-            crate::adjust::check_plan(
+            crate::plan::adjust::check_plan(
                 &schema,
                 &rules.key,
                 &rules.summed_measures(),
@@ -386,7 +387,7 @@ impl PlanBuilder {
         }
         if publish == PublishMode::Adjustments {
             // The rules of the table the adjustments go to, over the measures they negate.
-            crate::adjust::check_rules(&plan.rules, &plan.report.target, plan.model.path())?;
+            crate::plan::adjust::check_rules(&plan.rules, &plan.report.target, plan.model.path())?;
         }
         // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;

@@ -278,7 +278,7 @@ pub(crate) async fn register_source_with(
         let schema = df.schema().as_arrow().clone();
         ctx.register_table(rows.as_str(), df.into_view())
             .query_context(|| format!("cannot register source `{}`", source.name))?;
-        return crate::adjust::register_net(
+        return crate::validate::net::register_net(
             ctx,
             &source.name,
             &lakefill_table::sqltext::ident(&rows),

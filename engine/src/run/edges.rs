@@ -261,9 +261,9 @@ async fn old_keys(
     let layout = &report.layout;
     let ctx = resources.session();
     if report.publish == lakefill_table::adjustments::PublishMode::Adjustments {
-        crate::adjust::register_net_rows(&ctx, "__lf_edge", plan, zone).await?;
+        crate::plan::adjust::register_net_rows(&ctx, "__lf_edge", plan, zone).await?;
     } else {
-        crate::run::validation::register_range(&ctx, "__lf_edge", &plan.target, layout, zone)
+        crate::validate::rows::register_range(&ctx, "__lf_edge", &plan.target, layout, zone)
             .await?;
     }
     collect_keys(&ctx, plan).await

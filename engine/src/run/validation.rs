@@ -207,7 +207,7 @@ pub(crate) async fn run_validation(
         // of the table and the companion together).
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        crate::adjust::register_net_rows(&ctx, "previous", plan, &journal.range).await?;
+        crate::plan::adjust::register_net_rows(&ctx, "previous", plan, &journal.range).await?;
     }
     let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let write_schema = match &plan.write_schema {
@@ -584,38 +584,8 @@ pub(crate) async fn comparison_session(
     layout: &Layout,
     range: &PartitionRange,
 ) -> Result<SessionContext> {
-    register_range(&ctx, "previous", table, layout, range).await?;
+    crate::validate::rows::register_range(&ctx, "previous", table, layout, range).await?;
     Ok(ctx)
-}
-
-/// Registers `table` restricted to the partitions of `range` as `name` in `ctx`.
-pub(crate) async fn register_range(
-    ctx: &SessionContext,
-    name: &str,
-    table: &DeltaTable,
-    layout: &Layout,
-    range: &PartitionRange,
-) -> Result<()> {
-    let schema = table
-        .snapshot()
-        .map_err(|source| Error::Delta {
-            context: "cannot read the target's snapshot".into(),
-            source: Box::new(source),
-        })?
-        .snapshot()
-        .arrow_schema();
-    let predicate = layout.range_predicate(range, &schema)?;
-    let provider = table
-        .table_provider()
-        .await
-        .query_context(|| "cannot scan the target".into())?;
-    let df = ctx
-        .read_table(provider)
-        .and_then(|df| df.filter(predicate))
-        .query_context(|| "cannot restrict the target to the range".into())?;
-    ctx.register_table(name, df.into_view())
-        .query_context(|| format!("cannot register the rows of the range as `{name}`"))?;
-    Ok(())
 }
 
 /// Old and new row counts per partition: the plan's partitions plus any the model created.

@@ -15,6 +15,7 @@ pub(crate) mod checks;
 pub(crate) mod compare;
 pub(crate) mod edges;
 pub(crate) mod keymerge;
+pub(crate) mod net;
 pub(crate) mod report;
 pub(crate) mod rowdiff;
 pub(crate) mod rows;

@@ -115,3 +115,33 @@ pub(crate) fn counts_from<'a>(
     }
     out
 }
+
+/// Registers `table` restricted to the partitions of `range` as `name` in `ctx`.
+pub(crate) async fn register_range(
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    name: &str,
+    table: &deltalake::DeltaTable,
+    layout: &lakefill_table::partition::Layout,
+    range: &lakefill_table::partition::PartitionRange,
+) -> Result<()> {
+    let schema = table
+        .snapshot()
+        .map_err(|source| Error::Delta {
+            context: "cannot read the target's snapshot".into(),
+            source: Box::new(source),
+        })?
+        .snapshot()
+        .arrow_schema();
+    let predicate = layout.range_predicate(range, &schema)?;
+    let provider = table
+        .table_provider()
+        .await
+        .query_context(|| "cannot scan the target".into())?;
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(predicate))
+        .query_context(|| "cannot restrict the target to the range".into())?;
+    ctx.register_table(name, df.into_view())
+        .query_context(|| format!("cannot register the rows of the range as `{name}`"))?;
+    Ok(())
+}
