@@ -28,12 +28,12 @@ use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
 use crate::plan::adjust::register_net_rows;
-use crate::stage::staged::StagedTable;
 use crate::validate::CheckResult;
 use crate::validate::net::{adjustments_sql, counts};
 use lakefill_table::adjustments::{AdjustmentCounts, KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::sqltext::ident;
+use lakefill_table::staged::StagedTable;
 
 /// Proves the adjustments: per partition and key, the old net rows plus the adjustments give
 /// the new rows, in rows (a reversal counts -1) and in every measure (exactly for integers and

@@ -29,6 +29,7 @@ pub mod settings;
 pub mod sink;
 pub mod spill;
 pub mod sqltext;
+pub mod staged;
 pub mod storage;
 pub mod time;
 pub mod types;

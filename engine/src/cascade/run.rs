@@ -21,9 +21,9 @@ use crate::journal::{Journal, RunState};
 use crate::plan::Overlay;
 use crate::run::report::{Outcome, RunReport};
 use crate::run::{BackfillBuilder, manage::publish_run};
-use crate::stage::staged::StagedTable;
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
+use lakefill_table::staged::StagedTable;
 
 /// What a cascade did.
 #[derive(Debug, Clone, Serialize)]

@@ -17,8 +17,8 @@ use deltalake::datafusion::common::stats::Precision;
 use deltalake::datafusion::common::{Column, ColumnStatistics, ScalarValue, Statistics};
 use deltalake::kernel::LogDataHandler;
 
-use crate::stage::staged::{PinnedFile, StagedTable};
 use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::staged::{PinnedFile, StagedTable};
 
 /// Refuses a source a plain Parquet scan would read wrongly: deleted rows (deletion vectors) and
 /// column mapping (the files' column names are not the table's). `name` is the source's name;

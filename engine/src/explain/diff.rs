@@ -12,13 +12,13 @@ use serde::Serialize;
 
 use super::history::table_layout;
 use crate::journal::Journal;
-use crate::stage::staged::StagedTable;
 use crate::validate::{CompareSpec, Comparison, KnownSide, PartitionKey, compare};
 use lakefill_table::config::Project;
 use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
 use lakefill_table::model::{Model, list_models};
 use lakefill_table::partition::{NULL_LABEL, label_of};
 use lakefill_table::run_id::RunId;
+use lakefill_table::staged::StagedTable;
 use lakefill_table::storage::{loaded_version, open_table};
 use lakefill_table::time::Period;
 

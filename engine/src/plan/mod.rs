@@ -946,7 +946,7 @@ impl BackfillPlan {
                 include_null: false,
             },
             staged: Arc::new(move |ctx, table, schema| {
-                let staged = crate::stage::staged::StagedTable::register_store(
+                let staged = lakefill_table::staged::StagedTable::register_store(
                     ctx,
                     table,
                     schema,

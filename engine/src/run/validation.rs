@@ -12,7 +12,6 @@ use crate::journal::BatchRecord;
 use crate::journal::Journal;
 use crate::journal::PartitionChange;
 use crate::plan::BackfillPlan;
-use crate::stage::staged::StagedTable;
 use crate::validate::CheckResult;
 use crate::validate::KnownSide;
 use crate::validate::PartitionKey;
@@ -31,6 +30,7 @@ use lakefill_table::partition::PartitionValues;
 use lakefill_table::partition::label_of;
 use lakefill_table::resources::Resources;
 use lakefill_table::rowhash::RowChecksum;
+use lakefill_table::staged::StagedTable;
 
 /// Registers `previous` (the target at the read version, affected partitions only) and `output`
 /// (the staged files) in a new session and validates them.
@@ -307,7 +307,14 @@ pub(crate) async fn run_validation(
         checksums: Some(checksums),
         mostly_changed: false,
         // What this process's writers hashed, if they staged every batch of the journal.
-        captured: capture.filter(|c| c.covers(&journal.batches)),
+        captured: capture.filter(|c| {
+            let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
+                .batches
+                .iter()
+                .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
+                .collect();
+            c.covers(&batches)
+        }),
     };
     for batch in &journal.batches {
         for (partition, measures) in batch

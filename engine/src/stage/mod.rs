@@ -13,7 +13,6 @@
 //! `backfill` runs.
 
 mod hasher;
-pub(crate) mod staged;
 pub(crate) mod throttle;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

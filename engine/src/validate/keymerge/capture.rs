@@ -238,8 +238,9 @@ impl Capture {
         f(&mut state)
     }
 
-    /// Whether the finished attempts are exactly `batches` (each once, with the same files).
-    pub(crate) fn covers(&self, batches: &[crate::journal::BatchRecord]) -> bool {
+    /// Whether the finished attempts are exactly `batches` (each its index and the paths of its
+    /// staged files; each once, with the same files).
+    pub(crate) fn covers(&self, batches: &[(usize, BTreeSet<String>)]) -> bool {
         self.with_state(|state| {
             if state.broken.is_some() {
                 return false;
@@ -250,13 +251,12 @@ impl Capture {
                 .filter(|a| a.batch.is_some())
                 .collect();
             finished.len() == batches.len()
-                && batches.iter().all(|b| {
-                    let files: BTreeSet<String> = b.files.iter().map(|a| a.path.clone()).collect();
+                && batches.iter().all(|(index, files)| {
                     finished
                         .iter()
-                        .filter(|a| a.batch == Some(b.index))
+                        .filter(|a| a.batch == Some(*index))
                         .map(|a| &a.files)
-                        .eq(std::iter::once(&files))
+                        .eq(std::iter::once(files))
                 })
         })
     }

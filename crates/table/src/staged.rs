@@ -35,11 +35,11 @@ use deltalake::kernel::Add;
 use deltalake::logstore::object_store::ObjectMeta;
 use deltalake::{DeltaTable, ObjectStore};
 
-use lakefill_table::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Scans a set of Parquet files as one table.
 #[derive(Debug)]
-pub(crate) struct StagedTable {
+pub struct StagedTable {
     /// The table's columns, in the table's order.
     schema: SchemaRef,
     /// The columns stored in the files (the table's, without its partition columns).
@@ -53,7 +53,7 @@ pub(crate) struct StagedTable {
 
 impl StagedTable {
     /// [`Self::register_store`], and registers the table itself in `ctx` as `name`.
-    pub(crate) fn register_as(
+    pub fn register_as(
         ctx: &SessionContext,
         name: &str,
         target: &DeltaTable,
@@ -75,7 +75,7 @@ impl StagedTable {
     /// `partition_columns`) and registers the store it reads from in `ctx`.
     ///
     /// `key` names the staged set (a run id); it must be unique within `ctx`.
-    pub(crate) fn register_store(
+    pub fn register_store(
         ctx: &SessionContext,
         target: &DeltaTable,
         table_schema: &Schema,
@@ -135,7 +135,7 @@ impl StagedTable {
                 .collect::<Result<Vec<_>>>()?;
             // The path as the object store names it: already encoded, never encoded again.
             let meta = ObjectMeta {
-                location: lakefill_table::storage::object_path(&add.path),
+                location: crate::storage::object_path(&add.path),
                 last_modified: chrono::DateTime::<chrono::Utc>::from_timestamp_millis(
                     add.modification_time,
                 )
@@ -160,8 +160,7 @@ impl StagedTable {
     /// The table `schema` (partitioned by `partition_columns`) over `files`, whose paths are
     /// from the root of the store at `store_url` and whose partition values are raw (as the log
     /// writes them); a scan spreads them over the session's partitions.
-    #[cfg(feature = "distributed")]
-    pub(crate) fn over_files(
+    pub fn over_files(
         schema: SchemaRef,
         partition_columns: &[String],
         store_url: ObjectStoreUrl,
@@ -231,16 +230,17 @@ impl StagedTable {
 }
 
 /// One file of a table at a pinned version, as the log describes it.
-#[cfg(feature = "distributed")]
+
 #[derive(Debug)]
-pub(crate) struct PinnedFile {
+pub struct PinnedFile {
     /// The file's path in the store, as the store names it (already encoded).
-    pub(crate) path: deltalake::Path,
-    pub(crate) size: u64,
+    pub path: deltalake::Path,
+    /// Its size in bytes.
+    pub size: u64,
     /// Partition values as the log writes them (text, `None` for NULL).
-    pub(crate) partition_values: std::collections::HashMap<String, Option<String>>,
+    pub partition_values: std::collections::HashMap<String, Option<String>>,
     /// The file's statistics for the columns stored in it (in the file schema's order).
-    pub(crate) statistics: Option<Statistics>,
+    pub statistics: Option<Statistics>,
 }
 
 /// A partition value as the log writes it, as a scalar of the column's type.
@@ -435,7 +435,7 @@ impl TableProvider for StagedTable {
             .with_table_partition_cols(self.partition_fields.clone())
             .build();
         // The session's Parquet settings (INT96 read as Spark means it, see
-        // `lakefill_table::resources::read_as_spark_wrote`): pinned source files may be other writers'.
+        // `crate::resources::read_as_spark_wrote`): pinned source files may be other writers'.
         let source = Arc::new(ParquetSource::new(table_schema).with_table_parquet_options(
             deltalake::datafusion::config::TableParquetOptions {
                 global: state.config().options().execution.parquet.clone(),
@@ -481,7 +481,7 @@ impl TableProvider for StagedTable {
     }
 }
 
-#[cfg(all(test, feature = "distributed"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
