@@ -3,7 +3,8 @@
 use lakefill::{BackfillBuilder, Outcome, RunSettings, SettingFlags};
 
 use crate::args::{BackfillArgs, GlobalArgs, RevertArgs};
-use crate::printer::{Printer, run_text};
+use crate::commands::outcome::{finish, finish_cascade, write_report};
+use crate::printer::Printer;
 use crate::settings;
 
 pub(crate) async fn run(
@@ -65,7 +66,7 @@ pub(crate) async fn run(
         printer.status("nothing to do: this run is already published");
     }
     if let Some(path) = &args.report {
-        crate::commands::runs::write_report(&project, &run.run_id, None, path, printer).await?;
+        write_report(&project, &run.run_id, None, path, printer).await?;
     }
     finish(printer, &run)
 }
@@ -194,29 +195,4 @@ async fn cascade(
         .with_max_parallel(Some(resolved.max_parallel))
         .await?;
     finish_cascade(printer, &run)
-}
-
-/// Prints a cascade's outcome and each node's run; a failed validation is exit 3.
-pub(crate) fn finish_cascade(
-    printer: Printer,
-    run: &lakefill::CascadeRunReport,
-) -> anyhow::Result<()> {
-    let mut text = format!("cascade {}: {}\n", run.cascade_id, run.outcome);
-    for node in &run.nodes {
-        text.push('\n');
-        text.push_str(&run_text(node));
-    }
-    printer.result(&text, run)?;
-    match run.validation_error() {
-        Some(error) => Err(error.into()),
-        None => Ok(()),
-    }
-}
-
-pub(crate) fn finish(printer: Printer, run: &lakefill::RunReport) -> anyhow::Result<()> {
-    printer.result(&run_text(run), run)?;
-    match run.validation_error() {
-        Some(error) => Err(error.into()),
-        None => Ok(()),
-    }
 }

@@ -5,5 +5,6 @@ pub(crate) mod cluster;
 pub(crate) mod demo;
 pub(crate) mod init;
 pub(crate) mod inspect;
+pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runs;

@@ -7,7 +7,7 @@ use crate::args::{
     DiscardArgs, GcArgs, GlobalArgs, NotifyArgs, PublishArgs, ReportArgs, ReportFormatArg,
     RevertArgs, RunsArgs,
 };
-use crate::commands::backfill::finish;
+use crate::commands::outcome::{finish, finish_cascade, rendered_report, write_report};
 use crate::printer::{Printer, notifications_text, run_text};
 use crate::settings;
 
@@ -70,7 +70,7 @@ pub(crate) async fn publish(
     let project = settings::project(global)?;
     if lakefill::is_cascade_id(&args.run_id) {
         let run = lakefill::publish_cascade(&project, &args.run_id).await?;
-        return crate::commands::backfill::finish_cascade(printer, &run);
+        return finish_cascade(printer, &run);
     }
     let force = args.force_publish.then(|| args.reason.clone()).flatten();
     let run = lakefill::publish_run(&project, &args.run_id, force).await?;
@@ -98,7 +98,7 @@ pub(crate) async fn revert(
         let run =
             lakefill::revert_cascade(&project, &args.run_id, args.reason.clone(), args.logical)
                 .await?;
-        return crate::commands::backfill::finish_cascade(printer, &run);
+        return finish_cascade(printer, &run);
     }
     // A run that appended adjustments is reverted by appending their negation.
     if args.logical || lakefill::reverts_logically(&project, &args.run_id).await? {
@@ -156,39 +156,6 @@ pub(crate) async fn report(
     }
 }
 
-/// The report of a run, or of a cascade when `id` names one, as `format`.
-async fn rendered_report(
-    project: &lakefill::Project,
-    id: &str,
-    format: lakefill::ReportFormat,
-) -> anyhow::Result<String> {
-    if lakefill::is_cascade_id(id) {
-        let report = lakefill::cascade_report(project, id).await?;
-        return Ok(lakefill::render_cascade(&report, format)?);
-    }
-    let report = lakefill::report(project, id).await?;
-    Ok(lakefill::render_report(&report, format)?)
-}
-
-/// Writes the report of `run_id` to `path`, in `format` or the one its extension names (else
-/// HTML).
-pub(crate) async fn write_report(
-    project: &lakefill::Project,
-    run_id: &str,
-    format: Option<lakefill::ReportFormat>,
-    path: &std::path::Path,
-    printer: Printer,
-) -> anyhow::Result<()> {
-    let format = format
-        .or_else(|| lakefill::ReportFormat::from_path(path))
-        .unwrap_or(lakefill::ReportFormat::Html);
-    let text = rendered_report(project, run_id, format).await?;
-    std::fs::write(path, text)
-        .map_err(|e| anyhow::anyhow!("cannot write the report to `{}`: {e}", path.display()))?;
-    printer.status(&format!("report of {run_id} written to {}", path.display()));
-    Ok(())
-}
-
 pub(crate) async fn discard(
     global: &GlobalArgs,
     args: &DiscardArgs,
@@ -197,7 +164,7 @@ pub(crate) async fn discard(
     let project = settings::project(global)?;
     if lakefill::is_cascade_id(&args.run_id) {
         let run = lakefill::discard_cascade(&project, &args.run_id).await?;
-        return crate::commands::backfill::finish_cascade(printer, &run);
+        return finish_cascade(printer, &run);
     }
     let run = lakefill::discard_run(&project, &args.run_id).await?;
     printer.result(&run_text(&run), &run)
