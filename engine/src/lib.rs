@@ -17,33 +17,29 @@
 //! ## How the crate is laid out
 //!
 //! The ground floor is its own crate, [`lakefill_table`] (config, sinks, model, partition,
-//! protocol, storage, rowhash, resources, error, time…); Cargo keeps it from reaching up. Above it, each phase is a module:
+//! protocol, storage, staged files, rowhash, resources, error, time…); Cargo keeps it from
+//! reaching up. Above it, each module only uses the ones below it (no import runs up this
+//! diagram, and none goes round in a circle):
 //!
 //! ```text
-//!  explain/   history, blame, sql, diff, gc        what happened, and what no history needs
-//!  report/    the report for people: model, SVG charts, HTML and Markdown templates
-//!  cascade/   a fix of one table through every table computed from it
-//!  run/       the runner (sequences the phases), publish step, reconcile, cleanup,
-//!             manage (runs, publish, discard), revert, report
-//!  notify/    after a commit: the event, delivery to the sinks, the outbox
-//!  distributed/  staging on a Ballista cluster (feature `distributed`)
-//!  ─────────────────────────────────────────────────────────────────────────────────────────
-//!  publish    the one Delta commit of a run           stage/     the model's output, staged
-//!  adjust     publishing by appended adjustments
-//!  plan/      scope, batches, run id; query.rs: the model as a DataFusion query per batch
-//!  journal/   the run's record: journal, lease, lifecycle (the run state machine)
-//!  validate/  rules, compare (shared with diff), checks, report
-//!  log/       the Delta log, read: commits, run ids, typed commit metadata, the model
-//!             registry, the files retained versions reference
-//!  init  failpoint  cluster
-//!  ═════════════════════════════════════════════════════════════════════════════════════════
-//!  lakefill-table: config sink model settings partition protocol storage rowhash resources
-//!                  types fastcast error run_id secrets time sqltext spill
+//!  cascade/     a fix of one table through every table computed from it: plan, run, parents, manage
+//!  explain/     history, blame, sql, diff, gc          report/   the report for people
+//!  run/         the runner: sequences the phases; staging (here or on Ballista), validation,
+//!               edges, publish step, reconcile, cleanup, found (find and hold a run), manage,
+//!               revert, report                        cluster   `lakefill cluster up`
+//!  adjust       staging and proving adjustments       distributed/  staging on Ballista
+//!  stage/       the model's output, staged
+//!  plan/        scope, batches, run id; query.rs: the model as a DataFusion query per batch;
+//!               adjust.rs: what adjustments need of a plan
+//!  publish      the one Delta commit of a run         notify/   events, delivery, the outbox
+//!  journal/     the run's record: journal, lease, lifecycle, the cascade record
+//!  validate/    spec, compare, row diff, key merge, checks, net rows (adjustments), report
+//!  log/         the Delta log, read: commits, run ids, commit metadata, model registry
+//!  failpoint
+//!  ═══════════════════════════════════════════════════════════════════════════════════════
+//!  lakefill-table: config sink model settings adjustments partition protocol storage staged
+//!                  rowhash resources types fastcast error run_id secrets time sqltext spill
 //! ```
-//!
-//! Within this crate some modules still reach up past the order drawn here (the adjustments,
-//! the journal, cascades): the next crates to split off (log and journal, validation, Ballista)
-//! make Cargo refuse those too.
 //!
 //! A run moves through `plan → stage → validate → publish`; the runner only sequences those
 //! steps and keeps the journal current; after a commit, [`notify`] tells the table's sinks.
