@@ -196,3 +196,66 @@ fn every_json_document_keeps_its_shape() {
     let init = json_ok(&run_in(fresh.path(), &["init", "--output-format", "json"]));
     insta::assert_json_snapshot!("init", normalized(&init, &fresh.path().to_string_lossy()));
 }
+
+/// The CLI reference in `docs/cli.md` is the binary's own help, command by command: a flag added,
+/// renamed or described anew changes the docs in the same commit. With `LAKEFILL_UPDATE_DOCS=1`
+/// the test writes the file instead of comparing.
+#[test]
+fn the_cli_reference_is_the_binarys_help() {
+    let help = |args: &[&str]| -> String {
+        let out = crate::support::lakefill_command(std::path::Path::new("."))
+            .args(args)
+            .arg("--help")
+            .env("COLUMNS", "100")
+            .env_remove("LAKEFILL_PROJECT")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The commands a help lists under `Commands:` (but `help`).
+    let commands = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .filter(|c| c != "help")
+            .collect()
+    };
+    let mut doc = String::from(
+        "# CLI reference\n\nEvery command's help, as `lakefill COMMAND --help` prints it (the test \
+         `the_cli_reference_is_the_binarys_help` keeps this file equal to it; \
+         `LAKEFILL_UPDATE_DOCS=1 cargo test --workspace --test cli -- cli_reference` rewrites it). \
+         What the commands do together is in the [guide](guide.md), the formats they read and \
+         write in the [reference](reference.md).\n",
+    );
+    let top = help(&[]);
+    let mut sections = vec![(String::from("lakefill"), top.clone())];
+    for command in commands(&top) {
+        let text = help(&[&command]);
+        let nested = commands(&text);
+        sections.push((format!("lakefill {command}"), text));
+        for sub in nested {
+            let text = help(&[&command, &sub]);
+            sections.push((format!("lakefill {command} {sub}"), text));
+        }
+    }
+    for (title, text) in sections {
+        doc.push_str(&format!(
+            "\n## `{title}`\n\n```text\n{}\n```\n",
+            text.trim_end()
+        ));
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+    if std::env::var_os("LAKEFILL_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &doc).unwrap();
+    }
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        written == doc,
+        "docs/cli.md is not the binary's help: run `LAKEFILL_UPDATE_DOCS=1 cargo test --workspace \
+         --test cli -- cli_reference` and commit the file"
+    );
+}

@@ -234,7 +234,7 @@ impl TableProtocol {
                         return Err(refuse(
                             other,
                             "lakefill does not know what this feature asks of a writer, so it cannot promise a commit the table's other writers would accept",
-                            "the README lists the table features lakefill supports",
+                            "docs/reference.md (\"The target's Delta protocol\") lists the table features lakefill supports",
                         ));
                     }
                 },

@@ -331,7 +331,7 @@ impl PlanBuilder {
             .map_err(|message| Error::Model {
                 path: model.path().to_path_buf(),
                 message,
-                hint: "adjustments are described in the README (\"Append-only tables\")".into(),
+                hint: "adjustments are described in docs/guide.md (\"Append-only tables\")".into(),
             })?;
         }
 
