@@ -365,10 +365,36 @@ impl WriteSpec {
         store: Arc<dyn deltalake::ObjectStore>,
         capture: Option<&Arc<Capture>>,
     ) -> Result<Written> {
-        let capture = capture.map(|c| c.writer());
-        let layout = &self.layout;
-        let batch = &self.batch;
-        let partition_indices: Vec<usize> = layout
+        let mut staging = Staging::start(self, target_schema, store, capture)?;
+        while let Some(record_batch) = stream.next().await {
+            let record_batch = record_batch.query_context(|| {
+                format!(
+                    "model `{}` failed in batch {}..{}",
+                    self.model, self.batch.start, self.batch.end
+                )
+            })?;
+            if record_batch.num_rows() > 0 {
+                staging.take(&record_batch).await?;
+            }
+        }
+        staging.finish().await
+    }
+}
+
+/// The columns of the target as a batch writes them: the partition columns (and how their values
+/// compare), the columns that go into the files, and, by rows, the one holding a row's time.
+struct Columns {
+    partition: Vec<usize>,
+    file: Vec<usize>,
+    file_schema: SchemaRef,
+    converter: RowConverter,
+    time: Option<usize>,
+}
+
+impl Columns {
+    fn of(spec: &WriteSpec, target_schema: &Schema) -> Result<Self> {
+        let layout = &spec.layout;
+        let partition: Vec<usize> = layout
             .partition_columns
             .iter()
             .map(|c| {
@@ -379,27 +405,25 @@ impl WriteSpec {
                 })
             })
             .collect::<Result<_>>()?;
-        let file_indices: Vec<usize> = (0..target_schema.fields().len())
-            .filter(|i| !partition_indices.contains(i))
+        let file: Vec<usize> = (0..target_schema.fields().len())
+            .filter(|i| !partition.contains(i))
             .collect();
         // Nullable on purpose: a NULL in a NOT NULL column must reach validation, which names the
         // column, the partition and the rows, instead of stopping the write.
         let file_schema: SchemaRef = Arc::new(Schema::new(
-            file_indices
-                .iter()
+            file.iter()
                 .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
                 .collect::<Vec<_>>(),
         ));
         let converter = RowConverter::new(
-            partition_indices
+            partition
                 .iter()
                 .map(|i| SortField::new(target_schema.field(*i).data_type().clone()))
                 .collect(),
         )
         .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
-        let (first, last) = self.periods()?;
         // By rows, a row's period comes from its time column, which is not a partition column.
-        let time_index = match (layout.by_rows, batch.carry) {
+        let time = match (layout.by_rows, spec.batch.carry) {
             (true, false) => {
                 let column = layout.time.encoding.columns()[0];
                 Some(target_schema.index_of(column).map_err(|_| {
@@ -410,241 +434,342 @@ impl WriteSpec {
             }
             _ => None,
         };
+        Ok(Self {
+            partition,
+            file,
+            file_schema,
+            converter,
+            time,
+        })
+    }
+}
 
-        let mut writers: BTreeMap<Vec<Option<String>>, OpenPartition> = BTreeMap::new();
-        let mut rows: BTreeMap<String, u64> = BTreeMap::new();
-        let mut spill: BTreeMap<String, u64> = BTreeMap::new();
-        let mut off_grain: BTreeMap<String, u64> = BTreeMap::new();
-        let mut sums: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-        let mut hasher = Hasher::start(
-            capture,
-            Arc::clone(&file_schema),
-            Arc::clone(&target_schema),
-        );
-        // Measures summed while writing, so validation need not scan the staged files for them.
-        let measures: Vec<(String, usize)> = self
-            .measures
+/// A row's period: by its time column (by rows) or its partition values; `Err` holds a value
+/// that is not a time of the grain.
+type RowPeriod = std::result::Result<Option<Period>, String>;
+
+/// The rows of one record batch, grouped by partition values (and, by rows, by period).
+struct Groups {
+    /// The partition columns' arrays.
+    partition_arrays: Vec<deltalake::arrow::array::ArrayRef>,
+    /// By rows, each row's period.
+    row_times: Option<Vec<RowPeriod>>,
+    /// The row indices of each group, in order of first appearance.
+    groups: Vec<Vec<u32>>,
+}
+
+impl Groups {
+    /// Groups the rows of `record_batch`, compared as Arrow rows (cheap), so that where a group
+    /// goes is decided once.
+    fn of(spec: &WriteSpec, columns: &Columns, record_batch: &RecordBatch) -> Result<Self> {
+        let partition_arrays: Vec<_> = columns
+            .partition
             .iter()
-            .filter_map(|m| file_schema.index_of(m).ok().map(|i| (m.clone(), i)))
+            .map(|i| Arc::clone(record_batch.column(*i)))
             .collect();
-
-        while let Some(record_batch) = stream.next().await {
-            let record_batch = record_batch.query_context(|| {
-                format!(
-                    "model `{}` failed in batch {}..{}",
-                    self.model, batch.start, batch.end
-                )
-            })?;
-            if record_batch.num_rows() == 0 {
+        // An unpartitioned table has one partition: no key to compare.
+        let keys = if partition_arrays.is_empty() {
+            None
+        } else {
+            Some(
+                columns
+                    .converter
+                    .convert_columns(&partition_arrays)
+                    .map_err(|e| {
+                        Error::Internal(format!("cannot compare partition values: {e}"))
+                    })?,
+            )
+        };
+        let row_times = match columns.time {
+            Some(index) => Some(row_periods(record_batch.column(index), &spec.layout.time)?),
+            None => None,
+        };
+        let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut groups: Vec<Vec<u32>> = Vec::new();
+        let mut key_bytes = Vec::new();
+        // Rows mostly come in runs of one partition (a source file holds a day): a row like the
+        // one before goes where it went, without building and looking up its key.
+        let like_previous = |row: usize| {
+            row > 0
+                && keys
+                    .as_ref()
+                    .is_none_or(|keys| keys.row(row) == keys.row(row - 1))
+                && row_times
+                    .as_ref()
+                    .is_none_or(|times| times[row] == times[row - 1])
+        };
+        let mut previous_group = 0;
+        for row in 0..record_batch.num_rows() {
+            if like_previous(row) {
+                groups[previous_group].push(row as u32);
                 continue;
             }
-            // Group the rows by their partition values, compared as Arrow rows (cheap), and decide
-            // once per group where it goes.
-            let partition_arrays: Vec<_> = partition_indices
+            key_bytes.clear();
+            if let Some(keys) = &keys {
+                key_bytes.extend_from_slice(keys.row(row).as_ref());
+            }
+            if let Some(times) = &row_times {
+                match &times[row] {
+                    Ok(Some(period)) => key_bytes.extend_from_slice(period.label().as_bytes()),
+                    Ok(None) => key_bytes.push(0),
+                    Err(message) => key_bytes.extend_from_slice(message.as_bytes()),
+                }
+                key_bytes.push(0xff);
+            }
+            let group = match group_of.get(key_bytes.as_slice()) {
+                Some(group) => *group,
+                None => {
+                    group_of.insert(key_bytes.clone(), groups.len());
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                }
+            };
+            groups[group].push(row as u32);
+            previous_group = group;
+        }
+        Ok(Self {
+            partition_arrays,
+            row_times,
+            groups,
+        })
+    }
+}
+
+/// One batch's writing in progress: a writer per partition, and what it has counted so far.
+struct Staging<'a> {
+    spec: &'a WriteSpec,
+    columns: Columns,
+    store: Arc<dyn deltalake::ObjectStore>,
+    /// The batch's first and last periods.
+    first: Period,
+    last: Period,
+    /// Measures summed while writing, so validation need not scan the staged files for them.
+    measures: Vec<(String, usize)>,
+    writers: BTreeMap<Vec<Option<String>>, OpenPartition>,
+    rows: BTreeMap<String, u64>,
+    spill: BTreeMap<String, u64>,
+    off_grain: BTreeMap<String, u64>,
+    sums: BTreeMap<String, BTreeMap<String, f64>>,
+    hasher: Hasher,
+}
+
+impl<'a> Staging<'a> {
+    fn start(
+        spec: &'a WriteSpec,
+        target_schema: SchemaRef,
+        store: Arc<dyn deltalake::ObjectStore>,
+        capture: Option<&Arc<Capture>>,
+    ) -> Result<Self> {
+        let columns = Columns::of(spec, &target_schema)?;
+        let (first, last) = spec.periods()?;
+        let measures = spec
+            .measures
+            .iter()
+            .filter_map(|m| columns.file_schema.index_of(m).ok().map(|i| (m.clone(), i)))
+            .collect();
+        let hasher = Hasher::start(
+            capture.map(|c| c.writer()),
+            Arc::clone(&columns.file_schema),
+            target_schema,
+        );
+        Ok(Self {
+            spec,
+            columns,
+            store,
+            first,
+            last,
+            measures,
+            writers: BTreeMap::new(),
+            rows: BTreeMap::new(),
+            spill: BTreeMap::new(),
+            off_grain: BTreeMap::new(),
+            sums: BTreeMap::new(),
+            hasher,
+        })
+    }
+
+    /// Writes the rows of `record_batch` that this batch owns, each group to its partition's
+    /// writer; counts the rest as spill, rows of another batch, or off the grain.
+    async fn take(&mut self, record_batch: &RecordBatch) -> Result<()> {
+        let Groups {
+            partition_arrays,
+            row_times,
+            groups,
+        } = Groups::of(self.spec, &self.columns, record_batch)?;
+        for indices in groups {
+            let first_row = indices[0] as usize;
+            let scalars: Vec<Scalar> = partition_arrays
                 .iter()
-                .map(|i| Arc::clone(record_batch.column(*i)))
+                .map(|array| {
+                    Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "cannot read a partition value of type {}",
+                            array.data_type()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let values: PartitionValues = self
+                .spec
+                .layout
+                .partition_columns
+                .iter()
+                .zip(&scalars)
+                .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
                 .collect();
-            // An unpartitioned table has one partition: no key to compare.
-            let keys = if partition_arrays.is_empty() {
-                None
-            } else {
-                Some(converter.convert_columns(&partition_arrays).map_err(|e| {
-                    Error::Internal(format!("cannot compare partition values: {e}"))
-                })?)
+            let period = match &row_times {
+                Some(times) => times[first_row].clone(),
+                None if self.spec.batch.carry => Ok(None),
+                None => self.spec.layout.time.period_of(&values),
             };
-            let row_times = match time_index {
-                Some(index) => Some(row_periods(record_batch.column(index), &layout.time)?),
-                None => None,
-            };
-            let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
-            let mut groups: Vec<Vec<u32>> = Vec::new();
-            let mut key_bytes = Vec::new();
-            // Rows mostly come in runs of one partition (a source file holds a day): a row like the
-            // one before goes where it went, without building and looking up its key.
-            let like_previous = |row: usize| {
-                row > 0
-                    && keys
-                        .as_ref()
-                        .is_none_or(|keys| keys.row(row) == keys.row(row - 1))
-                    && row_times
-                        .as_ref()
-                        .is_none_or(|times| times[row] == times[row - 1])
-            };
-            let mut previous_group = 0;
-            for row in 0..record_batch.num_rows() {
-                if like_previous(row) {
-                    groups[previous_group].push(row as u32);
+            let count = indices.len() as u64;
+            match self.placement(&period) {
+                Placement::Batch => {}
+                Placement::OtherBatch => continue,
+                Placement::Outside(label) => {
+                    *self.spill.entry(label).or_default() += count;
                     continue;
                 }
-                key_bytes.clear();
-                if let Some(keys) = &keys {
-                    key_bytes.extend_from_slice(keys.row(row).as_ref());
+                Placement::OffGrain(message) => {
+                    *self.off_grain.entry(message).or_default() += count;
+                    continue;
                 }
-                if let Some(times) = &row_times {
-                    match &times[row] {
-                        Ok(Some(period)) => key_bytes.extend_from_slice(period.label().as_bytes()),
-                        Ok(None) => key_bytes.push(0),
-                        Err(message) => key_bytes.extend_from_slice(message.as_bytes()),
-                    }
-                    key_bytes.push(0xff);
-                }
-                let group = match group_of.get(key_bytes.as_slice()) {
-                    Some(group) => *group,
-                    None => {
-                        group_of.insert(key_bytes.clone(), groups.len());
-                        groups.push(Vec::new());
-                        groups.len() - 1
-                    }
-                };
-                groups[group].push(row as u32);
-                previous_group = group;
             }
-            for indices in groups {
-                let first_row = indices[0] as usize;
-                let scalars: Vec<Scalar> = partition_arrays
-                    .iter()
-                    .map(|array| {
-                        Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
-                            Error::Internal(format!(
-                                "cannot read a partition value of type {}",
-                                array.data_type()
-                            ))
-                        })
-                    })
-                    .collect::<Result<_>>()?;
-                let values: PartitionValues = layout
-                    .partition_columns
-                    .iter()
-                    .zip(&scalars)
-                    .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
-                    .collect();
-                let period = match &row_times {
-                    Some(times) => times[first_row].clone(),
-                    None if batch.carry => Ok(None),
-                    None => layout.time.period_of(&values),
-                };
-                let placement = match period.clone() {
-                    _ if batch.carry => Placement::Batch,
-                    Err(message) => Placement::OffGrain(message),
-                    Ok(None) if batch.null => Placement::Batch,
-                    Ok(None) if self.range.include_null => Placement::OtherBatch,
-                    Ok(None) => Placement::Outside(NULL_LABEL.to_string()),
-                    Ok(Some(_)) if batch.null => Placement::OtherBatch,
-                    Ok(Some(period)) if first <= period && period <= last => Placement::Batch,
-                    Ok(Some(period)) if self.range.contains(&period) => Placement::OtherBatch,
-                    Ok(Some(period)) => Placement::Outside(period.label()),
-                };
-                let count = indices.len() as u64;
-                match placement {
-                    Placement::Batch => {}
-                    Placement::OtherBatch => continue,
-                    Placement::Outside(label) => {
-                        *spill.entry(label).or_default() += count;
-                        continue;
-                    }
-                    Placement::OffGrain(message) => {
-                        *off_grain.entry(message).or_default() += count;
-                        continue;
-                    }
-                }
-                let indices = UInt32Array::from(indices);
-                let columns = file_indices
-                    .iter()
-                    .map(|i| take(record_batch.column(*i).as_ref(), &indices, None))
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|e| {
-                        Error::Internal(format!("cannot split a batch by partition: {e}"))
-                    })?;
-                let part =
-                    RecordBatch::try_new(Arc::clone(&file_schema), columns).map_err(|e| {
-                        Error::Internal(format!("the output does not fit the staged files: {e}"))
-                    })?;
-                let key: Vec<Option<String>> = layout
-                    .partition_columns
-                    .iter()
-                    .map(|c| values.get(c).cloned().flatten())
-                    .collect();
-                // The partition a row's counts belong to: its period (by rows, several periods may
-                // share one file's directory), or the rows carried over unchanged.
-                let label = match &period {
-                    _ if batch.carry => CARRIED_LABEL.to_string(),
-                    Ok(Some(period)) => period.label(),
-                    _ => NULL_LABEL.to_string(),
-                };
-                let writer_key = key.clone();
-                let open = match writers.entry(key) {
-                    std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(entry) => {
-                        entry.insert(OpenPartition {
-                            label: label.clone(),
-                            checksum: RowChecksum::default(),
-                            writer: partition_writer(
-                                self,
-                                &scalars,
-                                &values,
-                                &near_unique_columns(&part),
-                                Arc::clone(&file_schema),
-                                Arc::clone(&store),
-                            )?,
-                        })
-                    }
-                };
-                *rows.entry(label.clone()).or_default() += part.num_rows() as u64;
-                if !measures.is_empty() {
-                    let partition_sums = sums.entry(label.clone()).or_default();
-                    for (measure, index) in &measures {
-                        *partition_sums.entry(measure.clone()).or_default() +=
-                            column_sum(part.column(*index))?;
-                    }
-                }
-                hasher
-                    .hash(Job {
-                        writer: writer_key,
-                        label: label.clone(),
-                        part: part.clone(),
-                        batch: record_batch.clone(),
-                        indices,
-                        first_row,
-                    })
-                    .await?;
-                open.writer
-                    .write(&part)
-                    .await
-                    .map_err(|source| Error::StagingWrite {
-                        table: self.target.clone(),
-                        partition: label,
-                        source: Box::new(source),
-                    })?;
+            self.write_group(record_batch, indices, first_row, &scalars, &values, &period)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Where the rows of a group whose period is `period` go.
+    fn placement(&self, period: &RowPeriod) -> Placement {
+        let (batch, range) = (&self.spec.batch, &self.spec.range);
+        match period.clone() {
+            _ if batch.carry => Placement::Batch,
+            Err(message) => Placement::OffGrain(message),
+            Ok(None) if batch.null => Placement::Batch,
+            Ok(None) if range.include_null => Placement::OtherBatch,
+            Ok(None) => Placement::Outside(NULL_LABEL.to_string()),
+            Ok(Some(_)) if batch.null => Placement::OtherBatch,
+            Ok(Some(period)) if self.first <= period && period <= self.last => Placement::Batch,
+            Ok(Some(period)) if range.contains(&period) => Placement::OtherBatch,
+            Ok(Some(period)) => Placement::Outside(period.label()),
+        }
+    }
+
+    /// Writes one group of this batch's rows to its partition's writer (opened on its first
+    /// rows), counting its rows and measures and hashing it for validation.
+    async fn write_group(
+        &mut self,
+        record_batch: &RecordBatch,
+        indices: Vec<u32>,
+        first_row: usize,
+        scalars: &[Scalar],
+        values: &PartitionValues,
+        period: &RowPeriod,
+    ) -> Result<()> {
+        let spec = self.spec;
+        let indices = UInt32Array::from(indices);
+        let columns = self
+            .columns
+            .file
+            .iter()
+            .map(|i| take(record_batch.column(*i).as_ref(), &indices, None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Internal(format!("cannot split a batch by partition: {e}")))?;
+        let part =
+            RecordBatch::try_new(Arc::clone(&self.columns.file_schema), columns).map_err(|e| {
+                Error::Internal(format!("the output does not fit the staged files: {e}"))
+            })?;
+        let key: Vec<Option<String>> = spec
+            .layout
+            .partition_columns
+            .iter()
+            .map(|c| values.get(c).cloned().flatten())
+            .collect();
+        // The partition a row's counts belong to: its period (by rows, several periods may share
+        // one file's directory), or the rows carried over unchanged.
+        let label = match period {
+            _ if spec.batch.carry => CARRIED_LABEL.to_string(),
+            Ok(Some(period)) => period.label(),
+            _ => NULL_LABEL.to_string(),
+        };
+        let writer_key = key.clone();
+        let open = match self.writers.entry(key) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => entry.insert(OpenPartition {
+                label: label.clone(),
+                checksum: RowChecksum::default(),
+                writer: partition_writer(
+                    spec,
+                    scalars,
+                    values,
+                    &near_unique_columns(&part),
+                    Arc::clone(&self.columns.file_schema),
+                    Arc::clone(&self.store),
+                )?,
+            }),
+        };
+        *self.rows.entry(label.clone()).or_default() += part.num_rows() as u64;
+        if !self.measures.is_empty() {
+            let partition_sums = self.sums.entry(label.clone()).or_default();
+            for (measure, index) in &self.measures {
+                *partition_sums.entry(measure.clone()).or_default() +=
+                    column_sum(part.column(*index))?;
             }
         }
-        if !off_grain.is_empty() {
-            // Nothing of a batch that produced such rows is kept: the writers are dropped unclosed.
+        self.hasher
+            .hash(Job {
+                writer: writer_key,
+                label: label.clone(),
+                part: part.clone(),
+                batch: record_batch.clone(),
+                indices,
+                first_row,
+            })
+            .await?;
+        open.writer
+            .write(&part)
+            .await
+            .map_err(|source| Error::StagingWrite {
+                table: spec.target.clone(),
+                partition: label,
+                source: Box::new(source),
+            })
+    }
+
+    /// Closes every writer: the batch's files, each tagged with its rows' checksum, and its
+    /// record. Nothing of a batch that produced rows off the grain is kept.
+    async fn finish(self) -> Result<Written> {
+        if !self.off_grain.is_empty() {
+            // The writers are dropped unclosed.
             return Ok(Written {
                 record: None,
-                off_grain,
+                off_grain: self.off_grain,
             });
         }
         let Hashed {
             checksums,
             mut by_writer,
             capture,
-        } = hasher.finish().await?;
+        } = self.hasher.finish().await?;
         let mut files: Vec<Add> = Vec::new();
-        for (key, mut open) in writers {
+        for (key, mut open) in self.writers {
             open.checksum = by_writer.remove(&key).unwrap_or_default();
             let mut adds = open
                 .writer
                 .close()
                 .await
                 .map_err(|source| Error::StagingWrite {
-                    table: self.target.clone(),
+                    table: self.spec.target.clone(),
                     partition: open.label.clone(),
                     source: Box::new(source),
                 })?;
             // A writer that never rolls (no target size) writes one file: its rows' checksum goes
             // into its `add`, for whoever compares with these rows once they are published.
             if let [add] = adds.as_mut_slice() {
-                let tag = FileDigest::tag(&open.checksum, file_schema.fields(), &add.path);
+                let tag =
+                    FileDigest::tag(&open.checksum, self.columns.file_schema.fields(), &add.path);
                 add.tags
                     .get_or_insert_with(Default::default)
                     .insert(DIGEST_TAG.to_string(), Some(tag));
@@ -652,18 +777,18 @@ impl WriteSpec {
             files.extend(adds);
         }
         if let Some(capture) = capture {
-            capture.finish(batch.index, files.iter().map(|a| a.path.clone()));
+            capture.finish(self.spec.batch.index, files.iter().map(|a| a.path.clone()));
         }
         Ok(Written {
             record: Some(BatchRecord {
                 files,
-                rows,
-                spill,
-                sums,
+                rows: self.rows,
+                spill: self.spill,
+                sums: self.sums,
                 checksums,
-                ..batch.empty_record()
+                ..self.spec.batch.empty_record()
             }),
-            off_grain,
+            off_grain: self.off_grain,
         })
     }
 }
