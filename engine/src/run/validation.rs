@@ -202,15 +202,105 @@ pub(crate) async fn run_validation(
     let rounding = rules.decimals.is_some();
     lakefill_table::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
     let adjustments = journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments;
+    let write_schema = write_schema(plan)?;
+    let target_schema = table_schema(plan)?;
+    register_sides(
+        &ctx,
+        plan,
+        journal,
+        &write_schema,
+        &target_schema,
+        adjustments,
+    )
+    .await?;
+    let mut extra_checks = extra_checks;
     if adjustments {
-        // The old rows of a table corrected by adjustments are its net rows (with a companion,
-        // of the table and the companion together).
-        ctx.deregister_table("previous")
-            .query_context(|| "cannot take the old rows back".into())?;
-        crate::plan::adjust::register_net_rows(&ctx, "previous", plan, &journal.range).await?;
+        extra_checks.push(adjustments_conserved(&ctx, plan, journal, &write_schema, sample).await?);
     }
-    let adds: Vec<_> = journal.new_row_files().cloned().collect();
-    let write_schema = match &plan.write_schema {
+    for (measure, table, column) in &rules.conserve_with {
+        extra_checks.push(conserve_with(&ctx, plan, journal, measure, table, column).await?);
+    }
+    let (mut new_side, carried) = new_side(journal, capture, plan);
+    // Every column but the partition columns, in the table's order: what makes a row.
+    let checksum_columns: Vec<String> = target_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| !layout.partition_columns.contains(name))
+        .collect();
+    if layout.by_rows && !journal.affected_files.is_empty() {
+        extra_checks.push(
+            carried_check(
+                plan,
+                journal,
+                // Carried rows must be exactly as they were: hashed without rounding.
+                &resources.session(),
+                &checksum_columns,
+                carried.unwrap_or_default(),
+            )
+            .await?,
+        );
+    }
+    new_side.mostly_changed = mostly_changed(journal);
+    // The old rows of files an earlier run wrote carry their checksums in the log (not those
+    // of a table corrected by adjustments: its old rows are its net rows).
+    let logged = (!layout.by_rows && !adjustments)
+        .then(|| {
+            logged_checksums(
+                plan,
+                layout,
+                &journal.range,
+                &target_schema,
+                &checksum_columns,
+            )
+        })
+        .transpose()?
+        .flatten()
+        .filter(|_| !rounding);
+    if rounding {
+        // Staging hashed the rows as written; rounded, the new side is hashed again from the
+        // staged files.
+        new_side.checksums = None;
+        new_side.captured = None;
+    }
+    // The keys around the range, for the key merge to look up (see `crate::run::edges`).
+    let started = std::time::Instant::now();
+    let edges = crate::run::edges::EdgeScan::prepare(plan, resources).await?;
+    let mut edges_ms = started.elapsed().as_millis() as u64;
+    let mut report = validate(
+        &ctx,
+        &PartitionKey::Time(layout.clone()),
+        rules,
+        sample,
+        Known {
+            new: Some(new_side),
+            old_checksums: logged,
+            edges: edges.as_ref().map(crate::run::edges::EdgeScan::probe),
+            appended: if adjustments { "adjustments" } else { "output" },
+        },
+        checksum_columns,
+        extra_checks,
+    )
+    .await?;
+    if let Some(edges) = edges {
+        let started = std::time::Instant::now();
+        let check = edges.check(plan, resources, &report.comparison).await?;
+        edges_ms += started.elapsed().as_millis() as u64;
+        report.passed &= check.passed;
+        report.checks.push(check);
+    }
+    report.edges_ms = edges_ms;
+    if rules.decimals.is_none()
+        && let Some(note) = float_noise(&report.comparison, &target_schema)
+    {
+        report.notes.push(note);
+    }
+    Ok(report)
+}
+
+/// The schema the run's files were staged with: the plan's, else the target's.
+fn write_schema(plan: &BackfillPlan) -> Result<deltalake::arrow::datatypes::SchemaRef> {
+    Ok(match &plan.write_schema {
         Some(schema) => Arc::clone(schema),
         None => plan
             .target
@@ -221,22 +311,43 @@ pub(crate) async fn run_validation(
             })?
             .snapshot()
             .arrow_schema(),
-    };
+    })
+}
+
+/// Registers what validation compares in `ctx`: `previous` (the net rows for adjustments),
+/// `output` (the staged rows of the range; by rows also `staged`, every staged row), and the
+/// cascade's other nodes as `staged.<table>`.
+async fn register_sides(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    write_schema: &deltalake::arrow::datatypes::SchemaRef,
+    target_schema: &deltalake::arrow::datatypes::Schema,
+    adjustments: bool,
+) -> Result<()> {
+    let layout = &journal.layout;
+    if adjustments {
+        // The old rows of a table corrected by adjustments are its net rows (with a companion,
+        // of the table and the companion together).
+        ctx.deregister_table("previous")
+            .query_context(|| "cannot take the old rows back".into())?;
+        crate::plan::adjust::register_net_rows(ctx, "previous", plan, &journal.range).await?;
+    }
+    let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let staged = StagedTable::register_store(
-        &ctx,
+        ctx,
         &plan.target,
-        &write_schema,
+        write_schema,
         &layout.partition_columns,
         &adds,
         &journal.run_id,
     )?;
-    let target_schema = table_schema(plan)?;
     if layout.by_rows {
         // Staged files hold the range's new rows and the rows carried over: `output` is the
         // range's.
         ctx.register_table("staged", Arc::new(staged))
             .query_context(|| "cannot register the staged files".into())?;
-        let in_range = layout.range_predicate(&journal.range, &target_schema)?;
+        let in_range = layout.range_predicate(&journal.range, target_schema)?;
         let output = ctx
             .table("staged")
             .await
@@ -248,43 +359,53 @@ pub(crate) async fn run_validation(
         ctx.register_table("output", Arc::new(staged))
             .query_context(|| "cannot register the staged files".into())?;
     }
-    register_cascade_staged(&ctx, plan).await?;
-    let mut extra_checks = extra_checks;
-    if adjustments {
-        let adds: Vec<_> = journal
-            .adjustments
-            .iter()
-            .flat_map(|b| b.files.iter().cloned())
-            .collect();
-        StagedTable::register_as(
-            &ctx,
-            "adjustments",
-            &plan.target,
-            &write_schema,
-            &layout.partition_columns,
-            &adds,
-            &journal.run_id,
-        )?;
-        let mut group = layout.partition_columns.clone();
-        for key in &rules.key {
-            if !group.contains(key) {
-                group.push(key.clone());
-            }
+    register_cascade_staged(ctx, plan).await?;
+    register_cascade_staged(ctx, plan).await
+}
+
+/// The proof that the old net rows plus the adjustments give the new rows, per partition and
+/// key (the adjustment files registered as `adjustments`).
+async fn adjustments_conserved(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    write_schema: &deltalake::arrow::datatypes::SchemaRef,
+    sample: usize,
+) -> Result<CheckResult> {
+    let (layout, rules) = (&journal.layout, &plan.rules);
+    let adds: Vec<_> = journal
+        .adjustments
+        .iter()
+        .flat_map(|b| b.files.iter().cloned())
+        .collect();
+    StagedTable::register_as(
+        ctx,
+        "adjustments",
+        &plan.target,
+        write_schema,
+        &layout.partition_columns,
+        &adds,
+        &journal.run_id,
+    )?;
+    let mut group = layout.partition_columns.clone();
+    for key in &rules.key {
+        if !group.contains(key) {
+            group.push(key.clone());
         }
-        extra_checks.push(
-            crate::adjust::conservation_check(
-                &ctx,
-                &write_schema,
-                &group,
-                &rules.summed_measures(),
-                sample,
-            )
-            .await?,
-        );
     }
-    for (measure, table, column) in &rules.conserve_with {
-        extra_checks.push(conserve_with(&ctx, plan, journal, measure, table, column).await?);
-    }
+    crate::adjust::conservation_check(ctx, write_schema, &group, &rules.summed_measures(), sample)
+        .await
+}
+
+/// What staging knows of the new rows without reading them: per partition their counts, measure
+/// sums and checksums, and what this process's writers hashed (when they staged every batch);
+/// and the checksum of the rows carried over unchanged (by rows).
+fn new_side(
+    journal: &Journal,
+    capture: Option<Arc<crate::validate::keymerge::Capture>>,
+    plan: &BackfillPlan,
+) -> (KnownSide, Option<RowChecksum>) {
+    let (layout, rules) = (&journal.layout, &plan.rules);
     let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
     for batch in &journal.batches {
         for (partition, checksum) in &batch.checksums {
@@ -340,89 +461,18 @@ pub(crate) async fn run_validation(
     {
         new_side.sums = None;
     }
-    // Every column but the partition columns, in the table's order: what makes a row.
-    let checksum_columns: Vec<String> = target_schema
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .filter(|name| !layout.partition_columns.contains(name))
-        .collect();
-    if layout.by_rows && !journal.affected_files.is_empty() {
-        extra_checks.push(
-            carried_check(
-                plan,
-                journal,
-                // Carried rows must be exactly as they were: hashed without rounding.
-                &resources.session(),
-                &checksum_columns,
-                carried.unwrap_or_default(),
-            )
-            .await?,
-        );
-    }
-    // A fix that moves rows changes most partitions' row counts (the log's against staging's):
-    // then the key merge reads the old side whole, once.
+    (new_side, carried)
+}
+
+/// Whether most partitions' row counts changed (the log's against staging's): a fix that moves
+/// rows; then the key merge reads the old side whole, once.
+fn mostly_changed(journal: &Journal) -> bool {
     let counted: Vec<bool> = journal
         .partitions
         .iter()
         .filter_map(|p| p.old_rows.map(|old| old != p.new_rows))
         .collect();
-    new_side.mostly_changed =
-        !counted.is_empty() && counted.iter().filter(|d| **d).count() * 10 >= counted.len() * 9;
-    // The old rows of files an earlier run wrote carry their checksums in the log (not those
-    // of a table corrected by adjustments: its old rows are its net rows).
-    let logged = (!layout.by_rows && !adjustments)
-        .then(|| {
-            logged_checksums(
-                plan,
-                layout,
-                &journal.range,
-                &target_schema,
-                &checksum_columns,
-            )
-        })
-        .transpose()?
-        .flatten()
-        .filter(|_| !rounding);
-    if rounding {
-        // Staging hashed the rows as written; rounded, the new side is hashed again from the
-        // staged files.
-        new_side.checksums = None;
-        new_side.captured = None;
-    }
-    // The keys around the range, for the key merge to look up (see `crate::run::edges`).
-    let started = std::time::Instant::now();
-    let edges = crate::run::edges::EdgeScan::prepare(plan, resources).await?;
-    let mut edges_ms = started.elapsed().as_millis() as u64;
-    let mut report = validate(
-        &ctx,
-        &PartitionKey::Time(layout.clone()),
-        rules,
-        sample,
-        Known {
-            new: Some(new_side),
-            old_checksums: logged,
-            edges: edges.as_ref().map(crate::run::edges::EdgeScan::probe),
-            appended: if adjustments { "adjustments" } else { "output" },
-        },
-        checksum_columns,
-        extra_checks,
-    )
-    .await?;
-    if let Some(edges) = edges {
-        let started = std::time::Instant::now();
-        let check = edges.check(plan, resources, &report.comparison).await?;
-        edges_ms += started.elapsed().as_millis() as u64;
-        report.passed &= check.passed;
-        report.checks.push(check);
-    }
-    report.edges_ms = edges_ms;
-    if rules.decimals.is_none()
-        && let Some(note) = float_noise(&report.comparison, &target_schema)
-    {
-        report.notes.push(note);
-    }
-    Ok(report)
+    !counted.is_empty() && counted.iter().filter(|d| **d).count() * 10 >= counted.len() * 9
 }
 
 /// A note when every sampled changed row differs only in float or double columns, each by less
