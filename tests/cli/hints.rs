@@ -411,3 +411,32 @@ fn issue_33_init_never_overwrites_a_model() {
     assert!(!project.join("lakefill.toml").exists());
     assert!(!project.join("sql/ghost").exists());
 }
+
+/// A header's enumerated values (`schema`, `grain`, `publish`) are checked when the model is
+/// loaded: a typo is named with the values that exist, never read as the default.
+#[test]
+fn header_values_are_checked_when_the_model_is_loaded() {
+    let lake = TestLake::new();
+    for (line, named) in [
+        (
+            "schema = \"add-column\"",
+            "`schema = \"add-column\"` is not a schema mode",
+        ),
+        ("grain = \"days\"", "`grain = \"days\"` is not a grain"),
+        (
+            "publish = \"adjustment\"",
+            "`adjustment` is not a way to publish",
+        ),
+    ] {
+        write_model(
+            &lake,
+            "typo",
+            &(EVENTS_HEADER.replace("partition_by", &format!("{line}\npartition_by"))
+                + "SELECT event_id, user_id, country, amount_cents, event_ts, CAST(event_ts AS DATE) AS event_date FROM raw_events\n"),
+        );
+        let out = lake.run(&["plan", "typo", "--from", &lake.day(1), "--to", &lake.day(2)]);
+        assert_eq!(out.status.code(), Some(2), "{line}: {}", stderr(&out));
+        assert!(stderr(&out).contains(named), "{line}: {}", stderr(&out));
+        assert!(stderr(&out).contains("hint: "), "{line}: {}", stderr(&out));
+    }
+}

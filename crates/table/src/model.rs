@@ -262,6 +262,14 @@ impl Model {
                 "write `schema = \"strict\"` (the default) or `schema = \"add-columns\"`",
             ));
         }
+        if let Some(mode) = &header.publish
+            && crate::adjustments::PublishMode::parse(mode).is_none()
+        {
+            return Err(model_error(
+                format!("`{mode}` is not a way to publish: use `rewrite` or `adjustments`"),
+                "set `publish = \"rewrite\"` or `publish = \"adjustments\"` in the header",
+            ));
+        }
         let grain_hint = "write `grain = \"hour\"`, `\"day\"`, `\"month\"` or `\"year\"`";
         if let Some(grain) = &header.grain
             && crate::time::Grain::parse(grain).is_none()
@@ -350,6 +358,14 @@ impl Model {
     /// Returns whether the model may add columns to the target.
     pub fn adds_columns(&self) -> bool {
         self.header.schema.as_deref() == Some("add-columns")
+    }
+
+    /// How the header says the model publishes, if it says (checked when the model is loaded).
+    pub fn publish(&self) -> Option<crate::adjustments::PublishMode> {
+        self.header
+            .publish
+            .as_deref()
+            .and_then(crate::adjustments::PublishMode::parse)
     }
 
     /// Returns the declared grain of the target's time partitions, if any.

@@ -182,31 +182,16 @@ impl PlanBuilder {
         self
     }
 
-    /// The publication mode: the flag, else the header, else `rewrite`.
+    /// The publication mode: the flag, else the header (checked when the model was loaded),
+    /// else `rewrite`.
     fn publish_mode(&self, model: &Model) -> Result<PublishMode> {
-        let (text, from_flag) = match (&self.publish_as, &model.header().publish) {
-            (Some(flag), _) => (flag, true),
-            (None, Some(header)) => (header, false),
-            (None, None) => return Ok(PublishMode::Rewrite),
+        let Some(flag) = &self.publish_as else {
+            return Ok(model.publish().unwrap_or_default());
         };
-        PublishMode::parse(text).ok_or_else(|| {
-            let message =
-                format!("`{text}` is not a way to publish: use `rewrite` or `adjustments`");
-            if from_flag {
-                Error::InvalidOption {
-                    option: "--publish-as".into(),
-                    value: text.clone(),
-                    message,
-                }
-            } else {
-                Error::Model {
-                    path: model.path().to_path_buf(),
-                    message,
-                    hint:
-                        "set `publish = \"rewrite\"` or `publish = \"adjustments\"` in the header"
-                            .into(),
-                }
-            }
+        PublishMode::parse(flag).ok_or_else(|| Error::InvalidOption {
+            option: "--publish-as".into(),
+            value: flag.clone(),
+            message: format!("`{flag}` is not a way to publish: use `rewrite` or `adjustments`"),
         })
     }
 
