@@ -20,6 +20,9 @@ pub(crate) async fn check_parents(
     record: &CascadeRecord,
     index: usize,
 ) -> Result<()> {
+    if index == 0 {
+        return Ok(()); // The root has no parent in the cascade.
+    }
     let node = &record.nodes[index];
     let config = project.table(&node.table, "the cascade record")?;
     let table = open_table(config, None).await?;

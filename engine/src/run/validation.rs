@@ -202,7 +202,8 @@ pub(crate) async fn run_validation(
     let rounding = rules.decimals.is_some();
     lakefill_table::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
     let adjustments = journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments;
-    let write_schema = write_schema(plan)?;
+    // The schema the run's files were staged with: the plan's, else the target's.
+    let write_schema = Arc::new(crate::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
     register_sides(
         &ctx,
@@ -298,22 +299,6 @@ pub(crate) async fn run_validation(
     Ok(report)
 }
 
-/// The schema the run's files were staged with: the plan's, else the target's.
-fn write_schema(plan: &BackfillPlan) -> Result<deltalake::arrow::datatypes::SchemaRef> {
-    Ok(match &plan.write_schema {
-        Some(schema) => Arc::clone(schema),
-        None => plan
-            .target
-            .snapshot()
-            .map_err(|source| Error::Delta {
-                context: "cannot read the target's snapshot".into(),
-                source: Box::new(source),
-            })?
-            .snapshot()
-            .arrow_schema(),
-    })
-}
-
 /// Registers what validation compares in `ctx`: `previous` (the net rows for adjustments),
 /// `output` (the staged rows of the range; by rows also `staged`, every staged row), and the
 /// cascade's other nodes as `staged.<table>`.
@@ -359,7 +344,6 @@ async fn register_sides(
         ctx.register_table("output", Arc::new(staged))
             .query_context(|| "cannot register the staged files".into())?;
     }
-    register_cascade_staged(ctx, plan).await?;
     register_cascade_staged(ctx, plan).await
 }
 
