@@ -502,12 +502,15 @@ async fn run_scenario(args: &[String]) -> Value {
                 .await
                 .unwrap();
             let bytes_read = source_bytes(&dir, &args[2], &args[3]).await;
-            let mut builder =
-                lakefill::BackfillBuilder::new(plan).with_validation(kind == "validate");
+            let mut settings = lakefill::RunSettings::built_in();
             if memory_limit.is_some() {
-                builder = builder.with_memory_limit(memory_limit);
+                settings.memory_limit = memory_limit;
             }
-            let report = builder.await.unwrap();
+            let report = lakefill::BackfillBuilder::new(plan)
+                .with_validation(kind == "validate")
+                .with_settings(settings)
+                .await
+                .unwrap();
             assert!(
                 matches!(
                     report.outcome,

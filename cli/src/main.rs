@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod printer;
+mod render;
 mod settings;
 
 use std::process::ExitCode;

@@ -27,13 +27,13 @@ use deltalake::arrow::datatypes::Schema;
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
-use crate::plan::adjust::register_net_rows;
-use crate::validate::CheckResult;
-use crate::validate::net::{adjustments_sql, counts};
+use lakefill_recompute::plan::adjust::register_net_rows;
 use lakefill_table::adjustments::{AdjustmentCounts, KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::sqltext::ident;
 use lakefill_table::staged::StagedTable;
+use lakefill_validate::CheckResult;
+use lakefill_validate::net::{adjustments_sql, counts};
 
 /// Proves the adjustments: per partition and key, the old net rows plus the adjustments give
 /// the new rows, in rows (a reversal counts -1) and in every measure (exactly for integers and
@@ -152,14 +152,14 @@ pub(crate) async fn conservation_check(
 /// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
 /// returns them per batch, and how many of each kind.
 pub(crate) async fn stage(
-    plan: &crate::plan::BackfillPlan,
-    batches: &[crate::journal::BatchRecord],
+    plan: &lakefill_recompute::plan::BackfillPlan,
+    batches: &[lakefill_log::journal::BatchRecord],
     resources: &lakefill_table::resources::Resources,
     store: Arc<dyn deltalake::ObjectStore>,
-) -> Result<(Vec<crate::journal::BatchRecord>, AdjustmentCounts)> {
+) -> Result<(Vec<lakefill_log::journal::BatchRecord>, AdjustmentCounts)> {
     let report = &plan.report;
     let layout = &report.layout;
-    let write_schema = Arc::new(crate::plan::query::target_schema(plan)?);
+    let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let measures = plan.rules.summed_measures();
     let mut records = Vec::with_capacity(batches.len());
     let mut counted = AdjustmentCounts::default();
@@ -199,7 +199,7 @@ pub(crate) async fn stage(
             .sql(&sql)
             .await
             .query_context(|| "cannot plan the adjustment rows".into())?;
-        let record = crate::stage::write_batch(
+        let record = lakefill_recompute::stage::write_batch(
             plan,
             batch,
             df,
@@ -237,7 +237,7 @@ pub(crate) async fn stage(
 /// `table` is the corrected table at any version; its latest is read.
 pub(crate) async fn check_adjusted_unchanged(
     table: &deltalake::DeltaTable,
-    journal: &crate::journal::Journal,
+    journal: &lakefill_log::journal::Journal,
 ) -> Result<()> {
     let Some((name, read)) = &journal.adjusts else {
         return Ok(());
@@ -245,7 +245,7 @@ pub(crate) async fn check_adjusted_unchanged(
     let latest = lakefill_table::storage::latest(table).await?;
     let until = lakefill_table::storage::loaded_version(&latest)?;
     let later =
-        crate::log::commits_in_range(&latest, *read, &journal.layout, &journal.range, until)
+        lakefill_log::commits_in_range(&latest, *read, &journal.layout, &journal.range, until)
             .await?;
     if later.is_empty() {
         return Ok(());

@@ -1,5 +1,5 @@
 //! `lakefill cluster up`: an Apache Ballista cluster on this machine for trying distributed
-//! staging (see `crate::distributed`, behind the `distributed` feature): a scheduler, and
+//! staging (see `lakefill-ballista`, behind the `distributed` feature): a scheduler, and
 //! executors that the CLI starts as processes of their own.
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use lakefill_table::error::Result;
 /// codec registered; it runs until the process exits. Returns where it listens.
 pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
     #[cfg(feature = "distributed")]
-    return crate::distributed::cluster::start_scheduler(bind).await;
+    return lakefill_ballista::cluster::start_scheduler(bind).await;
     #[cfg(not(feature = "distributed"))]
     Err(not_built(&bind.to_string()))
 }
@@ -29,7 +29,7 @@ pub async fn run_executor(
     memory_limit: Option<u64>,
 ) -> Result<()> {
     #[cfg(feature = "distributed")]
-    return crate::distributed::cluster::run_executor(scheduler, bind, vcores, memory_limit).await;
+    return lakefill_ballista::cluster::run_executor(scheduler, bind, vcores, memory_limit).await;
     #[cfg(not(feature = "distributed"))]
     {
         let _ = (bind, vcores, memory_limit);

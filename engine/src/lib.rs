@@ -16,29 +16,29 @@
 //!
 //! ## How the crate is laid out
 //!
-//! The ground floor is its own crate, [`lakefill_table`] (config, sinks, model, partition,
-//! protocol, storage, staged files, rowhash, resources, error, time…); Cargo keeps it from
-//! reaching up. Above it, each module only uses the ones below it (no import runs up this
-//! diagram, and none goes round in a circle):
+//! The layers below the runner are crates of their own, so Cargo keeps them from reaching up:
+//! [`lakefill_table`] (what a table is), [`lakefill_validate`] (old rows against new),
+//! [`lakefill_log`] (the Delta log read, the journal), `lakefill_recompute` (plan and staging)
+//! and, with the `distributed` feature, `lakefill_ballista`. Inside this crate each module only
+//! uses the ones below it (no import runs up this diagram, and none goes round in a circle):
 //!
 //! ```text
+//!  act          what an id names (a run or a cascade); publish, discard, revert, report by id
 //!  cascade/     a fix of one table through every table computed from it: plan, run, parents, manage
 //!  explain/     history, blame, sql, diff, gc          report/   the report for people
 //!  run/         the runner: sequences the phases; staging (here or on Ballista), validation,
 //!               edges, publish step, reconcile, cleanup, found (find and hold a run), manage,
 //!               revert, report                        cluster   `lakefill cluster up`
-//!  adjust       staging and proving adjustments       distributed/  staging on Ballista
-//!  stage/       the model's output, staged
-//!  plan/        scope, batches, run id; query.rs: the model as a DataFusion query per batch;
-//!               adjust.rs: what adjustments need of a plan
+//!  adjust       staging and proving adjustments
 //!  publish      the one Delta commit of a run         notify/   events, delivery, the outbox
-//!  journal/     the run's record: journal, lease, lifecycle, the cascade record
-//!  validate/    spec, compare, row diff, key merge, checks, net rows (adjustments), report
-//!  log/         the Delta log, read: commits, run ids, commit metadata, model registry
-//!  failpoint
 //!  ═══════════════════════════════════════════════════════════════════════════════════════
-//!  lakefill-table: config sink model settings adjustments partition protocol storage staged
-//!                  rowhash resources types fastcast error run_id secrets time sqltext spill
+//!  lakefill-ballista   staging on a Ballista cluster (feature `distributed`)
+//!  lakefill-recompute  plan/ (scope, batches, run id, the model as a query), stage/
+//!  lakefill-log        the Delta log read, commit metadata, registry; journal/ (lease, lifecycle)
+//!  lakefill-validate   spec, compare, row diff, key merge, checks, net rows, report, summary
+//!  lakefill-table      config sink model settings adjustments partition protocol storage staged
+//!                      rowhash resources types fastcast error run_id secrets time sqltext spill
+//!                      failpoint
 //! ```
 //!
 //! A run moves through `plan → stage → validate → publish`; the runner only sequences those
@@ -56,30 +56,27 @@
 //! ```
 
 // The ground floor's modules, for this crate's public re-exports below.
+use lakefill_log::{journal, metadata};
+use lakefill_recompute::plan;
 pub use lakefill_table::spill;
 use lakefill_table::{
     config, error, model, partition, protocol, resources, rowhash, run_id, secrets, settings,
     storage, time,
 };
+use lakefill_validate as validate;
 
+mod act;
 mod adjust;
 mod cascade;
 mod cluster;
-#[cfg(feature = "distributed")]
-mod distributed;
 mod explain;
-mod failpoint;
 mod init;
-mod journal;
-mod log;
 mod notify;
-mod plan;
 mod publish;
 mod report;
 mod run;
-mod stage;
-mod validate;
 
+pub use act::{Acted, Revert, RevertRequest, RunHooks, discard, publish, rendered_report};
 pub use cascade::manage::{discard_cascade, is_cascade_id, publish_cascade, revert_cascade};
 pub use cascade::run::{CascadeRunReport, CascadeRunner};
 pub use cascade::{
@@ -100,7 +97,8 @@ pub use lakefill_table::adjustments::{
     AdjustmentCounts, CORRECTION, KIND_COLUMN, LINEAGE_COLUMNS, PublishMode, REASON_COLUMN,
     REVERSAL, RUN_ID_COLUMN,
 };
-pub use log::metadata::{
+pub use lakefill_table::failpoint::{CrashPhase, CrashPoint};
+pub use metadata::{
     CheckSummary, CommitMetadata, CommittedPartition, EdgeMoves, ValidationSummary,
 };
 pub use model::{CheckSpec, Model, ModelHeader, SourceSpec, ValidateSpec};

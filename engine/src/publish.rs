@@ -15,9 +15,10 @@ use deltalake::kernel::{Action, Transaction};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use serde_json::{Value, json};
 
-use crate::journal::Journal;
-use crate::log::metadata::{CommitMetadata, CommittedPartition, ValidationSummary};
+use lakefill_log::journal::Journal;
+use lakefill_log::metadata::{CommitMetadata, CommittedPartition, ValidationSummary};
 use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::failpoint::{self, CrashPoint};
 
 /// The commit metadata of a run (DESIGN §4.4).
 pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
@@ -53,7 +54,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
         edge_moves: journal
             .validation
             .as_ref()
-            .and_then(crate::validate::ValidationReport::allowed_edge_moves),
+            .and_then(lakefill_validate::ValidationReport::allowed_edge_moves),
     }
 }
 
@@ -196,7 +197,7 @@ pub(crate) async fn commit_actions(
         .await
         .and_then(|finalized| {
             // Test builds can lose the response of a commit that landed.
-            if crate::failpoint::armed_error("lost-commit-response") {
+            if failpoint::armed_error(CrashPoint::LostCommitResponse) {
                 return Err(DeltaTableError::Generic(
                     "injected: the commit's response was lost".into(),
                 ));

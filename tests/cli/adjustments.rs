@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use lakefill::{CrashPhase, CrashPoint};
 use serde_json::Value;
 
 use crate::support::{PythonLake, Store, json_ok, runtime, stderr};
@@ -479,14 +480,14 @@ fn issue_33_adjustments_keep_the_tables_rules() {
 /// finished by the same command with exactly one append; discarded, it leaves nothing staged.
 #[test]
 fn a_stopped_adjustments_run_converges_and_a_discarded_one_leaves_nothing() {
-    for point in [
-        "stage-batch-0=error",
-        "after-stage",
-        "after-adjust",
-        "mid-validate=error",
-        "before-commit",
-        "after-commit",
-    ] {
+    // Every point an adjustments run passes, generated from the engine's own list.
+    for point in CrashPoint::ALL
+        .into_iter()
+        .filter(|p| p.on_local_backfill(true))
+    {
+        let committed = point.phase() == CrashPhase::Committed;
+        let point = crate::support::armed(point);
+        let point = point.as_str();
         let lake = ledger(Store::Local);
         let out = crate::support::lakefill_command(lake.path())
             .args([
@@ -500,9 +501,15 @@ fn a_stopped_adjustments_run_converges_and_a_discarded_one_leaves_nothing() {
             .env("LAKEFILL_FAILPOINTS", point)
             .output()
             .unwrap();
-        assert!(!out.status.success(), "{point}: the run stopped");
+        // A lost commit response is the one stop the run notices and reports as published.
+        assert_eq!(
+            out.status.success(),
+            point.starts_with("lost-commit-response"),
+            "{point}: {}",
+            stderr(&out)
+        );
         let report = backfill(&lake, &[]);
-        let landed = point == "after-commit";
+        let landed = committed;
         let expected = if landed {
             "already_published"
         } else {

@@ -259,3 +259,109 @@ fn the_cli_reference_is_the_binarys_help() {
          --test cli -- cli_reference` and commit the file"
     );
 }
+
+/// What each command prints for people is pinned too, beside its JSON document: a change to a
+/// command's text (a column, a word, a line) fails here and is reviewed with `cargo insta
+/// review`. Only what differs between runs is redacted: times, durations, sizes, the lake's
+/// directory, random file names and which rows are sampled.
+#[test]
+fn every_text_output_keeps_its_shape() {
+    let lake = TestLake::new();
+    let dir = lake.path().to_string_lossy().into_owned();
+    let (from, to) = (lake.day(1), lake.day(3));
+    let text = |args: &[&str]| -> String {
+        let output = lake.run(args);
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            crate::support::stderr(&output)
+        );
+        String::from_utf8_lossy(&output.stdout).replace(&dir, "[lake]")
+    };
+    let mut settings = insta::Settings::clone_current();
+    for (pattern, replacement) in [
+        (
+            r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?( ?UTC|Z|[+-]\d{2}:?\d{2})?",
+            "[time]",
+        ),
+        (r"\b\d+(\.\d+)? ?(B|KiB|MiB|GiB|TiB)\b", "[size]"),
+        (r"\b\d+(\.\d+)? ?(ms|s)\b", "[duration]"),
+        (r"part-[0-9A-Za-z_.\-]+\.parquet", "part-[file].parquet"),
+        // Which rows a comparison samples depends on the order its partitions stream in; how
+        // many of each kind it shows does not.
+        (r"(?m)^    (added|removed|changed) +\{.*\}$", "    $1 [row]"),
+    ] {
+        settings.add_filter(pattern, replacement);
+    }
+    settings.bind(|| {
+        insta::assert_snapshot!(
+            "text_plan",
+            text(&["plan", "events", "--from", &from, "--to", &to])
+        );
+        insta::assert_snapshot!(
+            "text_plan_cascade",
+            text(&["plan", "events", "--from", &from, "--to", &to, "--cascade"])
+        );
+        let staged = json_ok(&lake.run(&[
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--stage-only",
+            "--allow-edge-moves",
+            "--reason",
+            PARTIAL_FIX,
+            "--output-format",
+            "json",
+        ]));
+        let run_id = staged["run_id"].as_str().expect("run id").to_string();
+        insta::assert_snapshot!("text_runs", text(&["runs"]));
+        let read_version = lake.version("events").to_string();
+        insta::assert_snapshot!(
+            "text_diff_staged_run",
+            text(&[
+                "diff",
+                "events",
+                "--from-version",
+                &read_version,
+                "--run",
+                &run_id
+            ])
+        );
+        // A sink, so that publishing and reverting show their notifications.
+        let project_file = lake.path().join("lakefill.toml");
+        let toml = std::fs::read_to_string(&project_file).expect("project");
+        std::fs::write(
+            &project_file,
+            toml.replacen(
+                "[tables.events]\n",
+                "[tables.events]\nnotify = [\"file:notifications.jsonl\"]\n",
+                1,
+            ),
+        )
+        .expect("project");
+        insta::assert_snapshot!("text_publish", text(&["publish", &run_id]));
+        insta::assert_snapshot!(
+            "text_history",
+            text(&["history", "events", "--limit", "2"])
+        );
+        insta::assert_snapshot!(
+            "text_blame",
+            text(&["blame", "events", "--partition", &from])
+        );
+        insta::assert_snapshot!(
+            "text_sql",
+            text(&[
+                "sql",
+                "SELECT event_date, count(*) AS n FROM events GROUP BY event_date ORDER BY event_date LIMIT 2",
+            ])
+        );
+        let other = lake.stage_events(4, 4);
+        insta::assert_snapshot!("text_discard", text(&["discard", &other]));
+        insta::assert_snapshot!("text_gc_dry_run", text(&["gc", "events", "--dry-run"]));
+        insta::assert_snapshot!("text_revert", text(&["revert", &run_id]));
+        insta::assert_snapshot!("text_notify", text(&["notify", "events"]));
+    });
+}

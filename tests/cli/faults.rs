@@ -4,9 +4,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lakefill::{CrashPhase, CrashPoint, Outcome, RunState};
 use lakefill_fixtures::DemoLake;
 
-use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, stderr};
+use crate::support::{PARTIAL_FIX, Store, TestLake, run_list, run_report, stderr};
 
 const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, CAST(amount_cents AS VARCHAR) \
                     FROM events ORDER BY 1, 2";
@@ -55,14 +56,14 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges(store: Store) {
     let new_rows = rows(&reference);
     assert_ne!(old_rows, new_rows);
 
-    for point in [
-        "after-plan",
-        "mid-stage",
-        "after-stage",
-        "mid-validate",
-        "before-commit",
-        "after-commit",
-    ] {
+    // Every point a local backfill passes, generated from the engine's own list.
+    let points = CrashPoint::ALL
+        .into_iter()
+        .filter(|p| p.on_local_backfill(false) && !p.error_only());
+    for point in points {
+        let committed = point.phase() == CrashPhase::Committed;
+        let point = point.to_string();
+        let point = point.as_str();
         let lake = TestLake::on(store);
         let before = lake.version("events");
         let crashed = lakefill(&lake, &backfill_args(&lake), Some(point));
@@ -75,7 +76,7 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges(store: Store) {
 
         // Readers see one version or the other, whole.
         let seen = rows(&lake);
-        if point == "after-commit" {
+        if committed {
             assert_eq!(lake.version("events"), before + 1, "{point}");
             assert!(seen == new_rows, "{point}: the new version is complete");
         } else {
@@ -86,7 +87,7 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges(store: Store) {
         // The same command again finishes the job, exactly once.
         let mut args = backfill_args(&lake);
         args.extend(["--output-format".into(), "json".into()]);
-        let report = json_ok(&lakefill(&lake, &args, None));
+        let report = run_report(&lakefill(&lake, &args, None));
         assert_eq!(
             lake.version("events"),
             before + 1,
@@ -96,18 +97,19 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges(store: Store) {
             rows(&lake) == new_rows,
             "{point}: converges to the uninterrupted result"
         );
-        if point == "after-commit" {
-            assert_eq!(report["outcome"], "already_published", "{point}");
+        let expected = if committed {
+            Outcome::AlreadyPublished
         } else {
-            assert_eq!(report["outcome"], "published", "{point}");
-        }
-        if point == "mid-stage" {
+            Outcome::Published
+        };
+        assert_eq!(report.outcome, expected, "{point}");
+        if point == CrashPoint::MidStage.to_string() {
             assert_eq!(
-                report["resumed_batches"], 1,
+                report.resumed_batches, 1,
                 "{point}: the journaled batch is kept"
             );
         }
-        let runs = json_ok(&lakefill(
+        let runs = run_list(&lakefill(
             &lake,
             &[
                 "runs".into(),
@@ -117,21 +119,16 @@ fn a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges(store: Store) {
             ],
             None,
         ));
-        let run = runs
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["run_id"] == report["run_id"])
-            .unwrap();
-        assert_eq!(run["state"], "published", "{point}");
-        assert_eq!(run["published_version"], before + 1, "{point}");
+        let run = runs.iter().find(|r| r.run_id == report.run_id).unwrap();
+        assert_eq!(run.state, RunState::Published, "{point}");
+        assert_eq!(run.published_version, Some(before + 1), "{point}");
         // No staged file is left behind that no version references.
         let referenced: std::collections::BTreeSet<String> = lake
             .files("events")
             .values()
             .flat_map(|f| f.keys().cloned())
             .collect();
-        let run_dir = format!("lakefill-{}", report["run_id"].as_str().unwrap());
+        let run_dir = format!("lakefill-{}", report.run_id);
         for staged in lake
             .objects("events")
             .into_iter()
@@ -218,8 +215,7 @@ fn sigkill_during_staging_then_resume() {
 
     let mut resume = args.clone();
     resume.extend(["--output-format".into(), "json".into()]);
-    let report = json_ok(&lakefill(&lake, &resume, None));
-    let resumed = report["resumed_batches"].as_u64().unwrap();
+    let resumed = run_report(&lakefill(&lake, &resume, None)).resumed_batches;
     assert!(
         resumed >= 3,
         "resumed after the finished batches: {resumed}"
@@ -241,7 +237,7 @@ fn overlapping_runs_one_publishes_the_other_conflicts(store: Store) {
     )
     .unwrap();
     let stage = |version: &str, from: u64, to: u64| {
-        let report = json_ok(&lake.run(&[
+        run_report(&lake.run(&[
             "backfill",
             "events",
             "--from",
@@ -256,8 +252,8 @@ fn overlapping_runs_one_publishes_the_other_conflicts(store: Store) {
             "--allow-edge-moves",
             "--reason",
             PARTIAL_FIX,
-        ]));
-        report["run_id"].as_str().unwrap().to_string()
+        ]))
+        .run_id
     };
     let first = stage("v2", 2, 5);
     let second = stage("v3", 4, 7);

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, lakefill_command, stderr};
+use lakefill::{CrashPhase, CrashPoint, RunState, RunSummary};
+
+use crate::support::{PARTIAL_FIX, Store, TestLake, json_ok, lakefill_command, run_list, stderr};
 
 const ROWS: &str = "SELECT CAST(event_id AS VARCHAR), CAST(event_date AS VARCHAR), country, \
                     CAST(amount_cents AS VARCHAR) FROM events ORDER BY 1, 2";
@@ -54,28 +56,32 @@ fn run(lake: &TestLake, args: &[&str]) -> Output {
 #[derive(Debug, Clone, Copy)]
 enum Stop {
     /// The process aborts at the point (a power cut, `kill -9`).
-    Abort(&'static str),
+    Abort(CrashPoint<'static>),
     /// The point returns an error (a failing store, query or check).
-    Error(&'static str),
+    Error(CrashPoint<'static>),
     /// The process pauses at the point and gets SIGKILL.
-    Kill(&'static str),
+    Kill(CrashPoint<'static>),
     /// The process pauses at the point and gets SIGINT (Ctrl-C).
-    Interrupt(&'static str),
+    Interrupt(CrashPoint<'static>),
 }
 
-const STOPS: [Stop; 11] = [
-    Stop::Abort("after-plan"),
-    Stop::Abort("mid-stage"),
-    Stop::Abort("after-stage"),
-    Stop::Abort("mid-validate"),
-    Stop::Abort("before-commit"),
-    Stop::Abort("after-commit"),
-    Stop::Error("stage-batch-2"),
-    Stop::Error("mid-validate"),
-    Stop::Kill("stage-batch-2"),
-    Stop::Interrupt("stage-batch-2"),
-    Stop::Interrupt("mid-validate"),
-];
+/// An abort at every point a local backfill passes (from the engine's own list), then errors,
+/// a SIGKILL and interrupts while staging and validating.
+fn stops() -> Vec<Stop> {
+    let mut stops: Vec<Stop> = CrashPoint::ALL
+        .into_iter()
+        .filter(|p| p.on_local_backfill(false) && !p.error_only())
+        .map(Stop::Abort)
+        .collect();
+    stops.extend([
+        Stop::Error(CrashPoint::StageBatch(2)),
+        Stop::Error(CrashPoint::MidValidate),
+        Stop::Kill(CrashPoint::StageBatch(2)),
+        Stop::Interrupt(CrashPoint::StageBatch(2)),
+        Stop::Interrupt(CrashPoint::MidValidate),
+    ]);
+    stops
+}
 
 /// What is run after the stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +133,9 @@ fn stop_a_run(lake: &TestLake, stop: Stop) -> Option<i32> {
     let args = backfill_args(lake);
     match stop {
         Stop::Abort(point) => {
-            let out = command(lake, &args, Some(point)).output().unwrap();
+            let out = command(lake, &args, Some(&point.to_string()))
+                .output()
+                .unwrap();
             assert!(!out.status.success(), "{stop:?}: the process must die");
             out.status.code()
         }
@@ -174,13 +182,10 @@ fn stop_a_run(lake: &TestLake, stop: Stop) -> Option<i32> {
 }
 
 /// The v2 run of the matrix, as `runs` reports it.
-fn the_run(lake: &TestLake) -> Option<serde_json::Value> {
-    let runs = json_ok(&run(lake, &["runs", "events", "--output-format", "json"]));
-    runs.as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["model_version"] == "v2")
-        .cloned()
+fn the_run(lake: &TestLake) -> Option<RunSummary> {
+    run_list(&run(lake, &["runs", "events", "--output-format", "json"]))
+        .into_iter()
+        .find(|r| r.model_version == "v2")
 }
 
 /// Readers see the old table or the new one, whole, at one of two versions.
@@ -205,7 +210,7 @@ fn assert_old_or_new(lake: &TestLake, reference: &Reference, before: u64, what: 
 
 fn every_stop_then(store: Store, follow_up: FollowUp) {
     let reference = reference(store);
-    for stop in STOPS {
+    for stop in stops() {
         let what = format!("{stop:?} then {follow_up:?}");
         let lake = TestLake::on(store);
         let before = lake.version("events");
@@ -213,7 +218,7 @@ fn every_stop_then(store: Store, follow_up: FollowUp) {
         let published = assert_old_or_new(&lake, &reference, before, &what);
         assert_eq!(
             published,
-            matches!(stop, Stop::Abort("after-commit")),
+            matches!(stop, Stop::Abort(point) if point.phase() == CrashPhase::Committed),
             "{what}: only a commit that landed publishes"
         );
 
@@ -221,23 +226,16 @@ fn every_stop_then(store: Store, follow_up: FollowUp) {
         // where the run stopped.
         let listed = the_run(&lake);
         assert_eq!(
-            listed
-                .as_ref()
-                .map(|r| r["state"].as_str().unwrap().to_string()),
-            expected_state(stop).map(str::to_string),
+            listed.as_ref().map(|r| r.state),
+            expected_state(stop),
             "{what}: {listed:?}"
         );
-        let run_id = listed
-            .as_ref()
-            .map(|r| r["run_id"].as_str().unwrap().to_string());
+        let run_id = listed.as_ref().map(|r| r.run_id.clone());
 
         match (follow_up, run_id) {
             (FollowUp::Publish, Some(run_id)) => {
                 let out = run(&lake, &["publish", &run_id, "--output-format", "json"]);
-                let state = listed.as_ref().unwrap()["state"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
+                let state = listed.as_ref().unwrap().state.to_string();
                 let document: serde_json::Value =
                     serde_json::from_slice(&out.stdout).expect("one JSON document");
                 if published {
@@ -276,7 +274,7 @@ fn every_stop_then(store: Store, follow_up: FollowUp) {
                 } else {
                     assert_eq!(out.status.code(), Some(0), "{what}: {}", stderr(&out));
                     assert!(!assert_old_or_new(&lake, &reference, before, &what));
-                    assert_eq!(the_run(&lake).unwrap()["state"], "discarded", "{what}");
+                    assert_eq!(the_run(&lake).unwrap().state, RunState::Discarded, "{what}");
                 }
             }
             (FollowUp::Gc, _) => {
@@ -317,15 +315,15 @@ fn every_stop_then(store: Store, follow_up: FollowUp) {
             report["outcome"]
         );
         let run = the_run(&lake).unwrap();
-        assert_eq!(run["state"], "published", "{what}");
-        assert_eq!(run["published_version"], before + 1, "{what}");
+        assert_eq!(run.state, RunState::Published, "{what}");
+        assert_eq!(run.published_version, Some(before + 1), "{what}");
         // Nothing staged is left that no version references.
         let referenced: std::collections::BTreeSet<String> = lake
             .files("events")
             .values()
             .flat_map(|f| f.keys().cloned())
             .collect();
-        let run_dir = format!("lakefill-{}", run["run_id"].as_str().unwrap());
+        let run_dir = format!("lakefill-{}", run.run_id);
         for staged in lake
             .objects("events")
             .into_iter()
@@ -337,17 +335,19 @@ fn every_stop_then(store: Store, follow_up: FollowUp) {
 }
 
 /// Where a run stopped this way stands (`None`: it never started, so it has no journal).
-fn expected_state(stop: Stop) -> Option<&'static str> {
+fn expected_state(stop: Stop) -> Option<RunState> {
     Some(match stop {
-        Stop::Abort("after-plan") => return None,
-        Stop::Abort("mid-stage") | Stop::Kill(_) => "staging",
-        Stop::Abort("after-stage") => "staged",
-        Stop::Abort("mid-validate") => "validating",
-        // The commit never landed: the log says so, and the run is validated again.
-        Stop::Abort("before-commit") => "validated",
-        Stop::Abort("after-commit") => "published",
-        Stop::Abort(other) => panic!("no expectation for {other}"),
-        Stop::Error(_) | Stop::Interrupt(_) => "failed",
+        Stop::Abort(point) | Stop::Kill(point) => match point.phase() {
+            CrashPhase::Plan => return None,
+            CrashPhase::Stage => RunState::Staging,
+            CrashPhase::Staged => RunState::Staged,
+            CrashPhase::Validate => RunState::Validating,
+            // The commit never landed: the log says so, and the run is validated again.
+            CrashPhase::Commit => RunState::Validated,
+            CrashPhase::Committed => RunState::Published,
+            CrashPhase::Other => panic!("{point} is not on a backfill's path"),
+        },
+        Stop::Error(_) | Stop::Interrupt(_) => RunState::Failed,
     })
 }
 
@@ -424,8 +424,8 @@ fn identical_backfills_started_together_commit_once(store: Store) {
     assert_eq!(lake.version("events"), before + 1, "exactly one commit");
     assert!(rows(&lake) == reference.new_rows, "the table reads fully");
     let run = the_run(&lake).unwrap();
-    assert_eq!(run["state"], "published");
-    let out = run_discard(&lake, run["run_id"].as_str().unwrap());
+    assert_eq!(run.state, RunState::Published);
+    let out = run_discard(&lake, &run.run_id);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(rows(&lake) == reference.new_rows, "discard changed nothing");
 }
@@ -442,8 +442,8 @@ fn identical_publishes_started_together_commit_once(store: Store) {
     assert_one_winner(&outputs, "4 publishes");
     assert_eq!(lake.version("events"), before + 1, "exactly one commit");
     let run = the_run(&lake).unwrap();
-    assert_eq!(run["state"], "published");
-    assert_eq!(run["published_version"], before + 1);
+    assert_eq!(run.state, RunState::Published);
+    assert_eq!(run.published_version, Some(before + 1));
 }
 
 /// A range inside a published one recomputes to the same rows: nothing is published and
@@ -999,7 +999,7 @@ fn a_publish_overtaken_by_another_finds_the_run_published() {
     assert_eq!(report["outcome"], "already_published", "{report}");
     assert_eq!(lake.version("events"), before + 1);
     let published = the_run(&lake).unwrap();
-    assert_eq!(published["state"], "published", "{published}");
+    assert_eq!(published.state, RunState::Published, "{published:?}");
 }
 
 /// `gc` lists a failed run's staged files as garbage; before it deletes them the run is resumed
@@ -1014,7 +1014,7 @@ fn gc_leaves_the_files_of_a_run_published_since_it_listed_them() {
         .unwrap();
     assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
     let failed_run = the_run(&lake).unwrap();
-    assert_eq!(failed_run["state"], "failed", "{failed_run}");
+    assert_eq!(failed_run.state, RunState::Failed, "{failed_run:?}");
     let dry = json_ok(&run(
         &lake,
         &["gc", "events", "--dry-run", "--output-format", "json"],
@@ -1037,7 +1037,7 @@ fn gc_leaves_the_files_of_a_run_published_since_it_listed_them() {
     let report: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
     assert_eq!(report["files"], serde_json::json!([]), "{report}");
 
-    assert_eq!(the_run(&lake).unwrap()["state"], "published");
+    assert_eq!(the_run(&lake).unwrap().state, RunState::Published);
     let table = lake.table_path("events");
     for files in lake.files("events").values() {
         for path in files.keys() {

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use lakefill::{CrashPhase, CrashPoint};
+
 use crate::support::{
     PARTIAL_FIX, Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr,
     vacuum_now,
@@ -339,11 +341,11 @@ fn only_a_published_run_can_be_reverted() {
 /// A revert stopped at each point of its commit converges: running it again leaves exactly one
 /// revert commit and the range as it was before the run.
 fn a_stopped_revert_converges(store: Store) {
-    for point in [
-        "before-commit",
-        "after-commit",
-        "lost-commit-response=error",
-    ] {
+    // Every point a revert passes, generated from the engine's own list.
+    for point in CrashPoint::ALL.into_iter().filter(|p| p.on_revert(false)) {
+        let committed = point.phase() == CrashPhase::Committed;
+        let point = crate::support::armed(point);
+        let point = point.as_str();
         let lake = TestLake::on(store);
         let (from, to) = (lake.day(2), lake.day(5));
         let (run_id, read_version, published) = fix(&lake);
@@ -353,10 +355,10 @@ fn a_stopped_revert_converges(store: Store) {
             .output()
             .unwrap();
         let landed = lake.version("events") > published;
-        match point {
-            "before-commit" => assert!(!landed, "{point}: nothing committed"),
-            _ => assert!(landed, "{point}: the commit is in the log"),
-        }
+        assert_eq!(
+            landed, committed,
+            "{point}: in the log exactly when committed"
+        );
         if point.ends_with("=error") {
             // The response was lost, but the log has the commit: the revert says so.
             assert!(out.status.success(), "{point}: {}", stderr(&out));
@@ -545,12 +547,10 @@ both_stores!(a_logical_revert_restores_the_range_despite_later_commits);
 /// commit and the range as the run found it.
 #[test]
 fn a_stopped_logical_revert_converges() {
-    for point in [
-        "after-stage",
-        "before-commit",
-        "after-commit",
-        "lost-commit-response=error",
-    ] {
+    for point in CrashPoint::ALL.into_iter().filter(|p| p.on_revert(true)) {
+        let committed = point.phase() == CrashPhase::Committed;
+        let point = crate::support::armed(point);
+        let point = point.as_str();
         let lake = TestLake::new();
         let (from, to) = (lake.day(2), lake.day(5));
         let (run_id, read_version, _) = fix(&lake);
@@ -562,12 +562,7 @@ fn a_stopped_logical_revert_converges() {
             .output()
             .unwrap();
         let landed = lake.version("events") > before;
-        assert_eq!(
-            landed,
-            point.contains("commit") && point != "before-commit",
-            "{point}: {}",
-            stderr(&out)
-        );
+        assert_eq!(landed, committed, "{point}: {}", stderr(&out));
         let report =
             json_ok(&lake.run(&["revert", &run_id, "--logical", "--output-format", "json"]));
         let expected = if landed {

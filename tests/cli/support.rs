@@ -341,6 +341,16 @@ pub(crate) fn run_in(dir: &Path, args: &[&str]) -> Output {
         .expect("run lakefill")
 }
 
+/// The `LAKEFILL_FAILPOINTS` value that stops a run at `point`: an abort, or an error where the
+/// point only fails (see [`lakefill::CrashPoint::error_only`]).
+pub(crate) fn armed(point: lakefill::CrashPoint<'_>) -> String {
+    if point.error_only() {
+        format!("{point}=error")
+    } else {
+        point.to_string()
+    }
+}
+
 /// The binary, in `dir`, with the environment the test projects expect.
 pub(crate) fn lakefill_command(dir: &Path) -> Command {
     let mut command = Command::new(assert_cmd::cargo::cargo_bin("lakefill"));
@@ -391,6 +401,17 @@ pub(crate) fn json_ok(output: &Output) -> serde_json::Value {
         stderr(output)
     );
     serde_json::from_slice(&output.stdout).expect("stdout is one JSON document")
+}
+
+/// The run report a command printed with `--output-format json`, typed: a document that lost a
+/// field the report has fails here, and assertions read fields, not keys.
+pub(crate) fn run_report(output: &Output) -> lakefill::RunReport {
+    serde_json::from_value(json_ok(output)).expect("stdout is a run report")
+}
+
+/// The runs `lakefill runs --output-format json` printed, typed.
+pub(crate) fn run_list(output: &Output) -> Vec<lakefill::RunSummary> {
+    serde_json::from_value(json_ok(output)).expect("stdout is a list of runs")
 }
 
 /// Every file below `dir`, as full paths.

@@ -1,9 +1,9 @@
 //! `lakefill backfill`: stage and publish.
 
-use lakefill::{BackfillBuilder, Outcome, RunSettings, SettingFlags};
+use lakefill::{Acted, BackfillBuilder, Outcome, RunSettings, SettingFlags};
 
-use crate::args::{BackfillArgs, GlobalArgs, RevertArgs};
-use crate::commands::outcome::{finish, finish_cascade, write_report};
+use crate::args::{BackfillArgs, GlobalArgs};
+use crate::commands::outcome::{finish, write_report};
 use crate::printer::Printer;
 use crate::settings;
 
@@ -25,39 +25,22 @@ pub(crate) async fn run(
         },
     )?;
     if args.cascade {
-        if let Some(engine) = &resolved.engine {
-            return Err(lakefill::Error::InvalidOption {
-                option: "--engine".into(),
-                value: engine.clone(),
-                message:
-                    "a cascade cannot be staged on a cluster yet; run it with `--engine local`"
-                        .into(),
-            }
-            .into());
-        }
-        return cascade(&project, args, &resolved, printer).await;
+        return cascade(&project, args, resolved, printer).await;
     }
     let plan = settings::plan_builder(&project, &args.scope)?
         .with_batch_partitions(Some(resolved.batch_partitions))
         .with_create_companion(true)
         .await?;
-    let report = plan.report();
-    printer.status(&format!(
-        "backfilling {} {} ..= {} with {}@{} ({} partitions in {} batches, read version {})",
-        report.target,
-        report.range.from,
-        report.range.to,
-        report.model,
-        report.model_version,
-        report.partitions.len(),
-        report.batches.len(),
-        report.read_version
-    ));
+    printer.status(&crate::render::run::backfill_plan(plan.report()));
     let force = args
         .force_publish
         .then(|| args.scope.reason.clone())
         .flatten();
-    let run = runner(plan, &resolved, printer)
+    let hooks = run_hooks(printer);
+    let run = BackfillBuilder::new(plan)
+        .with_settings(resolved)
+        .with_interrupt(hooks.interrupt)
+        .with_progress(hooks.progress)
         .with_stage_only(args.stage_only)
         .with_force_publish(force)
         .with_sample(args.sample)
@@ -68,66 +51,15 @@ pub(crate) async fn run(
     if let Some(path) = &args.report {
         write_report(&project, &run.run_id, None, path, printer).await?;
     }
-    finish(printer, &run)
+    finish(printer, &Acted::Run(Box::new(run)))
 }
 
-/// `revert RUN_ID --logical`: the run's range recomputed as it was, run like a backfill.
-pub(crate) async fn revert_logical(
-    project: &lakefill::Project,
-    args: &RevertArgs,
-    printer: Printer,
-) -> anyhow::Result<()> {
-    let resolved = RunSettings::resolve(
-        project,
-        &SettingFlags {
-            max_parallel: args.max_parallel,
-            memory_limit: args.memory_limit.clone(),
-            batch_partitions: None,
-            throttle: None,
-            engine: None,
-        },
-    )?;
-    let plan = lakefill::logical_revert_plan(
-        project,
-        &args.run_id,
-        args.reason.clone(),
-        Some(resolved.batch_partitions),
-    )
-    .await?;
-    let report = plan.report();
-    printer.status(&format!(
-        "reverting {} in {} ..= {} ({} partitions in {} batches, read version {})",
-        args.run_id,
-        report.range.from,
-        report.range.to,
-        report.partitions.len(),
-        report.batches.len(),
-        report.read_version
-    ));
-    if !report.already_published {
-        for note in &report.range_notes {
-            printer.status(&format!("note: {note}"));
-        }
+/// What a run borrows from the terminal: Ctrl-C to stop it cleanly, and the printer's progress.
+pub(crate) fn run_hooks(printer: Printer) -> lakefill::RunHooks {
+    lakefill::RunHooks {
+        interrupt: Some(interrupt_on_ctrl_c(printer)),
+        progress: printer.progress(),
     }
-    let run = runner(plan, &resolved, printer)
-        .with_stage_only(args.stage_only)
-        .await?;
-    finish(printer, &run)
-}
-
-/// A runner of `plan` with the resolved settings, Ctrl-C handling and the printer's progress.
-fn runner(
-    plan: lakefill::BackfillPlan,
-    resolved: &RunSettings,
-    printer: Printer,
-) -> BackfillBuilder {
-    BackfillBuilder::new(plan)
-        .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
-        .with_max_parallel(Some(resolved.max_parallel))
-        .with_memory_limit(resolved.memory_limit)
-        .with_throttle(resolved.throttle)
-        .with_engine(resolved.engine.clone())
-        .with_progress(printer.progress())
 }
 
 /// The first Ctrl-C asks the run to stop cleanly (journal kept, lease released, resumable); a
@@ -157,12 +89,11 @@ fn quit_now() {
     std::process::exit(130);
 }
 
-/// Prints a run report; a failed validation becomes exit code 3 after the report is out.
 /// `backfill --cascade`: plan, stage and validate every node, then publish them in order.
 async fn cascade(
     project: &lakefill::Project,
     args: &BackfillArgs,
-    resolved: &RunSettings,
+    resolved: RunSettings,
     printer: Printer,
 ) -> anyhow::Result<()> {
     let scope = &args.scope;
@@ -171,7 +102,7 @@ async fn cascade(
     let plan = lakefill::CascadeBuilder::new(project, &scope.model, &scope.from, &scope.to)
         .with_model_versions(pins)
         .with_max_expansion(args.max_expansion)
-        .with_batch_partitions(Some(resolved.batch_partitions))
+        .with_settings(resolved)
         .with_reason(scope.reason.clone())
         .with_allow_edge_moves(
             scope
@@ -181,18 +112,10 @@ async fn cascade(
         )
         .with_create_companion(true)
         .await?;
-    printer.status(&format!(
-        "cascade {}: {} models, {} partitions in {} batches",
-        plan.report().cascade_id,
-        plan.report().nodes.len(),
-        plan.report().total_partitions,
-        plan.report().total_batches
-    ));
+    printer.status(&crate::render::cascade::started(plan.report()));
     let run = lakefill::CascadeRunner::new(project, plan)
         .with_interrupt(Some(interrupt_on_ctrl_c(printer)))
         .with_stage_only(args.stage_only)
-        .with_memory_limit(resolved.memory_limit)
-        .with_max_parallel(Some(resolved.max_parallel))
         .await?;
-    finish_cascade(printer, &run)
+    finish(printer, &Acted::Cascade(Box::new(run)))
 }

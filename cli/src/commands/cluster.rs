@@ -115,7 +115,7 @@ async fn up(
     printer.result(
         &format!(
             "scheduler listening on {address} with {executors} executors of {vcores} task slots and {} each; stage on it with `lakefill backfill … --engine {}`; Ctrl-C stops it\n",
-            memory_limit.map_or("unbounded memory".to_string(), |m| format!("{} of memory", crate::printer::bytes(m))),
+            memory_limit.map_or("unbounded memory".to_string(), |m| format!("{} of memory", crate::render::bytes(m))),
             up.engine
         ),
         &up,

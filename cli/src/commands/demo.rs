@@ -5,7 +5,8 @@ use lakefill_fixtures::{DemoLake, LakeLocation};
 use serde_json::json;
 
 use crate::args::{DemoArgs, OutputFormat};
-use crate::printer::{Printer, cascade_text, diff_text, history_text, run_text};
+use crate::printer::Printer;
+use crate::render;
 use crate::settings::display_path;
 
 pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()> {
@@ -63,7 +64,7 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
     );
     let plan = CascadeBuilder::new(&project, "events", &from, &to).await?;
     text.push_str("\n== 1. plan --cascade: events@v2, and the tables downstream of events ==\n");
-    text.push_str(&cascade_text(plan.report()));
+    text.push_str(&render::cascade::plan(plan.report()));
     let plan_json = serde_json::to_value(plan.report())?;
 
     printer.status(
@@ -75,7 +76,7 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         cascade.outcome
     ));
     for node in &cascade.nodes {
-        text.push_str(&run_text(node));
+        text.push_str(&render::run::text(node));
         text.push('\n');
     }
     let events = cascade
@@ -99,12 +100,12 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         "\n== 3. diff events {} -> {published}: which events moved ==\n",
         events.read_version
     ));
-    text.push_str(&diff_text(&diff)?);
+    text.push_str(&render::diff::text(&diff)?);
 
     printer.status("4/5 reading the history of events");
     let history = lakefill::history(&project, "events", 10).await?;
     text.push_str("\n== 4. history of events: every version says why it exists ==\n");
-    text.push_str(&history_text(&history));
+    text.push_str(&render::history::text(&history));
 
     printer.status("5/5 writing the report of the fix and the consumers' notifications");
     let report = lakefill::report(&project, &events.run_id).await?;
@@ -183,7 +184,7 @@ async fn partial_fix(
         "== 0. backfill events --from {from} --to {to}: a week of the fix, refused at its edges ==\n"
     ));
     if let Some(validation) = &run.validation {
-        for line in crate::printer::validation_text(validation).lines() {
+        for line in render::run::validation(validation).lines() {
             if line.contains("validation:")
                 || line.contains("edges")
                 || line.contains("outside=")

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use lakefill::DiffTarget;
 
 use crate::args::{BlameArgs, DiffArgs, GlobalArgs, HistoryArgs, SqlArgs};
-use crate::printer::{Printer, diff_text, history_text};
+use crate::printer::Printer;
+use crate::render;
 use crate::settings;
 
 pub(crate) async fn diff(
@@ -27,7 +28,7 @@ pub(crate) async fn diff(
         args.sample,
     )
     .await?;
-    let text = diff_text(&report)?;
+    let text = render::diff::text(&report)?;
     printer.result(&text, &report)
 }
 
@@ -38,7 +39,7 @@ pub(crate) async fn history(
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
     let entries = lakefill::history(&project, &args.table, args.limit).await?;
-    let text = history_text(&entries);
+    let text = render::history::text(&entries);
     printer.result(&text, &entries)
 }
 

@@ -2,7 +2,8 @@
 //! without writing.
 
 use crate::args::{GlobalArgs, PlanArgs, ScopeArgs};
-use crate::printer::{Printer, cascade_text, plan_text};
+use crate::printer::Printer;
+use crate::render;
 use crate::settings;
 
 pub(crate) async fn run(
@@ -18,7 +19,10 @@ pub(crate) async fn run(
         let cascade = lakefill::CascadeBuilder::new(&project, &scope.model, &scope.from, &scope.to)
             .with_model_versions(pins)
             .with_max_expansion(args.max_expansion)
-            .with_batch_partitions(scope.batch_partitions)
+            .with_settings(lakefill::RunSettings::for_planning(
+                &project,
+                scope.batch_partitions,
+            )?)
             .with_reason(scope.reason.clone())
             .with_allow_edge_moves(
                 scope
@@ -27,10 +31,10 @@ pub(crate) async fn run(
                     .flatten(),
             )
             .await?;
-        return printer.result(&cascade_text(cascade.report()), cascade.report());
+        return printer.result(&render::cascade::plan(cascade.report()), cascade.report());
     }
     let plan = settings::plan_builder(&project, &args.scope)?.await?;
-    printer.result(&plan_text(plan.report()), plan.report())
+    printer.result(&render::plan::text(plan.report()), plan.report())
 }
 
 /// Flags that apply to one model are refused with `--cascade`.

@@ -11,12 +11,13 @@
 //!                                         rows, opening it at a version
 //!  rowhash  resources  types  fastcast    row checksums, a session's memory and threads, Arrow
 //!                                         types as Delta keeps them, fast timestamp casts
-//!  error  run_id  secrets  time  sqltext  spill   (foundation)
+//!  error  run_id  secrets  time  sqltext  spill  failpoint   (foundation)
 //! ```
 
 pub mod adjustments;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod fastcast;
 pub mod model;
 pub mod partition;

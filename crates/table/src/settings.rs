@@ -67,7 +67,35 @@ fn pick<T: Clone>(
         .or_else(|| default.map(|v| (v, Origin::Defaults(key))))
 }
 
+impl Default for RunSettings {
+    fn default() -> Self {
+        Self::built_in()
+    }
+}
+
 impl RunSettings {
+    /// The built-in settings, for a run with no flags and no `[defaults]`: as many batches in
+    /// flight as cores, [`default_memory_limit`], [`DEFAULT_BATCH_PARTITIONS`] per batch,
+    /// unthrottled, staged in this process.
+    pub fn built_in() -> Self {
+        Self {
+            max_parallel: default_parallelism(),
+            memory_limit: Some(default_memory_limit()),
+            batch_partitions: DEFAULT_BATCH_PARTITIONS,
+            throttle: None,
+            engine: None,
+        }
+    }
+
+    /// The settings a plan needs: the partitions per batch resolved (flag, else `[defaults]`,
+    /// else built in), everything else built in, since planning runs nothing.
+    pub fn for_planning(project: &Project, batch_partitions: Option<usize>) -> Result<Self> {
+        Ok(Self {
+            batch_partitions: self::batch_partitions(project, batch_partitions)?,
+            ..Self::built_in()
+        })
+    }
+
     /// Resolves every setting: flag, else `[defaults]`, else built in.
     pub fn resolve(project: &Project, flags: &SettingFlags) -> Result<Self> {
         Ok(Self {

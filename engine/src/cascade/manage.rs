@@ -4,11 +4,11 @@
 //! checks as a run of its own; the cascade record follows.
 
 use super::run::CascadeRunReport;
-use crate::journal::RunState;
-use crate::journal::cascade::{CascadeRecord, load_record, save};
 use crate::run::manage::{discard_run, list_runs, publish_run};
 use crate::run::report::RunReport;
 use crate::run::revert::{logical_revert_plan, revert_run, reverts_logically};
+use lakefill_log::journal::RunState;
+use lakefill_log::journal::cascade::{CascadeRecord, load_record, save};
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
 

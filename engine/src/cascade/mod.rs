@@ -18,12 +18,13 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::explain::history::table_layout;
-use crate::plan::{BackfillPlan, PlanBuilder, source_window};
+use lakefill_recompute::plan::{BackfillPlan, PlanBuilder, source_window};
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::model::{Model, list_models};
 use lakefill_table::partition::{Layout, PartitionRange};
 use lakefill_table::run_id::RunId;
+use lakefill_table::settings::RunSettings;
 use lakefill_table::storage::open_table;
 use lakefill_table::time::{Grain, Period};
 
@@ -43,7 +44,7 @@ pub struct CascadeBuilder {
     to: String,
     model_versions: BTreeMap<String, String>,
     max_expansion: Option<f64>,
-    batch_partitions: Option<usize>,
+    settings: RunSettings,
     reason: Option<String>,
     create_companion: bool,
     allow_edge_moves: Option<String>,
@@ -53,6 +54,7 @@ pub struct CascadeBuilder {
 pub struct CascadePlan {
     report: CascadeReport,
     nodes: Vec<BackfillPlan>,
+    settings: RunSettings,
 }
 
 impl CascadePlan {
@@ -154,7 +156,7 @@ impl CascadeBuilder {
             to: to.into(),
             model_versions: BTreeMap::new(),
             max_expansion: None,
-            batch_partitions: None,
+            settings: RunSettings::built_in(),
             reason: None,
             create_companion: false,
             allow_edge_moves: None,
@@ -186,9 +188,13 @@ impl CascadeBuilder {
         self
     }
 
-    /// Sets the partitions per batch of every node.
-    pub fn with_batch_partitions(mut self, partitions: Option<usize>) -> Self {
-        self.batch_partitions = partitions;
+    /// Plans and runs every node with `settings`, resolved once (see
+    /// [`crate::BackfillBuilder::with_settings`]). A cascade is staged in this process: a
+    /// cluster (`engine`) is refused before anything is planned.
+    ///
+    /// By default, [`RunSettings::built_in`].
+    pub fn with_settings(mut self, settings: RunSettings) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -208,6 +214,15 @@ impl CascadeBuilder {
     }
 
     async fn run(self) -> Result<CascadePlan> {
+        if let Some(engine) = &self.settings.engine {
+            return Err(Error::InvalidOption {
+                option: "--engine".into(),
+                value: engine.clone(),
+                message:
+                    "a cascade cannot be staged on a cluster yet; run it with `--engine local`"
+                        .into(),
+            });
+        }
         let max_expansion = self.max_expansion.unwrap_or(DEFAULT_MAX_EXPANSION);
         if !(max_expansion >= 1.0 && max_expansion.is_finite()) {
             return Err(Error::InvalidOption {
@@ -221,7 +236,7 @@ impl CascadeBuilder {
         let plan_node = |model: &str, from: String, to: String| {
             PlanBuilder::new(&self.project, model, from, to)
                 .with_model_version(self.model_versions.get(model).cloned())
-                .with_batch_partitions(self.batch_partitions)
+                .with_batch_partitions(Some(self.settings.batch_partitions))
                 .with_reason(self.reason.clone())
                 .with_create_companion(self.create_companion)
                 .with_allow_edge_moves(self.allow_edge_moves.clone())
@@ -423,6 +438,7 @@ impl CascadeBuilder {
         Ok(CascadePlan {
             report,
             nodes: plans,
+            settings: self.settings,
         })
     }
 }
@@ -601,14 +617,14 @@ impl Graph {
 /// output, which their run ids name; and the id stays the same once they are published).
 async fn bind_to_parents(plan: &mut BackfillPlan, parents: &[(String, RunId)]) -> Result<()> {
     let tables: BTreeSet<&str> = parents.iter().map(|(t, _)| t.as_str()).collect();
-    let own: Vec<crate::plan::SourcePlan> = plan
+    let own: Vec<lakefill_recompute::plan::SourcePlan> = plan
         .report
         .sources
         .iter()
         .filter(|s| !tables.contains(s.table.as_str()))
         .cloned()
         .collect();
-    let base = crate::plan::run_id(
+    let base = lakefill_recompute::plan::run_id(
         &plan.model,
         &own,
         &plan.report.range,
@@ -625,7 +641,7 @@ async fn bind_to_parents(plan: &mut BackfillPlan, parents: &[(String, RunId)]) -
         plan.model.version(),
         &hex::encode(hasher.finalize()),
     );
-    let (already, sequence) = crate::plan::publish_state(
+    let (already, sequence) = lakefill_recompute::plan::publish_state(
         &plan.target,
         &run_id,
         &plan.report.layout,

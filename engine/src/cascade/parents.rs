@@ -1,8 +1,8 @@
 //! Whether a cascade node may still be published: its parents, where it reads them, are what it
 //! was computed from.
 
-use crate::journal::cascade::CascadeRecord;
-use crate::journal::{Journal, RunState};
+use lakefill_log::journal::cascade::CascadeRecord;
+use lakefill_log::journal::{Journal, RunState};
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::model::Model;
@@ -52,7 +52,7 @@ pub(crate) async fn check_parents(
             if Some(version) == own {
                 continue;
             }
-            let touched = match crate::log::read_commit(&parent_table, version).await? {
+            let touched = match lakefill_log::read_commit(&parent_table, version).await? {
                 Some(commit) if commit.added + commit.removed == 0 => false,
                 Some(commit) => match &window {
                     Some((layout, low, high)) => commit.partitions.iter().any(|values| {

@@ -16,13 +16,14 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::CascadePlan;
-use crate::journal::cascade::{CascadeRecord, RecordNode, save};
-use crate::journal::{Journal, RunState};
-use crate::plan::Overlay;
 use crate::run::report::{Outcome, RunReport};
 use crate::run::{BackfillBuilder, manage::publish_run};
+use lakefill_log::journal::cascade::{CascadeRecord, RecordNode, save};
+use lakefill_log::journal::{Journal, RunState};
+use lakefill_recompute::plan::Overlay;
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
+use lakefill_table::failpoint::{self, CrashPoint};
 use lakefill_table::staged::StagedTable;
 
 /// What a cascade did.
@@ -50,8 +51,6 @@ pub struct CascadeRunner {
     project: Project,
     plan: CascadePlan,
     stage_only: bool,
-    memory_limit: Option<u64>,
-    max_parallel: Option<usize>,
     interrupt: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
@@ -62,8 +61,6 @@ impl CascadeRunner {
             project: project.clone(),
             plan,
             stage_only: false,
-            memory_limit: Some(lakefill_table::settings::default_memory_limit()),
-            max_parallel: None,
             interrupt: None,
         }
     }
@@ -83,20 +80,12 @@ impl CascadeRunner {
         self
     }
 
-    /// Bounds the memory of each node's queries (`None`: unlimited).
-    pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
-        self.memory_limit = bytes;
-        self
-    }
-
-    /// Sets the batches in flight of each node.
-    pub fn with_max_parallel(mut self, max_parallel: Option<usize>) -> Self {
-        self.max_parallel = max_parallel;
-        self
-    }
-
     async fn run(self) -> Result<CascadeRunReport> {
-        let CascadePlan { report, nodes } = self.plan;
+        let CascadePlan {
+            report,
+            nodes,
+            settings,
+        } = self.plan;
         let interrupted = || self.interrupt.as_ref().is_some_and(|i| *i.borrow());
         let root_store = nodes
             .first()
@@ -156,8 +145,7 @@ impl CascadeRunner {
             let run_id = plan.report.run_id.clone();
             let run = BackfillBuilder::new(plan)
                 .with_stage_only(true)
-                .with_memory_limit(self.memory_limit)
-                .with_max_parallel(self.max_parallel)
+                .with_settings(settings.clone())
                 .with_interrupt(self.interrupt.clone())
                 .await;
             let run = match run {
@@ -231,7 +219,7 @@ impl CascadeRunner {
             record.nodes[index].published_version = published.published_version;
             save(&root_store, &mut record).await;
             *run = published;
-            crate::failpoint::reach("cascade-between-publishes").await?;
+            failpoint::reach(CrashPoint::CascadeBetweenPublishes).await?;
         }
         Ok(CascadeRunReport {
             cascade_id: report.cascade_id,

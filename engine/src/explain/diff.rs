@@ -11,8 +11,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use serde::Serialize;
 
 use super::history::table_layout;
-use crate::journal::Journal;
-use crate::validate::{CompareSpec, Comparison, KnownSide, PartitionKey, compare};
+use lakefill_log::journal::Journal;
 use lakefill_table::config::Project;
 use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
 use lakefill_table::model::{Model, list_models};
@@ -21,6 +20,7 @@ use lakefill_table::run_id::RunId;
 use lakefill_table::staged::StagedTable;
 use lakefill_table::storage::{loaded_version, open_table};
 use lakefill_table::time::Period;
+use lakefill_validate::{CompareSpec, Comparison, KnownSide, PartitionKey, compare};
 
 /// What `lakefill diff` compares the old version with.
 #[derive(Debug, Clone)]
@@ -202,7 +202,7 @@ pub async fn diff(
                 .clone();
             ctx.register_table(raw.as_str(), rows)
                 .query_context(|| format!("cannot register `{side}`"))?;
-            crate::validate::net::register_net(&ctx, side, &raw, &raw_schema, &measures).await?;
+            lakefill_validate::net::register_net(&ctx, side, &raw, &raw_schema, &measures).await?;
         }
     }
     let old_counts: BTreeMap<String, u64> = old_files

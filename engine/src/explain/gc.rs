@@ -20,12 +20,13 @@ use deltalake::{ObjectStore, Path};
 use serde::Serialize;
 use url::Url;
 
-use crate::journal::lease::{RunLease, holder};
-use crate::journal::{Journal, RunState};
-use crate::log::references::ReferencedFiles;
 use crate::run::reconcile::reconcile;
+use lakefill_log::journal::lease::{RunLease, holder};
+use lakefill_log::journal::{Journal, RunState};
+use lakefill_log::references::ReferencedFiles;
 use lakefill_table::config::Project;
 use lakefill_table::error::{DeltaContext, Error, Result};
+use lakefill_table::failpoint::{self, CrashPoint};
 use lakefill_table::partition::PartitionValues;
 use lakefill_table::run_id::RunId;
 use lakefill_table::storage::{holds_a_table, is_local_symlink, list, open_table, partition_dirs};
@@ -194,7 +195,7 @@ pub async fn gc(
         }
     }
 
-    crate::failpoint::reach("gc-listed").await?;
+    failpoint::reach(CrashPoint::GcListed).await?;
     let mut files = Vec::new();
     let mut runs_discarded = Vec::new();
     for (run_id, run_files) in garbage {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use deltalake::DeltaTable;
 use serde::Serialize;
 
-use crate::log::{Commit, CommitMetadata, read_commit};
+use lakefill_log::{Commit, CommitMetadata, read_commit};
 use lakefill_table::config::Project;
 use lakefill_table::error::{DeltaContext, Error, Result};
 use lakefill_table::model::{Model, list_models};

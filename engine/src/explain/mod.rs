@@ -4,7 +4,7 @@
 //! `history` and `blame` ([`history`]) read commit files of the Delta log (the run metadata
 //! lakefill writes into each commit), never data. `sql` runs read-only queries over the project's
 //! tables at any version. `diff` compares two versions, or a version and a staged run, with the
-//! engine of [`crate::validate`], scanning only the partitions whose files differ.
+//! engine of `lakefill-validate`, scanning only the partitions whose files differ.
 
 pub(crate) mod diff;
 pub(crate) mod gc;

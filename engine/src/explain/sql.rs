@@ -55,7 +55,7 @@ pub async fn sql_in_release(
     cascade: Option<&str>,
 ) -> Result<QueryResult> {
     let release = match cascade {
-        Some(id) => crate::journal::cascade::release(project, id).await?,
+        Some(id) => lakefill_log::journal::cascade::release(project, id).await?,
         None => BTreeMap::new(),
     };
     if query.len() > MAX_QUERY_BYTES {
@@ -125,7 +125,7 @@ pub async fn sql_in_release(
             // By the commit times `history` prints, not the log files' modification times.
             TableVersion::Timestamp(time) => {
                 let latest = open_table_at(config, TableVersion::Latest).await?;
-                match crate::log::version_at(&latest, time).await? {
+                match lakefill_log::version_at(&latest, time).await? {
                     Ok(version) => TableVersion::Version(version),
                     Err((_, first)) => {
                         return Err(Error::BeforeHistory {
@@ -183,7 +183,7 @@ pub async fn sql_in_release(
     }
     let mut rows = Vec::with_capacity(kept);
     for batch in &batches {
-        for row in crate::validate::rows::batch_to_json(batch, batch.num_rows())? {
+        for row in lakefill_validate::rows::batch_to_json(batch, batch.num_rows())? {
             rows.push(
                 columns
                     .iter()

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::journal::Journal;
-use crate::log::CommitMetadata;
-use crate::validate::ValidationReport;
+use lakefill_log::CommitMetadata;
+use lakefill_log::journal::Journal;
+use lakefill_validate::ValidationReport;
 
 /// The schema (and version) of the event document.
 pub const EVENT_SCHEMA: &str = "lakefill.event/v1";

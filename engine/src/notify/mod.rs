@@ -23,10 +23,11 @@ use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions
 use deltalake::{DeltaTable, ObjectStore, Path};
 use serde::{Deserialize, Serialize};
 
-use crate::journal::Journal;
-use crate::log::read_commit;
+use lakefill_log::journal::Journal;
+use lakefill_log::read_commit;
 use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{Error, Result};
+use lakefill_table::failpoint::{self, CrashPoint};
 use lakefill_table::run_id::RunId;
 use lakefill_table::storage::{loaded_version, open_table};
 
@@ -37,7 +38,7 @@ pub use sink::{EVENT_TYPES, Sink};
 const OUTBOX: &str = "_lakefill/outbox";
 
 /// What happened to one sink's deliveries.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Delivery {
     /// The sink, as written in the project (secrets masked).
     pub sink: String,
@@ -49,10 +50,10 @@ pub struct Delivery {
     pub failed: Vec<u64>,
     /// Versions not tried because the command's time for notifications ran out; later commands
     /// deliver them.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<u64>,
     /// Why the last failure failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
@@ -174,7 +175,7 @@ async fn deliver(
         // The event first, then the deliveries: a crash between them leaves the event in the
         // outbox for the next command.
         event_of(config, latest, &store, version).await?;
-        crate::failpoint::reach("mid-notify").await?;
+        failpoint::reach(CrashPoint::MidNotify).await?;
     }
     // What each sink has pending, then each version's event once, whatever the number of sinks.
     let mut pending = Vec::new();

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::{Command, Report, ReportFormat, Verdict, environment, node_context, report};
-use crate::journal::cascade::load_record;
+use lakefill_log::journal::cascade::load_record;
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
 

@@ -20,9 +20,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::journal::{Journal, RunState};
 use crate::run::found::find_run;
 use crate::run::reconcile::reconcile;
+use lakefill_log::journal::{Journal, RunState};
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::model::{Model, list_versions};
@@ -564,7 +564,7 @@ fn verdict(journal: &Journal) -> Verdict {
 }
 
 fn measure_lines(
-    measures: &BTreeMap<String, crate::validate::spec::MeasureChange>,
+    measures: &BTreeMap<String, lakefill_validate::spec::MeasureChange>,
 ) -> Vec<MeasureLine> {
     measures
         .iter()
@@ -580,7 +580,7 @@ fn measure_lines(
 
 /// The samples as lines, and how often each column changed among the changed ones.
 fn samples(
-    comparison: Option<&crate::validate::spec::Comparison>,
+    comparison: Option<&lakefill_validate::spec::Comparison>,
 ) -> (ReportSamples, Vec<ColumnChange>) {
     let Some(comparison) = comparison else {
         return (ReportSamples::default(), Vec::new());

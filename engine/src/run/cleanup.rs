@@ -7,8 +7,8 @@ use deltalake::DeltaTable;
 use deltalake::ObjectStore;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 
-use crate::journal::Journal;
-use crate::log::references::ReferencedFiles;
+use lakefill_log::journal::Journal;
+use lakefill_log::references::ReferencedFiles;
 use lakefill_table::config::Project;
 use lakefill_table::error::Error;
 use lakefill_table::error::Result;

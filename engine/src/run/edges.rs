@@ -1,9 +1,9 @@
 //! The partitions around a run's range, read for the edge check (#32; the check's logic is
-//! [`crate::validate::edges`]): the target's keys there at the read version, and the keys the
+//! [`lakefill_validate::edges`]): the target's keys there at the read version, and the keys the
 //! model produces there (computed, never written).
 //!
 //! Before validation, [`EdgeScan::prepare`] reads the partitions the plan names
-//! ([`crate::plan::EdgePlan`]) into the probe the key merge consults. After it,
+//! ([`lakefill_recompute::plan::EdgePlan`]) into the probe the key merge consults. After it,
 //! [`EdgeScan::check`] counts the keys that cross an edge and, when some do, reads further out
 //! until it finds the range no key crosses (or has read as far as the range is long).
 
@@ -16,16 +16,16 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::plan::{BackfillPlan, BatchPlan};
-use crate::validate::edges::{
-    EDGE_CHECK, EdgeFindings, EdgeProbe, KeyHash, KeyMap, add_sightings, closure,
-};
-use crate::validate::{CheckResult, Comparison, PartitionKey};
+use lakefill_recompute::plan::{BackfillPlan, BatchPlan};
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::partition::PartitionRange;
 use lakefill_table::resources::Resources;
 use lakefill_table::sqltext::ident;
 use lakefill_table::time::Period;
+use lakefill_validate::edges::{
+    EDGE_CHECK, EdgeFindings, EdgeProbe, KeyHash, KeyMap, add_sightings, closure,
+};
+use lakefill_validate::{CheckResult, Comparison, PartitionKey};
 
 /// The keys around a run's range, and how far they were read.
 pub(crate) struct EdgeScan {
@@ -261,9 +261,9 @@ async fn old_keys(
     let layout = &report.layout;
     let ctx = resources.session();
     if report.publish == lakefill_table::adjustments::PublishMode::Adjustments {
-        crate::plan::adjust::register_net_rows(&ctx, "__lf_edge", plan, zone).await?;
+        lakefill_recompute::plan::adjust::register_net_rows(&ctx, "__lf_edge", plan, zone).await?;
     } else {
-        crate::validate::rows::register_range(&ctx, "__lf_edge", &plan.target, layout, zone)
+        lakefill_validate::rows::register_range(&ctx, "__lf_edge", &plan.target, layout, zone)
             .await?;
     }
     collect_keys(&ctx, plan).await
@@ -277,7 +277,7 @@ async fn model_keys(
 ) -> Result<Seen> {
     let report = &plan.report;
     let layout = &report.layout;
-    let schema = crate::plan::query::target_schema(plan)?;
+    let schema = lakefill_recompute::plan::query::target_schema(plan)?;
     let batch = BatchPlan {
         index: usize::MAX,
         start: zone.from.clone(),
@@ -286,8 +286,9 @@ async fn model_keys(
         null: false,
         carry: false,
     };
-    let (ctx, df) = crate::plan::query::batch_dataframe(plan, &batch, resources).await?;
-    let df = crate::stage::target_projection(plan, df, &schema)?;
+    let (ctx, df) =
+        lakefill_recompute::plan::query::batch_dataframe(plan, &batch, resources).await?;
+    let df = lakefill_recompute::stage::target_projection(plan, df, &schema)?;
     let inside = layout.range_predicate(zone, &schema)?;
     let df = df
         .filter(inside)
@@ -307,7 +308,7 @@ async fn collect_keys(ctx: &SessionContext, plan: &BackfillPlan) -> Result<Seen>
     select.extend(key.iter().map(|k| ident(k)));
     let sql = format!("SELECT {} FROM {}", select.join(", "), ident(table));
     let mut stream =
-        crate::validate::rows::run(ctx, &sql, "read the keys around the range").await?;
+        lakefill_validate::rows::run(ctx, &sql, "read the keys around the range").await?;
     // A zone holds a few partitions: each distinct partition value is labelled once, not once a
     // row (labelling parses and formats times).
     let mut periods: HashMap<String, Option<Period>> = HashMap::new();

@@ -5,15 +5,16 @@
 use deltalake::DeltaTable;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 
-use crate::journal::Journal;
-use crate::journal::RunState;
-use crate::journal::lease::RunLease;
-use crate::log::registry::record_published_model;
 use crate::run::reconcile::reconcile;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunState;
+use lakefill_log::journal::lease::RunLease;
+use lakefill_log::registry::record_published_model;
 use lakefill_table::config::Project;
 use lakefill_table::config::TableConfig;
 use lakefill_table::error::Error;
 use lakefill_table::error::Result;
+use lakefill_table::failpoint::{self, CrashPoint};
 use lakefill_table::run_id::RunId;
 use lakefill_table::storage::open_table;
 
@@ -53,7 +54,7 @@ pub(crate) async fn with_run<T>(
 ) -> Result<T> {
     let run_id = &RunId::parse(run_id)?;
     let (config, found) = find_run(project, run_id).await?;
-    crate::failpoint::reach("run-found").await?;
+    failpoint::reach(CrashPoint::RunFound).await?;
     let store = found.object_store();
     let lease = RunLease::acquire(&store, config.name(), run_id, command).await?;
     let result = async {

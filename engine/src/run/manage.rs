@@ -4,19 +4,13 @@
 //! from any machine that can reach the table and need no state besides the project file. The
 //! Delta log is the truth and the journal a cache of it: every command reconciles a run with the
 //! target's application transactions ([`reconcile`]) before it decides anything, and every
-//! command that changes a run holds its lease ([`crate::journal::lease`]).
+//! command that changes a run holds its lease ([`lakefill_log::journal::lease`]).
 
 use std::sync::Arc;
 
 use deltalake::ObjectStore;
 use serde::Serialize;
 
-use crate::journal::Journal;
-use crate::journal::RunState;
-use crate::journal::lease::RunLease;
-use crate::journal::lease::holder;
-use crate::journal::lifecycle::Publishable;
-use crate::log::registry::record_published_model;
 use crate::run::cleanup::delete_run_files;
 use crate::run::found::with_run;
 use crate::run::publish::empty_reason;
@@ -25,6 +19,12 @@ use crate::run::reconcile::reconcile;
 use crate::run::report::Outcome;
 use crate::run::report::RunReport;
 use crate::run::report::Timings;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunState;
+use lakefill_log::journal::lease::RunLease;
+use lakefill_log::journal::lease::holder;
+use lakefill_log::journal::lifecycle::Publishable;
+use lakefill_log::registry::record_published_model;
 use lakefill_table::config::Project;
 use lakefill_table::config::TableConfig;
 use lakefill_table::error::Error;
@@ -32,8 +32,8 @@ use lakefill_table::error::Result;
 use lakefill_table::partition::PartitionRange;
 use lakefill_table::storage::open_table;
 
-/// One line of `lakefill runs`.
-#[derive(Debug, Clone, Serialize)]
+/// One line of `lakefill runs`; it reads back from its JSON document.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RunSummary {
     /// The run id.
     pub run_id: String,
@@ -64,10 +64,10 @@ pub struct RunSummary {
     /// When its journal was last written.
     pub updated_at: String,
     /// The run this one reverts, when it is a revert.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<String>,
     /// The cascade the run is a node of.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cascade: Option<String>,
 }
 

@@ -1,7 +1,7 @@
 //! Running a plan: stage, validate, publish, and the report of what happened (DESIGN §4).
 //!
 //! The runner ([`BackfillBuilder`]) only sequences the phases and keeps the journal current; the
-//! phases live in [`crate::stage`], [`crate::validate`] and [`crate::publish`]. Beside it:
+//! phases live in `lakefill-recompute`'s `stage`, `lakefill-validate` and [`crate::publish`]. Beside it:
 //! [`validation`] prepares and runs the validation phase, [`publish`] commits a validated run and
 //! records the outcome, [`reconcile`] makes a journal agree with the Delta log, [`cleanup`]
 //! deletes what a run staged (never a referenced file), [`manage`] lists, publishes and discards
@@ -32,32 +32,33 @@ use deltalake::logstore::object_store::ObjectStoreExt as _;
 use deltalake::{DeltaTable, ObjectStore};
 use serde_json::json;
 
-use crate::failpoint;
-use crate::journal::BatchBounds;
-use crate::journal::BatchRecord;
-use crate::journal::JOURNAL_FORMAT;
-use crate::journal::Journal;
-use crate::journal::RunState;
-use crate::journal::lease::RunLease;
-use crate::log::published_sequence;
-use crate::log::registry::record_published_model;
-use crate::plan::BackfillPlan;
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::staging::stage;
 use crate::run::validation::partition_changes;
 use crate::run::validation::run_validation;
-use crate::stage::StageOptions;
-use crate::stage::throttle::Throttle;
-use crate::validate::CheckResult;
-use crate::validate::ValidationReport;
+use lakefill_log::journal::BatchBounds;
+use lakefill_log::journal::BatchRecord;
+use lakefill_log::journal::JOURNAL_FORMAT;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunState;
+use lakefill_log::journal::lease::RunLease;
+use lakefill_log::published_sequence;
+use lakefill_log::registry::record_published_model;
+use lakefill_recompute::plan::BackfillPlan;
+use lakefill_recompute::stage::StageOptions;
+use lakefill_recompute::stage::throttle::Throttle;
 use lakefill_table::error::Error;
 use lakefill_table::error::Result;
+use lakefill_table::failpoint::{self, CrashPoint};
 use lakefill_table::partition::NULL_LABEL;
 use lakefill_table::resources::ProgressEvent;
 use lakefill_table::resources::ProgressSink;
 use lakefill_table::resources::Resources;
+use lakefill_table::settings::RunSettings;
 use lakefill_table::time::now;
+use lakefill_validate::CheckResult;
+use lakefill_validate::ValidationReport;
 
 /// Default number of sample rows per kind of difference.
 pub const DEFAULT_SAMPLE: usize = 5;
@@ -66,16 +67,13 @@ pub const DEFAULT_SAMPLE: usize = 5;
 #[must_use = "a BackfillBuilder does nothing until it is awaited"]
 pub struct BackfillBuilder {
     plan: BackfillPlan,
-    max_parallel: Option<usize>,
-    memory_limit: Option<u64>,
-    throttle: Option<u64>,
+    settings: RunSettings,
     progress: Option<Arc<dyn ProgressSink>>,
     stage_only: bool,
     force_reason: Option<String>,
     sample: usize,
     validate: bool,
     interrupt: Option<tokio::sync::watch::Receiver<bool>>,
-    engine: Option<String>,
 }
 
 impl BackfillBuilder {
@@ -83,26 +81,27 @@ impl BackfillBuilder {
     pub fn new(plan: BackfillPlan) -> Self {
         Self {
             plan,
-            max_parallel: None,
-            memory_limit: Some(lakefill_table::settings::default_memory_limit()),
-            throttle: None,
+            settings: RunSettings::built_in(),
             progress: None,
             stage_only: false,
             force_reason: None,
             sample: DEFAULT_SAMPLE,
             validate: true,
             interrupt: None,
-            engine: None,
         }
     }
 
-    /// Stages the batches on the Apache Ballista cluster whose scheduler is at `engine`
-    /// (`df://HOST:PORT`; needs the `distributed` feature); `None` stages in this process.
-    /// Validation and the commit stay in this process either way.
+    /// Runs with `settings`, resolved once (see [`RunSettings::resolve`]): the batches in flight,
+    /// the memory pool of its queries (they spill to disk beyond it; `None` lifts the bound),
+    /// the bytes written per second (reads follow, since the query is pulled only as fast as its
+    /// output is written), and where batches are staged (`engine`: the Apache Ballista scheduler
+    /// at `df://HOST:PORT`, with the `distributed` feature; validation and the commit stay in
+    /// this process either way). The plan's batches were cut when it was made, so
+    /// `batch_partitions` is the plan builder's to use.
     ///
-    /// By default, staging runs in this process.
-    pub fn with_engine(mut self, engine: Option<String>) -> Self {
-        self.engine = engine;
+    /// By default, [`RunSettings::built_in`].
+    pub fn with_settings(mut self, settings: RunSettings) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -113,32 +112,6 @@ impl BackfillBuilder {
     /// By default, the run is not interruptible.
     pub fn with_interrupt(mut self, interrupt: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
         self.interrupt = interrupt;
-        self
-    }
-
-    /// Sets the number of batches in flight.
-    ///
-    /// By default, the number of cores.
-    pub fn with_max_parallel(mut self, max_parallel: Option<usize>) -> Self {
-        self.max_parallel = max_parallel;
-        self
-    }
-
-    /// Bounds the memory of the run's queries; sorts and aggregations spill to disk beyond it.
-    ///
-    /// By default, [`default_memory_limit`](lakefill_table::settings::default_memory_limit); `None`
-    /// lifts the bound.
-    pub fn with_memory_limit(mut self, bytes: Option<u64>) -> Self {
-        self.memory_limit = bytes;
-        self
-    }
-
-    /// Bounds the bytes the run writes per second (reads follow, since the query is pulled only
-    /// as fast as its output is written).
-    ///
-    /// By default, the run is not throttled.
-    pub fn with_throttle(mut self, bytes_per_second: Option<u64>) -> Self {
-        self.throttle = bytes_per_second;
         self
     }
 
@@ -201,9 +174,13 @@ impl BackfillBuilder {
         {
             return Err(crate::run::publish::empty_reason());
         }
-        if let Some(engine) = &self.engine {
+        if let Some(engine) = &self.settings.engine {
             // Before the run exists: a run that cannot be staged there never starts.
-            crate::run::staging::check_engine(&self.plan, engine, self.throttle.is_some())?;
+            crate::run::staging::check_engine(
+                &self.plan,
+                engine,
+                self.settings.throttle.is_some(),
+            )?;
         }
         if let Some(companion) = self.plan.target_config.adjustments()
             && self.plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
@@ -219,7 +196,7 @@ impl BackfillBuilder {
                 ),
             });
         }
-        failpoint::reach("after-plan").await?;
+        failpoint::reach(CrashPoint::AfterPlan).await?;
         let lease =
             match RunLease::acquire(&store, &report.target, &report.run_id, "backfill").await {
                 Ok(lease) => lease,
@@ -265,7 +242,7 @@ impl BackfillBuilder {
         };
         let (mut journal, skip) = self.begin(&latest, previous, lease).await?;
         let resumed_batches = skip.len();
-        let resources = Resources::new(self.memory_limit);
+        let resources = Resources::new(self.settings.memory_limit);
         let capture = self.capture(&resources);
 
         let spill = self
@@ -293,16 +270,16 @@ impl BackfillBuilder {
     /// Where this process's writers hash the new rows for the key merge: when the run compares
     /// rows by a key of its target, stages here and writes whole partitions (by rows, the new
     /// side is a part of the files; with adjustments, it is the net rows).
-    fn capture(&self, resources: &Resources) -> Option<Arc<crate::validate::keymerge::Capture>> {
+    fn capture(&self, resources: &Resources) -> Option<Arc<lakefill_validate::keymerge::Capture>> {
         let report = &self.plan.report;
         if !self.validate
-            || self.engine.is_some()
+            || self.settings.engine.is_some()
             || report.layout.by_rows
             || report.publish == lakefill_table::adjustments::PublishMode::Adjustments
         {
             return None;
         }
-        let schema = crate::plan::query::target_schema(&self.plan).ok()?;
+        let schema = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
         let parts: Vec<String> = report
             .layout
             .time
@@ -311,7 +288,7 @@ impl BackfillBuilder {
             .into_iter()
             .map(str::to_string)
             .collect();
-        crate::validate::keymerge::Capture::new(
+        lakefill_validate::keymerge::Capture::new(
             resources.disk_manager(),
             &schema,
             &self.plan.rules.key,
@@ -389,17 +366,18 @@ impl BackfillBuilder {
         skip: &BTreeSet<usize>,
         lease: &RunLease,
         started: Instant,
-        capture: &Option<Arc<crate::validate::keymerge::Capture>>,
+        capture: &Option<Arc<lakefill_validate::keymerge::Capture>>,
     ) -> Result<BTreeMap<String, u64>> {
         let report = &self.plan.report;
-        let max_parallel = self
-            .max_parallel
-            .unwrap_or_else(lakefill_table::settings::default_parallelism);
+        let max_parallel = self.settings.max_parallel;
         let options = StageOptions {
             max_parallel,
             resources: resources.clone(),
-            throttle: self.throttle.map(|rate| Arc::new(Throttle::new(rate))),
-            engine: self.engine.clone(),
+            throttle: self
+                .settings
+                .throttle
+                .map(|rate| Arc::new(Throttle::new(rate))),
+            engine: self.settings.engine.clone(),
             lease: Some(lease.generation()),
             capture: capture.clone(),
         };
@@ -442,7 +420,7 @@ impl BackfillBuilder {
         journal
             .save(&self.plan.target.object_store(), lease)
             .await?;
-        failpoint::reach("after-stage").await?;
+        failpoint::reach(CrashPoint::AfterStage).await?;
         Ok(spill)
     }
 
@@ -476,7 +454,7 @@ impl BackfillBuilder {
                 journal.adjustments = records;
                 journal.adjustment_counts = Some(counts);
                 journal.save(&store, lease).await?;
-                failpoint::reach("after-adjust").await?;
+                failpoint::reach(CrashPoint::AfterAdjust).await?;
                 Ok(())
             }
             Err(error) => Err(self.stop(journal, lease, "adjusting", error, false).await),
@@ -491,7 +469,7 @@ impl BackfillBuilder {
         resources: &Resources,
         spill: &BTreeMap<String, u64>,
         lease: &RunLease,
-        capture: Option<Arc<crate::validate::keymerge::Capture>>,
+        capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
     ) -> Result<()> {
         let plan = &self.plan;
         let report = &plan.report;
@@ -649,7 +627,7 @@ impl BackfillBuilder {
                 journal.batches.push(record);
                 journal.batches.sort_by_key(|b| b.index);
                 journal.save(&store, lease).await?;
-                failpoint::reach("mid-stage").await?;
+                failpoint::reach(CrashPoint::MidStage).await?;
                 self.emit(ProgressEvent::BatchFinished {
                     run_id: report.run_id.to_string(),
                     index,
@@ -725,7 +703,7 @@ fn elapsed_ms(since: Instant) -> u64 {
 
 /// The error of a run whose output fell outside its range, with the range that would hold it.
 fn spill_error(
-    report: &crate::plan::PlanReport,
+    report: &lakefill_recompute::plan::PlanReport,
     spill: &BTreeMap<String, u64>,
     total: u64,
 ) -> Error {

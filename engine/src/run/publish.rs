@@ -7,16 +7,16 @@ use deltalake::ObjectStore;
 use deltalake::kernel::Action;
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 
-use crate::failpoint;
-use crate::journal::Journal;
-use crate::journal::RunState;
-use crate::journal::lease::RunLease;
-use crate::log::find_run_commit;
-use crate::log::published_sequence;
-use crate::log::registry::record_published_model;
 use crate::publish::{commit, commit_actions};
+use lakefill_log::find_run_commit;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunState;
+use lakefill_log::journal::lease::RunLease;
+use lakefill_log::published_sequence;
+use lakefill_log::registry::record_published_model;
 use lakefill_table::error::Error;
 use lakefill_table::error::Result;
+use lakefill_table::failpoint::{self, CrashPoint};
 
 /// Each staged file of `journal` as the store describes it now: its ETag (a content hash on S3;
 /// the inode, time and size on local disk), by path.
@@ -116,7 +116,7 @@ pub(crate) async fn publish_journal(
     let before = journal.state;
     journal.transition(RunState::Publishing)?;
     journal.save(store, lease).await?;
-    failpoint::reach("before-commit").await?;
+    failpoint::reach(CrashPoint::BeforeCommit).await?;
     lease.check()?;
     let committed = match actions {
         Some(actions) => commit_actions(target_at_read_version, journal, actions).await,
@@ -124,7 +124,7 @@ pub(crate) async fn publish_journal(
     };
     let error = match committed {
         Ok(version) => {
-            failpoint::reach("after-commit").await?;
+            failpoint::reach(CrashPoint::AfterCommit).await?;
             return published(journal, store, lease, Some(version)).await;
         }
         Err(error) => error,

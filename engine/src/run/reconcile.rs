@@ -2,10 +2,10 @@
 
 use deltalake::DeltaTable;
 
-use crate::journal::Journal;
-use crate::journal::RunState;
-use crate::log::find_run_commit;
-use crate::log::published_sequence;
+use lakefill_log::find_run_commit;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunState;
+use lakefill_log::published_sequence;
 use lakefill_table::error::Result;
 
 /// Makes `journal` agree with the target's Delta log (`latest`, loaded at its newest version):

@@ -3,16 +3,17 @@
 use serde::Deserialize;
 use serde::Serialize;
 
-use crate::journal::Journal;
-use crate::journal::PartitionChange;
-use crate::journal::RunState;
-use crate::plan::BackfillPlan;
-use crate::validate::ValidationReport;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::PartitionChange;
+use lakefill_log::journal::RunState;
+use lakefill_recompute::plan::BackfillPlan;
 use lakefill_table::error::Error;
 use lakefill_table::partition::PartitionRange;
+use lakefill_validate::ValidationReport;
 
-/// What a backfill or publish did (DESIGN §3 JSON contract).
-#[derive(Debug, Clone, Serialize)]
+/// What a backfill or publish did (DESIGN §3 JSON contract). It reads back from its own JSON
+/// document, so a caller (or a test) can hold it typed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     /// The run id.
     pub run_id: String,
@@ -53,18 +54,18 @@ pub struct RunReport {
     /// Wall time per phase.
     pub timings: Timings,
     /// The run this one reverts, when it is a revert.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert_of: Option<String>,
     /// With adjustments (`publish = "adjustments"`): how many reversal and correction rows it
     /// appends (`files_written`/`bytes_written` count them, `rows_written` the new rows).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
     /// What each notification sink of the table was told (absent without sinks).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notify::Delivery>,
     /// What the caller should know beyond the numbers (e.g. the tables a revert leaves as they
     /// are, computed from the rows it took out).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
 
@@ -91,7 +92,7 @@ pub enum Outcome {
 }
 
 /// Wall time per phase, in milliseconds.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Timings {
     /// Running the model and writing staged files.
     pub stage_ms: u64,

@@ -16,7 +16,7 @@
 //! up, and one after it is reconciled from the log by the next command.
 //!
 //! When later commits block a revert by files, [`logical_revert_plan`] recomputes the range as
-//! it was instead (`--logical`, see [`crate::plan::restore`]): a staged, validated run under the
+//! it was instead (`--logical`, see [`lakefill_recompute::plan::restore`]): a staged, validated run under the
 //! same revert id, so either way a run is reverted at most once.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,25 +26,25 @@ use deltalake::kernel::{Action, LogicalFileView};
 use deltalake::logstore::object_store::ObjectStoreExt as _;
 use sha2::{Digest, Sha256};
 
-use crate::journal::lease::RunLease;
-use crate::journal::{Journal, PartitionChange, RunState};
-use crate::log::{Commit, commits_in_range, published_sequence, read_commit};
-use crate::plan::BackfillPlan;
-use crate::plan::restore::{Restore, restore_plan};
 use crate::run::found::{find_run, with_run};
 use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::report::{Outcome, RunReport, Timings};
-use crate::validate::compare::compare;
-use crate::validate::rows::register_range;
-use crate::validate::spec::{CompareSpec, PartitionKey};
-use crate::validate::{CheckResult, ValidationReport, ValidationRules};
+use lakefill_log::journal::lease::RunLease;
+use lakefill_log::journal::{Journal, PartitionChange, RunState};
+use lakefill_log::{Commit, commits_in_range, published_sequence, read_commit};
+use lakefill_recompute::plan::BackfillPlan;
+use lakefill_recompute::plan::restore::{Restore, restore_plan};
 use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{DeltaContext, Error, Result};
 use lakefill_table::model::Model;
 use lakefill_table::resources::Resources;
 use lakefill_table::run_id::RunId;
 use lakefill_table::storage::{decode, live_rows, loaded_version, open_table};
+use lakefill_validate::compare::compare;
+use lakefill_validate::rows::register_range;
+use lakefill_validate::spec::{CompareSpec, PartitionKey};
+use lakefill_validate::{CheckResult, ValidationReport, ValidationRules};
 
 /// The label per-partition counts of a by-rows revert are kept under.
 const RANGE_LABEL: &str = "(range)";
@@ -94,7 +94,7 @@ pub async fn revert_run(
 /// what they keep, and the command that reverts them too.
 async fn children_left(project: &Project, run: &Journal) -> Option<String> {
     let cascade = run.cascade.as_deref()?;
-    let (_, record) = crate::journal::cascade::load_record(project, cascade)
+    let (_, record) = lakefill_log::journal::cascade::load_record(project, cascade)
         .await
         .ok()?;
     let position = record
@@ -465,7 +465,7 @@ fn revert_journal(
 ) -> Journal {
     let now = lakefill_table::time::now();
     Journal {
-        format: crate::journal::JOURNAL_FORMAT,
+        format: lakefill_log::journal::JOURNAL_FORMAT,
         run_id: revert_id.clone(),
         state: RunState::Validated,
         model: run.model.clone(),
@@ -598,7 +598,7 @@ async fn compare_versions(
         Vec::new(),
     )];
     checks.extend(
-        crate::validate::checks::protocol_checks(
+        lakefill_validate::checks::protocol_checks(
             &ctx,
             &PartitionKey::Time(run.layout.clone()),
             &protocol.rules,

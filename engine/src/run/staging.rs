@@ -1,16 +1,16 @@
-//! Where a run's batches are staged: here (`crate::stage`), or on the Ballista cluster that
-//! `--engine df://HOST:PORT` names (`crate::distributed`, feature `distributed`). The runner
+//! Where a run's batches are staged: here (`lakefill-recompute`'s `stage`), or on the Ballista cluster that
+//! `--engine df://HOST:PORT` names (`lakefill-ballista`, feature `distributed`). The runner
 //! chooses; staging never reaches for the cluster itself.
 
 use std::collections::BTreeSet;
 
-use crate::journal::BatchRecord;
-use crate::plan::BackfillPlan;
-use crate::stage::StageOptions;
+use lakefill_log::journal::BatchRecord;
+use lakefill_recompute::plan::BackfillPlan;
+use lakefill_recompute::stage::StageOptions;
 use lakefill_table::error::Result;
 
 /// Stages the batches of `plan` not in `skip`, where `options.engine` says (see
-/// [`crate::stage::stage`]): each finished batch is sent to `finished`.
+/// [`lakefill_recompute::stage::stage`]): each finished batch is sent to `finished`.
 pub(crate) async fn stage(
     plan: &BackfillPlan,
     options: &StageOptions,
@@ -21,16 +21,16 @@ pub(crate) async fn stage(
     if let Some(engine) = &options.engine {
         check_engine(plan, engine, options.throttle.is_some())?;
         #[cfg(feature = "distributed")]
-        return crate::distributed::stage(plan, options, engine, skip, finished).await;
+        return lakefill_ballista::stage(plan, options, engine, skip, finished).await;
     }
-    crate::stage::stage(plan, options, skip, done, finished).await
+    lakefill_recompute::stage::stage(plan, options, skip, done, finished).await
 }
 
 /// Refuses a run on the cluster at `engine` that cannot be staged there (see
-/// `crate::distributed`), or any when this build has no distributed staging.
+/// `lakefill-ballista`), or any when this build has no distributed staging.
 pub(crate) fn check_engine(plan: &BackfillPlan, engine: &str, throttled: bool) -> Result<()> {
     #[cfg(feature = "distributed")]
-    return crate::distributed::check(plan, engine, throttled);
+    return lakefill_ballista::check(plan, engine, throttled);
     #[cfg(not(feature = "distributed"))]
     {
         let _ = (plan, throttled);

@@ -8,18 +8,10 @@ use deltalake::DeltaTable;
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
-use crate::journal::BatchRecord;
-use crate::journal::Journal;
-use crate::journal::PartitionChange;
-use crate::plan::BackfillPlan;
-use crate::validate::CheckResult;
-use crate::validate::KnownSide;
-use crate::validate::PartitionKey;
-use crate::validate::ValidationReport;
-use crate::validate::checks::Known;
-use crate::validate::rows::counts_from;
-use crate::validate::spec::LoggedChecksums;
-use crate::validate::validate;
+use lakefill_log::journal::BatchRecord;
+use lakefill_log::journal::Journal;
+use lakefill_log::journal::PartitionChange;
+use lakefill_recompute::plan::BackfillPlan;
 use lakefill_table::error::Error;
 use lakefill_table::error::QueryContext;
 use lakefill_table::error::Result;
@@ -31,6 +23,14 @@ use lakefill_table::partition::label_of;
 use lakefill_table::resources::Resources;
 use lakefill_table::rowhash::RowChecksum;
 use lakefill_table::staged::StagedTable;
+use lakefill_validate::CheckResult;
+use lakefill_validate::KnownSide;
+use lakefill_validate::PartitionKey;
+use lakefill_validate::ValidationReport;
+use lakefill_validate::checks::Known;
+use lakefill_validate::rows::counts_from;
+use lakefill_validate::spec::LoggedChecksums;
+use lakefill_validate::validate;
 
 /// Registers `previous` (the target at the read version, affected partitions only) and `output`
 /// (the staged files) in a new session and validates them.
@@ -50,7 +50,7 @@ async fn register_cascade_staged(ctx: &SessionContext, plan: &BackfillPlan) -> R
         let df = ctx
             .read_table(provider)
             .query_context(|| format!("cannot read `{name}`"))?;
-        let next = crate::plan::query::overlaid(ctx, df, name, table, overlay)?;
+        let next = lakefill_recompute::plan::query::overlaid(ctx, df, name, table, overlay)?;
         schema
             .register_table(name.clone(), next.into_view())
             .query_context(|| format!("cannot register `staged.{name}`"))?;
@@ -185,7 +185,7 @@ pub(crate) async fn run_validation(
     extra_checks: Vec<CheckResult>,
     resources: &Resources,
     compare_rows: bool,
-    capture: Option<Arc<crate::validate::keymerge::Capture>>,
+    capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
 ) -> Result<ValidationReport> {
     let rules = &plan.rules;
     if !compare_rows {
@@ -203,7 +203,7 @@ pub(crate) async fn run_validation(
     lakefill_table::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
     let adjustments = journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments;
     // The schema the run's files were staged with: the plan's, else the target's.
-    let write_schema = Arc::new(crate::plan::query::target_schema(plan)?);
+    let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
     register_sides(
         &ctx,
@@ -316,7 +316,8 @@ async fn register_sides(
         // of the table and the companion together).
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        crate::plan::adjust::register_net_rows(ctx, "previous", plan, &journal.range).await?;
+        lakefill_recompute::plan::adjust::register_net_rows(ctx, "previous", plan, &journal.range)
+            .await?;
     }
     let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let staged = StagedTable::register_store(
@@ -386,7 +387,7 @@ async fn adjustments_conserved(
 /// and the checksum of the rows carried over unchanged (by rows).
 fn new_side(
     journal: &Journal,
-    capture: Option<Arc<crate::validate::keymerge::Capture>>,
+    capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
     plan: &BackfillPlan,
 ) -> (KnownSide, Option<RowChecksum>) {
     let (layout, rules) = (&journal.layout, &plan.rules);
@@ -463,7 +464,7 @@ fn mostly_changed(journal: &Journal) -> bool {
 /// than one part in 10^9: the model most likely computes the same numbers in another order, and
 /// `[validate] decimals` compares them to a number of places (#32).
 fn float_noise(
-    comparison: &crate::validate::Comparison,
+    comparison: &lakefill_validate::Comparison,
     schema: &deltalake::arrow::datatypes::Schema,
 ) -> Option<String> {
     use deltalake::arrow::datatypes::DataType;
@@ -599,7 +600,7 @@ pub(crate) async fn carried_check(
         .query_context(|| "cannot select the rows outside the range".into())?;
     ctx.register_table("__lf_carried_old", old.into_view())
         .query_context(|| "cannot register the rows outside the range".into())?;
-    let expected = crate::validate::checks::checksum_of(ctx, "__lf_carried_old", columns).await?;
+    let expected = lakefill_validate::checks::checksum_of(ctx, "__lf_carried_old", columns).await?;
     let mut check = CheckResult::new(
         "carried rows unchanged",
         if expected == carried {
@@ -625,7 +626,7 @@ pub(crate) async fn comparison_session(
     layout: &Layout,
     range: &PartitionRange,
 ) -> Result<SessionContext> {
-    crate::validate::rows::register_range(&ctx, "previous", table, layout, range).await?;
+    lakefill_validate::rows::register_range(&ctx, "previous", table, layout, range).await?;
     Ok(ctx)
 }
 

@@ -1,0 +1,554 @@
+//! The run journal: `_lakefill/runs/<run_id>.json` under the target's root (DESIGN §4.2).
+//!
+//! The journal lives in the table's own object store, so a run can be inspected, published or
+//! resumed from any machine that can reach the table. It records the run's inputs, its state,
+//! the batches it planned and each finished batch with the files it staged. It is a cache: the
+//! Delta log is the truth about whether a run was published (see `run::manage`).
+//!
+//! A journal is checked when it is loaded: its format, its run id, and every staged path, which
+//! must lie in the run's own staging directory of an in-range partition. A journal that fails
+//! is an error naming it; nothing is published or deleted on its word. Only the holder of the
+//! run's lease writes it ([`crate::journal::lease`]).
+
+pub mod cascade;
+pub mod lease;
+pub mod lifecycle;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deltalake::ObjectStore;
+use deltalake::Path;
+use deltalake::kernel::Add;
+use deltalake::logstore::object_store::{ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::journal::lease::RunLease;
+pub use crate::journal::lifecycle::RunState;
+use lakefill_table::adjustments::{AdjustmentCounts, PublishMode};
+use lakefill_table::error::{Error, Result};
+use lakefill_table::partition::{Layout, PartitionRange, PartitionValues};
+use lakefill_table::rowhash::RowChecksum;
+use lakefill_table::run_id::{RUNS_DIR, RunId};
+use lakefill_validate::ValidationReport;
+
+/// Journal format written by this version of lakefill.
+pub const JOURNAL_FORMAT: u32 = 2;
+
+/// Everything a run has recorded about itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Journal {
+    /// Format of this document.
+    pub format: u32,
+    /// The run id.
+    pub run_id: RunId,
+    /// Current state.
+    pub state: RunState,
+    /// Model name.
+    pub model: String,
+    /// Model version.
+    pub model_version: String,
+    /// Model fingerprint.
+    pub fingerprint: String,
+    /// Target table name.
+    pub target: String,
+    /// How the target is partitioned (its partition columns and time column).
+    #[serde(default = "Layout::unknown")]
+    pub layout: Layout,
+    /// The partition column, as format 1 recorded it (read only to upgrade).
+    #[serde(default, skip_serializing)]
+    pub partition_column: Option<String>,
+    /// Version of the target the run read.
+    pub read_version: u64,
+    /// The range.
+    pub range: PartitionRange,
+    /// Pinned source versions.
+    pub sources: BTreeMap<String, u64>,
+    /// Sources that are the target itself (read at the read version, not pinned).
+    #[serde(default)]
+    pub self_sources: Vec<String>,
+    /// `drop` when rows outside the range are dropped on purpose.
+    #[serde(default)]
+    pub allow_spill: Option<String>,
+    /// Reason given for the run.
+    pub reason: Option<String>,
+    /// Nullable columns the publish adds to the table's schema.
+    #[serde(default)]
+    pub added_columns: Vec<lakefill_table::protocol::AddedColumn>,
+    /// By rows (`range_column`): the files the publish removes (their other rows are carried
+    /// into the staged files).
+    #[serde(default)]
+    pub affected_files: Vec<String>,
+    /// Every batch of the plan; the run is complete when each has a finished record.
+    #[serde(default)]
+    pub planned_batches: Vec<BatchBounds>,
+    /// Finished batches.
+    pub batches: Vec<BatchRecord>,
+    /// Per partition: old and new row counts, once staged.
+    #[serde(default)]
+    pub partitions: Vec<PartitionChange>,
+    /// Rows for partitions outside the range that were dropped on purpose.
+    #[serde(default)]
+    pub spill_dropped: u64,
+    /// The validation report, once validated.
+    #[serde(default)]
+    pub validation: Option<ValidationReport>,
+    /// Digest of the staged files validation ran on; publish refuses any other set.
+    #[serde(default)]
+    pub validated_files: Option<String>,
+    /// Each staged file as the store described it when validation ended (its ETag: a content
+    /// hash on S3, the inode, time and size on local disk): publish refuses a file that changed
+    /// since (#33).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub validated_stamps: BTreeMap<String, Option<String>>,
+    /// The reason given to publish despite failed validation.
+    #[serde(default)]
+    pub forced: Option<String>,
+    /// The version the run's commit created.
+    pub published_version: Option<u64>,
+    /// Which publish of this run id this is: 1, or more when the run is re-applied after later
+    /// commits changed its range. It is the version of the commit's application transaction.
+    #[serde(default = "first_sequence")]
+    pub sequence: u64,
+    /// The error that stopped the run, if any.
+    pub error: Option<String>,
+    /// The run this one reverts, when it is a revert (`lakefill revert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<RunId>,
+    /// A revert that recomputes the range as it was (`revert --logical`): it stages files and is
+    /// published like any run, not by `lakefill revert` alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revert_logical: bool,
+    /// The command that resumes the run when it is not its own backfill command (a node of a
+    /// cascade is resumed by the cascade's command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
+    /// The cascade the run is a node of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<String>,
+    /// How the run publishes (`adjustments`: the files of [`Self::adjustments`] are appended,
+    /// and the staged new rows serve validation only).
+    #[serde(default, skip_serializing_if = "PublishMode::is_rewrite")]
+    pub publish_as: PublishMode,
+    /// With adjustments: the reversal and correction rows, staged per batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adjustments: Vec<BatchRecord>,
+    /// With adjustments: how many of each kind, once staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjustment_counts: Option<AdjustmentCounts>,
+    /// When the adjustments go to a companion (the run's table): the table they correct and
+    /// the version of it the run read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjusts: Option<(String, u64)>,
+    /// When the run was created (RFC 3339).
+    pub created_at: String,
+    /// When the journal was last written (RFC 3339).
+    pub updated_at: String,
+}
+
+/// The bounds of one planned batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchBounds {
+    /// Position in the run.
+    pub index: usize,
+    /// First partition.
+    pub start: String,
+    /// Last partition.
+    pub end: String,
+}
+
+/// One finished batch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchRecord {
+    /// Position in the run.
+    pub index: usize,
+    /// First partition.
+    pub start: String,
+    /// Last partition.
+    pub end: String,
+    /// Files staged, as the `add` actions that will publish them.
+    pub files: Vec<Add>,
+    /// Rows staged per partition.
+    pub rows: BTreeMap<String, u64>,
+    /// Rows produced for partitions outside the range, per partition.
+    pub spill: BTreeMap<String, u64>,
+    /// Sums of the model's measures per partition, computed while writing.
+    #[serde(default)]
+    pub sums: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Checksums of the staged rows per partition, computed while writing.
+    #[serde(default)]
+    pub checksums: BTreeMap<String, RowChecksum>,
+    /// Staged on a cluster: the files each writer process wrote (`pid N@HOST`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub writers: BTreeMap<String, u64>,
+}
+
+impl Journal {
+    /// The record of the model version this run published.
+    pub fn model_record(&self) -> crate::registry::ModelRecord {
+        crate::registry::ModelRecord {
+            model: self.model.clone(),
+            version: self.model_version.clone(),
+            fingerprint: self.fingerprint.clone(),
+            run_id: self.run_id.to_string(),
+            published_version: self.published_version,
+        }
+    }
+
+    /// Writes the journal into the table's store, replacing the previous copy. Only the holder
+    /// of the run's lease may.
+    pub async fn save(&mut self, store: &Arc<dyn ObjectStore>, lease: &RunLease) -> Result<()> {
+        if lease.run_id() != &self.run_id {
+            return Err(Error::Internal(format!(
+                "the lease of `{}` cannot write the journal of `{}`",
+                lease.run_id(),
+                self.run_id
+            )));
+        }
+        lease.check()?;
+        self.updated_at = lakefill_table::time::now();
+        let path = self.run_id.journal_path();
+        let text = serde_json::to_string_pretty(self).map_err(|e| Error::Journal {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
+        // Error messages may quote a location with credentials: never store a secret.
+        let bytes = lakefill_table::secrets::mask(&text).into_bytes();
+        store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|source| Error::Storage {
+                path: path.to_string(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Moves the run to `next`, if the life cycle allows it (see [`crate::journal::lifecycle`]).
+    pub fn transition(&mut self, next: RunState) -> Result<()> {
+        self.state.check_transition(next, &self.run_id)?;
+        self.state = next;
+        Ok(())
+    }
+
+    /// Reads and checks the journal of `run_id`, if there is one.
+    pub async fn load(store: &Arc<dyn ObjectStore>, run_id: &RunId) -> Result<Option<Self>> {
+        let path = run_id.journal_path();
+        let Some(bytes) = lakefill_table::storage::read_object(store, &path).await? else {
+            return Ok(None);
+        };
+        let damaged = |message: String| Error::Journal {
+            path: path.to_string(),
+            message,
+        };
+        // The format first, so a newer journal is reported as such and not as damaged.
+        let format = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| damaged(e.to_string()))?
+            .get("format")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| damaged("it has no `format`".into()))?;
+        if format > u64::from(JOURNAL_FORMAT) {
+            return Err(damaged(format!(
+                "written by a newer lakefill (format {format}, this one reads {JOURNAL_FORMAT})"
+            )));
+        }
+        let mut journal: Journal =
+            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
+        if journal.format < JOURNAL_FORMAT {
+            journal.upgrade();
+        }
+        journal.check(run_id).map_err(damaged)?;
+        Ok(Some(journal))
+    }
+
+    /// Refuses a journal that does not describe `run_id` or names files outside the run's own
+    /// staging directories of in-range partitions.
+    fn check(&self, run_id: &RunId) -> std::result::Result<(), String> {
+        if &self.run_id != run_id {
+            return Err(format!(
+                "it describes run `{}`, not `{run_id}`",
+                self.run_id
+            ));
+        }
+        if self.range.from > self.range.to {
+            return Err("its range is reversed".into());
+        }
+        if self
+            .layout
+            .time
+            .encoding
+            .columns()
+            .iter()
+            .all(|c| c.is_empty())
+        {
+            return Err("it does not say how the table is partitioned".into());
+        }
+        for add in self.staged_files() {
+            check_staged_path(add, &self.layout, &self.range, run_id)?;
+        }
+        Ok(())
+    }
+
+    /// Brings a journal of an older format to this one. Format 1 had no record of the planned
+    /// batches or of the files validation saw: such a run must be validated again before it can
+    /// be published.
+    fn upgrade(&mut self) {
+        self.format = JOURNAL_FORMAT;
+        if self
+            .layout
+            .time
+            .encoding
+            .columns()
+            .iter()
+            .all(|c| c.is_empty())
+            && let Some(column) = &self.partition_column
+        {
+            self.layout = Layout::legacy(column, false);
+        }
+        if matches!(
+            self.state,
+            RunState::Staged | RunState::Validated | RunState::FailedValidation
+        ) {
+            self.state = RunState::Staged;
+            self.validation = None;
+            self.validated_files = None;
+        }
+    }
+
+    /// Lists the journals under a table's root, newest first. A damaged journal is an error.
+    pub async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<Self>> {
+        let objects = lakefill_table::storage::list_objects(store, &Path::from(RUNS_DIR)).await?;
+        let mut journals = Vec::new();
+        for object in objects {
+            let Some(name) = object.location.filename() else {
+                continue;
+            };
+            let Some(run_id) = RunId::from_journal_name(name) else {
+                continue;
+            };
+            if let Some(journal) = Self::load(store, &run_id).await? {
+                journals.push(journal);
+            }
+        }
+        journals.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        Ok(journals)
+    }
+
+    /// Returns every staged file of the run (with adjustments, the new rows and the adjustment
+    /// rows).
+    pub fn staged_files(&self) -> impl Iterator<Item = &Add> {
+        self.batches
+            .iter()
+            .chain(&self.adjustments)
+            .flat_map(|b| b.files.iter())
+    }
+
+    /// Returns the staged files of the run's new rows (what validation compares with the old).
+    pub fn new_row_files(&self) -> impl Iterator<Item = &Add> {
+        self.batches.iter().flat_map(|b| b.files.iter())
+    }
+
+    /// Returns the files the publish commits: the new rows, or with adjustments the adjustment
+    /// rows.
+    pub fn published_files(&self) -> impl Iterator<Item = &Add> {
+        let records = match self.publish_as {
+            PublishMode::Rewrite => &self.batches,
+            PublishMode::Adjustments => &self.adjustments,
+        };
+        records.iter().flat_map(|b| b.files.iter())
+    }
+
+    /// With adjustments, whether every batch has its adjustment rows staged.
+    pub fn adjusted(&self) -> bool {
+        self.publish_as == PublishMode::Rewrite
+            || (self.adjustment_counts.is_some()
+                && self
+                    .batches
+                    .iter()
+                    .all(|b| self.adjustments.iter().any(|a| a.index == b.index)))
+    }
+
+    /// Returns whether every planned batch has finished.
+    pub fn complete(&self) -> bool {
+        !self.planned_batches.is_empty()
+            && self.planned_batches.iter().all(|planned| {
+                self.batches.iter().any(|b| {
+                    b.index == planned.index && b.start == planned.start && b.end == planned.end
+                })
+            })
+            && self.batches.len() == self.planned_batches.len()
+    }
+
+    /// A digest of the staged files (paths and sizes): what validation saw, and publish commits.
+    pub fn staged_digest(&self) -> String {
+        let mut files: Vec<(&str, i64)> = self
+            .staged_files()
+            .map(|a| (a.path.as_str(), a.size))
+            .collect();
+        files.sort();
+        let mut hasher = Sha256::new();
+        for (path, size) in files {
+            hasher.update(format!("{path}\t{size}\n").as_bytes());
+        }
+        hex::encode(hasher.finalize())
+    }
+
+    /// Returns whether validation ran and passed.
+    pub fn validation_passed(&self) -> Option<bool> {
+        self.validation.as_ref().map(|v| v.passed)
+    }
+
+    /// The `lakefill backfill` command that resumes this run (the same run id: same model file,
+    /// range, pinned sources and spill policy).
+    pub fn resume_command(&self) -> String {
+        if let Some(reverted) = &self.revert_of {
+            let logical = if self.revert_logical {
+                " --logical"
+            } else {
+                ""
+            };
+            return format!("lakefill revert {reverted}{logical}");
+        }
+        if let Some(command) = &self.resume {
+            return command.clone();
+        }
+        let mut command = format!(
+            "lakefill backfill {} --from {} --to {} --model-version {}",
+            self.model, self.range.from, self.range.to, self.model_version
+        );
+        for (table, version) in &self.sources {
+            if !self.self_sources.contains(table) {
+                command.push_str(&format!(" --source-version {table}={version}"));
+            }
+        }
+        if let Some(policy) = &self.allow_spill {
+            command.push_str(&format!(" --allow-spill {policy}"));
+        }
+        if self.range.include_null {
+            command.push_str(" --include-null");
+        }
+        command
+    }
+}
+
+/// A staged file must be `<partition dir>/lakefill-<run_id>/<file>.parquet` of an in-range
+/// partition, where the partition directory is the one its partition values name.
+fn check_staged_path(
+    add: &Add,
+    layout: &Layout,
+    range: &PartitionRange,
+    run_id: &RunId,
+) -> std::result::Result<(), String> {
+    let path = add.path.as_str();
+    let bad = |why: &str| format!("staged file `{path}` {why}");
+    if path.is_empty()
+        || path.starts_with('/')
+        || path.contains("://")
+        || path.contains('\\')
+        || path
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err(bad("is not a plain relative path"));
+    }
+    if path.starts_with("_delta_log/") || path.starts_with("_lakefill/") {
+        return Err(bad("is inside a metadata directory"));
+    }
+    if add.partition_values.len() != layout.partition_columns.len()
+        || !layout
+            .partition_columns
+            .iter()
+            .all(|c| add.partition_values.contains_key(c))
+    {
+        return Err(bad("does not have the table's partition values"));
+    }
+    let values: PartitionValues = add
+        .partition_values
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match layout.time.period_of(&values) {
+        // By rows, staged files go to the partitions of the files they replace: any.
+        _ if layout.by_rows => {}
+        Ok(Some(period)) if range.contains(&period) => {}
+        Ok(None) if range.include_null => {}
+        Ok(_) => return Err(bad("belongs to a partition outside the run's range")),
+        Err(message) => {
+            return Err(bad(&format!(
+                "has a partition value off the grain: {message}"
+            )));
+        }
+    }
+    let prefix = layout.staging_prefix(&values, run_id);
+    let Some(file) = path.strip_prefix(&format!("{prefix}/")) else {
+        return Err(bad("is not in the run's staging directory"));
+    };
+    if file.contains('/') || !file.ends_with(".parquet") {
+        return Err(bad("is not a Parquet file of the run's staging directory"));
+    }
+    Ok(())
+}
+
+fn first_sequence() -> u64 {
+    1
+}
+
+/// Per-partition change.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionChange {
+    /// Partition value.
+    pub value: String,
+    /// Rows before (from the log), when known.
+    pub old_rows: Option<u64>,
+    /// Rows after.
+    pub new_rows: u64,
+    /// Files before.
+    pub old_files: u64,
+    /// Files after.
+    pub new_files: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(path: &str, value: &str) -> Add {
+        Add {
+            path: path.into(),
+            partition_values: [("d".to_string(), Some(value.to_string()))].into(),
+            size: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn staged_paths_must_be_the_runs_own_in_range_files() {
+        let r1 = RunId::parse("r1").expect("run id");
+        let layout = Layout::legacy("d", false);
+        let (range, _) =
+            PartitionRange::parse("2026-01-01", "2026-01-03", &layout.time, false).expect("range");
+        let ok = add("d=2026-01-02/lakefill-r1/part-0.parquet", "2026-01-02");
+        check_staged_path(&ok, &layout, &range, &r1).expect("own file");
+        for (path, value) in [
+            ("d=2026-01-02/lakefill-r2/part-0.parquet", "2026-01-02"),
+            ("d=2026-01-09/lakefill-r1/part-0.parquet", "2026-01-09"),
+            ("d=2026-01-02/part-0.parquet", "2026-01-02"),
+            ("_delta_log/00000000000000000000.json", "2026-01-02"),
+            (
+                "d=2026-01-02/lakefill-r1/../../_delta_log/0.json",
+                "2026-01-02",
+            ),
+            ("/etc/passwd", "2026-01-02"),
+            (
+                "s3://other/d=2026-01-02/lakefill-r1/part-0.parquet",
+                "2026-01-02",
+            ),
+            ("d=2026-01-03/lakefill-r1/part-0.parquet", "2026-01-02"),
+            ("d=2026-01-02/lakefill-r1/sub/part-0.parquet", "2026-01-02"),
+        ] {
+            let err = check_staged_path(&add(path, value), &layout, &range, &r1).expect_err(path);
+            assert!(err.contains(path), "{err}");
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The plan of a logical revert (`lakefill revert RUN_ID --logical`): a backfill of the run's
+//! range whose "model" is the table as it was just before the run's commit.
+//!
+//! It stages the range's rows read from that version (through the same batches, windows,
+//! journal and validation as any run: old = the range now, new = the range restored), and
+//! publishes them with the usual conflict check. Unlike a revert by files, it does not need the
+//! range untouched since the run: compaction, later appends or other fixes in the range are
+//! replaced too (the plan names them), so the range ends exactly as it was before the run.
+
+use std::collections::BTreeMap;
+
+use deltalake::DeltaTable;
+
+use super::{
+    BackfillPlan, DEFAULT_MAX_PARTITIONS, PlanReport, PlannedSource, SourcePlan, affected, batches,
+    check_model_unedited, find_downstream, log_files, source_window, storage_descriptions,
+};
+use lakefill_log::journal::Journal;
+use lakefill_log::published_sequence;
+use lakefill_table::adjustments::PublishMode;
+use lakefill_table::config::{Project, TableConfig};
+use lakefill_table::error::{DeltaContext, Result};
+use lakefill_table::model::{Model, SourceSpec};
+use lakefill_table::partition::TimeEncoding;
+use lakefill_table::protocol::TableProtocol;
+use lakefill_table::run_id::RunId;
+use lakefill_table::storage::{loaded_version, open_table};
+use lakefill_validate::ValidationRules;
+
+/// What a logical revert needs to know about the run it reverts.
+pub struct Restore<'a> {
+    /// The project.
+    pub project: &'a Project,
+    /// The reverted run's table, as the project configures it.
+    pub config: &'a TableConfig,
+    /// The target at its latest version: the read version of the revert.
+    pub latest: &'a DeltaTable,
+    /// The published run.
+    pub run: &'a Journal,
+    /// The version its commit created.
+    pub version: u64,
+    /// The id of the revert run.
+    pub revert_id: RunId,
+    /// Why the run is reverted.
+    pub reason: Option<String>,
+    /// Periods per batch.
+    pub batch_partitions: usize,
+    /// Later commits that changed the range: their changes in it are replaced too.
+    pub later: Vec<u64>,
+}
+
+/// Plans the recomputation of the run's range from the version before its commit.
+pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
+    let Restore {
+        project,
+        config,
+        latest,
+        run,
+        version,
+        ..
+    } = &restore;
+    let target = config.name();
+    let model = Model::load(project, &run.model, Some(&run.model_version))?;
+    check_model_unedited(latest, &model).await?;
+    let read_version = loaded_version(latest)?;
+    let publish = run.publish_as;
+    let protocol = TableProtocol::read(latest, target, publish == PublishMode::Adjustments)?;
+    let snapshot = latest
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{target}`"))?;
+    let schema = snapshot.snapshot().arrow_schema();
+    let files = log_files(snapshot);
+    let layout = run.layout.clone();
+    let range = run.range.clone();
+
+    let before = open_table(config, Some(version - 1)).await?;
+    // What is read back: the table as it was; for adjustments in a companion, the corrected
+    // table now with the companion as it was (see `BackfillPlan::adjusted`).
+    let (source_name, source) = match &run.adjusts {
+        None => (target.to_string(), before.clone()),
+        Some((corrected, _)) => {
+            let corrected_config = project.table(corrected, "the run's journal")?;
+            (corrected.clone(), open_table(corrected_config, None).await?)
+        }
+    };
+    let before_schema = source
+        .snapshot()
+        .delta_context(|| format!("cannot read `{source_name}`"))?
+        .snapshot()
+        .arrow_schema();
+    // Exactly the table's columns now; a column added since reads as NULL, as in the old files.
+    let columns: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let name = quote(field.name());
+            if before_schema.field_with_name(field.name()).is_ok() {
+                name
+            } else {
+                format!(
+                    "arrow_cast(NULL, '{}') AS {name}",
+                    field.data_type().to_string().replace('\'', "''")
+                )
+            }
+        })
+        .collect();
+    // (A table corrected by adjustments reads as its net rows: see `register_source`.)
+    let sql = format!("SELECT {} FROM {}", columns.join(", "), quote(&source_name));
+    let spec = SourceSpec {
+        window: Some(
+            layout
+                .time
+                .encoding
+                .columns()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        ),
+        grain: Some(layout.time.grain.to_string()),
+        format: match &layout.time.encoding {
+            TimeEncoding::Text { format, .. } => Some(format.clone()),
+            _ => None,
+        },
+        ..SourceSpec::default()
+    };
+    let model = model.restoring(sql, BTreeMap::from([(source_name.clone(), spec.clone())]));
+    let window = source_window(&model, &source_name, &spec, &source)?;
+
+    let affected = affected(target, &layout, &range, &files)?;
+    let batches = batches(&range, &layout, restore.batch_partitions, &affected.files);
+    let sequence = published_sequence(latest, &restore.revert_id).await?;
+    let table_columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let mut rules = ValidationRules::from_spec(
+        model.header().validate.as_ref(),
+        &table_columns,
+        model.path(),
+    )?;
+    // The other tables a fix's totals were tied to say nothing about the rows before it.
+    rules.conserve_with.clear();
+    rules.protocol = protocol.rules.clone();
+    let mut range_notes = vec![format!(
+        "restores {}..={} as version {} held it (before {} committed version {version})",
+        range.from,
+        range.to,
+        version - 1,
+        run.run_id
+    )];
+    if !restore.later.is_empty() {
+        let later: Vec<String> = restore.later.iter().map(ToString::to_string).collect();
+        range_notes.push(format!(
+            "later commits changed the range (versions {}): their changes in it are replaced too",
+            later.join(", ")
+        ));
+    }
+
+    let report = PlanReport {
+        run_id: restore.revert_id.clone(),
+        model: model.name().to_string(),
+        model_version: model.version().to_string(),
+        fingerprint: model.fingerprint().to_string(),
+        model_file: model.path().display().to_string(),
+        target: target.to_string(),
+        target_uri: config.uri().to_string(),
+        partition_column: layout.time.encoding.columns().join(", "),
+        read_version,
+        range,
+        range_notes,
+        batch_partitions: restore.batch_partitions,
+        partitions: affected.partitions,
+        totals: affected.totals,
+        sources: vec![SourcePlan {
+            table: source_name.clone(),
+            version: loaded_version(&source)?,
+            window: spec.window.as_ref().map(|w| w.join(", ")),
+            window_time: window.as_ref().map(|w| w.time.clone()),
+            lookback: 0,
+            lookahead: 0,
+            reads_target: false,
+        }],
+        batches,
+        downstream: find_downstream(project, model.name(), target),
+        reason: restore
+            .reason
+            .clone()
+            .or_else(|| Some(format!("revert of {}", run.run_id))),
+        allow_spill: None,
+        storage: storage_descriptions(project, config, model.header())?,
+        already_published: sequence.is_some(),
+        publish_sequence: sequence.unwrap_or(1),
+        max_partitions: DEFAULT_MAX_PARTITIONS,
+        memory_limit: lakefill_table::settings::memory_limit(project, None)?,
+        protocol,
+        affected_files: affected.files,
+        added_columns: Vec::new(),
+        layout,
+        publish,
+        // The range as it was, read from the table itself: no row changes partition.
+        edges: None,
+        reads_own_past: false,
+    };
+    let mut plan = BackfillPlan {
+        target_config: (*config).clone(),
+        report,
+        model,
+        rules,
+        target: (*latest).clone(),
+        sources: vec![PlannedSource {
+            name: source_name.clone(),
+            spec,
+            table: source.clone(),
+            window,
+            overlay: None,
+        }],
+        write_schema: None,
+        resume: Some(format!("lakefill revert {} --logical", run.run_id)),
+        cascade: None,
+        cascade_staged: Vec::new(),
+        revert_of: Some(run.run_id.clone()),
+        adjusted: run.adjusts.as_ref().map(|(name, _)| super::Adjusted {
+            name: name.clone(),
+            table: source.clone(),
+            companion_rows: before.clone(),
+        }),
+    };
+    let (write_schema, added_columns) = super::query::check_model(&plan).await?;
+    plan.write_schema = Some(write_schema);
+    plan.report.added_columns = added_columns;
+    Ok(plan)
+}
+
+/// `name` as a SQL identifier.
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

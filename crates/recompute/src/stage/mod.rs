@@ -1,0 +1,1037 @@
+//! Staging: run the model per batch and stream its output into invisible Parquet files.
+//!
+//! Each batch gets its own DataFusion session in which every source is registered as a view over
+//! the table at its pinned version, filtered to the batch window widened by lookback/lookahead
+//! periods of the source's own grain (so the Delta scan prunes partitions). The SELECT runs with
+//! `$start`, `$end` and `$next` bound, and its output streams, record batch by record batch, into
+//! one Parquet writer per partition (every partition column of the target) under
+//! `<partition dir>/lakefill-<run_id>/`. Those files are not in the Delta log until
+//! the runner's `publish` commits them. Nothing is collected in memory: a writer holds at most one
+//! row group per open partition, and a batch has at most `batch_partitions` periods.
+//!
+//! [`check_model`](crate::plan::query::check_model) plans the model once when the plan is made, so what `plan` accepts,
+//! `backfill` runs.
+
+mod hasher;
+pub mod throttle;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use delta_kernel::expressions::Scalar;
+use delta_kernel::table_properties::DataSkippingNumIndexedCols;
+use deltalake::Path;
+use deltalake::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
+use deltalake::arrow::compute::take;
+use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::datafusion::logical_expr::{Expr, cast};
+use deltalake::datafusion::prelude::{DataFrame, SessionContext};
+use deltalake::kernel::Add;
+use deltalake::kernel::scalars::ScalarExt as _;
+use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::properties::WriterProperties;
+use futures::{StreamExt, TryStreamExt};
+use indexmap::IndexMap;
+use tracing::Instrument as _;
+
+use crate::plan::query::{batch_dataframe, target_schema};
+use crate::plan::{BackfillPlan, BatchPlan};
+use crate::stage::hasher::{Hashed, Hasher, Job};
+use crate::stage::throttle::{Throttle, ThrottledStore};
+use lakefill_log::journal::BatchRecord;
+use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
+use lakefill_table::failpoint::{self, CrashPoint};
+use lakefill_table::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
+use lakefill_table::resources::Resources;
+use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
+use lakefill_table::time::Period;
+use lakefill_validate::keymerge::Capture;
+
+/// Rows per Parquet row group: bounds the memory of each open partition writer.
+const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+/// Staging options.
+#[derive(Debug, Clone)]
+pub struct StageOptions {
+    /// Batches in flight.
+    pub max_parallel: usize,
+    /// The runtime (memory pool) every batch's session shares.
+    pub resources: Resources,
+    /// The bound on bytes written per second, if any.
+    pub throttle: Option<Arc<Throttle>>,
+    /// The Ballista scheduler (`df://HOST:PORT`) that stages the batches, if not this process.
+    pub engine: Option<String>,
+    /// The generation of the run's lease this process holds: a cluster's writer tasks stop
+    /// writing once it is no longer held.
+    pub lease: Option<u64>,
+    /// Where the writers put the new rows' key and row hashes for validation, if anywhere.
+    pub capture: Option<Arc<Capture>>,
+}
+
+/// Stages every batch not in `skip` (`done` holds the records of those, from an earlier attempt).
+///
+/// Each finished batch is sent to `finished`, in completion order, so the caller can journal it
+/// before more finish; the channel's bound keeps staging from running far ahead of the journal.
+pub async fn stage(
+    plan: &BackfillPlan,
+    options: &StageOptions,
+    skip: &BTreeSet<usize>,
+    done: &[BatchRecord],
+    finished: tokio::sync::mpsc::Sender<BatchRecord>,
+) -> Result<()> {
+    let target_schema = Arc::new(target_schema(plan)?);
+    if plan.report.reads_own_past {
+        return stage_in_order(plan, options, skip, done, finished, target_schema).await;
+    }
+    each_batch(plan, skip, options.max_parallel, finished, |batch| {
+        let schema = Arc::clone(&target_schema);
+        let resources = options.resources.clone();
+        let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
+        let capture = options.capture.clone();
+        async move { stage_batch(plan, &batch, schema, &resources, store, capture.as_ref()).await }
+    })
+    .await
+}
+
+/// Stages a model that reads its own past (see [`crate::plan`]'s `recursive`): one batch (of one
+/// partition) at a time, in order, each reading its target as this run will publish it so far,
+/// the rows at the read version with every partition staged before overlaid.
+async fn stage_in_order(
+    plan: &BackfillPlan,
+    options: &StageOptions,
+    skip: &BTreeSet<usize>,
+    done: &[BatchRecord],
+    finished: tokio::sync::mpsc::Sender<BatchRecord>,
+    target_schema: SchemaRef,
+) -> Result<()> {
+    let mut staged: Vec<Add> = done.iter().flat_map(|b| b.files.iter().cloned()).collect();
+    let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
+    for batch in &plan.report.batches {
+        if skip.contains(&batch.index) {
+            continue;
+        }
+        let reading = plan.reading_staged(batch, &staged)?;
+        let record = stage_batch(
+            &reading,
+            batch,
+            Arc::clone(&target_schema),
+            &options.resources,
+            Arc::clone(&store),
+            options.capture.as_ref(),
+        )
+        .await?;
+        staged.extend(record.files.iter().cloned());
+        if finished.send(record).await.is_err() {
+            // The journal stopped listening: it failed, and reports why.
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `stage_one` on every batch of `plan` not in `skip`, `max_parallel` at a time, and sends
+/// each record to `finished` as it comes, so the caller can journal it before more finish; the
+/// channel's bound keeps staging from running far ahead of the journal.
+pub async fn each_batch<F, Fut>(
+    plan: &BackfillPlan,
+    skip: &BTreeSet<usize>,
+    max_parallel: usize,
+    finished: tokio::sync::mpsc::Sender<BatchRecord>,
+    stage_one: F,
+) -> Result<()>
+where
+    F: FnMut(BatchPlan) -> Fut,
+    Fut: std::future::Future<Output = Result<BatchRecord>>,
+{
+    let pending: Vec<BatchPlan> = plan
+        .report
+        .batches
+        .iter()
+        .filter(|b| !skip.contains(&b.index))
+        .cloned()
+        .collect();
+    // Owned batches keep the stream's future `Send` (borrowed items trip higher-ranked lifetimes).
+    let mut staged = futures::stream::iter(pending)
+        .map(stage_one)
+        .buffer_unordered(max_parallel.max(1));
+    while let Some(record) = staged.try_next().await? {
+        if finished.send(record).await.is_err() {
+            // The journal stopped listening: it failed, and reports why.
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Where the rows of one partition go.
+enum Placement {
+    /// Written by this batch.
+    Batch,
+    /// Produced again, and kept, by the batch that owns the partition.
+    OtherBatch,
+    /// Outside the range: counted as spill under this label.
+    Outside(String),
+    /// Not a value of the grain (e.g. the 15th in a monthly table).
+    OffGrain(String),
+}
+
+/// A partition being written: its label, its writer, and the checksum of the rows written (its
+/// file's [`FileDigest`]).
+struct OpenPartition {
+    label: String,
+    writer: PartitionWriter,
+    checksum: RowChecksum,
+}
+
+/// Runs one batch and writes its partitions; returns what it staged.
+async fn stage_batch(
+    plan: &BackfillPlan,
+    batch: &BatchPlan,
+    target_schema: SchemaRef,
+    resources: &Resources,
+    store: Arc<dyn deltalake::ObjectStore>,
+    capture: Option<&Arc<Capture>>,
+) -> Result<BatchRecord> {
+    tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
+    failpoint::reach(CrashPoint::StageBatch(batch.index)).await?;
+    let (_ctx, df) = if batch.carry {
+        carried_dataframe(plan, resources).await?
+    } else {
+        batch_dataframe(plan, batch, resources).await?
+    };
+    write_batch(plan, batch, df, target_schema, store, capture).await
+}
+
+/// Streams `df` (rows of `batch`) into staged files, one writer per partition; returns what it
+/// staged: files, and per partition rows, measure sums and row checksums. With `capture`, the
+/// rows' hashes also go there.
+pub async fn write_batch(
+    plan: &BackfillPlan,
+    batch: &BatchPlan,
+    df: DataFrame,
+    target_schema: SchemaRef,
+    store: Arc<dyn deltalake::ObjectStore>,
+    capture: Option<&Arc<Capture>>,
+) -> Result<BatchRecord> {
+    let df = target_projection(plan, df, &target_schema)?;
+    let stream: SendableRecordBatchStream = df.execute_stream().await.query_context(|| {
+        format!(
+            "cannot run model `{}` for batch {}..{}",
+            plan.model.name(),
+            batch.start,
+            batch.end
+        )
+    })?;
+    let spec = WriteSpec::of(plan, batch);
+    // The rows are routed, encoded and written on a task of their own: batches staged side by
+    // side then encode on every core, where polled from the run's own task they took turns on
+    // one thread (the runtime's other threads waiting on them).
+    let writer = spec.clone();
+    let capture = capture.cloned();
+    let task = AbortOnDrop(tokio::spawn(
+        async move {
+            writer
+                .write(stream, target_schema, store, capture.as_ref())
+                .await
+        }
+        .in_current_span(),
+    ));
+    task.join().await??.into_record(&spec)
+}
+
+/// A spawned task that is aborted when its handle is dropped: a batch whose run stopped (another
+/// batch failed, an interrupt) stops writing at its next await, as it did when it was a future of
+/// the run's own task.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    async fn join(mut self) -> Result<T> {
+        (&mut self.0).await.map_err(|e| {
+            if e.is_panic() {
+                Error::Internal(format!("a batch's writer panicked: {e}"))
+            } else {
+                Error::Internal("a batch's writer was cancelled".into())
+            }
+        })
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The model's output cast to `target_schema` (its columns in the target's order and types).
+pub fn target_projection(
+    plan: &BackfillPlan,
+    df: DataFrame,
+    target_schema: &Schema,
+) -> Result<DataFrame> {
+    // The model leaves the lineage columns of adjustments to them: they are NULL in its rows.
+    let produced: BTreeSet<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let projection: Vec<Expr> = target_schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let value = if !produced.contains(f.name())
+                && lakefill_table::adjustments::is_lineage(f.name())
+            {
+                Expr::Literal(deltalake::datafusion::common::ScalarValue::Null, None)
+            } else {
+                Expr::Column(Column::new_unqualified(f.name()))
+            };
+            cast(value, f.data_type().clone()).alias(f.name())
+        })
+        .collect();
+    df.select(projection).query_context(|| {
+        format!(
+            "cannot cast the output of `{}` to the target schema",
+            plan.model.name()
+        )
+    })
+}
+
+/// What writing one batch's rows needs to know of its run: everything, so that a task on another
+/// machine (see `crate::distributed`) writes exactly as a local batch does.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WriteSpec {
+    /// The target's name (for errors).
+    pub target: String,
+    /// The model's name and version (for errors).
+    pub model: String,
+    /// The model's version.
+    pub model_version: String,
+    /// How the target keeps time in its partitions.
+    pub layout: lakefill_table::partition::Layout,
+    /// The run's range.
+    pub range: lakefill_table::partition::PartitionRange,
+    /// The run (names its staging directories).
+    pub run_id: lakefill_table::run_id::RunId,
+    /// The measures summed while writing.
+    pub measures: Vec<String>,
+    /// The key columns (written without a dictionary).
+    pub key: Vec<String>,
+    /// The batch to stage.
+    pub batch: BatchPlan,
+}
+
+/// What one writer staged: the batch's record, and the rows whose time is not a value of the
+/// grain (an error, raised by whoever gathers the records).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Written {
+    /// The batch's record, when the writer staged anything.
+    pub record: Option<BatchRecord>,
+    /// Rows per partition label whose time is not a value of the grain.
+    pub off_grain: BTreeMap<String, u64>,
+}
+
+impl WriteSpec {
+    /// What a writer of `batch` of `plan` needs to know.
+    pub fn of(plan: &BackfillPlan, batch: &BatchPlan) -> Self {
+        Self {
+            target: plan.report.target.clone(),
+            model: plan.model.name().to_string(),
+            model_version: plan.model.version().to_string(),
+            layout: plan.report.layout.clone(),
+            range: plan.report.range.clone(),
+            run_id: plan.report.run_id.clone(),
+            measures: plan.rules.summed_measures(),
+            key: plan.rules.key.clone(),
+            batch: batch.clone(),
+        }
+    }
+
+    fn periods(&self) -> Result<(Period, Period)> {
+        let grain = self.range.grain;
+        let parse = |label: &str| {
+            Period::from_label(grain, label)
+                .ok_or_else(|| Error::Internal(format!("batch bound `{label}` is not a {grain}")))
+        };
+        Ok((parse(&self.batch.start)?, parse(&self.batch.end)?))
+    }
+
+    /// Streams `stream` (rows of the batch, in `target_schema`) into staged files, one writer
+    /// per partition; returns what it staged: files, and per partition rows, measure sums and
+    /// row checksums. With `capture`, the rows' key and row hashes go there too.
+    pub async fn write(
+        &self,
+        mut stream: SendableRecordBatchStream,
+        target_schema: SchemaRef,
+        store: Arc<dyn deltalake::ObjectStore>,
+        capture: Option<&Arc<Capture>>,
+    ) -> Result<Written> {
+        let mut staging = Staging::start(self, target_schema, store, capture)?;
+        while let Some(record_batch) = stream.next().await {
+            let record_batch = record_batch.query_context(|| {
+                format!(
+                    "model `{}` failed in batch {}..{}",
+                    self.model, self.batch.start, self.batch.end
+                )
+            })?;
+            if record_batch.num_rows() > 0 {
+                staging.take(&record_batch).await?;
+            }
+        }
+        staging.finish().await
+    }
+}
+
+/// The columns of the target as a batch writes them: the partition columns (and how their values
+/// compare), the columns that go into the files, and, by rows, the one holding a row's time.
+struct Columns {
+    partition: Vec<usize>,
+    file: Vec<usize>,
+    file_schema: SchemaRef,
+    converter: RowConverter,
+    time: Option<usize>,
+}
+
+impl Columns {
+    fn of(spec: &WriteSpec, target_schema: &Schema) -> Result<Self> {
+        let layout = &spec.layout;
+        let partition: Vec<usize> = layout
+            .partition_columns
+            .iter()
+            .map(|c| {
+                target_schema.index_of(c).map_err(|_| {
+                    Error::Internal(format!(
+                        "partition column `{c}` is not in the target schema"
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let file: Vec<usize> = (0..target_schema.fields().len())
+            .filter(|i| !partition.contains(i))
+            .collect();
+        // Nullable on purpose: a NULL in a NOT NULL column must reach validation, which names the
+        // column, the partition and the rows, instead of stopping the write.
+        let file_schema: SchemaRef = Arc::new(Schema::new(
+            file.iter()
+                .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
+                .collect::<Vec<_>>(),
+        ));
+        let converter = RowConverter::new(
+            partition
+                .iter()
+                .map(|i| SortField::new(target_schema.field(*i).data_type().clone()))
+                .collect(),
+        )
+        .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+        // By rows, a row's period comes from its time column, which is not a partition column.
+        let time = match (layout.by_rows, spec.batch.carry) {
+            (true, false) => {
+                let column = layout.time.encoding.columns()[0];
+                Some(target_schema.index_of(column).map_err(|_| {
+                    Error::Internal(format!(
+                        "range column `{column}` is not in the target schema"
+                    ))
+                })?)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            partition,
+            file,
+            file_schema,
+            converter,
+            time,
+        })
+    }
+}
+
+/// A row's period: by its time column (by rows) or its partition values; `Err` holds a value
+/// that is not a time of the grain.
+type RowPeriod = std::result::Result<Option<Period>, String>;
+
+/// The rows of one record batch, grouped by partition values (and, by rows, by period).
+struct Groups {
+    /// The partition columns' arrays.
+    partition_arrays: Vec<deltalake::arrow::array::ArrayRef>,
+    /// By rows, each row's period.
+    row_times: Option<Vec<RowPeriod>>,
+    /// The row indices of each group, in order of first appearance.
+    groups: Vec<Vec<u32>>,
+}
+
+impl Groups {
+    /// Groups the rows of `record_batch`, compared as Arrow rows (cheap), so that where a group
+    /// goes is decided once.
+    fn of(spec: &WriteSpec, columns: &Columns, record_batch: &RecordBatch) -> Result<Self> {
+        let partition_arrays: Vec<_> = columns
+            .partition
+            .iter()
+            .map(|i| Arc::clone(record_batch.column(*i)))
+            .collect();
+        // An unpartitioned table has one partition: no key to compare.
+        let keys = if partition_arrays.is_empty() {
+            None
+        } else {
+            Some(
+                columns
+                    .converter
+                    .convert_columns(&partition_arrays)
+                    .map_err(|e| {
+                        Error::Internal(format!("cannot compare partition values: {e}"))
+                    })?,
+            )
+        };
+        let row_times = match columns.time {
+            Some(index) => Some(row_periods(record_batch.column(index), &spec.layout.time)?),
+            None => None,
+        };
+        let mut group_of: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut groups: Vec<Vec<u32>> = Vec::new();
+        let mut key_bytes = Vec::new();
+        // Rows mostly come in runs of one partition (a source file holds a day): a row like the
+        // one before goes where it went, without building and looking up its key.
+        let like_previous = |row: usize| {
+            row > 0
+                && keys
+                    .as_ref()
+                    .is_none_or(|keys| keys.row(row) == keys.row(row - 1))
+                && row_times
+                    .as_ref()
+                    .is_none_or(|times| times[row] == times[row - 1])
+        };
+        let mut previous_group = 0;
+        for row in 0..record_batch.num_rows() {
+            if like_previous(row) {
+                groups[previous_group].push(row as u32);
+                continue;
+            }
+            key_bytes.clear();
+            if let Some(keys) = &keys {
+                key_bytes.extend_from_slice(keys.row(row).as_ref());
+            }
+            if let Some(times) = &row_times {
+                match &times[row] {
+                    Ok(Some(period)) => key_bytes.extend_from_slice(period.label().as_bytes()),
+                    Ok(None) => key_bytes.push(0),
+                    Err(message) => key_bytes.extend_from_slice(message.as_bytes()),
+                }
+                key_bytes.push(0xff);
+            }
+            let group = match group_of.get(key_bytes.as_slice()) {
+                Some(group) => *group,
+                None => {
+                    group_of.insert(key_bytes.clone(), groups.len());
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                }
+            };
+            groups[group].push(row as u32);
+            previous_group = group;
+        }
+        Ok(Self {
+            partition_arrays,
+            row_times,
+            groups,
+        })
+    }
+}
+
+/// One batch's writing in progress: a writer per partition, and what it has counted so far.
+struct Staging<'a> {
+    spec: &'a WriteSpec,
+    columns: Columns,
+    store: Arc<dyn deltalake::ObjectStore>,
+    /// The batch's first and last periods.
+    first: Period,
+    last: Period,
+    /// Measures summed while writing, so validation need not scan the staged files for them.
+    measures: Vec<(String, usize)>,
+    writers: BTreeMap<Vec<Option<String>>, OpenPartition>,
+    rows: BTreeMap<String, u64>,
+    spill: BTreeMap<String, u64>,
+    off_grain: BTreeMap<String, u64>,
+    sums: BTreeMap<String, BTreeMap<String, f64>>,
+    hasher: Hasher,
+}
+
+impl<'a> Staging<'a> {
+    fn start(
+        spec: &'a WriteSpec,
+        target_schema: SchemaRef,
+        store: Arc<dyn deltalake::ObjectStore>,
+        capture: Option<&Arc<Capture>>,
+    ) -> Result<Self> {
+        let columns = Columns::of(spec, &target_schema)?;
+        let (first, last) = spec.periods()?;
+        let measures = spec
+            .measures
+            .iter()
+            .filter_map(|m| columns.file_schema.index_of(m).ok().map(|i| (m.clone(), i)))
+            .collect();
+        let hasher = Hasher::start(
+            capture.map(|c| c.writer()),
+            Arc::clone(&columns.file_schema),
+            target_schema,
+        );
+        Ok(Self {
+            spec,
+            columns,
+            store,
+            first,
+            last,
+            measures,
+            writers: BTreeMap::new(),
+            rows: BTreeMap::new(),
+            spill: BTreeMap::new(),
+            off_grain: BTreeMap::new(),
+            sums: BTreeMap::new(),
+            hasher,
+        })
+    }
+
+    /// Writes the rows of `record_batch` that this batch owns, each group to its partition's
+    /// writer; counts the rest as spill, rows of another batch, or off the grain.
+    async fn take(&mut self, record_batch: &RecordBatch) -> Result<()> {
+        let Groups {
+            partition_arrays,
+            row_times,
+            groups,
+        } = Groups::of(self.spec, &self.columns, record_batch)?;
+        for indices in groups {
+            let first_row = indices[0] as usize;
+            let scalars: Vec<Scalar> = partition_arrays
+                .iter()
+                .map(|array| {
+                    Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "cannot read a partition value of type {}",
+                            array.data_type()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let values: PartitionValues = self
+                .spec
+                .layout
+                .partition_columns
+                .iter()
+                .zip(&scalars)
+                .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
+                .collect();
+            let period = match &row_times {
+                Some(times) => times[first_row].clone(),
+                None if self.spec.batch.carry => Ok(None),
+                None => self.spec.layout.time.period_of(&values),
+            };
+            let count = indices.len() as u64;
+            match self.placement(&period) {
+                Placement::Batch => {}
+                Placement::OtherBatch => continue,
+                Placement::Outside(label) => {
+                    *self.spill.entry(label).or_default() += count;
+                    continue;
+                }
+                Placement::OffGrain(message) => {
+                    *self.off_grain.entry(message).or_default() += count;
+                    continue;
+                }
+            }
+            self.write_group(record_batch, indices, first_row, &scalars, &values, &period)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Where the rows of a group whose period is `period` go.
+    fn placement(&self, period: &RowPeriod) -> Placement {
+        let (batch, range) = (&self.spec.batch, &self.spec.range);
+        match period.clone() {
+            _ if batch.carry => Placement::Batch,
+            Err(message) => Placement::OffGrain(message),
+            Ok(None) if batch.null => Placement::Batch,
+            Ok(None) if range.include_null => Placement::OtherBatch,
+            Ok(None) => Placement::Outside(NULL_LABEL.to_string()),
+            Ok(Some(_)) if batch.null => Placement::OtherBatch,
+            Ok(Some(period)) if self.first <= period && period <= self.last => Placement::Batch,
+            Ok(Some(period)) if range.contains(&period) => Placement::OtherBatch,
+            Ok(Some(period)) => Placement::Outside(period.label()),
+        }
+    }
+
+    /// Writes one group of this batch's rows to its partition's writer (opened on its first
+    /// rows), counting its rows and measures and hashing it for validation.
+    async fn write_group(
+        &mut self,
+        record_batch: &RecordBatch,
+        indices: Vec<u32>,
+        first_row: usize,
+        scalars: &[Scalar],
+        values: &PartitionValues,
+        period: &RowPeriod,
+    ) -> Result<()> {
+        let spec = self.spec;
+        let indices = UInt32Array::from(indices);
+        let columns = self
+            .columns
+            .file
+            .iter()
+            .map(|i| take(record_batch.column(*i).as_ref(), &indices, None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Internal(format!("cannot split a batch by partition: {e}")))?;
+        let part =
+            RecordBatch::try_new(Arc::clone(&self.columns.file_schema), columns).map_err(|e| {
+                Error::Internal(format!("the output does not fit the staged files: {e}"))
+            })?;
+        let key: Vec<Option<String>> = spec
+            .layout
+            .partition_columns
+            .iter()
+            .map(|c| values.get(c).cloned().flatten())
+            .collect();
+        // The partition a row's counts belong to: its period (by rows, several periods may share
+        // one file's directory), or the rows carried over unchanged.
+        let label = match period {
+            _ if spec.batch.carry => CARRIED_LABEL.to_string(),
+            Ok(Some(period)) => period.label(),
+            _ => NULL_LABEL.to_string(),
+        };
+        let writer_key = key.clone();
+        let open = match self.writers.entry(key) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => entry.insert(OpenPartition {
+                label: label.clone(),
+                checksum: RowChecksum::default(),
+                writer: partition_writer(
+                    spec,
+                    scalars,
+                    values,
+                    &near_unique_columns(&part),
+                    Arc::clone(&self.columns.file_schema),
+                    Arc::clone(&self.store),
+                )?,
+            }),
+        };
+        *self.rows.entry(label.clone()).or_default() += part.num_rows() as u64;
+        if !self.measures.is_empty() {
+            let partition_sums = self.sums.entry(label.clone()).or_default();
+            for (measure, index) in &self.measures {
+                *partition_sums.entry(measure.clone()).or_default() +=
+                    column_sum(part.column(*index))?;
+            }
+        }
+        self.hasher
+            .hash(Job {
+                writer: writer_key,
+                label: label.clone(),
+                part: part.clone(),
+                batch: record_batch.clone(),
+                indices,
+                first_row,
+            })
+            .await?;
+        open.writer
+            .write(&part)
+            .await
+            .map_err(|source| Error::StagingWrite {
+                table: spec.target.clone(),
+                partition: label,
+                source: Box::new(source),
+            })
+    }
+
+    /// Closes every writer: the batch's files, each tagged with its rows' checksum, and its
+    /// record. Nothing of a batch that produced rows off the grain is kept.
+    async fn finish(self) -> Result<Written> {
+        if !self.off_grain.is_empty() {
+            // The writers are dropped unclosed.
+            return Ok(Written {
+                record: None,
+                off_grain: self.off_grain,
+            });
+        }
+        let Hashed {
+            checksums,
+            mut by_writer,
+            capture,
+        } = self.hasher.finish().await?;
+        let mut files: Vec<Add> = Vec::new();
+        for (key, mut open) in self.writers {
+            open.checksum = by_writer.remove(&key).unwrap_or_default();
+            let mut adds = open
+                .writer
+                .close()
+                .await
+                .map_err(|source| Error::StagingWrite {
+                    table: self.spec.target.clone(),
+                    partition: open.label.clone(),
+                    source: Box::new(source),
+                })?;
+            // A writer that never rolls (no target size) writes one file: its rows' checksum goes
+            // into its `add`, for whoever compares with these rows once they are published.
+            if let [add] = adds.as_mut_slice() {
+                let tag =
+                    FileDigest::tag(&open.checksum, self.columns.file_schema.fields(), &add.path);
+                add.tags
+                    .get_or_insert_with(Default::default)
+                    .insert(DIGEST_TAG.to_string(), Some(tag));
+            }
+            files.extend(adds);
+        }
+        if let Some(capture) = capture {
+            capture.finish(self.spec.batch.index, files.iter().map(|a| a.path.clone()));
+        }
+        Ok(Written {
+            record: Some(BatchRecord {
+                files,
+                rows: self.rows,
+                spill: self.spill,
+                sums: self.sums,
+                checksums,
+                ..self.spec.batch.empty_record()
+            }),
+            off_grain: self.off_grain,
+        })
+    }
+}
+
+impl Written {
+    /// The batch's record; an error naming the rows whose time is not a value of the grain.
+    pub fn into_record(self, spec: &WriteSpec) -> Result<BatchRecord> {
+        if !self.off_grain.is_empty() {
+            return Err(Error::OffGrain {
+                model: format!("{}@{}", spec.model, spec.model_version),
+                grain: spec.layout.time.grain,
+                values: self.off_grain.into_iter().collect(),
+            });
+        }
+        self.record
+            .ok_or_else(|| Error::Internal("a batch was written without its record".into()))
+    }
+}
+
+/// The rows of the files a by-rows backfill rewrites that lie outside its range (and, unless the
+/// range takes the NULL partition, those whose time is NULL), read at the read version: they are
+/// written again unchanged.
+async fn carried_dataframe(
+    plan: &BackfillPlan,
+    resources: &Resources,
+) -> Result<(SessionContext, DataFrame)> {
+    let report = &plan.report;
+    let layout = &report.layout;
+    let ctx = resources.session();
+    let provider = plan
+        .target
+        .table_provider()
+        .with_file_paths(
+            report
+                .affected_files
+                .iter()
+                .map(|p| lakefill_table::storage::selection_path(p)),
+        )
+        .await
+        .query_context(|| "cannot scan the files the backfill rewrites".into())?;
+    let schema = target_schema(plan)?;
+    let in_range = layout.range_predicate(&report.range, &schema)?;
+    // NULL comparisons are not false: rows with a NULL time are outside unless they are in.
+    let outside = in_range.is_not_true();
+    let df = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(outside))
+        .query_context(|| "cannot select the rows to carry over".into())?;
+    Ok((ctx, df))
+}
+
+/// The period of each row's time value, for a time column that is not a partition column.
+fn row_periods(
+    array: &deltalake::arrow::array::ArrayRef,
+    time: &lakefill_table::partition::TimeColumn,
+) -> Result<Vec<std::result::Result<Option<Period>, String>>> {
+    use deltalake::arrow::datatypes::{Date32Type, TimeUnit, TimestampMicrosecondType};
+    let grain = time.grain;
+    let out_of_range = |what: String| Err(format!("{what} is out of range"));
+    Ok(match array.data_type() {
+        DataType::Date32 => array
+            .as_primitive::<Date32Type>()
+            .iter()
+            .map(|days| match days {
+                None => Ok(None),
+                Some(days) => match chrono::NaiveDate::from_ymd_opt(1970, 1, 1).and_then(|epoch| {
+                    epoch.checked_add_signed(chrono::TimeDelta::days(i64::from(days)))
+                }) {
+                    Some(date) => Ok(Period::of_date(grain, date)),
+                    None => out_of_range(format!("day {days}")),
+                },
+            })
+            .collect(),
+        DataType::Timestamp(_, _) => {
+            let micros = deltalake::arrow::compute::cast(
+                array,
+                &DataType::Timestamp(TimeUnit::Microsecond, None),
+            )
+            .map_err(|e| Error::Internal(format!("cannot read a timestamp: {e}")))?;
+            micros
+                .as_primitive::<TimestampMicrosecondType>()
+                .iter()
+                .map(|value| match value {
+                    None => Ok(None),
+                    Some(micros) => match chrono::DateTime::from_timestamp_micros(micros) {
+                        Some(instant) => Ok(Period::containing(grain, instant.naive_utc())),
+                        None => out_of_range(format!("timestamp {micros}")),
+                    },
+                })
+                .collect()
+        }
+        _ => {
+            let text = deltalake::arrow::compute::cast(array, &DataType::Utf8).map_err(|e| {
+                Error::Internal(format!("cannot read the time column as text: {e}"))
+            })?;
+            let lakefill_table::partition::TimeEncoding::Text { column, format } = &time.encoding
+            else {
+                return Err(Error::Internal(format!(
+                    "the range column has type {}, which holds no times",
+                    array.data_type()
+                )));
+            };
+            text.as_string::<i32>()
+                .iter()
+                .map(|value| match value {
+                    None => Ok(None),
+                    Some(value) => lakefill_table::partition::parse_with_format(value, format)
+                        .map(|instant| Period::containing(grain, instant))
+                        .ok_or_else(|| format!("`{column}` = `{value}` is not written `{format}`")),
+                })
+                .collect()
+        }
+    })
+}
+
+/// The sum of a numeric column as `f64`; NULLs count as nothing.
+fn column_sum(column: &deltalake::arrow::array::ArrayRef) -> Result<f64> {
+    let as_float = deltalake::arrow::compute::cast(column, &DataType::Float64)
+        .map_err(|e| Error::Internal(format!("cannot sum a measure: {e}")))?;
+    Ok(deltalake::arrow::compute::sum(
+        as_float.as_primitive::<deltalake::arrow::datatypes::Float64Type>(),
+    )
+    .unwrap_or(0.0))
+}
+
+/// The columns of `sample` (a partition's first rows) whose values are nearly all distinct: a
+/// dictionary of them costs the time to build and saves nothing, and Parquet's writer gives it
+/// up only once a row group's dictionary passes a megabyte (about a whole row group of 64-bit
+/// values). Too few rows tell nothing.
+fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
+    const MIN_ROWS: usize = 1024;
+    const MAX_ROWS: usize = 8192;
+    let rows = sample.num_rows().min(MAX_ROWS);
+    if rows < MIN_ROWS {
+        return Vec::new();
+    }
+    sample
+        .schema()
+        .fields()
+        .iter()
+        .zip(sample.columns())
+        .filter_map(|(field, column)| {
+            let hashes = lakefill_table::rowhash::hash_rows(&[column.slice(0, rows)], rows).ok()?;
+            let distinct: std::collections::HashSet<u64> = hashes.into_iter().collect();
+            (distinct.len() * 100 >= rows * 95).then(|| field.name().clone())
+        })
+        .collect()
+}
+
+fn partition_writer(
+    spec: &WriteSpec,
+    scalars: &[Scalar],
+    values: &PartitionValues,
+    plain: &[String],
+    file_schema: SchemaRef,
+    store: Arc<dyn deltalake::ObjectStore>,
+) -> Result<PartitionWriter> {
+    let layout = &spec.layout;
+    let prefix = layout.staging_prefix(values, &spec.run_id);
+    let prefix = Path::parse(&prefix)
+        .map_err(|e| Error::Internal(format!("invalid staging path `{prefix}`: {e}")))?;
+    let mut properties = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
+    // A key's values are unique, and so are nearly those of `plain`: a dictionary of them never
+    // pays for the time spent building it.
+    for key in spec.key.iter().chain(plain) {
+        if file_schema.index_of(key).is_ok() {
+            properties = properties.set_column_dictionary_enabled(
+                deltalake::parquet::schema::types::ColumnPath::from(key.as_str()),
+                false,
+            );
+        }
+    }
+    let properties = properties.build();
+    let partition_values: IndexMap<String, Scalar> = layout
+        .partition_columns
+        .iter()
+        .cloned()
+        .zip(scalars.iter().cloned())
+        .collect();
+    let config = PartitionWriterConfig::try_new(
+        file_schema,
+        partition_values,
+        Some(properties),
+        None,
+        None,
+        None,
+        Some(prefix),
+    )
+    .delta_context(|| "cannot configure the Parquet writer".into())?;
+    PartitionWriter::try_with_config(
+        store,
+        config,
+        DataSkippingNumIndexedCols::NumColumns(32),
+        None,
+    )
+    .delta_context(|| "cannot create the Parquet writer".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int64Array, StringArray};
+    use deltalake::arrow::datatypes::Field;
+
+    /// `rows` rows: an id, a timestamp-like value 96% distinct, an amount of 3,000 values, a
+    /// country of 12, and an all-NULL column.
+    fn batch(rows: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("ts", DataType::Int64, true),
+            Field::new("amount", DataType::Int64, true),
+            Field::new("country", DataType::Utf8, true),
+            Field::new("empty", DataType::Int64, true),
+        ]));
+        let columns: Vec<deltalake::arrow::array::ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(0..rows)),
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows).map(|i| if i % 25 == 0 { 0 } else { i * 1_000 }),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows).map(|i| (i * 7_919) % 3_000),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("c{}", i % 12)),
+            )),
+            Arc::new(Int64Array::from(vec![None::<i64>; rows as usize])),
+        ];
+        RecordBatch::try_new(schema, columns).expect("batch")
+    }
+
+    #[test]
+    fn only_nearly_unique_columns_are_written_without_a_dictionary() {
+        assert_eq!(near_unique_columns(&batch(8_192)), ["id", "ts"]);
+        // More rows than the sample: the first 8,192 tell.
+        assert_eq!(near_unique_columns(&batch(50_000)), ["id", "ts"]);
+        // Too few rows to tell.
+        assert!(near_unique_columns(&batch(1_000)).is_empty());
+    }
+}

@@ -1,0 +1,923 @@
+//! Old rows against new, per partition: row counts, measure sums and a row-level diff by key.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use deltalake::arrow::array::{Array, AsArray};
+use deltalake::arrow::datatypes::Int64Type;
+use deltalake::datafusion::catalog::TableProvider;
+use deltalake::datafusion::logical_expr::Expr;
+use deltalake::datafusion::prelude::SessionContext;
+use futures::StreamExt;
+
+use super::keymerge::{Capture, Decision, KeyFacts, LabelTotals, merge_diff, merge_diff_whole_old};
+use super::rowdiff::row_diff;
+use super::rows::run;
+use super::spec::{
+    CompareSpec, Comparison, ComparisonTotals, LoggedChecksums, PartitionComparison, PartitionKey,
+    Samples,
+};
+use lakefill_table::error::{QueryContext, Result};
+use lakefill_table::partition::{Layout, NULL_LABEL, PartitionRange};
+use lakefill_table::rowhash::{PartitionChecksums, RowChecksum, row_hash_sql};
+use lakefill_table::sqltext::ident;
+use lakefill_table::time::Period;
+
+/// What is known of one side without a scan: rows per partition (from the log or staging) and,
+/// when staging computed them, measure sums per partition.
+#[derive(Debug, Clone, Default)]
+pub struct KnownSide {
+    /// Rows per partition label.
+    pub rows: BTreeMap<String, u64>,
+    /// Measure sums per partition label, by measure.
+    pub sums: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+    /// Row checksums per partition label.
+    pub checksums: Option<PartitionChecksums>,
+    /// Most of its partitions are expected to differ from the other side's (a hint, e.g. from
+    /// row counts): the key merge then reads the other side whole, once, and aggregates it in
+    /// the same pass.
+    pub mostly_changed: bool,
+    /// Its rows as the key merge reads them, hashed by the writers that staged them (the merge
+    /// then does not read this side).
+    pub captured: Option<Arc<Capture>>,
+}
+
+impl KnownSide {
+    /// Row counts only; measures and checksums, if wanted, need a scan.
+    pub fn rows(rows: BTreeMap<String, u64>) -> Self {
+        Self {
+            rows,
+            sums: None,
+            checksums: None,
+            mostly_changed: false,
+            captured: None,
+        }
+    }
+}
+
+/// One side's known aggregates, if any.
+pub type KnownCounts = Option<KnownSide>;
+
+/// Compares `previous` with `output` in `ctx`.
+pub async fn compare(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old_counts: KnownCounts,
+    new_counts: KnownCounts,
+) -> Result<Comparison> {
+    Ok(compare_keyed(ctx, spec, old_counts, new_counts, None)
+        .await?
+        .0)
+}
+
+/// [`compare`], and what the row diff saw of the new rows' keys when it could count them in
+/// the same pass (`None` when it did not: then the key checks need a query of their own).
+/// `logged`: every old partition, as the log knows it (by its files' entries), with its checksum
+/// when each of its files carries one; a partition whose logged checksum equals the new rows' is
+/// not read on the old side.
+pub async fn compare_keyed(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old_counts: KnownCounts,
+    new_counts: KnownCounts,
+    logged: Option<&LoggedChecksums>,
+) -> Result<(Comparison, Option<KeyFacts>)> {
+    if spec.checksum_columns.is_some() {
+        lakefill_table::rowhash::register_hash_functions(ctx);
+    }
+    let mostly_changed = new_counts.as_ref().is_some_and(|c| c.mostly_changed);
+    let mut new_counts = new_counts;
+    let captured = new_counts.as_mut().and_then(|c| c.captured.take());
+    let new = side_aggregates(ctx, "output", spec, new_counts).await?;
+    // Partitions whose old rows are known to be the new ones: their old totals are the new
+    // totals, and `previous` is narrowed to the other partitions for as long as this compares.
+    let settled = settled_partitions(spec, &new, logged);
+    let narrowed = match logged {
+        Some(logged) if !settled.is_empty() => {
+            let others: Vec<&String> = logged
+                .keys()
+                .chain(new.keys())
+                .filter(|label| !settled.contains_key(*label))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            narrow_previous(ctx, spec, &others).await?
+        }
+        _ => None,
+    };
+    let settled = match narrowed {
+        Some(_) => settled,
+        None => SideAggregates::new(),
+    };
+    let compared = compare_sides(
+        ctx,
+        spec,
+        old_counts,
+        new,
+        &settled,
+        logged,
+        mostly_changed,
+        captured.as_deref(),
+    )
+    .await;
+    if let Some(original) = narrowed {
+        let _ = ctx.deregister_table("previous");
+        ctx.register_table("previous", original)
+            .query_context(|| "cannot register the old rows again".into())?;
+    }
+    let (mut comparison, facts) = compared?;
+    comparison.old_unread = settled.len() as u64;
+    Ok((comparison, facts))
+}
+
+/// The partitions of `new` whose logged old checksum is the new rows' checksum, with their
+/// (new, hence old) totals.
+fn settled_partitions(
+    spec: &CompareSpec,
+    new: &SideAggregates,
+    logged: Option<&LoggedChecksums>,
+) -> SideAggregates {
+    let (Some(logged), Some(_), PartitionKey::Time(layout)) =
+        (logged, &spec.checksum_columns, &spec.partitions)
+    else {
+        return SideAggregates::new();
+    };
+    if layout.by_rows {
+        return SideAggregates::new();
+    }
+    new.iter()
+        .filter(|(label, totals)| {
+            totals.rows > 0
+                && totals.checksum.is_some()
+                && logged.get(*label).copied().flatten() == totals.checksum
+        })
+        .map(|(label, totals)| (label.clone(), totals.clone()))
+        .collect()
+}
+
+/// Narrows `previous` to the partitions `labels` (a predicate on the partition columns, so the
+/// scan reads only their files); returns what it was, to be put back, or `None` (and leaves it)
+/// when they cannot be selected by a short predicate.
+async fn narrow_previous(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    labels: &[&String],
+) -> Result<Option<Arc<dyn TableProvider>>> {
+    let PartitionKey::Time(layout) = &spec.partitions else {
+        return Ok(None);
+    };
+    let schema = previous_schema(ctx).await?;
+    let predicate = if labels.is_empty() {
+        deltalake::datafusion::prelude::lit(false)
+    } else {
+        match periods_predicate(layout, labels, &schema)? {
+            Some(predicate) => predicate,
+            None => return Ok(None),
+        }
+    };
+    let rest = ctx
+        .table("previous")
+        .await
+        .and_then(|df| df.filter(predicate))
+        .query_context(|| "cannot leave out the partitions known to be unchanged".into())?;
+    let original = ctx
+        .deregister_table("previous")
+        .query_context(|| "cannot take the old rows back".into())?
+        .ok_or_else(|| {
+            lakefill_table::error::Error::Internal("table `previous` is not registered".into())
+        })?;
+    ctx.register_table("previous", rest.into_view())
+        .query_context(|| "cannot register the old rows of the other partitions".into())?;
+    Ok(Some(original))
+}
+
+/// [`compare_keyed`] once `previous` holds the partitions not `settled` (whose old totals are
+/// the new ones).
+#[allow(clippy::too_many_arguments)]
+async fn compare_sides(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old_counts: KnownCounts,
+    new: SideAggregates,
+    settled: &SideAggregates,
+    logged: Option<&LoggedChecksums>,
+    mostly_changed: bool,
+    captured: Option<&Capture>,
+) -> Result<(Comparison, Option<KeyFacts>)> {
+    let started = std::time::Instant::now();
+    let with_settled = |mut old: SideAggregates| {
+        old.extend(settled.iter().map(|(l, t)| (l.clone(), t.clone())));
+        old
+    };
+    // Most partitions differ: one read of the old side serves its totals and the key merge.
+    let fused = match (&spec.partitions, &spec.checksum_columns) {
+        (PartitionKey::Time(layout), Some(columns))
+            if mostly_changed
+                && old_counts.is_none()
+                && !spec.key.is_empty()
+                && !layout.by_rows =>
+        {
+            let schema = previous_schema(ctx).await?;
+            let expected_rows = 2 * new.values().map(|t| t.rows).sum::<u64>();
+            merge_diff_whole_old(
+                ctx,
+                spec,
+                "previous",
+                "output",
+                columns,
+                logged,
+                expected_rows,
+                captured,
+                |totals| {
+                    let old = with_settled(side_from_totals(spec, totals));
+                    match differing_partitions(spec, &old, &new, &schema)? {
+                        _ if identical_sides(&old, &new) => Ok(Decision::Identical),
+                        differing => Ok(Decision::Diff(differing)),
+                    }
+                },
+            )
+            .await?
+        }
+        _ => None,
+    };
+    let (old, fused_diff) = match fused {
+        Some((totals, diff)) => (with_settled(side_from_totals(spec, &totals)), Some(diff)),
+        None => (
+            with_settled(side_aggregates(ctx, "previous", spec, old_counts).await?),
+            None,
+        ),
+    };
+    tracing::debug!(
+        fused = fused_diff.is_some(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "aggregated old and new rows"
+    );
+    let identical = spec
+        .checksum_columns
+        .as_ref()
+        .map(|_| identical_sides(&old, &new));
+    let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
+    for (value, totals) in &old {
+        let entry = partitions
+            .entry(value.clone())
+            .or_insert_with(|| PartitionComparison {
+                value: value.clone(),
+                ..Default::default()
+            });
+        entry.old_rows = totals.rows;
+        for (measure, sum) in &totals.sums {
+            entry.measures.entry(measure.clone()).or_default().old = *sum;
+        }
+    }
+    for (value, totals) in &new {
+        let entry = partitions
+            .entry(value.clone())
+            .or_insert_with(|| PartitionComparison {
+                value: value.clone(),
+                ..Default::default()
+            });
+        entry.new_rows = totals.rows;
+        for (measure, sum) in &totals.sums {
+            entry.measures.entry(measure.clone()).or_default().new = *sum;
+        }
+    }
+
+    let mut samples = Samples::default();
+    let mut facts = None;
+    // Identical sides have no row differences: the join would only confirm it.
+    if !spec.key.is_empty() && identical != Some(true) {
+        let started = std::time::Instant::now();
+        let (differing, labels) = match differing_predicate(ctx, spec, &old, &new).await? {
+            Some((predicate, labels)) => (Some(predicate), Some(labels)),
+            None => (None, None),
+        };
+        let expected_rows = old.values().chain(new.values()).map(|t| t.rows).sum();
+        let merged = match fused_diff {
+            Some(diff) => diff,
+            None => {
+                merge_diff(
+                    ctx,
+                    spec,
+                    "previous",
+                    "output",
+                    differing.clone(),
+                    expected_rows,
+                    captured.map(|c| (c, labels.as_ref())),
+                )
+                .await?
+            }
+        };
+        let diff = match merged {
+            Some((diff, key_facts)) => {
+                facts = Some(key_facts);
+                diff
+            }
+            None => {
+                let (old_rows, new_rows) = differing_views(ctx, differing).await?;
+                row_diff(ctx, spec, &old_rows, &new_rows).await?
+            }
+        };
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compared rows by key"
+        );
+        for (value, counts) in diff.counts {
+            let entry = partitions
+                .entry(value.clone())
+                .or_insert_with(|| PartitionComparison {
+                    value,
+                    ..Default::default()
+                });
+            entry.added = counts[0];
+            entry.removed = counts[1];
+            entry.changed = counts[2];
+        }
+        samples = diff.samples;
+    }
+
+    let partitions: Vec<PartitionComparison> = partitions.into_values().collect();
+    let mut totals = ComparisonTotals::default();
+    for p in &partitions {
+        totals.old_rows += p.old_rows;
+        totals.new_rows += p.new_rows;
+        totals.added += p.added;
+        totals.removed += p.removed;
+        totals.changed += p.changed;
+        for (measure, change) in &p.measures {
+            let total = totals.measures.entry(measure.clone()).or_default();
+            total.old += change.old;
+            total.new += change.new;
+        }
+    }
+    let appeared = partitions
+        .iter()
+        .filter(|p| p.old_rows == 0 && p.new_rows > 0)
+        .map(|p| p.value.clone())
+        .collect();
+    let disappeared = partitions
+        .iter()
+        .filter(|p| p.old_rows > 0 && p.new_rows == 0)
+        .map(|p| p.value.clone())
+        .collect();
+    let comparison = Comparison {
+        key: spec.key.clone(),
+        partitions,
+        totals,
+        appeared,
+        disappeared,
+        samples,
+        identical,
+        old_unread: 0,
+    };
+    Ok((comparison, facts))
+}
+
+/// What one side holds in one partition.
+#[derive(Debug, Clone, Default)]
+struct SideTotals {
+    rows: u64,
+    sums: BTreeMap<String, f64>,
+    checksum: Option<RowChecksum>,
+}
+
+/// The rows the row diff needs to look at: only the partitions whose checksums differ (a
+/// partition whose rows are the same on both sides has no row that differs), as a predicate
+/// with their labels; `None` for the whole sides, when every partition differs or no checksums
+/// were taken.
+async fn differing_predicate(
+    ctx: &SessionContext,
+    spec: &CompareSpec,
+    old: &SideAggregates,
+    new: &SideAggregates,
+) -> Result<Option<(Expr, BTreeSet<String>)>> {
+    if !matches!(spec.partitions, PartitionKey::Time(_)) || spec.checksum_columns.is_none() {
+        return Ok(None);
+    }
+    let schema = previous_schema(ctx).await?;
+    differing_partitions(spec, old, new, &schema)
+}
+
+/// The Arrow schema of `previous`.
+async fn previous_schema(ctx: &SessionContext) -> Result<deltalake::arrow::datatypes::Schema> {
+    Ok(ctx
+        .table("previous")
+        .await
+        .query_context(|| "table `previous` is not registered".into())?
+        .schema()
+        .as_arrow()
+        .clone())
+}
+
+/// Whether every partition's checksum is the same on both sides.
+fn identical_sides(old: &SideAggregates, new: &SideAggregates) -> bool {
+    let checksum = |side: &SideAggregates, p: &String| {
+        side.get(p)
+            .and_then(|totals| totals.checksum)
+            .unwrap_or_default()
+    };
+    old.keys()
+        .chain(new.keys())
+        .all(|p| checksum(old, p) == checksum(new, p))
+}
+
+/// [`differing_predicate`] over `schema` (the old side's), with the labels it selects.
+fn differing_partitions(
+    spec: &CompareSpec,
+    old: &SideAggregates,
+    new: &SideAggregates,
+    schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<Option<(Expr, BTreeSet<String>)>> {
+    let PartitionKey::Time(layout) = &spec.partitions else {
+        return Ok(None);
+    };
+    if spec.checksum_columns.is_none() {
+        return Ok(None);
+    }
+    let checksum = |side: &SideAggregates, p: &String| side.get(p).and_then(|t| t.checksum);
+    let labels: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let differing: Vec<&String> = labels
+        .iter()
+        .copied()
+        .filter(|p| checksum(old, p).unwrap_or_default() != checksum(new, p).unwrap_or_default())
+        .collect();
+    if differing.len() == labels.len() {
+        return Ok(None);
+    }
+    let selected = differing.iter().map(|l| (*l).clone()).collect();
+    Ok(periods_predicate(layout, &differing, schema)?.map(|p| (p, selected)))
+}
+
+/// One side's aggregates from the key merge's totals per label.
+fn side_from_totals(spec: &CompareSpec, totals: &BTreeMap<String, LabelTotals>) -> SideAggregates {
+    totals
+        .iter()
+        .map(|(label, t)| {
+            let sums = spec
+                .measures
+                .iter()
+                .zip(t.sums.iter().chain(std::iter::repeat(&0.0)))
+                .map(|(m, v)| (m.clone(), *v))
+                .collect();
+            (
+                label.clone(),
+                SideTotals {
+                    rows: t.rows,
+                    sums,
+                    checksum: Some(RowChecksum {
+                        rows: t.rows,
+                        sum: t.checksum,
+                    }),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The old and new rows of `differing` (or the whole sides), as views registered for the row
+/// diff.
+async fn differing_views(
+    ctx: &SessionContext,
+    differing: Option<Expr>,
+) -> Result<(String, String)> {
+    let Some(predicate) = differing else {
+        return Ok(("previous".to_string(), "output".to_string()));
+    };
+    let mut names = Vec::new();
+    for table in ["previous", "output"] {
+        let view = format!("__lf_differing_{table}");
+        let rows = ctx
+            .table(table)
+            .await
+            .and_then(|df| df.filter(predicate.clone()))
+            .query_context(|| format!("cannot select the differing partitions of `{table}`"))?;
+        ctx.register_table(view.as_str(), rows.into_view())
+            .query_context(|| "cannot register the differing partitions".into())?;
+        names.push(view);
+    }
+    let new_view = names.pop().unwrap_or_default();
+    let old_view = names.pop().unwrap_or_default();
+    Ok((old_view, new_view))
+}
+
+/// A predicate selecting the rows of the periods `labels` (consecutive periods as one range, the
+/// NULL partition by `IS NULL`); `None` when there are too many ranges to be worth it.
+fn periods_predicate(
+    layout: &Layout,
+    labels: &[&String],
+    schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<Option<Expr>> {
+    const MAX_RANGES: usize = 256;
+    let grain = layout.time.grain;
+    let include_null = labels.iter().any(|l| l.as_str() == NULL_LABEL);
+    let mut periods: Vec<Period> = Vec::new();
+    for label in labels.iter().filter(|l| l.as_str() != NULL_LABEL) {
+        match Period::from_label(grain, label) {
+            Some(period) => periods.push(period),
+            None => return Ok(None),
+        }
+    }
+    periods.sort();
+    let mut ranges: Vec<(Period, Period)> = Vec::new();
+    for period in periods {
+        match ranges.last_mut() {
+            Some((_, last)) if last.next().as_ref() == Some(&period) => *last = period,
+            _ => ranges.push((period, period)),
+        }
+    }
+    if ranges.len() > MAX_RANGES {
+        return Ok(None);
+    }
+    let mut predicate: Option<Expr> = None;
+    for (first, last) in &ranges {
+        let range = PartitionRange {
+            from: first.label(),
+            to: last.label(),
+            grain,
+            include_null: false,
+        };
+        let p = layout.range_predicate(&range, schema)?;
+        predicate = Some(match predicate {
+            Some(q) => q.or(p),
+            None => p,
+        });
+    }
+    if include_null {
+        let null = layout
+            .time
+            .encoding
+            .columns()
+            .into_iter()
+            .map(|c| {
+                Expr::Column(deltalake::datafusion::common::Column::new_unqualified(c)).is_null()
+            })
+            .reduce(Expr::or);
+        predicate = match (predicate, null) {
+            (Some(p), Some(n)) => Some(p.or(n)),
+            (p, n) => p.or(n),
+        };
+    }
+    Ok(predicate)
+}
+
+type SideAggregates = BTreeMap<String, SideTotals>;
+
+/// Row counts, measure sums and (when the spec asks) row checksums per partition of one side.
+/// Skips the scan when what is known already answers.
+async fn side_aggregates(
+    ctx: &SessionContext,
+    table: &str,
+    spec: &CompareSpec,
+    known: KnownCounts,
+) -> Result<SideAggregates> {
+    if let Some(known) = known
+        && (spec.measures.is_empty() || known.sums.is_some())
+        && (spec.checksum_columns.is_none() || known.checksums.is_some())
+    {
+        let sums = known.sums.unwrap_or_default();
+        let checksums = known.checksums;
+        return Ok(known
+            .rows
+            .into_iter()
+            .map(|(p, rows)| {
+                let measures = spec
+                    .measures
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.clone(),
+                            sums.get(&p).and_then(|s| s.get(m)).copied().unwrap_or(0.0),
+                        )
+                    })
+                    .collect();
+                let checksum = checksums
+                    .as_ref()
+                    .map(|c| c.get(&p).copied().unwrap_or_default());
+                (
+                    p,
+                    SideTotals {
+                        rows,
+                        sums: measures,
+                        checksum,
+                    },
+                )
+            })
+            .collect());
+    }
+    let keys = spec.partitions.columns().len();
+    let mut select: Vec<String> = spec
+        .partitions
+        .select_raw(ident)
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| format!("{raw} AS __lf_t{i}"))
+        .collect();
+    let mut outer: Vec<String> = (0..keys)
+        .map(|i| format!("CAST(__lf_t{i} AS VARCHAR) AS __lf_t{i}"))
+        .collect();
+    outer.push("__lf_rows".into());
+    outer.extend((0..spec.measures.len()).map(|i| format!("__lf_m{i}")));
+    if spec.checksum_columns.is_some() {
+        outer.push("__lf_hash".into());
+    }
+    select.push("COUNT(*) AS __lf_rows".to_string());
+    for (i, measure) in spec.measures.iter().enumerate() {
+        select.push(format!(
+            "CAST(SUM({}) AS DOUBLE) AS __lf_m{i}",
+            ident(measure)
+        ));
+    }
+    if let Some(columns) = &spec.checksum_columns {
+        // The exact sum of 64-bit hashes: DECIMAL(38, 0) holds 2^64 x 2^60 rows.
+        let hash = row_hash_sql(columns);
+        select.push(format!("SUM(CAST({hash} AS DECIMAL(38, 0))) AS __lf_hash"));
+    }
+    let group_by = (1..=keys)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT {} FROM (SELECT {} FROM {table} GROUP BY {group_by}) __lf_groups",
+        outer.join(", "),
+        select.join(", ")
+    );
+    let mut out = SideAggregates::new();
+    let mut stream = run(ctx, &sql, "aggregate rows per partition").await?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| format!("cannot aggregate `{table}`"))?;
+        let labels = spec.partitions.labels(&batch, 0);
+        let rows = batch.column(keys).as_primitive::<Int64Type>();
+        let hashes = spec.checksum_columns.as_ref().map(|_| {
+            batch
+                .column(keys + 1 + spec.measures.len())
+                .as_primitive::<deltalake::arrow::datatypes::Decimal128Type>()
+        });
+        for (row, label) in labels.into_iter().enumerate() {
+            // Several groups may name one partition (its sub-partitions): add them up.
+            let totals = out.entry(label).or_default();
+            for (i, measure) in spec.measures.iter().enumerate() {
+                let column = batch
+                    .column(keys + 1 + i)
+                    .as_primitive::<deltalake::arrow::datatypes::Float64Type>();
+                if !column.is_null(row) {
+                    *totals.sums.entry(measure.clone()).or_default() += column.value(row);
+                } else {
+                    totals.sums.entry(measure.clone()).or_default();
+                }
+            }
+            let group_rows = u64::try_from(rows.value(row)).unwrap_or(0);
+            totals.rows += group_rows;
+            if let Some(column) = hashes {
+                totals
+                    .checksum
+                    .get_or_insert_with(RowChecksum::default)
+                    .merge(&RowChecksum {
+                        rows: group_rows,
+                        sum: u128::try_from(column.value(row)).unwrap_or(0),
+                    });
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Date32Array, Int64Array, RecordBatch, StringArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use deltalake::datafusion::datasource::MemTable;
+    use lakefill_table::partition::{TimeColumn, TimeEncoding};
+    use lakefill_table::time::Grain;
+    use std::sync::Arc;
+
+    type Row = (Option<i32>, Option<i64>, Option<&'static str>, Option<i64>);
+
+    fn table(rows: &[Row]) -> MemTable {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+            Field::new("day", DataType::Date32, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.1))),
+                Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2))),
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.3))),
+                Arc::new(Date32Array::from_iter(rows.iter().map(|r| r.0))),
+            ],
+        )
+        .expect("batch");
+        let half = batch.num_rows() / 2;
+        let parts = vec![
+            vec![batch.slice(0, half)],
+            vec![batch.slice(half, batch.num_rows() - half)],
+        ];
+        MemTable::try_new(schema, parts).expect("memtable")
+    }
+
+    /// Old rows over five days and a NULL day; new rows equal on `same` days, and elsewhere
+    /// dropped, added, changed, moved to another day, with NULL and repeated keys.
+    fn sides(same: &[i32]) -> (Vec<Row>, Vec<Row>) {
+        let days = [
+            Some(20_000),
+            Some(20_001),
+            Some(20_002),
+            Some(20_003),
+            Some(20_004),
+            None,
+        ];
+        let texts = [Some("x"), Some("y"), None];
+        let mut old = Vec::new();
+        for i in 0..600i64 {
+            let id = match i % 40 {
+                0 => None,
+                1 => Some(7),
+                _ => Some(i),
+            };
+            old.push((
+                days[(i % 6) as usize],
+                id,
+                texts[(i % 3) as usize],
+                Some(i * 3 % 17),
+            ));
+        }
+        let mut new = Vec::new();
+        for (n, r) in old.iter().enumerate() {
+            if r.0.is_some_and(|d| same.contains(&d)) {
+                new.push(*r);
+                continue;
+            }
+            match n % 7 {
+                0 => {}
+                1 => new.push((r.0, r.1, Some("changed"), r.3)),
+                2 => new.push((r.0, r.1, r.2, r.3.map(|v| v + 1))),
+                3 => new.push((days[(n * 5 % 6) % 5], r.1, r.2, r.3)),
+                _ => new.push(*r),
+            }
+        }
+        for i in 600..630i64 {
+            let day = days[(i % 5) as usize];
+            if day.is_some_and(|d| same.contains(&d)) {
+                continue;
+            }
+            new.push((
+                day,
+                if i % 11 == 0 { None } else { Some(i) },
+                Some("new"),
+                Some(i),
+            ));
+        }
+        (old, new)
+    }
+
+    fn spec() -> CompareSpec {
+        CompareSpec {
+            partitions: PartitionKey::Time(Layout {
+                partition_columns: vec!["day".into()],
+                time: TimeColumn {
+                    encoding: TimeEncoding::Date {
+                        column: "day".into(),
+                    },
+                    grain: Grain::Day,
+                    grain_reason: String::new(),
+                },
+                by_rows: false,
+            }),
+            key: vec!["id".into()],
+            measures: vec!["v".into()],
+            sample: 4,
+            checksum_columns: Some(vec!["id".into(), "s".into(), "v".into()]),
+            edges: None,
+        }
+    }
+
+    /// A context with `old` as `previous` and `new` as `output`.
+    fn context(old: &[Row], new: &[Row]) -> SessionContext {
+        let ctx = SessionContext::new();
+        ctx.register_table("previous", Arc::new(table(old)))
+            .expect("register");
+        ctx.register_table("output", Arc::new(table(new)))
+            .expect("register");
+        ctx
+    }
+
+    /// The comparison (as JSON) and key facts of `previous` and `output`, first with the old
+    /// side read twice (totals, then the diff), then with most partitions said to differ (read
+    /// whole once).
+    async fn both_ways(
+        ctx: &SessionContext,
+        logged: Option<&LoggedChecksums>,
+    ) -> Vec<(serde_json::Value, Option<KeyFacts>)> {
+        let mut results = Vec::new();
+        for mostly_changed in [false, true] {
+            let hint = KnownSide {
+                mostly_changed,
+                ..KnownSide::default()
+            };
+            let (comparison, facts) = compare_keyed(ctx, &spec(), None, Some(hint), logged)
+                .await
+                .expect("compare");
+            results.push((serde_json::to_value(&comparison).expect("json"), facts));
+        }
+        results
+    }
+
+    #[tokio::test]
+    async fn reading_the_old_side_whole_once_gives_exactly_the_comparison_of_two_reads() {
+        for same in [
+            vec![],
+            vec![20_001, 20_003],
+            vec![20_000, 20_001, 20_002, 20_003, 20_004],
+        ] {
+            let (old, new) = sides(&same);
+            let ctx = context(&old, &new);
+            let results = both_ways(&ctx, None).await;
+            assert_eq!(results[0], results[1], "same days {same:?}");
+            let totals = &results[0].0["totals"];
+            assert_eq!(totals["old_rows"], old.len() as u64);
+            assert_eq!(totals["new_rows"], new.len() as u64);
+            // The whole-old read did run (the key is hashable).
+            let whole = merge_diff_whole_old(
+                &ctx,
+                &spec(),
+                "previous",
+                "output",
+                &["id".into(), "s".into(), "v".into()],
+                None,
+                0,
+                None,
+                |_| Ok(Decision::Diff(None)),
+            )
+            .await
+            .expect("merge");
+            let (totals, diff) = whole.expect("hashable");
+            assert_eq!(
+                totals.values().map(|t| t.rows).sum::<u64>(),
+                old.len() as u64
+            );
+            assert!(diff.is_some());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_logs_checksums_stand_in_for_the_old_sides_and_a_partition_it_lacks_is_read_again()
+    {
+        let columns: Vec<String> = vec!["id".into(), "s".into(), "v".into()];
+        for same in [vec![], vec![20_001, 20_003]] {
+            let (old, new) = sides(&same);
+            let ctx = context(&old, &new);
+            // What the log would hold: the old partitions' own checksums, as a scan makes them.
+            let (totals, _) = merge_diff_whole_old(
+                &ctx,
+                &spec(),
+                "previous",
+                "output",
+                &columns,
+                None,
+                0,
+                None,
+                |_| Ok(Decision::Identical),
+            )
+            .await
+            .expect("merge")
+            .expect("hashable");
+            let logged: LoggedChecksums = totals
+                .iter()
+                .map(|(label, t)| {
+                    let checksum = lakefill_table::rowhash::RowChecksum {
+                        rows: t.rows,
+                        sum: t.checksum,
+                    };
+                    (label.clone(), Some(checksum))
+                })
+                .collect();
+            let mut lacking = logged.clone();
+            lacking.pop_first();
+            for (logged, stands_in) in [(&logged, true), (&lacking, false)] {
+                let whole = merge_diff_whole_old(
+                    &ctx,
+                    &spec(),
+                    "previous",
+                    "output",
+                    &columns,
+                    Some(logged),
+                    0,
+                    None,
+                    |_| Ok(Decision::Identical),
+                )
+                .await
+                .expect("merge");
+                assert_eq!(whole.is_some(), stands_in, "same days {same:?}");
+                if let Some((from_log, _)) = whole {
+                    assert_eq!(from_log, totals);
+                }
+                // Whichever way the old side is read, the comparison is the one of two reads.
+                let results = both_ways(&ctx, Some(logged)).await;
+                assert_eq!(results[0], results[1], "same days {same:?}");
+                assert_eq!(results[0].0["totals"]["old_rows"], old.len() as u64);
+            }
+        }
+    }
+}
