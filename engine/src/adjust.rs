@@ -239,14 +239,19 @@ pub(crate) async fn check_adjusted_unchanged(
     table: &deltalake::DeltaTable,
     journal: &lakefill_log::journal::Journal,
 ) -> Result<()> {
-    let Some((name, read)) = &journal.adjusts else {
+    let Some((name, read)) = &journal.inputs.adjusts else {
         return Ok(());
     };
     let latest = lakefill_table::storage::latest(table).await?;
     let until = lakefill_table::storage::loaded_version(&latest)?;
-    let later =
-        lakefill_log::commits_in_range(&latest, *read, &journal.layout, &journal.range, until)
-            .await?;
+    let later = lakefill_log::commits_in_range(
+        &latest,
+        *read,
+        &journal.inputs.layout,
+        &journal.inputs.range,
+        until,
+    )
+    .await?;
     if later.is_empty() {
         return Ok(());
     }

@@ -92,7 +92,9 @@ pub use explain::{
 };
 pub use init::{InitReport, init};
 pub use journal::lifecycle::RunState;
-pub use journal::{BatchBounds, BatchRecord, Journal, PartitionChange};
+pub use journal::{
+    BatchBounds, BatchRecord, Journal, PartitionChange, RunInputs, RunKind, RunOutcome, RunProgress,
+};
 pub use lakefill_table::adjustments::{
     AdjustmentCounts, CORRECTION, KIND_COLUMN, LINEAGE_COLUMNS, PublishMode, REASON_COLUMN,
     REVERSAL, RUN_ID_COLUMN,

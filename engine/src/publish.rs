@@ -22,21 +22,29 @@ use lakefill_table::failpoint::{self, CrashPoint};
 
 /// The commit metadata of a run (DESIGN §4.4).
 pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
-    let validation = journal.validation.as_ref().map(|report| ValidationSummary {
-        forced: journal.forced.is_some(),
-        force_reason: journal.forced.clone(),
-        ..report.summary()
-    });
+    let validation = journal
+        .progress
+        .validation
+        .as_ref()
+        .map(|report| ValidationSummary {
+            forced: journal.outcome.forced.is_some(),
+            force_reason: journal.outcome.forced.clone(),
+            ..report.summary()
+        });
     CommitMetadata {
         run_id: journal.run_id.to_string(),
-        model: journal.model.clone(),
-        model_version: journal.model_version.clone(),
-        fingerprint: journal.fingerprint.clone(),
-        sources: journal.sources.clone(),
-        range: (journal.range.from.clone(), journal.range.to.clone()),
-        read_version: journal.read_version,
-        reason: journal.reason.clone(),
+        model: journal.inputs.model.clone(),
+        model_version: journal.inputs.model_version.clone(),
+        fingerprint: journal.inputs.fingerprint.clone(),
+        sources: journal.inputs.sources.clone(),
+        range: (
+            journal.inputs.range.from.clone(),
+            journal.inputs.range.to.clone(),
+        ),
+        read_version: journal.inputs.read_version,
+        reason: journal.inputs.reason.clone(),
         partitions: journal
+            .progress
             .partitions
             .iter()
             .map(|p| CommittedPartition {
@@ -45,13 +53,15 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
                 new_rows: p.new_rows,
             })
             .collect(),
-        spill_dropped: journal.spill_dropped,
+        spill_dropped: journal.progress.spill_dropped,
         validation,
-        revert_of: journal.revert_of.as_ref().map(ToString::to_string),
-        cascade: journal.cascade.clone(),
-        adjustments: (journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments)
-            .then(|| journal.adjustment_counts.unwrap_or_default()),
+        revert_of: journal.inputs.kind.revert_of().map(ToString::to_string),
+        cascade: journal.inputs.kind.cascade().map(str::to_string),
+        adjustments: (journal.inputs.publish_as
+            == lakefill_table::adjustments::PublishMode::Adjustments)
+            .then(|| journal.progress.adjustment_counts.unwrap_or_default()),
         edge_moves: journal
+            .progress
             .validation
             .as_ref()
             .and_then(lakefill_validate::ValidationReport::allowed_edge_moves),
@@ -70,7 +80,7 @@ fn added_columns_metadata(
     let fields = schema["fields"]
         .as_array_mut()
         .ok_or_else(|| Error::Internal("the table's schema has no fields".into()))?;
-    for column in &journal.added_columns {
+    for column in &journal.inputs.added_columns {
         fields.push(json!({
             "name": column.name,
             "type": column.delta_type,
@@ -83,7 +93,7 @@ fn added_columns_metadata(
     metadata.clone().with_schema(&schema).map_err(|e| {
         Error::Internal(format!(
             "cannot add columns to the schema of `{}`: {e}",
-            journal.target
+            journal.inputs.target
         ))
     })
 }
@@ -91,7 +101,7 @@ fn added_columns_metadata(
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the
 /// new version.
 pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64> {
-    if journal.revert_of.is_some() && !journal.revert_logical {
+    if journal.inputs.kind.reverts_files() {
         return Err(Error::Internal(format!(
             "run `{}` is a revert: it has no staged files to publish",
             journal.run_id
@@ -99,23 +109,27 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
     }
     let snapshot = target
         .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
-    let layout = &journal.layout;
-    if journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
+        .delta_context(|| format!("cannot read the snapshot of `{}`", journal.inputs.target))?;
+    let layout = &journal.inputs.layout;
+    if journal.inputs.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
         // Adjustments only append: nothing of the table is removed.
         let mut actions: Vec<Action> = journal
             .published_files()
             .cloned()
             .map(Action::Add)
             .collect();
-        if !journal.added_columns.is_empty() {
+        if !journal.inputs.added_columns.is_empty() {
             actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
         }
         return commit_actions(target, journal, actions).await;
     }
     // Every file of the range's partitions (all their sub-partitions) at the read version.
-    let affected: std::collections::BTreeSet<&str> =
-        journal.affected_files.iter().map(String::as_str).collect();
+    let affected: std::collections::BTreeSet<&str> = journal
+        .inputs
+        .affected_files
+        .iter()
+        .map(String::as_str)
+        .collect();
     let mut actions: Vec<Action> = snapshot
         .log_data()
         .iter()
@@ -125,14 +139,14 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
                 affected.contains(file.path().as_ref() as &str)
             } else {
                 layout
-                    .label_in(&journal.range, &file.partition_values_map())
+                    .label_in(&journal.inputs.range, &file.partition_values_map())
                     .is_some()
             }
         })
         .map(|file| Action::Remove(file.remove_action(true)))
         .collect();
     actions.extend(journal.published_files().cloned().map(Action::Add));
-    if !journal.added_columns.is_empty() {
+    if !journal.inputs.added_columns.is_empty() {
         // The added columns join the schema in the same commit; earlier versions keep theirs.
         actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
     }
@@ -147,21 +161,22 @@ pub(crate) async fn commit_actions(
     journal: &Journal,
     actions: Vec<Action>,
 ) -> Result<u64> {
-    lakefill_table::storage::ensure_conditional_writes(target, &journal.target).await?;
+    lakefill_table::storage::ensure_conditional_writes(target, &journal.inputs.target).await?;
     let snapshot = target
         .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", journal.target))?;
-    let layout = &journal.layout;
+        .delta_context(|| format!("cannot read the snapshot of `{}`", journal.inputs.target))?;
+    let layout = &journal.inputs.layout;
 
     // The range as the operation's predicate, so the conflict checker fails the commit when a
     // concurrent one touched the range (and keeps commits elsewhere).
-    let predicate = layout.range_predicate(&journal.range, &snapshot.snapshot().arrow_schema())?;
+    let predicate =
+        layout.range_predicate(&journal.inputs.range, &snapshot.snapshot().arrow_schema())?;
     let predicate = deltalake::datafusion::sql::unparser::expr_to_sql(&predicate)
         .map_err(|e| Error::Internal(format!("cannot write the range as SQL: {e}")))?
         .to_string();
     // Adjustments append; the range as the predicate still makes a concurrent commit in it a
     // conflict (the adjustments were derived from the rows the run read).
-    let mode = match journal.publish_as {
+    let mode = match journal.inputs.publish_as {
         lakefill_table::adjustments::PublishMode::Adjustments => SaveMode::Append,
         lakefill_table::adjustments::PublishMode::Rewrite => SaveMode::Overwrite,
     };
@@ -185,7 +200,7 @@ pub(crate) async fn commit_actions(
         ])
         .with_application_transaction(Transaction::new(
             journal.run_id.app_id(),
-            i64::try_from(journal.sequence).unwrap_or(i64::MAX),
+            i64::try_from(journal.outcome.sequence).unwrap_or(i64::MAX),
         ));
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
@@ -208,12 +223,12 @@ pub(crate) async fn commit_actions(
             DeltaTableError::Transaction {
                 source: TransactionError::CommitConflict(_),
             } => Error::Conflict {
-                table: journal.target.clone(),
-                read_version: journal.read_version,
+                table: journal.inputs.target.clone(),
+                read_version: journal.inputs.read_version,
                 source: Box::new(source),
             },
             source => Error::Delta {
-                context: format!("cannot commit the backfill to `{}`", journal.target),
+                context: format!("cannot commit the backfill to `{}`", journal.inputs.target),
                 source: Box::new(source),
             },
         })?;

@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use lakefill::{CrashPhase, CrashPoint};
+use lakefill::{CrashPhase, CrashPoint, Outcome, RunReport, RunState};
 
 use crate::support::{
-    PARTIAL_FIX, Store, TestLake, append_event, json_ok, lakefill_command, runtime, stderr,
-    vacuum_now,
+    PARTIAL_FIX, Store, TestLake, append_event, json_ok, lakefill_command, run_list, run_report,
+    runtime, stderr, vacuum_now,
 };
 
 /// Every row of `events` at `version` (latest when `None`) whose day is in `days`, sorted.
@@ -75,7 +75,7 @@ fn commits(lake: &TestLake) -> Vec<serde_json::Value> {
 
 /// Backfills days 2..=5 with events@v2; returns (run id, read version, published version).
 fn fix(lake: &TestLake) -> (String, u64, u64) {
-    let report = json_ok(&lake.run(&[
+    let report = run_report(&lake.run(&[
         "backfill",
         "events",
         "--from",
@@ -88,16 +88,16 @@ fn fix(lake: &TestLake) -> (String, u64, u64) {
         "--reason",
         PARTIAL_FIX,
     ]));
-    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report.outcome, Outcome::Published, "{report:?}");
     (
-        report["run_id"].as_str().unwrap().to_string(),
-        report["read_version"].as_u64().unwrap(),
-        report["published_version"].as_u64().unwrap(),
+        report.run_id,
+        report.read_version,
+        report.published_version.expect("published"),
     )
 }
 
-fn revert(lake: &TestLake, run_id: &str) -> serde_json::Value {
-    json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]))
+fn revert(lake: &TestLake, run_id: &str) -> RunReport {
+    run_report(&lake.run(&["revert", run_id, "--output-format", "json"]))
 }
 
 fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
@@ -118,24 +118,18 @@ fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
     let outside_before = outside(Some(appended));
 
     let report = revert(&lake, &run_id);
-    assert_eq!(report["outcome"], "reverted", "{report}");
-    assert_eq!(report["revert_of"], run_id.as_str(), "{report}");
+    assert_eq!(report.outcome, Outcome::Reverted, "{report:?}");
+    assert_eq!(report.revert_of.as_deref(), Some(run_id.as_str()));
     assert_eq!(lake.version("events"), appended + 1, "one new commit");
     // Its report compares the range now with the range put back: the model's measure per
     // partition, as plain DataFusion sums it at both versions.
-    let reported: BTreeMap<String, (i64, i64)> = report["validation"]["comparison"]["partitions"]
-        .as_array()
-        .unwrap()
+    let comparison = &report.validation.as_ref().expect("validated").comparison;
+    let reported: BTreeMap<String, (i64, i64)> = comparison
+        .partitions
         .iter()
         .map(|p| {
-            let sum = &p["measures"]["amount_cents"];
-            (
-                p["value"].as_str().unwrap().to_string(),
-                (
-                    sum["old"].as_f64().unwrap() as i64,
-                    sum["new"].as_f64().unwrap() as i64,
-                ),
-            )
+            let sum = &p.measures["amount_cents"];
+            (p.value.clone(), (sum.old as i64, sum.new as i64))
         })
         .collect();
     let (now, then) = (
@@ -146,7 +140,7 @@ fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
         .iter()
         .map(|(day, sum)| (day.clone(), (*sum, then[day])))
         .collect();
-    assert_eq!(reported, expected, "{report}");
+    assert_eq!(reported, expected, "{report:?}");
     assert_ne!(now, then, "the fix changed the sums");
     assert_eq!(
         rows_in(&lake, None, &from, &to),
@@ -166,18 +160,18 @@ fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
     let newest = &commits(&lake)[0];
     assert_eq!(newest["revert_of"], run_id.as_str(), "{newest}");
     assert_eq!(newest["read_version"], appended, "{newest}");
-    let revert_id = report["run_id"].as_str().unwrap().to_string();
+    let revert_id = report.run_id.clone();
     assert_eq!(newest["run_id"], revert_id.as_str(), "{newest}");
 
     // Reverting again changes nothing.
     let again = revert(&lake, &run_id);
-    assert_eq!(again["outcome"], "already_reverted", "{again}");
-    assert_eq!(again["run_id"], revert_id.as_str(), "{again}");
+    assert_eq!(again.outcome, Outcome::AlreadyReverted, "{again:?}");
+    assert_eq!(again.run_id, revert_id);
     assert_eq!(lake.version("events"), appended + 1, "no new commit");
 
     // Reverting the revert puts the fix back.
     let redo = revert(&lake, &revert_id);
-    assert_eq!(redo["outcome"], "reverted", "{redo}");
+    assert_eq!(redo.outcome, Outcome::Reverted, "{redo:?}");
     assert_eq!(rows_in(&lake, None, &from, &to), fixed, "the fix is back");
     assert_eq!(
         outside(None),
@@ -189,22 +183,10 @@ fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
     let history = json_ok(&lake.run(&["history", "events", "--output-format", "json"]));
     assert_eq!(history[0]["revert_of"], revert_id.as_str(), "{history}");
     assert_eq!(history[1]["revert_of"], run_id.as_str(), "{history}");
-    let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
-    let states: BTreeMap<String, String> = runs
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["run_id"].as_str().unwrap().to_string(),
-                r["state"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        states.get(&revert_id).map(String::as_str),
-        Some("published")
-    );
+    let runs = run_list(&lake.run(&["runs", "--output-format", "json"]));
+    let states: BTreeMap<String, RunState> =
+        runs.iter().map(|r| (r.run_id.clone(), r.state)).collect();
+    assert_eq!(states.get(&revert_id), Some(&RunState::Published));
     let blame = json_ok(&lake.run(&[
         "blame",
         "events",
@@ -367,11 +349,11 @@ fn a_stopped_revert_converges(store: Store) {
         }
         let report = revert(&lake, &run_id);
         let expected = if landed {
-            "already_reverted"
+            Outcome::AlreadyReverted
         } else {
-            "reverted"
+            Outcome::Reverted
         };
-        assert_eq!(report["outcome"], expected, "{point}: {report}");
+        assert_eq!(report.outcome, expected, "{point}: {report:?}");
         assert_eq!(
             rows_in(&lake, None, &from, &to),
             rows_in(&lake, Some(read_version), &from, &to),
@@ -382,15 +364,12 @@ fn a_stopped_revert_converges(store: Store) {
             .filter(|m| m["revert_of"] == run_id.as_str())
             .count();
         assert_eq!(reverts, 1, "{point}: exactly one revert commit");
-        let runs = json_ok(&lake.run(&["runs", "--output-format", "json"]));
+        let runs = run_list(&lake.run(&["runs", "--output-format", "json"]));
         let revert_run = runs
-            .as_array()
-            .unwrap()
             .iter()
-            .find(|r| r["run_id"] == report["run_id"])
-            .unwrap_or_else(|| panic!("{point}: the revert is listed: {runs}"))
-            .clone();
-        assert_eq!(revert_run["state"], "published", "{point}: {revert_run}");
+            .find(|r| r.run_id == report.run_id)
+            .unwrap_or_else(|| panic!("{point}: the revert is listed: {runs:?}"));
+        assert_eq!(revert_run.state, RunState::Published, "{point}");
     }
 }
 
@@ -534,7 +513,7 @@ fn a_logical_revert_restores_the_range_despite_later_commits(store: Store) {
 
     // Reverting the revert puts back the range as it was just before it.
     let redo = revert(&lake, &revert_id);
-    assert_eq!(redo["outcome"], "reverted", "{redo}");
+    assert_eq!(redo.outcome, Outcome::Reverted, "{redo:?}");
     assert_eq!(
         rows_in(&lake, None, &from, &to),
         rows_in(&lake, Some(before_revert), &from, &to)
@@ -564,13 +543,13 @@ fn a_stopped_logical_revert_converges() {
         let landed = lake.version("events") > before;
         assert_eq!(landed, committed, "{point}: {}", stderr(&out));
         let report =
-            json_ok(&lake.run(&["revert", &run_id, "--logical", "--output-format", "json"]));
+            run_report(&lake.run(&["revert", &run_id, "--logical", "--output-format", "json"]));
         let expected = if landed {
-            "already_reverted"
+            Outcome::AlreadyReverted
         } else {
-            "reverted"
+            Outcome::Reverted
         };
-        assert_eq!(report["outcome"], expected, "{point}: {report}");
+        assert_eq!(report.outcome, expected, "{point}: {report:?}");
         assert_eq!(
             rows_in(&lake, None, &from, &to),
             rows_in(&lake, Some(read_version), &from, &to),
@@ -592,12 +571,11 @@ fn a_staged_revert_by_files_is_published_later() {
     let (from, to) = (lake.day(2), lake.day(5));
     let (run_id, read_version, published) = fix(&lake);
     let staged =
-        json_ok(&lake.run(&["revert", &run_id, "--stage-only", "--output-format", "json"]));
-    assert_eq!(staged["outcome"], "staged", "{staged}");
+        run_report(&lake.run(&["revert", &run_id, "--stage-only", "--output-format", "json"]));
+    assert_eq!(staged.outcome, Outcome::Staged, "{staged:?}");
     assert_eq!(lake.version("events"), published, "nothing committed");
-    let revert_id = staged["run_id"].as_str().unwrap().to_string();
-    let report = json_ok(&lake.run(&["publish", &revert_id, "--output-format", "json"]));
-    assert_eq!(report["outcome"], "reverted", "{report}");
+    let report = run_report(&lake.run(&["publish", &staged.run_id, "--output-format", "json"]));
+    assert_eq!(report.outcome, Outcome::Reverted, "{report:?}");
     assert_eq!(lake.version("events"), published + 1, "one commit");
     assert_eq!(
         rows_in(&lake, None, &from, &to),

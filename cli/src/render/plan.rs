@@ -6,9 +6,20 @@ use lakefill::PlanReport;
 
 use super::{bytes, rows};
 
-/// Renders a plan for people.
+/// Renders a plan for people: its header, scope, sources, protocol, partitions and batches.
 pub(crate) fn text(plan: &PlanReport) -> String {
     let mut out = String::new();
+    header(plan, &mut out);
+    scope(plan, &mut out);
+    sources(plan, &mut out);
+    protocol(plan, &mut out);
+    partitions(plan, &mut out);
+    batches(plan, &mut out);
+    out
+}
+
+/// The run, its model file and the target as the plan found it.
+fn header(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(
         out,
         "plan: {}@{} -> {} (run {})",
@@ -74,6 +85,10 @@ pub(crate) fn text(plan: &PlanReport) -> String {
             }
         );
     }
+}
+
+/// What the run replaces, with what memory, and the notes on its range and edges.
+fn scope(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(
         out,
         "  range         {} ..= {} ({} partitions, {} batches of up to {}; at most {} without `--max-partitions`)",
@@ -139,6 +154,10 @@ pub(crate) fn text(plan: &PlanReport) -> String {
             "  status        already published: running it again changes nothing"
         );
     }
+}
+
+/// Each source and the version it is pinned at.
+fn sources(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(out, "\nsources (pinned)");
     for source in &plan.sources {
         let window = match (&source.window, &source.window_time) {
@@ -162,6 +181,10 @@ pub(crate) fn text(plan: &PlanReport) -> String {
             source.table, source.version
         );
     }
+}
+
+/// The target's protocol and how the run honours it, and the storage options in effect.
+fn protocol(plan: &PlanReport, out: &mut String) {
     let protocol = &plan.protocol;
     let _ = writeln!(
         out,
@@ -192,6 +215,11 @@ pub(crate) fn text(plan: &PlanReport) -> String {
             }
         }
     }
+}
+
+/// The partitions (or, by rows, the files) the range holds now, from the Delta log.
+fn partitions(plan: &PlanReport, out: &mut String) {
+    let layout = &plan.layout;
     if layout.by_rows {
         let _ = writeln!(
             out,
@@ -225,6 +253,10 @@ pub(crate) fn text(plan: &PlanReport) -> String {
         rows(plan.totals.rows),
         bytes(plan.totals.bytes)
     );
+}
+
+/// The batches, and the models downstream.
+fn batches(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(out, "\nbatches");
     for batch in &plan.batches {
         let _ = writeln!(
@@ -247,5 +279,4 @@ pub(crate) fn text(plan: &PlanReport) -> String {
             model.model, model.version, model.target
         );
     }
-    out
 }

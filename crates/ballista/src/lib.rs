@@ -40,8 +40,9 @@ use deltalake::logstore::object_store::ObjectStoreExt as _;
 use futures::TryStreamExt;
 
 use lakefill_log::journal::BatchRecord;
+use lakefill_log::journal::RunKind;
 use lakefill_recompute::plan::query::{model_dataframe, register_source_with, target_schema};
-use lakefill_recompute::plan::{BackfillPlan, BatchPlan};
+use lakefill_recompute::plan::{BackfillPlan, BatchPlan, Publish};
 use lakefill_recompute::stage::{StageOptions, WriteSpec, Written, target_projection};
 use lakefill_table::error::{Error, QueryContext, Result};
 
@@ -106,16 +107,16 @@ fn refuse_unsupported(plan: &BackfillPlan, engine: &str) -> Result<()> {
             "a model that reads its own past (staged one partition at a time, in order)",
         );
     }
-    if plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
-        || plan.adjusted.is_some()
-    {
+    if !matches!(plan.publish(), Publish::Rewrite) {
         return refuse("a run that publishes adjustments");
     }
-    if plan.cascade.is_some() || plan.sources.iter().any(|s| s.overlay.is_some()) {
-        return refuse("a cascade");
-    }
-    if plan.revert_of.is_some() {
-        return refuse("a revert");
+    match plan.kind {
+        RunKind::CascadeNode { .. } => return refuse("a cascade"),
+        RunKind::Revert { .. } | RunKind::LogicalRevert { .. } => return refuse("a revert"),
+        RunKind::Backfill if plan.sources.iter().any(|s| s.overlay.is_some()) => {
+            return refuse("a cascade");
+        }
+        RunKind::Backfill => {}
     }
     for source in &plan.sources {
         pinned::check_source(&source.name, &source.table, engine)?;

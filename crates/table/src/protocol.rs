@@ -125,160 +125,11 @@ impl TableProtocol {
         let schema: Value = serde_json::from_str(metadata.schema_string())
             .map_err(|e| Error::Internal(format!("the schema of `{name}` is not JSON: {e}")))?;
         let fields = schema["fields"].as_array().cloned().unwrap_or_default();
-        let has_field_metadata = |key: &str| {
-            fields
-                .iter()
-                .any(|f| f["metadata"].get(key).is_some_and(|v| !v.is_null()))
-        };
-
-        // Named features (writer version 7, reader version 3), plus the features the legacy
-        // versions imply where the table uses them.
-        let mut names: Vec<String> = protocol
-            .reader_features()
-            .into_iter()
-            .flatten()
-            .chain(protocol.writer_features().into_iter().flatten())
-            .map(|f| f.to_string())
-            .collect();
         let writer = protocol.min_writer_version();
         let reader = protocol.min_reader_version();
-        if writer < 7 {
-            let legacy: [(i32, &str, bool); 7] = [
-                (2, "appendOnly", true),
-                (2, "invariants", has_field_metadata("delta.invariants")),
-                (
-                    3,
-                    "checkConstraints",
-                    config.keys().any(|k| k.starts_with("delta.constraints.")),
-                ),
-                (
-                    4,
-                    "changeDataFeed",
-                    config
-                        .get("delta.enableChangeDataFeed")
-                        .is_some_and(|v| v == "true"),
-                ),
-                (
-                    4,
-                    "generatedColumns",
-                    has_field_metadata("delta.generationExpression"),
-                ),
-                (5, "columnMapping", true),
-                (
-                    6,
-                    "identityColumns",
-                    has_field_metadata("delta.identity.start"),
-                ),
-            ];
-            for (version, feature, used) in legacy {
-                if writer >= version && used {
-                    names.push(feature.to_string());
-                }
-            }
-        }
-        if reader == 2 {
-            names.push("columnMapping".into());
-        }
-        names.sort();
-        names.dedup();
-
-        let refuse = |feature: &str, why: &str, hint: &str| Error::UnsupportedFeature {
-            table: name.to_string(),
-            feature: feature.to_string(),
-            why: why.to_string(),
-            hint: hint.to_string(),
-        };
-        let mut features = Vec::new();
-        for feature in &names {
-            match feature.as_str() {
-                "appendOnly"
-                    if !appends && config.get("delta.appendOnly").is_some_and(|v| v == "true") =>
-                {
-                    return Err(refuse(
-                        "appendOnly",
-                        "`delta.appendOnly` is true: the table may only be appended to, and a backfill removes the files it replaces",
-                        "publish the correction as adjustment rows appended to the table: `publish = \"adjustments\"` in the model header, or `--publish-as adjustments`",
-                    ));
-                }
-                "columnMapping"
-                    if config
-                        .get("delta.columnMapping.mode")
-                        .is_some_and(|mode| mode != "none") =>
-                {
-                    return Err(refuse(
-                        "columnMapping",
-                        "the table maps logical column names to physical ones (`delta.columnMapping.mode`), and lakefill's staged files would carry logical names that readers of the table cannot find",
-                        "backfill a copy of the table without column mapping; writing column-mapped tables is not supported yet",
-                    ));
-                }
-                "typeWidening" | "typeWidening-preview" => {
-                    return Err(refuse(
-                        feature,
-                        "column types of the table were widened, and delta-rs 1.1 (which lakefill is built on) cannot read such tables",
-                        "backfill a copy of the table without type widening",
-                    ));
-                }
-                "identityColumns" => {
-                    return Err(refuse(
-                        "identityColumns",
-                        "the table has identity columns, whose values only Delta's writer may assign",
-                        "backfill a table without identity columns",
-                    ));
-                }
-                other => match supported(other) {
-                    Some(handling) => features.push(FeatureSupport {
-                        name: other.to_string(),
-                        handling: handling.to_string(),
-                    }),
-                    None => {
-                        return Err(refuse(
-                            other,
-                            "lakefill does not know what this feature asks of a writer, so it cannot promise a commit the table's other writers would accept",
-                            "docs/reference.md (\"The target's Delta protocol\") lists the table features lakefill supports",
-                        ));
-                    }
-                },
-            }
-        }
-
-        let mut rules = Vec::new();
-        for field in &fields {
-            let Some(column) = field["name"].as_str() else {
-                continue;
-            };
-            if field["nullable"] == Value::Bool(false) {
-                rules.push(RowRule {
-                    name: format!("not null {column}"),
-                    violation: format!("{} IS NULL", ident(column)),
-                });
-            }
-            if let Some(invariant) = invariant_expression(&field["metadata"]) {
-                rules.push(RowRule {
-                    name: format!("invariant {column}"),
-                    violation: format!("NOT COALESCE(({invariant}), FALSE)"),
-                });
-            }
-            if let Some(expression) = field["metadata"]["delta.generationExpression"].as_str() {
-                rules.push(RowRule {
-                    name: format!("generated column {column}"),
-                    violation: format!(
-                        "NOT ({} IS NOT DISTINCT FROM ({expression}))",
-                        ident(column)
-                    ),
-                });
-            }
-        }
-        let constraints: BTreeMap<&String, &String> = config
-            .iter()
-            .filter(|(k, _)| k.starts_with("delta.constraints."))
-            .collect();
-        for (key, expression) in constraints {
-            let constraint = key.trim_start_matches("delta.constraints.");
-            rules.push(RowRule {
-                name: format!("constraint {constraint}"),
-                violation: format!("NOT COALESCE(({expression}), FALSE)"),
-            });
-        }
+        let names = feature_names(protocol, config, &fields);
+        let features = checked_features(&names, config, appends, name)?;
+        let rules = row_rules(&fields, config);
         Ok(Self {
             min_reader_version: reader,
             min_writer_version: writer,
@@ -286,6 +137,183 @@ impl TableProtocol {
             rules,
         })
     }
+}
+
+/// The table's features: named ones (writer version 7, reader version 3), plus those the legacy
+/// versions imply where the table uses them.
+fn feature_names(
+    protocol: &deltalake::kernel::Protocol,
+    config: &std::collections::HashMap<String, String>,
+    fields: &[Value],
+) -> Vec<String> {
+    let has_field_metadata = |key: &str| {
+        fields
+            .iter()
+            .any(|f| f["metadata"].get(key).is_some_and(|v| !v.is_null()))
+    };
+    let mut names: Vec<String> = protocol
+        .reader_features()
+        .into_iter()
+        .flatten()
+        .chain(protocol.writer_features().into_iter().flatten())
+        .map(|f| f.to_string())
+        .collect();
+    let writer = protocol.min_writer_version();
+    let reader = protocol.min_reader_version();
+    if writer < 7 {
+        let legacy: [(i32, &str, bool); 7] = [
+            (2, "appendOnly", true),
+            (2, "invariants", has_field_metadata("delta.invariants")),
+            (
+                3,
+                "checkConstraints",
+                config.keys().any(|k| k.starts_with("delta.constraints.")),
+            ),
+            (
+                4,
+                "changeDataFeed",
+                config
+                    .get("delta.enableChangeDataFeed")
+                    .is_some_and(|v| v == "true"),
+            ),
+            (
+                4,
+                "generatedColumns",
+                has_field_metadata("delta.generationExpression"),
+            ),
+            (5, "columnMapping", true),
+            (
+                6,
+                "identityColumns",
+                has_field_metadata("delta.identity.start"),
+            ),
+        ];
+        for (version, feature, used) in legacy {
+            if writer >= version && used {
+                names.push(feature.to_string());
+            }
+        }
+    }
+    if reader == 2 {
+        names.push("columnMapping".into());
+    }
+    names.sort();
+    names.dedup();
+
+    names
+}
+
+/// How lakefill honours each of `names`; a feature it cannot honour is refused by name.
+fn checked_features(
+    names: &[String],
+    config: &std::collections::HashMap<String, String>,
+    appends: bool,
+    name: &str,
+) -> Result<Vec<FeatureSupport>> {
+    let refuse = |feature: &str, why: &str, hint: &str| Error::UnsupportedFeature {
+        table: name.to_string(),
+        feature: feature.to_string(),
+        why: why.to_string(),
+        hint: hint.to_string(),
+    };
+    let mut features = Vec::new();
+    for feature in names {
+        match feature.as_str() {
+            "appendOnly"
+                if !appends && config.get("delta.appendOnly").is_some_and(|v| v == "true") =>
+            {
+                return Err(refuse(
+                    "appendOnly",
+                    "`delta.appendOnly` is true: the table may only be appended to, and a backfill removes the files it replaces",
+                    "publish the correction as adjustment rows appended to the table: `publish = \"adjustments\"` in the model header, or `--publish-as adjustments`",
+                ));
+            }
+            "columnMapping"
+                if config
+                    .get("delta.columnMapping.mode")
+                    .is_some_and(|mode| mode != "none") =>
+            {
+                return Err(refuse(
+                    "columnMapping",
+                    "the table maps logical column names to physical ones (`delta.columnMapping.mode`), and lakefill's staged files would carry logical names that readers of the table cannot find",
+                    "backfill a copy of the table without column mapping; writing column-mapped tables is not supported yet",
+                ));
+            }
+            "typeWidening" | "typeWidening-preview" => {
+                return Err(refuse(
+                    feature,
+                    "column types of the table were widened, and delta-rs 1.1 (which lakefill is built on) cannot read such tables",
+                    "backfill a copy of the table without type widening",
+                ));
+            }
+            "identityColumns" => {
+                return Err(refuse(
+                    "identityColumns",
+                    "the table has identity columns, whose values only Delta's writer may assign",
+                    "backfill a table without identity columns",
+                ));
+            }
+            other => match supported(other) {
+                Some(handling) => features.push(FeatureSupport {
+                    name: other.to_string(),
+                    handling: handling.to_string(),
+                }),
+                None => {
+                    return Err(refuse(
+                        other,
+                        "lakefill does not know what this feature asks of a writer, so it cannot promise a commit the table's other writers would accept",
+                        "docs/reference.md (\"The target's Delta protocol\") lists the table features lakefill supports",
+                    ));
+                }
+            },
+        }
+    }
+
+    Ok(features)
+}
+
+/// The rules the table puts on every row: NOT NULL columns, invariants, generated columns and
+/// CHECK constraints.
+fn row_rules(fields: &[Value], config: &std::collections::HashMap<String, String>) -> Vec<RowRule> {
+    let mut rules = Vec::new();
+    for field in fields {
+        let Some(column) = field["name"].as_str() else {
+            continue;
+        };
+        if field["nullable"] == Value::Bool(false) {
+            rules.push(RowRule {
+                name: format!("not null {column}"),
+                violation: format!("{} IS NULL", ident(column)),
+            });
+        }
+        if let Some(invariant) = invariant_expression(&field["metadata"]) {
+            rules.push(RowRule {
+                name: format!("invariant {column}"),
+                violation: format!("NOT COALESCE(({invariant}), FALSE)"),
+            });
+        }
+        if let Some(expression) = field["metadata"]["delta.generationExpression"].as_str() {
+            rules.push(RowRule {
+                name: format!("generated column {column}"),
+                violation: format!(
+                    "NOT ({} IS NOT DISTINCT FROM ({expression}))",
+                    ident(column)
+                ),
+            });
+        }
+    }
+    let constraints: BTreeMap<&String, &String> = config
+        .iter()
+        .filter(|(k, _)| k.starts_with("delta.constraints."))
+        .collect();
+    for (key, expression) in constraints {
+        let constraint = key.trim_start_matches("delta.constraints.");
+        rules.push(RowRule {
+            name: format!("constraint {constraint}"),
+            violation: format!("NOT COALESCE(({expression}), FALSE)"),
+        });
+    }
+    rules
 }
 
 /// The Delta type of a column a model adds, for the table's schema; refused when the table's

@@ -256,31 +256,7 @@ async fn compare_sides(
         .checksum_columns
         .as_ref()
         .map(|_| identical_sides(&old, &new));
-    let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
-    for (value, totals) in &old {
-        let entry = partitions
-            .entry(value.clone())
-            .or_insert_with(|| PartitionComparison {
-                value: value.clone(),
-                ..Default::default()
-            });
-        entry.old_rows = totals.rows;
-        for (measure, sum) in &totals.sums {
-            entry.measures.entry(measure.clone()).or_default().old = *sum;
-        }
-    }
-    for (value, totals) in &new {
-        let entry = partitions
-            .entry(value.clone())
-            .or_insert_with(|| PartitionComparison {
-                value: value.clone(),
-                ..Default::default()
-            });
-        entry.new_rows = totals.rows;
-        for (measure, sum) in &totals.sums {
-            entry.measures.entry(measure.clone()).or_default().new = *sum;
-        }
-    }
+    let mut partitions = by_partition(&old, &new);
 
     let mut samples = Samples::default();
     let mut facts = None;
@@ -335,7 +311,50 @@ async fn compare_sides(
         samples = diff.samples;
     }
 
-    let partitions: Vec<PartitionComparison> = partitions.into_values().collect();
+    let comparison = comparison_of(spec, partitions.into_values().collect(), samples, identical);
+    Ok((comparison, facts))
+}
+
+/// Each partition of either side with its rows and measure sums on both.
+fn by_partition(
+    old: &SideAggregates,
+    new: &SideAggregates,
+) -> BTreeMap<String, PartitionComparison> {
+    let mut partitions: BTreeMap<String, PartitionComparison> = BTreeMap::new();
+    for (side_is_new, side) in [(false, old), (true, new)] {
+        for (value, totals) in side {
+            let entry = partitions
+                .entry(value.clone())
+                .or_insert_with(|| PartitionComparison {
+                    value: value.clone(),
+                    ..Default::default()
+                });
+            if side_is_new {
+                entry.new_rows = totals.rows;
+            } else {
+                entry.old_rows = totals.rows;
+            }
+            for (measure, sum) in &totals.sums {
+                let change = entry.measures.entry(measure.clone()).or_default();
+                if side_is_new {
+                    change.new = *sum;
+                } else {
+                    change.old = *sum;
+                }
+            }
+        }
+    }
+    partitions
+}
+
+/// The comparison of `partitions`: their totals, and the partitions that appeared or
+/// disappeared.
+fn comparison_of(
+    spec: &CompareSpec,
+    partitions: Vec<PartitionComparison>,
+    samples: Samples,
+    identical: Option<bool>,
+) -> Comparison {
     let mut totals = ComparisonTotals::default();
     for p in &partitions {
         totals.old_rows += p.old_rows;
@@ -359,7 +378,7 @@ async fn compare_sides(
         .filter(|p| p.old_rows > 0 && p.new_rows == 0)
         .map(|p| p.value.clone())
         .collect();
-    let comparison = Comparison {
+    Comparison {
         key: spec.key.clone(),
         partitions,
         totals,
@@ -368,8 +387,7 @@ async fn compare_sides(
         samples,
         identical,
         old_unread: 0,
-    };
-    Ok((comparison, facts))
+    }
 }
 
 /// What one side holds in one partition.

@@ -18,6 +18,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::explain::history::table_layout;
+use lakefill_log::journal::RunKind;
 use lakefill_recompute::plan::{BackfillPlan, PlanBuilder, source_window};
 use lakefill_table::config::Project;
 use lakefill_table::error::{Error, Result};
@@ -213,7 +214,34 @@ impl CascadeBuilder {
         self
     }
 
+    /// Plans the root, then each model downstream in dependency order: where its parents'
+    /// changes reach it, whether that stays within `max_expansion`, and its own plan bound to
+    /// its parents' staged output.
     async fn run(self) -> Result<CascadePlan> {
+        let max_expansion = self.checked_limits()?;
+        let graph = Graph::load(&self.project, &self.model_versions)?;
+        let order = graph.order_from(&self.root)?;
+        let root = self
+            .plan_node(&self.root, self.from.clone(), self.to.clone())
+            .await?;
+        let mut walk = Walk::from_root(&self.root, root)?;
+        for child in order.iter().skip(1) {
+            let Some(reached) = self.reach_of(&graph, child, &mut walk).await? else {
+                continue;
+            };
+            let reached = self.with_own_past(&graph, child, reached, &mut walk);
+            check_expansion(child, &reached, &walk, max_expansion)?;
+            let (from, to) = labels(reached.grain, reached.rounded.0, reached.rounded.1);
+            let mut plan = self.plan_node(child, from, to).await?;
+            bind_to_parents(&mut plan, &walk.parent_runs(&graph, child)).await?;
+            walk.add(child, plan)?;
+        }
+        Ok(self.finish(walk, max_expansion))
+    }
+
+    /// The limits of the cascade, refused before anything is planned: no cluster, and an
+    /// expansion factor of at least 1.
+    fn checked_limits(&self) -> Result<f64> {
         if let Some(engine) = &self.settings.engine {
             return Err(Error::InvalidOption {
                 option: "--engine".into(),
@@ -231,157 +259,167 @@ impl CascadeBuilder {
                 message: "a factor of 1 or more (a node's range over the root's)".into(),
             });
         }
-        let graph = Graph::load(&self.project, &self.model_versions)?;
-        let order = graph.order_from(&self.root)?;
-        let plan_node = |model: &str, from: String, to: String| {
-            PlanBuilder::new(&self.project, model, from, to)
-                .with_model_version(self.model_versions.get(model).cloned())
-                .with_batch_partitions(Some(self.settings.batch_partitions))
-                .with_reason(self.reason.clone())
-                .with_create_companion(self.create_companion)
-                .with_allow_edge_moves(self.allow_edge_moves.clone())
-        };
+        Ok(max_expansion)
+    }
 
-        let root_plan = plan_node(&self.root, self.from.clone(), self.to.clone()).await?;
-        let root_span = span(&root_plan.report().range)?;
-        let mut spans: BTreeMap<String, (NaiveDateTime, NaiveDateTime)> = BTreeMap::new();
-        spans.insert(self.root.clone(), root_span);
-        let mut why: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        why.insert(self.root.clone(), vec!["root".into()]);
-        let mut run_ids: BTreeMap<String, RunId> = BTreeMap::new();
-        run_ids.insert(self.root.clone(), root_plan.report().run_id.clone());
-        let mut plans = vec![root_plan];
-        let mut edges = Vec::new();
+    /// The plan of one node over `from..=to`, with the cascade's settings.
+    fn plan_node(&self, model: &str, from: String, to: String) -> PlanBuilder {
+        PlanBuilder::new(&self.project, model, from, to)
+            .with_model_version(self.model_versions.get(model).cloned())
+            .with_batch_partitions(Some(self.settings.batch_partitions))
+            .with_reason(self.reason.clone())
+            .with_create_companion(self.create_companion)
+            .with_allow_edge_moves(self.allow_edge_moves.clone())
+    }
 
-        for child in order.iter().skip(1) {
-            let model = &graph.models[child];
-            let child_table = model.header().target.clone();
-            let config = self
-                .project
-                .table(&child_table, &format!("model `{child}`"))?;
-            let opened = open_table(config, None).await?;
-            let layout = table_layout(&self.project, &child_table, &opened).ok_or_else(|| {
-                Error::Partitioning {
-                    message: format!(
-                        "cannot tell how `{child_table}` is partitioned by time, so the cascade cannot reach it"
-                    ),
-                    hint: format!(
-                        "give model `{child}` a `partition_by` naming its time column, or run it by hand"
-                    ),
-                }
-            })?;
-            let existing = existing_span(&layout, &opened);
-            let mut reached: Option<(NaiveDateTime, NaiveDateTime)> = None;
-            let mut reached_by_windows: Option<(NaiveDateTime, NaiveDateTime)> = None;
-            for parent in graph.parents(child).filter(|p| spans.contains_key(*p)) {
-                let parent_model = &graph.models[parent];
-                let table = parent_model.header().target.clone();
-                let spec = &model.header().sources[&table];
-                let parent_config = self.project.table(&table, &format!("model `{child}`"))?;
-                let parent_table = open_table(parent_config, None).await?;
-                let window = source_window(model, &table, spec, &parent_table)?;
-                let (ps, pe) = spans[parent];
-                let reach = match &window {
-                    Some(w) => reach(w.time.grain, ps, pe, spec.lookback, spec.lookahead),
-                    None => existing,
-                };
-                // What the window reaches, within the child's partitions; rounded to the
-                // child's grain only to plan it (a month recomputed for a day's change is the
-                // grain's doing, not a widening).
-                let reached_exact = reach.and_then(|(s, e)| clip((s, e), existing));
-                let clipped = reached_exact.and_then(|(s, e)| round(layout.time.grain, s, e));
-                let labels = clipped.map(|(s, e)| labels(layout.time.grain, s, e));
-                let explanation = match (&window, &labels) {
-                    (Some(w), Some((from, to))) => format!(
-                        "{child} reads {table} from {} {}(s) before to {} after each {}: its change on {} ..= {} reaches {from} ..= {to}",
-                        spec.lookback,
-                        w.time.grain,
-                        spec.lookahead,
-                        w.time.grain,
-                        labels_of(&spans[parent], w.time.grain).0,
-                        labels_of(&spans[parent], w.time.grain).1,
-                    ),
-                    (None, Some((from, to))) => format!(
-                        "{child} reads all of {table} (no window): every partition it has, {from} ..= {to}"
-                    ),
-                    (_, None) => {
-                        format!("{child} has no partition where the change of {table} reaches")
-                    }
-                };
-                why.entry(child.clone())
-                    .or_default()
-                    .push(explanation.clone());
-                edges.push(CascadeEdge {
-                    parent: parent.clone(),
-                    child: child.clone(),
-                    table: table.clone(),
-                    window: spec.window.as_ref().map(|w| w.join(", ")),
-                    lookback: spec.lookback,
-                    lookahead: spec.lookahead,
-                    grain: window.as_ref().map(|w| w.time.grain),
-                    reaches: labels,
-                    explanation,
-                });
-                let hull = |acc: Option<(NaiveDateTime, NaiveDateTime)>, (s, e)| {
-                    Some(match acc {
-                        Some((rs, re)) => (std::cmp::min(rs, s), std::cmp::max(re, e)),
-                        None => (s, e),
-                    })
-                };
-                if let (Some(rounded), Some(exact)) = (clipped, reached_exact) {
-                    reached = hull(reached, rounded);
-                    reached_by_windows = hull(reached_by_windows, exact);
-                }
+    /// Where the changes of `child`'s planned parents reach it (`None`: nowhere it has a
+    /// partition); records each edge and why on the way.
+    async fn reach_of(
+        &self,
+        graph: &Graph,
+        child: &str,
+        walk: &mut Walk,
+    ) -> Result<Option<Reached>> {
+        let model = &graph.models[child];
+        let child_table = model.header().target.clone();
+        let config = self
+            .project
+            .table(&child_table, &format!("model `{child}`"))?;
+        let opened = open_table(config, None).await?;
+        let layout = table_layout(&self.project, &child_table, &opened).ok_or_else(|| {
+            Error::Partitioning {
+                message: format!(
+                    "cannot tell how `{child_table}` is partitioned by time, so the cascade cannot reach it"
+                ),
+                hint: format!(
+                    "give model `{child}` a `partition_by` naming its time column, or run it by hand"
+                ),
             }
-            let (Some((start, mut end)), Some((exact_start, mut exact_end))) =
-                (reached, reached_by_windows)
-            else {
-                continue;
-            };
-            // A model that reads its own past carries a change into every later partition.
-            let own = model.header().sources.get(&child_table);
-            if let (Some(own), Some((_, last))) = (own, existing)
-                && own.window.is_some()
-                && own.lookback > 0
-                && last > end
-            {
-                (end, exact_end) = (last, last.max(exact_end));
-                why.entry(child.clone()).or_default().push(format!(
-                    "{child} reads its own past (lookback {}): the change reaches every later partition, through the last",
-                    own.lookback
-                ));
+        })?;
+        let existing = existing_span(&layout, &opened);
+        let mut rounded: Option<Span> = None;
+        let mut exact: Option<Span> = None;
+        let parents: Vec<String> = graph
+            .parents(child)
+            .filter(|p| walk.spans.contains_key(*p))
+            .cloned()
+            .collect();
+        for parent in &parents {
+            let (edge, reached) = self
+                .edge(graph, child, parent, &layout, existing, walk)
+                .await?;
+            walk.why
+                .entry(child.to_string())
+                .or_default()
+                .push(edge.explanation.clone());
+            walk.edges.push(edge);
+            if let Some((by_grain, by_window)) = reached {
+                rounded = Some(hull(rounded, by_grain));
+                exact = Some(hull(exact, by_window));
             }
-            let root_seconds = (root_span.1 - root_span.0).num_seconds().max(1) as f64;
-            let factor = (exact_end - exact_start).num_seconds() as f64 / root_seconds;
-            if factor > max_expansion {
-                let (from, to) = labels(layout.time.grain, exact_start, exact_end);
-                return Err(Error::Cascade {
-                    message: format!(
-                        "model `{child}` would be recomputed over {from} ..= {to}, {factor:.1} times the span of the root's range {} ..= {} (at most {max_expansion} without `--max-expansion`)",
-                        plans[0].report().range.from,
-                        plans[0].report().range.to
-                    ),
-                    hint: format!(
-                        "check the windows that lead to `{child}` (`lakefill plan --cascade` lists each edge); if the range is right, pass `--max-expansion {}`",
-                        factor.ceil()
-                    ),
-                });
-            }
-            let (from, to) = labels(layout.time.grain, start, end);
-            let mut plan = plan_node(child, from, to).await?;
-            let parents: Vec<(String, RunId)> = graph
-                .parents(child)
-                .filter_map(|p| {
-                    let table = graph.models[p].header().target.clone();
-                    run_ids.get(p).map(|id| (table, id.clone()))
-                })
-                .collect();
-            bind_to_parents(&mut plan, &parents).await?;
-            run_ids.insert(child.clone(), plan.report().run_id.clone());
-            spans.insert(child.clone(), span(&plan.report().range)?);
-            plans.push(plan);
         }
+        Ok(match (rounded, exact) {
+            (Some(rounded), Some(exact)) => Some(Reached {
+                rounded,
+                exact,
+                grain: layout.time.grain,
+                existing,
+            }),
+            _ => None,
+        })
+    }
 
+    /// The edge `parent` → `child`, and where the parent's change reaches the child through it:
+    /// rounded to the child's grain (what is planned) and exact (what the expansion limit
+    /// measures; a month recomputed for a day's change is the grain's doing, not a widening).
+    async fn edge(
+        &self,
+        graph: &Graph,
+        child: &str,
+        parent: &str,
+        layout: &Layout,
+        existing: Option<Span>,
+        walk: &Walk,
+    ) -> Result<(CascadeEdge, Option<(Span, Span)>)> {
+        let model = &graph.models[child];
+        let table = graph.models[parent].header().target.clone();
+        let spec = &model.header().sources[&table];
+        let parent_config = self.project.table(&table, &format!("model `{child}`"))?;
+        let parent_table = open_table(parent_config, None).await?;
+        let window = source_window(model, &table, spec, &parent_table)?;
+        let (ps, pe) = walk.spans[parent];
+        let reach = match &window {
+            Some(w) => reach(w.time.grain, ps, pe, spec.lookback, spec.lookahead),
+            None => existing,
+        };
+        let reached_exact = reach.and_then(|(s, e)| clip((s, e), existing));
+        let clipped = reached_exact.and_then(|(s, e)| round(layout.time.grain, s, e));
+        let labels = clipped.map(|(s, e)| labels(layout.time.grain, s, e));
+        let explanation = match (&window, &labels) {
+            (Some(w), Some((from, to))) => format!(
+                "{child} reads {table} from {} {}(s) before to {} after each {}: its change on {} ..= {} reaches {from} ..= {to}",
+                spec.lookback,
+                w.time.grain,
+                spec.lookahead,
+                w.time.grain,
+                labels_of(&walk.spans[parent], w.time.grain).0,
+                labels_of(&walk.spans[parent], w.time.grain).1,
+            ),
+            (None, Some((from, to))) => format!(
+                "{child} reads all of {table} (no window): every partition it has, {from} ..= {to}"
+            ),
+            (_, None) => format!("{child} has no partition where the change of {table} reaches"),
+        };
+        let edge = CascadeEdge {
+            parent: parent.to_string(),
+            child: child.to_string(),
+            table: table.clone(),
+            window: spec.window.as_ref().map(|w| w.join(", ")),
+            lookback: spec.lookback,
+            lookahead: spec.lookahead,
+            grain: window.as_ref().map(|w| w.time.grain),
+            reaches: labels,
+            explanation,
+        };
+        Ok((edge, clipped.zip(reached_exact)))
+    }
+
+    /// A model that reads its own past carries a change into every later partition: its reach
+    /// runs through its last partition.
+    fn with_own_past(
+        &self,
+        graph: &Graph,
+        child: &str,
+        reached: Reached,
+        walk: &mut Walk,
+    ) -> Reached {
+        let model = &graph.models[child];
+        let own = model.header().sources.get(&model.header().target);
+        let mut reached = reached;
+        if let (Some(own), Some((_, last))) = (own, reached.existing)
+            && own.window.is_some()
+            && own.lookback > 0
+            && last > reached.rounded.1
+        {
+            reached.rounded.1 = last;
+            reached.exact.1 = last.max(reached.exact.1);
+            walk.why.entry(child.to_string()).or_default().push(format!(
+                "{child} reads its own past (lookback {}): the change reaches every later partition, through the last",
+                own.lookback
+            ));
+        }
+        reached
+    }
+
+    /// The cascade's plan: every node resumable by the cascade's command, and the cascade's id
+    /// (a digest of its nodes' run ids).
+    fn finish(self, walk: Walk, max_expansion: f64) -> CascadePlan {
+        let Walk {
+            why,
+            mut plans,
+            edges,
+            ..
+        } = walk;
         let mut resume = format!(
             "lakefill backfill {} --from {} --to {} --cascade",
             self.root, self.from, self.to
@@ -423,7 +461,9 @@ impl CascadeBuilder {
                 .join("\n"),
         ));
         for plan in &mut plans {
-            plan.cascade = Some(format!("cascade-{}", &digest[..12]));
+            plan.kind = RunKind::CascadeNode {
+                cascade: format!("cascade-{}", &digest[..12]),
+            };
         }
         let report = CascadeReport {
             cascade_id: format!("cascade-{}", &digest[..12]),
@@ -435,12 +475,107 @@ impl CascadeBuilder {
             edges,
             max_expansion,
         };
-        Ok(CascadePlan {
+        CascadePlan {
             report,
             nodes: plans,
             settings: self.settings,
+        }
+    }
+}
+
+/// A span of time, first and last instant.
+type Span = (NaiveDateTime, NaiveDateTime);
+
+/// The smallest span holding `acc` and `span`.
+fn hull(acc: Option<Span>, span: Span) -> Span {
+    match acc {
+        Some((start, end)) => (start.min(span.0), end.max(span.1)),
+        None => span,
+    }
+}
+
+/// Where the parents' changes reach a child.
+struct Reached {
+    /// Rounded to the child's grain: what is planned.
+    rounded: Span,
+    /// As the windows reach: what the expansion limit measures.
+    exact: Span,
+    /// The child's grain.
+    grain: Grain,
+    /// The partitions the child has.
+    existing: Option<Span>,
+}
+
+/// What planning a cascade has found so far, node by node.
+struct Walk {
+    /// The root's span, the measure of every node's expansion.
+    root_span: Span,
+    /// Each planned node's span.
+    spans: BTreeMap<String, Span>,
+    /// Why each node is part of the cascade.
+    why: BTreeMap<String, Vec<String>>,
+    /// Each planned node's run.
+    run_ids: BTreeMap<String, RunId>,
+    /// The nodes' plans, in dependency order.
+    plans: Vec<BackfillPlan>,
+    /// Every edge followed.
+    edges: Vec<CascadeEdge>,
+}
+
+impl Walk {
+    fn from_root(root: &str, plan: BackfillPlan) -> Result<Self> {
+        let root_span = span(&plan.report().range)?;
+        Ok(Self {
+            root_span,
+            spans: BTreeMap::from([(root.to_string(), root_span)]),
+            why: BTreeMap::from([(root.to_string(), vec!["root".to_string()])]),
+            run_ids: BTreeMap::from([(root.to_string(), plan.report().run_id.clone())]),
+            plans: vec![plan],
+            edges: Vec::new(),
         })
     }
+
+    /// The planned parents of `child`: each one's table and run.
+    fn parent_runs(&self, graph: &Graph, child: &str) -> Vec<(String, RunId)> {
+        graph
+            .parents(child)
+            .filter_map(|p| {
+                let table = graph.models[p].header().target.clone();
+                self.run_ids.get(p).map(|id| (table, id.clone()))
+            })
+            .collect()
+    }
+
+    fn add(&mut self, child: &str, plan: BackfillPlan) -> Result<()> {
+        self.run_ids
+            .insert(child.to_string(), plan.report().run_id.clone());
+        self.spans
+            .insert(child.to_string(), span(&plan.report().range)?);
+        self.plans.push(plan);
+        Ok(())
+    }
+}
+
+/// Refuses a node whose windows make it span more than `max_expansion` times the root's range.
+fn check_expansion(child: &str, reached: &Reached, walk: &Walk, max_expansion: f64) -> Result<()> {
+    let (exact_start, exact_end) = reached.exact;
+    let root_seconds = (walk.root_span.1 - walk.root_span.0).num_seconds().max(1) as f64;
+    let factor = (exact_end - exact_start).num_seconds() as f64 / root_seconds;
+    if factor > max_expansion {
+        let (from, to) = labels(reached.grain, exact_start, exact_end);
+        return Err(Error::Cascade {
+            message: format!(
+                "model `{child}` would be recomputed over {from} ..= {to}, {factor:.1} times the span of the root's range {} ..= {} (at most {max_expansion} without `--max-expansion`)",
+                walk.plans[0].report().range.from,
+                walk.plans[0].report().range.to
+            ),
+            hint: format!(
+                "check the windows that lead to `{child}` (`lakefill plan --cascade` lists each edge); if the range is right, pass `--max-expansion {}`",
+                factor.ceil()
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl std::future::IntoFuture for CascadeBuilder {

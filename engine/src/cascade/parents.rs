@@ -30,22 +30,28 @@ pub(crate) async fn check_parents(
     else {
         return Ok(());
     };
-    if journal.state == RunState::Published {
+    if journal.progress.state == RunState::Published {
         return Ok(());
     }
-    let model = Model::load(project, &journal.model, Some(&journal.model_version))?;
+    let model = Model::load(
+        project,
+        &journal.inputs.model,
+        Some(&journal.inputs.model_version),
+    )?;
     for parent in &record.nodes[..index] {
-        let Some(&read) = journal.sources.get(&parent.table) else {
+        let Some(&read) = journal.inputs.sources.get(&parent.table) else {
             continue;
         };
         let parent_table =
             open_table(project.table(&parent.table, "the cascade record")?, None).await?;
         let parent_run =
             Journal::load(&parent_table.object_store(), &RunId::parse(&parent.run_id)?).await?;
-        let own = parent_run.as_ref().and_then(|j| j.published_version);
+        let own = parent_run
+            .as_ref()
+            .and_then(|j| j.outcome.published_version);
         let window = parent_run.as_ref().and_then(|parent_run| {
             let spec = model.header().sources.get(&parent.table)?;
-            read_window(&journal, spec, &parent_run.layout)
+            read_window(&journal, spec, &parent_run.inputs.layout)
         });
         let mut moved = Vec::new();
         for version in read + 1..=loaded_version(&parent_table)? {
@@ -84,7 +90,7 @@ pub(crate) async fn check_parents(
             )
             .await?
             {
-                Some(root) => (root.range.from, root.range.to),
+                Some(root) => (root.inputs.range.from, root.inputs.range.to),
                 None => ("FROM".into(), "TO".into()),
             };
             return Err(Error::CascadeParentMoved(Box::new(
@@ -128,8 +134,8 @@ fn read_window(
         return None;
     }
     let grain = parent_layout.time.grain;
-    let first = journal.range.first()?;
-    let last = journal.range.last()?;
+    let first = journal.inputs.range.first()?;
+    let last = journal.inputs.range.last()?;
     let low = lakefill_table::time::Period::containing(grain, first.start())?
         .offset(-i64::from(spec.lookback))?;
     let high = lakefill_table::time::Period::containing(

@@ -91,23 +91,7 @@ impl CascadeRunner {
             .first()
             .map(|n| n.target.object_store())
             .ok_or_else(|| Error::Internal("a cascade without nodes".into()))?;
-        let mut record = CascadeRecord {
-            cascade_id: report.cascade_id.clone(),
-            root: report.root.clone(),
-            nodes: report
-                .nodes
-                .iter()
-                .map(|n| RecordNode {
-                    model: n.model.clone(),
-                    table: n.target.clone(),
-                    run_id: n.run_id.clone(),
-                    state: "planned".into(),
-                    published_version: None,
-                })
-                .collect(),
-            created_at: lakefill_table::time::now(),
-            updated_at: lakefill_table::time::now(),
-        };
+        let mut record = new_record(&report);
         save(&root_store, &mut record).await;
 
         // Stage and validate every node; children read their parents' staged output.
@@ -121,24 +105,7 @@ impl CascadeRunner {
                 save(&root_store, &mut record).await;
                 return Err(Error::Interrupted);
             }
-            for source in &mut plan.sources {
-                let Some((_, parent)) = staged.iter().find(|(table, _)| *table == source.name)
-                else {
-                    continue;
-                };
-                source.overlay = overlay(parent);
-            }
-            // Every node staged before, for the checks' `staged.<table>`.
-            for (table, journal) in &staged {
-                let Some(next) = overlay(journal) else {
-                    continue;
-                };
-                let Some(opened) = staged_tables.get(table) else {
-                    continue;
-                };
-                plan.cascade_staged
-                    .push((table.clone(), opened.clone(), next));
-            }
+            read_staged(&mut plan, &staged, &staged_tables);
             let table = plan.report.target.clone();
             let target_table = plan.target.clone();
             let store = plan.target.object_store();
@@ -198,34 +165,91 @@ impl CascadeRunner {
         if interrupted() {
             return Err(Error::Interrupted);
         }
-        for (index, run) in reports.iter_mut().enumerate() {
-            if run.state != RunState::Validated {
-                continue;
-            }
-            let published = match super::parents::check_parents(&self.project, &record, index).await
-            {
-                Ok(()) => publish_run(&self.project, &run.run_id, None).await,
-                Err(error) => Err(error),
-            };
-            let published = match published {
-                Ok(published) => published,
-                Err(error) => {
-                    record.nodes[index].state = format!("failed: {error}");
-                    save(&root_store, &mut record).await;
-                    return Err(error);
-                }
-            };
-            record.nodes[index].state = published.state.to_string();
-            record.nodes[index].published_version = published.published_version;
-            save(&root_store, &mut record).await;
-            *run = published;
-            failpoint::reach(CrashPoint::CascadeBetweenPublishes).await?;
-        }
+        publish_in_order(&self.project, &mut reports, &mut record, &root_store).await?;
         Ok(CascadeRunReport {
             cascade_id: report.cascade_id,
             outcome: "published".into(),
             nodes: reports,
         })
+    }
+}
+
+/// Publishes each validated node in dependency order, checking first that its parents did
+/// not move where it reads them; the record follows each landing.
+async fn publish_in_order(
+    project: &Project,
+    reports: &mut [RunReport],
+    record: &mut CascadeRecord,
+    root_store: &Arc<dyn deltalake::ObjectStore>,
+) -> Result<()> {
+    for (index, run) in reports.iter_mut().enumerate() {
+        if run.state != RunState::Validated {
+            continue;
+        }
+        let published = match super::parents::check_parents(project, record, index).await {
+            Ok(()) => publish_run(project, &run.run_id, None).await,
+            Err(error) => Err(error),
+        };
+        let published = match published {
+            Ok(published) => published,
+            Err(error) => {
+                record.nodes[index].state = format!("failed: {error}");
+                save(root_store, record).await;
+                return Err(error);
+            }
+        };
+        record.nodes[index].state = published.state.to_string();
+        record.nodes[index].published_version = published.published_version;
+        save(root_store, record).await;
+        *run = published;
+        failpoint::reach(CrashPoint::CascadeBetweenPublishes).await?;
+    }
+    Ok(())
+}
+
+/// The record of a cascade about to run: every node planned.
+fn new_record(report: &super::CascadeReport) -> CascadeRecord {
+    CascadeRecord {
+        cascade_id: report.cascade_id.clone(),
+        root: report.root.clone(),
+        nodes: report
+            .nodes
+            .iter()
+            .map(|n| RecordNode {
+                model: n.model.clone(),
+                table: n.target.clone(),
+                run_id: n.run_id.clone(),
+                state: "planned".into(),
+                published_version: None,
+            })
+            .collect(),
+        created_at: lakefill_table::time::now(),
+        updated_at: lakefill_table::time::now(),
+    }
+}
+
+/// Points `plan` at the output of the nodes staged before it: each source that is a staged
+/// parent reads its staged rows, and the checks' `staged.<table>` sees every staged node.
+fn read_staged(
+    plan: &mut lakefill_recompute::plan::BackfillPlan,
+    staged: &[(String, Journal)],
+    staged_tables: &std::collections::HashMap<String, deltalake::DeltaTable>,
+) {
+    for source in &mut plan.sources {
+        let Some((_, parent)) = staged.iter().find(|(table, _)| *table == source.name) else {
+            continue;
+        };
+        source.overlay = overlay(parent);
+    }
+    for (table, journal) in staged {
+        let Some(next) = overlay(journal) else {
+            continue;
+        };
+        let Some(opened) = staged_tables.get(table) else {
+            continue;
+        };
+        plan.cascade_staged
+            .push((table.clone(), opened.clone(), next));
     }
 }
 
@@ -241,8 +265,8 @@ impl std::future::IntoFuture for CascadeRunner {
 /// The parent's staged output as an overlay of its table for a child's queries.
 fn overlay(parent: &Journal) -> Option<Overlay> {
     let adds: Vec<deltalake::kernel::Add> = parent.new_row_files().cloned().collect();
-    let layout = parent.layout.clone();
-    let range = parent.range.clone();
+    let layout = parent.inputs.layout.clone();
+    let range = parent.inputs.range.clone();
     let partition_columns = layout.partition_columns.clone();
     let key = format!("cascade-{}", parent.run_id);
     Some(Overlay {

@@ -103,71 +103,17 @@ pub async fn diff(
         project, None,
     )?)
     .session();
-    let (to_version, run_id, new_counts, changed): (
-        Option<u64>,
-        Option<String>,
-        BTreeMap<String, u64>,
-        Vec<String>,
-    ) = match &target {
+    let NewSide {
+        to_version,
+        run_id,
+        counts: new_counts,
+        changed,
+    } = match &target {
         DiffTarget::Version(version) => {
             let new = open_table(config, *version).await?;
-            let new_files = files_by_partition(&new, &partitions)?;
-            let changed: Vec<String> = old_files
-                .keys()
-                .chain(new_files.keys())
-                .filter(|p| old_files.get(*p).map(|f| &f.0) != new_files.get(*p).map(|f| &f.0))
-                .cloned()
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let counts = new_files.iter().map(|(p, f)| (p.clone(), f.1)).collect();
-            register_filtered(&ctx, "output", &new, &partitions, &changed).await?;
-            (Some(loaded_version(&new)?), None, counts, changed)
+            version_side(&ctx, &new, &partitions, &old_files).await?
         }
-        DiffTarget::Run(run_id) => {
-            let latest = open_table(config, None).await?;
-            let journal = Journal::load(&latest.object_store(), &RunId::parse(run_id)?)
-                .await?
-                .ok_or_else(|| Error::UnknownRun {
-                    run_id: run_id.clone(),
-                    searched: vec![table.to_string()],
-                })?;
-            let adds: Vec<_> = journal.new_row_files().cloned().collect();
-            let latest_schema = latest
-                .snapshot()
-                .delta_context(|| "cannot read the snapshot".into())?
-                .snapshot()
-                .arrow_schema();
-            let staged = StagedTable::register_store(
-                &ctx,
-                &latest,
-                &latest_schema,
-                &journal.layout.partition_columns,
-                &adds,
-                run_id,
-            )?;
-            ctx.register_table("output", Arc::new(staged))
-                .query_context(|| "cannot register the staged files".into())?;
-            let mut counts = BTreeMap::new();
-            for batch in &journal.batches {
-                for (p, n) in &batch.rows {
-                    *counts.entry(p.clone()).or_default() += n;
-                }
-            }
-            let in_range = |label: &str| {
-                journal.range.contains_label(label)
-                    || (journal.range.include_null && label == NULL_LABEL)
-            };
-            let changed: Vec<String> = old_files
-                .keys()
-                .filter(|p| in_range(p))
-                .chain(counts.keys())
-                .cloned()
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            (None, Some(run_id.clone()), counts, changed)
-        }
+        DiffTarget::Run(run_id) => run_side(&ctx, config, table, run_id, &old_files).await?,
     };
     register_filtered(&ctx, "previous", &old, &partitions, &changed).await?;
     // A table corrected by adjustments compares as its net rows (reversals cancel what they
@@ -188,22 +134,7 @@ pub async fn diff(
             // A run's staged new rows are net rows already.
             DiffTarget::Run(_) => &["previous"],
         };
-        for side in sides {
-            let rows = ctx
-                .deregister_table(*side)
-                .query_context(|| format!("cannot take `{side}` back"))?
-                .ok_or_else(|| Error::Internal(format!("`{side}` is not registered")))?;
-            let raw = format!("__lf_raw_{side}");
-            let raw_schema = ctx
-                .read_table(Arc::clone(&rows))
-                .query_context(|| format!("cannot read `{side}`"))?
-                .schema()
-                .as_arrow()
-                .clone();
-            ctx.register_table(raw.as_str(), rows)
-                .query_context(|| format!("cannot register `{side}`"))?;
-            lakefill_validate::net::register_net(&ctx, side, &raw, &raw_schema, &measures).await?;
-        }
+        register_net_sides(&ctx, sides, &measures).await?;
     }
     let old_counts: BTreeMap<String, u64> = old_files
         .iter()
@@ -237,6 +168,125 @@ pub async fn diff(
         measures,
         comparison,
     })
+}
+
+/// The new side of a diff, registered as `output`: which version or run it is, its rows per
+/// partition, and the partitions whose files differ from the old side's.
+struct NewSide {
+    to_version: Option<u64>,
+    run_id: Option<String>,
+    counts: BTreeMap<String, u64>,
+    changed: Vec<String>,
+}
+
+/// The table at another version as the new side: the partitions whose files differ are changed.
+async fn version_side(
+    ctx: &SessionContext,
+    new: &DeltaTable,
+    partitions: &PartitionKey,
+    old_files: &BTreeMap<String, (BTreeSet<String>, u64)>,
+) -> Result<NewSide> {
+    let new_files = files_by_partition(new, partitions)?;
+    let changed: Vec<String> = old_files
+        .keys()
+        .chain(new_files.keys())
+        .filter(|p| old_files.get(*p).map(|f| &f.0) != new_files.get(*p).map(|f| &f.0))
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let counts = new_files.iter().map(|(p, f)| (p.clone(), f.1)).collect();
+    register_filtered(ctx, "output", new, partitions, &changed).await?;
+    Ok(NewSide {
+        to_version: Some(loaded_version(new)?),
+        run_id: None,
+        counts,
+        changed,
+    })
+}
+
+/// A staged run's files as the new side: the partitions of its range and those it staged rows
+/// for are changed.
+async fn run_side(
+    ctx: &SessionContext,
+    config: &lakefill_table::config::TableConfig,
+    table: &str,
+    run_id: &str,
+    old_files: &BTreeMap<String, (BTreeSet<String>, u64)>,
+) -> Result<NewSide> {
+    let latest = open_table(config, None).await?;
+    let journal = Journal::load(&latest.object_store(), &RunId::parse(run_id)?)
+        .await?
+        .ok_or_else(|| Error::UnknownRun {
+            run_id: run_id.to_string(),
+            searched: vec![table.to_string()],
+        })?;
+    let adds: Vec<_> = journal.new_row_files().cloned().collect();
+    let latest_schema = latest
+        .snapshot()
+        .delta_context(|| "cannot read the snapshot".into())?
+        .snapshot()
+        .arrow_schema();
+    let staged = StagedTable::register_store(
+        ctx,
+        &latest,
+        &latest_schema,
+        &journal.inputs.layout.partition_columns,
+        &adds,
+        run_id,
+    )?;
+    ctx.register_table("output", Arc::new(staged))
+        .query_context(|| "cannot register the staged files".into())?;
+    let mut counts = BTreeMap::new();
+    for batch in &journal.progress.batches {
+        for (p, n) in &batch.rows {
+            *counts.entry(p.clone()).or_default() += n;
+        }
+    }
+    let in_range = |label: &str| {
+        journal.inputs.range.contains_label(label)
+            || (journal.inputs.range.include_null && label == NULL_LABEL)
+    };
+    let changed: Vec<String> = old_files
+        .keys()
+        .filter(|p| in_range(p))
+        .chain(counts.keys())
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    Ok(NewSide {
+        to_version: None,
+        run_id: Some(run_id.to_string()),
+        counts,
+        changed,
+    })
+}
+
+/// Replaces each of `sides` by its net rows (reversals cancel what they reversed), so a table
+/// corrected by adjustments compares as the change it is.
+async fn register_net_sides(
+    ctx: &SessionContext,
+    sides: &[&str],
+    measures: &[String],
+) -> Result<()> {
+    for side in sides {
+        let rows = ctx
+            .deregister_table(*side)
+            .query_context(|| format!("cannot take `{side}` back"))?
+            .ok_or_else(|| Error::Internal(format!("`{side}` is not registered")))?;
+        let raw = format!("__lf_raw_{side}");
+        let raw_schema = ctx
+            .read_table(Arc::clone(&rows))
+            .query_context(|| format!("cannot read `{side}`"))?
+            .schema()
+            .as_arrow()
+            .clone();
+        ctx.register_table(raw.as_str(), rows)
+            .query_context(|| format!("cannot register `{side}`"))?;
+        lakefill_validate::net::register_net(ctx, side, &raw, &raw_schema, measures).await?;
+    }
+    Ok(())
 }
 
 /// Per partition label: the set of file paths and the live row count (from the log).

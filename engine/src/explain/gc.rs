@@ -148,14 +148,15 @@ pub async fn gc(
             None => Some("no journal".to_string()),
             Some(journal) => {
                 let in_range = journal
+                    .inputs
                     .layout
-                    .label_in(&journal.range, &file.partition)
+                    .label_in(&journal.inputs.range, &file.partition)
                     .is_some();
                 if !in_range {
                     // Not something this run stages: gc deletes only inside a run's own range.
                     None
                 } else {
-                    match journal.state {
+                    match journal.progress.state {
                         RunState::Failed => Some("run failed".into()),
                         RunState::Discarded => Some("run discarded".into()),
                         RunState::UpToDate => Some("run was up to date".into()),
@@ -167,14 +168,15 @@ pub async fn gc(
                         | RunState::Validated
                         | RunState::FailedValidation
                         | RunState::Publishing => {
-                            let updated = chrono::DateTime::parse_from_rfc3339(&journal.updated_at)
-                                .map(|t| t.with_timezone(&chrono::Utc))
-                                .unwrap_or(cutoff);
+                            let updated =
+                                chrono::DateTime::parse_from_rfc3339(&journal.progress.updated_at)
+                                    .map(|t| t.with_timezone(&chrono::Utc))
+                                    .unwrap_or(cutoff);
                             if updated < cutoff || older_than.is_zero() {
                                 abandoned.insert(run_id.clone());
                                 Some(format!(
                                     "run {} since {}",
-                                    journal.state, journal.updated_at
+                                    journal.progress.state, journal.progress.updated_at
                                 ))
                             } else {
                                 None
@@ -212,7 +214,9 @@ pub async fn gc(
             }
             Err(error) => return Err(error),
         };
-        let listed = journals.get(&run_id).map(|j| j.updated_at.as_str());
+        let listed = journals
+            .get(&run_id)
+            .map(|j| j.progress.updated_at.as_str());
         let result = collect_run(&store, &lease, &run_id, &run_files, &abandoned, listed).await;
         lease.release().await;
         match result? {
@@ -260,12 +264,12 @@ async fn collect_run(
     // Read again under the lease: a failed run resumed and published since the listing now
     // has these files in the log, which the listing's references did not know.
     let journal = Journal::load(store, run_id).await?;
-    if journal.as_ref().map(|j| j.updated_at.as_str()) != listed {
+    if journal.as_ref().map(|j| j.progress.updated_at.as_str()) != listed {
         return Ok(Collected::Moved);
     }
     if let (Some(journal), true) = (&journal, abandoned.contains(run_id))
         && !matches!(
-            journal.state,
+            journal.progress.state,
             RunState::Planned
                 | RunState::Staging
                 | RunState::Staged
@@ -293,7 +297,7 @@ async fn collect_run(
     }
     match journal {
         Some(mut journal) if abandoned.contains(run_id) => {
-            journal.error = Some(format!(
+            journal.outcome.error = Some(format!(
                 "staged files deleted by `lakefill gc` at {}",
                 now()
             ));

@@ -199,9 +199,9 @@ impl Event {
     ) -> Self {
         let validation_report: Option<&ValidationReport> = journal
             .filter(|j| {
-                j.published_version == Some(version) && j.run_id.as_str() == metadata.run_id
+                j.outcome.published_version == Some(version) && j.run_id.as_str() == metadata.run_id
             })
-            .and_then(|j| j.validation.as_ref());
+            .and_then(|j| j.progress.validation.as_ref());
         let comparison = validation_report.map(|v| &v.comparison);
         let by_key = comparison.filter(|c| !c.key.is_empty());
         let partitions: Vec<EventPartition> = metadata

@@ -357,8 +357,13 @@ fn node_context(report: &Report) -> minijinja::Value {
 }
 
 fn build(project: &Project, journal: &Journal) -> Report {
-    let model = Model::load(project, &journal.model, Some(&journal.model_version)).ok();
-    let validation = journal.validation.as_ref();
+    let model = Model::load(
+        project,
+        &journal.inputs.model,
+        Some(&journal.inputs.model_version),
+    )
+    .ok();
+    let validation = journal.progress.validation.as_ref();
     let comparison = validation.map(|v| &v.comparison);
     let verdict = verdict(journal);
     let thresholds = model
@@ -400,6 +405,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
         })
         .unwrap_or_default();
     let partitions: Vec<ReportPartition> = journal
+        .progress
         .partitions
         .iter()
         .map(|p| {
@@ -447,7 +453,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
     };
     let mut commands = Vec::new();
     if matches!(
-        journal.state,
+        journal.progress.state,
         RunState::Validated | RunState::FailedValidation
     ) {
         commands.push(Command {
@@ -458,16 +464,16 @@ fn build(project: &Project, journal: &Journal) -> Report {
             label: "compare it with the table, row by row".into(),
             command: format!(
                 "lakefill diff {} --from-version {} --run {}",
-                journal.target, journal.read_version, journal.run_id
+                journal.inputs.target, journal.inputs.read_version, journal.run_id
             ),
         });
     }
-    if let Some(version) = journal.published_version {
+    if let Some(version) = journal.outcome.published_version {
         commands.push(Command {
             label: "compare the versions".into(),
             command: format!(
                 "lakefill diff {} --from-version {} --to-version {version}",
-                journal.target,
+                journal.inputs.target,
                 version.saturating_sub(1)
             ),
         });
@@ -479,20 +485,23 @@ fn build(project: &Project, journal: &Journal) -> Report {
     Report {
         schema: REPORT_SCHEMA.to_string(),
         run_id: journal.run_id.to_string(),
-        table: journal.target.clone(),
-        state: journal.state.to_string(),
+        table: journal.inputs.target.clone(),
+        state: journal.progress.state.to_string(),
         verdict,
         model: ReportModel {
-            name: journal.model.clone(),
-            version: journal.model_version.clone(),
-            fingerprint: journal.fingerprint.clone(),
+            name: journal.inputs.model.clone(),
+            version: journal.inputs.model_version.clone(),
+            fingerprint: journal.inputs.fingerprint.clone(),
         },
-        reason: journal.reason.clone(),
-        range: (journal.range.from.clone(), journal.range.to.clone()),
-        read_version: journal.read_version,
-        published_version: journal.published_version,
-        revert_of: journal.revert_of.as_ref().map(ToString::to_string),
-        adjustments: journal.adjustment_counts,
+        reason: journal.inputs.reason.clone(),
+        range: (
+            journal.inputs.range.from.clone(),
+            journal.inputs.range.to.clone(),
+        ),
+        read_version: journal.inputs.read_version,
+        published_version: journal.outcome.published_version,
+        revert_of: journal.inputs.kind.revert_of().map(ToString::to_string),
+        adjustments: journal.progress.adjustment_counts,
         thresholds,
         checks,
         key: comparison.map(|c| c.key.clone()).unwrap_or_default(),
@@ -501,6 +510,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
         column_changes,
         samples,
         lineage: journal
+            .inputs
             .sources
             .iter()
             .map(|(table, version)| Source {
@@ -516,21 +526,21 @@ fn build(project: &Project, journal: &Journal) -> Report {
 
 fn verdict(journal: &Journal) -> Verdict {
     let run = &journal.run_id;
-    let (status, headline) = if let Some(reverted) = &journal.revert_of {
+    let (status, headline) = if let Some(reverted) = journal.inputs.kind.revert_of() {
         (
             "reverted",
             format!(
                 "Run {run} put {}..={} of {} back as it was before run {reverted}.",
-                journal.range.from, journal.range.to, journal.target
+                journal.inputs.range.from, journal.inputs.range.to, journal.inputs.target
             ),
         )
     } else {
-        match journal.validation.as_ref() {
+        match journal.progress.validation.as_ref() {
             None => (
                 "not-validated",
                 format!(
                     "Run {run} has not been validated (state {}).",
-                    journal.state
+                    journal.progress.state
                 ),
             ),
             Some(v) if v.passed => (
@@ -540,12 +550,12 @@ fn verdict(journal: &Journal) -> Verdict {
                     v.checks.len()
                 ),
             ),
-            Some(v) if journal.forced.is_some() => (
+            Some(v) if journal.outcome.forced.is_some() => (
                 "forced",
                 format!(
                     "Validation FAILED ({}), and the run was published anyway: {}.",
                     v.failed().join(", "),
-                    journal.forced.as_deref().unwrap_or("")
+                    journal.outcome.forced.as_deref().unwrap_or("")
                 ),
             ),
             Some(v) => (

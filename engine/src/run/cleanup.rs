@@ -114,12 +114,12 @@ pub(crate) async fn staging_dirs(
     root: &url::Url,
     journal: &Journal,
 ) -> Result<Vec<deltalake::Path>> {
-    let layout = &journal.layout;
+    let layout = &journal.inputs.layout;
     let mut dirs = Vec::new();
     for (dir, values) in
         lakefill_table::storage::partition_dirs(store, root, &layout.partition_columns).await?
     {
-        if layout.label_in(&journal.range, &values).is_none() {
+        if layout.label_in(&journal.inputs.range, &values).is_none() {
             continue;
         }
         let dir = dir.join(journal.run_id.staging_dir().as_str());

@@ -70,7 +70,7 @@ pub(crate) async fn with_run<T>(
                 })?;
         if reconcile(&latest, &mut journal).await? {
             journal.save(&store, &lease).await?;
-            if journal.state == RunState::Published {
+            if journal.progress.state == RunState::Published {
                 record_published_model(&store, &journal.model_record()).await;
             }
         }

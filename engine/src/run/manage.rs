@@ -20,10 +20,10 @@ use crate::run::report::Outcome;
 use crate::run::report::RunReport;
 use crate::run::report::Timings;
 use lakefill_log::journal::Journal;
-use lakefill_log::journal::RunState;
 use lakefill_log::journal::lease::RunLease;
 use lakefill_log::journal::lease::holder;
 use lakefill_log::journal::lifecycle::Publishable;
+use lakefill_log::journal::{RunKind, RunState};
 use lakefill_log::registry::record_published_model;
 use lakefill_table::config::Project;
 use lakefill_table::config::TableConfig;
@@ -75,21 +75,24 @@ impl From<&Journal> for RunSummary {
     fn from(journal: &Journal) -> Self {
         Self {
             run_id: journal.run_id.to_string(),
-            table: journal.target.clone(),
-            state: journal.state,
-            model: journal.model.clone(),
-            model_version: journal.model_version.clone(),
-            range: journal.range.clone(),
-            read_version: journal.read_version,
-            published_version: journal.published_version,
+            table: journal.inputs.target.clone(),
+            state: journal.progress.state,
+            model: journal.inputs.model.clone(),
+            model_version: journal.inputs.model_version.clone(),
+            range: journal.inputs.range.clone(),
+            read_version: journal.inputs.read_version,
+            published_version: journal.outcome.published_version,
             validation_passed: journal.validation_passed(),
-            batches: (journal.batches.len(), journal.planned_batches.len()),
+            batches: (
+                journal.progress.batches.len(),
+                journal.inputs.planned_batches.len(),
+            ),
             worked_on_by: None,
-            error: journal.error.clone(),
-            created_at: journal.created_at.clone(),
-            updated_at: journal.updated_at.clone(),
-            revert_of: journal.revert_of.as_ref().map(ToString::to_string),
-            cascade: journal.cascade.clone(),
+            error: journal.outcome.error.clone(),
+            created_at: journal.inputs.created_at.clone(),
+            updated_at: journal.progress.updated_at.clone(),
+            revert_of: journal.inputs.kind.revert_of().map(ToString::to_string),
+            cascade: journal.inputs.kind.cascade().map(str::to_string),
         }
     }
 }
@@ -126,20 +129,21 @@ pub async fn list_runs(project: &Project, table: Option<&str>) -> Result<Vec<Run
 
 /// Saves a reconciled journal if the run's lease is free. Best effort: the log stays the truth.
 async fn repair(store: &Arc<dyn ObjectStore>, journal: &Journal) {
-    let Ok(lease) = RunLease::acquire(store, &journal.target, &journal.run_id, "runs").await else {
+    let Ok(lease) = RunLease::acquire(store, &journal.inputs.target, &journal.run_id, "runs").await
+    else {
         return;
     };
     // Read again under the lease: someone may have moved the run meanwhile.
     if let Ok(Some(mut current)) = Journal::load(store, &journal.run_id).await
-        && current.updated_at == journal.updated_at
+        && current.progress.updated_at == journal.progress.updated_at
     {
-        current.state = journal.state;
-        current.published_version = journal.published_version;
-        current.error = journal.error.clone();
+        current.progress.state = journal.progress.state;
+        current.outcome.published_version = journal.outcome.published_version;
+        current.outcome.error = journal.outcome.error.clone();
         if let Err(error) = current.save(store, &lease).await {
             tracing::debug!(run_id = %journal.run_id, %error, "cannot repair the journal");
         }
-        if current.state == RunState::Published {
+        if current.progress.state == RunState::Published {
             record_published_model(store, &current.model_record()).await;
         }
     }
@@ -167,24 +171,23 @@ pub async fn publish_run(
     }
     with_run(project, run_id, "publish", async |config, latest, journal, lease| {
         let store = latest.object_store();
-        if let Some(reverted) = &journal.revert_of
-            && !journal.revert_logical
-            && journal.state != RunState::Published
+        if let RunKind::Revert { of: reverted } = &journal.inputs.kind
+            && journal.progress.state != RunState::Published
         {
             // A revert by files stages nothing: its commit is decided by `lakefill revert`.
             return Err(Error::RunState {
                 run_id: run_id.to_string(),
-                state: journal.state.to_string(),
+                state: journal.progress.state.to_string(),
                 action: "published".into(),
                 next: format!("it is a revert that did not finish: run `lakefill revert {reverted}` again"),
             });
         }
         let (failed, violations) = journal
-            .validation
+            .progress.validation
             .as_ref()
             .map(|v| (v.failed(), v.protocol_violations()))
             .unwrap_or_default();
-        match journal.state.publishable(
+        match journal.progress.state.publishable(
             run_id,
             force_reason.as_deref(),
             &journal.resume_command(),
@@ -209,35 +212,35 @@ pub async fn publish_run(
         }
         let refuse = |next: String| Error::RunState {
             run_id: run_id.to_string(),
-            state: journal.state.to_string(),
+            state: journal.progress.state.to_string(),
             action: "published".into(),
             next,
         };
         if !journal.complete() {
             return Err(refuse(format!(
                 "only {} of its {} batches are staged: run `{}` to finish it",
-                journal.batches.len(),
-                journal.planned_batches.len(),
+                journal.progress.batches.len(),
+                journal.inputs.planned_batches.len(),
                 journal.resume_command()
             )));
         }
-        if journal.validated_files.as_deref() != Some(journal.staged_digest().as_str()) {
+        if journal.progress.validated_files.as_deref() != Some(journal.staged_digest().as_str()) {
             return Err(refuse(format!(
                 "its staged files are not the ones validation saw: run `{}` to validate it again",
                 journal.resume_command()
             )));
         }
         crate::run::publish::verify_staged(&store, journal).await?;
-        if journal.state == RunState::FailedValidation {
-            journal.forced = force_reason.clone();
+        if journal.progress.state == RunState::FailedValidation {
+            journal.outcome.forced = force_reason.clone();
         }
-        if let Some((adjusted, _)) = &journal.adjusts {
+        if let Some((adjusted, _)) = &journal.inputs.adjusts {
             let table = open_table(project.table(adjusted, "the run's journal")?, None).await?;
             crate::adjust::check_adjusted_unchanged(&table, journal).await?;
         }
         crate::notify::prepare(config, latest).await;
         let started = std::time::Instant::now();
-        let at_read_version = open_table(config, Some(journal.read_version)).await?;
+        let at_read_version = open_table(config, Some(journal.inputs.read_version)).await?;
         publish_journal(&at_read_version, journal, &store, lease, None).await?;
         let publish_ms = started.elapsed().as_millis() as u64;
         let mut report = RunReport::from_journal(
@@ -250,7 +253,7 @@ pub async fn publish_run(
             },
         );
         report.notifications =
-            crate::notify::after_commit(config, latest, journal.published_version).await;
+            crate::notify::after_commit(config, latest, journal.outcome.published_version).await;
         Ok(report)
     })
     .await
@@ -260,15 +263,15 @@ pub async fn publish_run(
 /// its files are the table's data.
 pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
     with_run(project, run_id, "discard", async |_config, latest, journal, lease| {
-        if journal.state == RunState::Published {
+        if journal.progress.state == RunState::Published {
             return Err(Error::RunState {
                 run_id: run_id.to_string(),
-                state: journal.state.to_string(),
+                state: journal.progress.state.to_string(),
                 action: "discarded".into(),
                 next: format!(
                     "its files are the table's data since version {}; to undo its change, run `lakefill revert {run_id}`",
                     journal
-                        .published_version
+                        .outcome.published_version
                         .map_or_else(|| "?".into(), |v| v.to_string()),
                 ),
             });
@@ -276,7 +279,7 @@ pub async fn discard_run(project: &Project, run_id: &str) -> Result<RunReport> {
         let store = latest.object_store();
         let deleted = delete_run_files(project, latest, journal).await?;
         tracing::info!(run_id, deleted, "discarded staged files");
-        if journal.state != RunState::Discarded {
+        if journal.progress.state != RunState::Discarded {
             journal.transition(RunState::Discarded)?;
         }
         journal.save(&store, lease).await?;

@@ -40,12 +40,12 @@ use crate::run::validation::run_validation;
 use lakefill_log::journal::BatchBounds;
 use lakefill_log::journal::BatchRecord;
 use lakefill_log::journal::JOURNAL_FORMAT;
-use lakefill_log::journal::Journal;
 use lakefill_log::journal::RunState;
 use lakefill_log::journal::lease::RunLease;
+use lakefill_log::journal::{Journal, RunInputs, RunOutcome, RunProgress};
 use lakefill_log::published_sequence;
 use lakefill_log::registry::record_published_model;
-use lakefill_recompute::plan::BackfillPlan;
+use lakefill_recompute::plan::{BackfillPlan, Publish};
 use lakefill_recompute::stage::StageOptions;
 use lakefill_recompute::stage::throttle::Throttle;
 use lakefill_table::error::Error;
@@ -183,8 +183,7 @@ impl BackfillBuilder {
             )?;
         }
         if let Some(companion) = self.plan.target_config.adjustments()
-            && self.plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
-            && self.plan.adjusted.is_none()
+            && matches!(self.plan.publish(), Publish::Adjustments)
         {
             // Planned without its companion: the adjustments would go into the table itself.
             return Err(Error::InvalidOption {
@@ -217,7 +216,7 @@ impl BackfillBuilder {
         report.notifications =
             crate::notify::after_commit(&self.plan.target_config, &self.plan.target, committed)
                 .await;
-        if self.plan.revert_of.is_some() {
+        if self.plan.kind.is_logical_revert() {
             // A logical revert says what a revert by files says.
             report.outcome = match report.outcome {
                 Outcome::Published => Outcome::Reverted,
@@ -262,7 +261,11 @@ impl BackfillBuilder {
             validate_ms,
             publish_ms: total_ms.saturating_sub(stage_ms + validate_ms),
             total_ms,
-            edges_ms: journal.validation.as_ref().map_or(0, |v| v.edges_ms),
+            edges_ms: journal
+                .progress
+                .validation
+                .as_ref()
+                .map_or(0, |v| v.edges_ms),
         };
         Ok(self.finish(&journal, outcome, timings, resumed_batches))
     }
@@ -340,7 +343,7 @@ impl BackfillBuilder {
         let plan = &self.plan;
         let store = plan.target.object_store();
         let resumed = match previous {
-            Some(mut previous) if previous.sequence == plan.report.publish_sequence => {
+            Some(mut previous) if previous.outcome.sequence == plan.report.publish_sequence => {
                 reconcile(latest, &mut previous).await?;
                 reusable_batches(plan, &store, previous).await?
             }
@@ -351,7 +354,7 @@ impl BackfillBuilder {
         }
         let mut journal = new_journal(plan);
         let skip: BTreeSet<usize> = resumed.iter().map(|b| b.index).collect();
-        journal.batches = resumed;
+        journal.progress.batches = resumed;
         journal.save(&store, lease).await?;
         Ok((journal, skip))
     }
@@ -393,13 +396,18 @@ impl BackfillBuilder {
         if let Err(error) = staged {
             return Err(self.stop(journal, lease, "staging", error, false).await);
         }
-        let spill = journal.batches.iter().flat_map(|b| b.spill.clone()).fold(
-            BTreeMap::<String, u64>::new(),
-            |mut acc, (partition, rows)| {
-                *acc.entry(partition).or_default() += rows;
-                acc
-            },
-        );
+        let spill = journal
+            .progress
+            .batches
+            .iter()
+            .flat_map(|b| b.spill.clone())
+            .fold(
+                BTreeMap::<String, u64>::new(),
+                |mut acc, (partition, rows)| {
+                    *acc.entry(partition).or_default() += rows;
+                    acc
+                },
+            );
         let spilled: u64 = spill.values().sum();
         if spilled > 0 && report.allow_spill.is_none() {
             // Spilled output is wrong for this range: it is not worth resuming.
@@ -409,13 +417,13 @@ impl BackfillBuilder {
         if !journal.complete() {
             let error = Error::Internal(format!(
                 "staging finished with {} of {} batches",
-                journal.batches.len(),
-                journal.planned_batches.len()
+                journal.progress.batches.len(),
+                journal.inputs.planned_batches.len()
             ));
             return Err(self.stop(journal, lease, "staging", error, false).await);
         }
-        journal.spill_dropped = spilled;
-        journal.partitions = partition_changes(&self.plan, &journal.batches);
+        journal.progress.spill_dropped = spilled;
+        journal.progress.partitions = partition_changes(&self.plan, &journal.progress.batches);
         journal.transition(RunState::Staged)?;
         journal
             .save(&self.plan.target.object_store(), lease)
@@ -444,15 +452,15 @@ impl BackfillBuilder {
         let staged = self
             .interruptible(crate::adjust::stage(
                 plan,
-                &journal.batches,
+                &journal.progress.batches,
                 resources,
                 Arc::clone(&store),
             ))
             .await;
         match staged {
             Ok((records, counts)) => {
-                journal.adjustments = records;
-                journal.adjustment_counts = Some(counts);
+                journal.progress.adjustments = records;
+                journal.progress.adjustment_counts = Some(counts);
                 journal.save(&store, lease).await?;
                 failpoint::reach(CrashPoint::AfterAdjust).await?;
                 Ok(())
@@ -513,7 +521,7 @@ impl BackfillBuilder {
         {
             // The log cannot count a range's rows in shared files, nor a ledger's net rows;
             // validation did.
-            for change in &mut journal.partitions {
+            for change in &mut journal.progress.partitions {
                 change.old_rows = Some(
                     validation
                         .comparison
@@ -524,9 +532,9 @@ impl BackfillBuilder {
                 );
             }
         }
-        journal.validation = Some(validation);
-        journal.validated_files = Some(journal.staged_digest());
-        journal.validated_stamps =
+        journal.progress.validation = Some(validation);
+        journal.progress.validated_files = Some(journal.staged_digest());
+        journal.progress.validated_stamps =
             crate::run::publish::stamps(&plan.target.object_store(), journal).await?;
         Ok(())
     }
@@ -541,9 +549,13 @@ impl BackfillBuilder {
     ) -> Result<Outcome> {
         let plan = &self.plan;
         let store = plan.target.object_store();
-        let (passed, identical) = journal.validation.as_ref().map_or((false, false), |v| {
-            (v.passed, v.comparison.identical == Some(true))
-        });
+        let (passed, identical) = journal
+            .progress
+            .validation
+            .as_ref()
+            .map_or((false, false), |v| {
+                (v.passed, v.comparison.identical == Some(true))
+            });
         if identical && passed {
             // Publishing would change nothing: say so, and keep nothing staged.
             journal.transition(RunState::UpToDate)?;
@@ -560,7 +572,7 @@ impl BackfillBuilder {
             journal.transition(RunState::Validated)?;
         } else {
             journal.transition(RunState::FailedValidation)?;
-            journal.forced = self.force_reason.clone();
+            journal.outcome.forced = self.force_reason.clone();
         }
         journal.save(&store, lease).await?;
         if self.stage_only {
@@ -570,7 +582,7 @@ impl BackfillBuilder {
             run_id: plan.report.run_id.to_string(),
             phase: "publishing".into(),
         });
-        if let Some(adjusted) = &plan.adjusted {
+        if let Publish::AdjustmentsToCompanion(adjusted) = plan.publish() {
             crate::adjust::check_adjusted_unchanged(&adjusted.table, journal)
                 .await
                 .map_err(|error| stopped(journal, "publishing", error))?;
@@ -578,7 +590,7 @@ impl BackfillBuilder {
         publish_journal(&plan.target, journal, &store, lease, None)
             .await
             .map_err(|error| stopped(journal, "publishing", error))?;
-        tracing::info!(run_id = %plan.report.run_id, version = ?journal.published_version, "published");
+        tracing::info!(run_id = %plan.report.run_id, version = ?journal.outcome.published_version, "published");
         Ok(Outcome::Published)
     }
 
@@ -596,7 +608,7 @@ impl BackfillBuilder {
         self.emit(ProgressEvent::Finished {
             run_id: run.run_id.clone(),
             state: run.state.to_string(),
-            batches_done: journal.batches.len(),
+            batches_done: journal.progress.batches.len(),
             rows_written: run.rows_written,
             files_written: run.files_written,
             bytes_written: run.bytes_written,
@@ -619,22 +631,27 @@ impl BackfillBuilder {
         let store = plan.target.object_store();
         let batches_total = report.batches.len();
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<BatchRecord>(1);
-        let done = journal.batches.clone();
+        let done = journal.progress.batches.clone();
         let staging = stage(plan, options, skip, &done, sender);
         let journaling = async {
             while let Some(record) = receiver.recv().await {
                 let (index, rows) = (record.index, record.rows.values().sum::<u64>());
-                journal.batches.push(record);
-                journal.batches.sort_by_key(|b| b.index);
+                journal.progress.batches.push(record);
+                journal.progress.batches.sort_by_key(|b| b.index);
                 journal.save(&store, lease).await?;
                 failpoint::reach(CrashPoint::MidStage).await?;
                 self.emit(ProgressEvent::BatchFinished {
                     run_id: report.run_id.to_string(),
                     index,
-                    batches_done: journal.batches.len(),
+                    batches_done: journal.progress.batches.len(),
                     batches_total,
                     rows,
-                    rows_total: journal.batches.iter().flat_map(|b| b.rows.values()).sum(),
+                    rows_total: journal
+                        .progress
+                        .batches
+                        .iter()
+                        .flat_map(|b| b.rows.values())
+                        .sum(),
                     bytes_total: journal
                         .staged_files()
                         .map(|a| u64::try_from(a.size).unwrap_or(0))
@@ -671,7 +688,7 @@ impl BackfillBuilder {
         drop_staged: bool,
     ) -> Error {
         let store = self.plan.target.object_store();
-        journal.error = Some(error.to_string());
+        journal.outcome.error = Some(error.to_string());
         if let Err(e) = journal.transition(RunState::Failed) {
             tracing::warn!(run_id = %journal.run_id, error = %e, "cannot mark the run failed");
         }
@@ -687,7 +704,7 @@ impl BackfillBuilder {
                     tracing::warn!(run_id = %journal.run_id, error = %e, "cannot delete the staged files")
                 }
             }
-            journal.batches.clear();
+            journal.progress.batches.clear();
         }
         if let Err(e) = journal.save(&store, lease).await {
             tracing::warn!(run_id = %journal.run_id, error = %e, "cannot record the failure in the run journal");
@@ -730,6 +747,7 @@ fn spill_error(
 /// The failed checks of the run's validation that come from the table's protocol.
 fn journal_violations(journal: &Journal) -> Vec<String> {
     journal
+        .progress
         .validation
         .as_ref()
         .map(ValidationReport::protocol_violations)
@@ -743,7 +761,7 @@ fn stopped(journal: &Journal, phase: &str, error: Error) -> Error {
         Error::RunBusy { .. } | Error::LeaseLost { .. } | Error::RunStopped { .. } => error,
         error => Error::RunStopped {
             run_id: journal.run_id.to_string(),
-            state: journal.state.to_string(),
+            state: journal.progress.state.to_string(),
             phase: phase.to_string(),
             resume: journal.resume_command(),
             source: Box::new(error),
@@ -757,63 +775,67 @@ fn new_journal(plan: &BackfillPlan) -> Journal {
     Journal {
         format: JOURNAL_FORMAT,
         run_id: report.run_id.clone(),
-        state: RunState::Staging,
-        model: report.model.clone(),
-        model_version: report.model_version.clone(),
-        fingerprint: report.fingerprint.clone(),
-        target: report.target.clone(),
-        layout: report.layout.clone(),
-        partition_column: None,
-        read_version: report.read_version,
-        range: report.range.clone(),
-        sources: report
-            .sources
-            .iter()
-            .map(|s| (s.table.clone(), s.version))
-            .collect(),
-        self_sources: report
-            .sources
-            .iter()
-            .filter(|s| s.reads_target)
-            .map(|s| s.table.clone())
-            .collect(),
-        allow_spill: report.allow_spill.clone(),
-        reason: report.reason.clone(),
-        affected_files: report.affected_files.clone(),
-        added_columns: report.added_columns.clone(),
-        planned_batches: report
-            .batches
-            .iter()
-            .map(|b| BatchBounds {
-                index: b.index,
-                start: b.start.clone(),
-                end: b.end.clone(),
-            })
-            .collect(),
-        batches: Vec::new(),
-        partitions: Vec::new(),
-        spill_dropped: 0,
-        validation: None,
-        validated_files: None,
-        validated_stamps: Default::default(),
-        forced: None,
-        published_version: None,
-        sequence: report.publish_sequence,
-        error: None,
-        revert_of: plan.revert_of.clone(),
-        revert_logical: plan.revert_of.is_some(),
-        publish_as: report.publish,
-        adjustments: Vec::new(),
-        adjustment_counts: None,
-        adjusts: plan.adjusted.as_ref().and_then(|a| {
-            lakefill_table::storage::loaded_version(&a.table)
-                .ok()
-                .map(|version| (a.name.clone(), version))
-        }),
-        resume: plan.resume.clone(),
-        cascade: plan.cascade.clone(),
-        created_at: now(),
-        updated_at: now(),
+        inputs: RunInputs {
+            model: report.model.clone(),
+            model_version: report.model_version.clone(),
+            fingerprint: report.fingerprint.clone(),
+            target: report.target.clone(),
+            layout: report.layout.clone(),
+            partition_column: None,
+            read_version: report.read_version,
+            range: report.range.clone(),
+            sources: report
+                .sources
+                .iter()
+                .map(|s| (s.table.clone(), s.version))
+                .collect(),
+            self_sources: report
+                .sources
+                .iter()
+                .filter(|s| s.reads_target)
+                .map(|s| s.table.clone())
+                .collect(),
+            allow_spill: report.allow_spill.clone(),
+            reason: report.reason.clone(),
+            added_columns: report.added_columns.clone(),
+            affected_files: report.affected_files.clone(),
+            planned_batches: report
+                .batches
+                .iter()
+                .map(|b| BatchBounds {
+                    index: b.index,
+                    start: b.start.clone(),
+                    end: b.end.clone(),
+                })
+                .collect(),
+            resume: plan.resume.clone(),
+            publish_as: report.publish,
+            adjusts: plan.adjusted.as_ref().and_then(|a| {
+                lakefill_table::storage::loaded_version(&a.table)
+                    .ok()
+                    .map(|version| (a.name.clone(), version))
+            }),
+            kind: plan.kind.clone(),
+            created_at: now(),
+        },
+        progress: RunProgress {
+            state: RunState::Staging,
+            batches: Vec::new(),
+            partitions: Vec::new(),
+            spill_dropped: 0,
+            validation: None,
+            validated_files: None,
+            validated_stamps: Default::default(),
+            adjustments: Vec::new(),
+            adjustment_counts: None,
+            updated_at: now(),
+        },
+        outcome: RunOutcome {
+            forced: None,
+            published_version: None,
+            sequence: report.publish_sequence,
+            error: None,
+        },
     }
 }
 
@@ -830,14 +852,14 @@ async fn reusable_batches(
     // Output depends on the pinned sources (part of the run id) and, for a model reading its own
     // target, on the read version.
     let compatible = !matches!(
-        previous.state,
+        previous.progress.state,
         RunState::Discarded | RunState::UpToDate | RunState::Published
-    ) && previous.sequence == report.publish_sequence
-        && (!reads_target || previous.read_version == report.read_version)
+    ) && previous.outcome.sequence == report.publish_sequence
+        && (!reads_target || previous.inputs.read_version == report.read_version)
         // With a companion, the version of the corrected table read is an input too.
-        && previous.adjusts == new_journal(plan).adjusts;
+        && previous.inputs.adjusts == new_journal(plan).inputs.adjusts;
     let mut kept = Vec::new();
-    for batch in &previous.batches {
+    for batch in &previous.progress.batches {
         let same_batch = report
             .batches
             .iter()
@@ -862,9 +884,9 @@ async fn reusable_batches(
     // Everything else in the run's staging directories goes: files of dropped batches, and of
     // batches that never finished (not in the journal).
     let mut leftover = previous;
-    leftover.batches = kept.clone();
+    leftover.progress.batches = kept.clone();
     // Adjustments are derived again from the batches kept.
-    leftover.adjustments.clear();
+    leftover.progress.adjustments.clear();
     crate::run::cleanup::delete_unjournaled(&plan.target, &leftover).await?;
     Ok(kept)
 }

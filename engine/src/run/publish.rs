@@ -54,7 +54,12 @@ pub(crate) async fn verify_staged(store: &Arc<dyn ObjectStore>, journal: &Journa
     let files: Vec<(String, i64, Option<String>)> = journal
         .staged_files()
         .map(|add| {
-            let stamp = journal.validated_stamps.get(&add.path).cloned().flatten();
+            let stamp = journal
+                .progress
+                .validated_stamps
+                .get(&add.path)
+                .cloned()
+                .flatten();
             (add.path.clone(), add.size, stamp)
         })
         .collect();
@@ -113,7 +118,7 @@ pub(crate) async fn publish_journal(
     lease: &RunLease,
     actions: Option<Vec<Action>>,
 ) -> Result<()> {
-    let before = journal.state;
+    let before = journal.progress.state;
     journal.transition(RunState::Publishing)?;
     journal.save(store, lease).await?;
     failpoint::reach(CrashPoint::BeforeCommit).await?;
@@ -135,7 +140,7 @@ pub(crate) async fn publish_journal(
             .await
             .ok()
             .flatten()
-            .is_some_and(|s| s >= journal.sequence)
+            .is_some_and(|s| s >= journal.outcome.sequence)
     {
         let version = find_run_commit(&latest, &journal.run_id)
             .await
@@ -144,12 +149,12 @@ pub(crate) async fn publish_journal(
         tracing::warn!(run_id = %journal.run_id, %error, "the commit reported an error but is in the log");
         return published(journal, store, lease, version).await;
     }
-    journal.error = Some(error.to_string());
-    journal.state = match error {
+    journal.outcome.error = Some(error.to_string());
+    journal.progress.state = match error {
         // The read version is stale for the range: validating again needs a new attempt.
         Error::Conflict { .. } => RunState::Failed,
         // A revert is decided afresh by the next `lakefill revert`, never published from here.
-        _ if journal.revert_of.is_some() && !journal.revert_logical => RunState::Failed,
+        _ if journal.inputs.kind.reverts_files() => RunState::Failed,
         _ => before,
     };
     if let Err(e) = journal.save(store, lease).await {
@@ -165,9 +170,9 @@ pub(crate) async fn published(
     version: Option<u64>,
 ) -> Result<()> {
     journal.transition(RunState::Published)?;
-    journal.published_version = version;
-    journal.error = None;
-    if journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
+    journal.outcome.published_version = version;
+    journal.outcome.error = None;
+    if journal.inputs.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
         // The new rows served validation; the table got the adjustment rows. What cannot be
         // deleted now is left to `gc` (no version references it).
         for add in journal.new_row_files() {
@@ -181,7 +186,7 @@ pub(crate) async fn published(
             }
         }
     }
-    if journal.revert_of.is_none() {
+    if journal.inputs.kind.revert_of().is_none() {
         record_published_model(store, &journal.model_record()).await;
     }
     // The commit is in the log, which is the truth; a journal that cannot be written now is

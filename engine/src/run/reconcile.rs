@@ -17,7 +17,10 @@ pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Res
     if let Some(changed) = published_in(latest, journal).await? {
         return Ok(changed);
     }
-    if !matches!(journal.state, RunState::Published | RunState::Publishing) {
+    if !matches!(
+        journal.progress.state,
+        RunState::Published | RunState::Publishing
+    ) {
         return Ok(false);
     }
     // The journal may have been written after `latest` was read (a publish that finished since):
@@ -26,21 +29,21 @@ pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Res
     if let Some(changed) = published_in(&latest, journal).await? {
         return Ok(changed);
     }
-    match journal.state {
+    match journal.progress.state {
         RunState::Published => {
             // Application transactions can expire; the commit itself is the proof.
             if find_run_commit(&latest, &journal.run_id).await?.is_some() {
                 return Ok(false);
             }
-            journal.state = RunState::Failed;
-            journal.error = Some(
+            journal.progress.state = RunState::Failed;
+            journal.outcome.error = Some(
                 "the journal said published, but the Delta log has no commit of this run".into(),
             );
             Ok(true)
         }
         RunState::Publishing => {
             // The commit never landed: the run is as it was before the publish.
-            journal.state = match journal.validation_passed() {
+            journal.progress.state = match journal.validation_passed() {
                 Some(true) => RunState::Validated,
                 Some(false) => RunState::FailedValidation,
                 None => RunState::Failed,
@@ -55,22 +58,25 @@ pub(crate) async fn reconcile(latest: &DeltaTable, journal: &mut Journal) -> Res
 /// changed); `None` when it has not.
 async fn published_in(latest: &DeltaTable, journal: &mut Journal) -> Result<Option<bool>> {
     let logged = published_sequence(latest, &journal.run_id).await?;
-    if logged.is_none_or(|sequence| sequence < journal.sequence) {
+    if logged.is_none_or(|sequence| sequence < journal.outcome.sequence) {
         return Ok(None);
     }
     // A version the log has not reached is no version of this run's (a damaged or hand-edited
     // journal): the log says which one is.
     let reached = lakefill_table::storage::loaded_version(latest)?;
-    if journal.state == RunState::Published
-        && journal.published_version.is_some_and(|v| v <= reached)
+    if journal.progress.state == RunState::Published
+        && journal
+            .outcome
+            .published_version
+            .is_some_and(|v| v <= reached)
     {
         return Ok(Some(false));
     }
-    journal.state = RunState::Published;
-    journal.published_version = find_run_commit(latest, &journal.run_id)
+    journal.progress.state = RunState::Published;
+    journal.outcome.published_version = find_run_commit(latest, &journal.run_id)
         .await?
-        .or(journal.published_version.filter(|v| *v <= reached));
-    journal.error = None;
-    tracing::info!(run_id = %journal.run_id, version = ?journal.published_version, "the Delta log has the run's commit: repaired its journal");
+        .or(journal.outcome.published_version.filter(|v| *v <= reached));
+    journal.outcome.error = None;
+    tracing::info!(run_id = %journal.run_id, version = ?journal.outcome.published_version, "the Delta log has the run's commit: repaired its journal");
     Ok(Some(true))
 }

@@ -31,7 +31,9 @@ use crate::run::publish::publish_journal;
 use crate::run::reconcile::reconcile;
 use crate::run::report::{Outcome, RunReport, Timings};
 use lakefill_log::journal::lease::RunLease;
-use lakefill_log::journal::{Journal, PartitionChange, RunState};
+use lakefill_log::journal::{
+    Journal, PartitionChange, RunInputs, RunKind, RunOutcome, RunProgress, RunState,
+};
 use lakefill_log::{Commit, commits_in_range, published_sequence, read_commit};
 use lakefill_recompute::plan::BackfillPlan;
 use lakefill_recompute::plan::restore::{Restore, restore_plan};
@@ -64,10 +66,10 @@ pub async fn revert_run(
         "revert",
         async |config, latest, journal, _lease| {
             let version = reverted_version(run_id, journal)?;
-            if journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
+            if journal.inputs.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
                 return Err(Error::RunState {
                     run_id: run_id.to_string(),
-                    state: journal.state.to_string(),
+                    state: journal.progress.state.to_string(),
                     action: "reverted by removing its files".into(),
                     next: format!(
                         "it appended adjustments: `lakefill revert {run_id} --logical` appends their negation"
@@ -93,7 +95,7 @@ pub async fn revert_run(
 /// When `run` is a node of a cascade whose later nodes (computed from it) are still published:
 /// what they keep, and the command that reverts them too.
 async fn children_left(project: &Project, run: &Journal) -> Option<String> {
-    let cascade = run.cascade.as_deref()?;
+    let cascade = run.inputs.kind.cascade()?;
     let (_, record) = lakefill_log::journal::cascade::load_record(project, cascade)
         .await
         .ok()?;
@@ -112,7 +114,7 @@ async fn children_left(project: &Project, run: &Journal) -> Option<String> {
     Some(format!(
         "run `{}` is the `{}` node of cascade `{cascade}`; {} still hold{} what the cascade computed from the rows this revert took out: `lakefill revert {cascade}` reverts them too (children first)",
         run.run_id,
-        run.target,
+        run.inputs.target,
         children.join(", "),
         if children.len() == 1 { "s" } else { "" }
     ))
@@ -147,8 +149,8 @@ pub async fn logical_revert_plan(
             let later = commits_in_range(
                 latest,
                 version,
-                &journal.layout,
-                &journal.range,
+                &journal.inputs.layout,
+                &journal.inputs.range,
                 latest_version,
             )
             .await?;
@@ -176,7 +178,9 @@ pub async fn reverts_logically(project: &Project, run_id: &str) -> Result<bool> 
     let (_, latest) = find_run(project, &run_id).await?;
     Ok(Journal::load(&latest.object_store(), &run_id)
         .await?
-        .is_some_and(|j| j.publish_as == lakefill_table::adjustments::PublishMode::Adjustments))
+        .is_some_and(|j| {
+            j.inputs.publish_as == lakefill_table::adjustments::PublishMode::Adjustments
+        }))
 }
 
 /// The revert by files of `run_id` staged with `--stage-only`, if that is what it is: the run it
@@ -193,11 +197,10 @@ pub(crate) async fn staged_file_revert(
     };
     Ok(Journal::load(&latest.object_store(), &run_id)
         .await?
-        .filter(|j| !j.revert_logical && j.state == RunState::Validated)
-        .and_then(|j| {
-            j.revert_of
-                .clone()
-                .map(|reverted| (reverted, j.reason.clone()))
+        .filter(|j| j.progress.state == RunState::Validated)
+        .and_then(|j| match &j.inputs.kind {
+            RunKind::Revert { of } => Some((of.clone(), j.inputs.reason.clone())),
+            _ => None,
         }))
 }
 
@@ -215,17 +218,17 @@ fn check_reason(reason: Option<&str>) -> Result<()> {
 
 /// The version the published run `journal` committed; any other state is refused.
 fn reverted_version(run_id: &str, journal: &Journal) -> Result<u64> {
-    if journal.state != RunState::Published {
+    if journal.progress.state != RunState::Published {
         return Err(Error::RunState {
             run_id: run_id.to_string(),
-            state: journal.state.to_string(),
+            state: journal.progress.state.to_string(),
             action: "reverted".into(),
             next: format!(
                 "only a published run changed the table; `lakefill discard {run_id}` deletes what it staged"
             ),
         });
     }
-    journal.published_version.ok_or_else(|| {
+    journal.outcome.published_version.ok_or_else(|| {
         Error::Internal(format!(
             "run `{run_id}` is published but its version is unknown"
         ))
@@ -236,11 +239,11 @@ fn reverted_version(run_id: &str, journal: &Journal) -> Result<u64> {
 async fn run_commit(latest: &DeltaTable, run: &Journal, version: u64) -> Result<Commit> {
     read_commit(latest, version).await?.ok_or_else(|| Error::RunState {
         run_id: run.run_id.to_string(),
-        state: run.state.to_string(),
+        state: run.progress.state.to_string(),
         action: "reverted".into(),
         next: format!(
             "its commit (version {version}) is no longer in the Delta log (log retention): recompute {}..={} with a backfill instead",
-            run.range.from, run.range.to
+            run.inputs.range.from, run.inputs.range.to
         ),
     })
 }
@@ -256,9 +259,13 @@ async fn restorable_files(
 ) -> Result<Vec<LogicalFileView>> {
     let removed: BTreeSet<String> = commit.removed_paths.iter().map(|p| decode(p)).collect();
     let before = open_table(config, Some(version - 1)).await?;
-    let before_snapshot = before
-        .snapshot()
-        .delta_context(|| format!("cannot read version {} of `{}`", version - 1, run.target))?;
+    let before_snapshot = before.snapshot().delta_context(|| {
+        format!(
+            "cannot read version {} of `{}`",
+            version - 1,
+            run.inputs.target
+        )
+    })?;
     let restored: Vec<LogicalFileView> = before_snapshot
         .log_data()
         .iter()
@@ -267,7 +274,7 @@ async fn restorable_files(
     if restored.len() != removed.len() {
         return Err(Error::Internal(format!(
             "version {version} of `{}` removed {} files, but version {} holds only {} of them",
-            run.target,
+            run.inputs.target,
             removed.len(),
             version - 1,
             restored.len()
@@ -283,7 +290,7 @@ async fn restorable_files(
     if !missing.is_empty() {
         let snapshot = latest
             .snapshot()
-            .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?;
+            .delta_context(|| format!("cannot read the snapshot of `{}`", run.inputs.target))?;
         let retention = snapshot
             .metadata()
             .configuration()
@@ -292,7 +299,7 @@ async fn restorable_files(
             .unwrap_or_else(|| "interval 1 week, the default".into());
         return Err(Error::RevertFilesGone {
             run_id: run.run_id.to_string(),
-            table: run.target.clone(),
+            table: run.inputs.target.clone(),
             missing,
             retention,
         });
@@ -307,7 +314,7 @@ fn revert_id(journal: &Journal, version: u64) -> RunId {
         "revert\n{}\n{version}",
         journal.run_id
     )));
-    RunId::derive(&journal.model, "revert", &digest)
+    RunId::derive(&journal.inputs.model, "revert", &digest)
 }
 
 /// The revert, holding the leases of the run and of its revert.
@@ -330,7 +337,7 @@ async fn revert_held(
     let store = latest.object_store();
     let latest_version = loaded_version(latest)?;
     let mut revert = match Journal::load(&store, revert_id).await? {
-        Some(existing) if existing.revert_of.as_ref() == Some(&run.run_id) => existing,
+        Some(existing) if existing.inputs.kind.revert_of() == Some(&run.run_id) => existing,
         _ => revert_journal(run, revert_id, latest_version, reason.clone()),
     };
     // The log is the truth: a revert already committed (by an earlier attempt whose journal
@@ -345,11 +352,16 @@ async fn revert_held(
             Timings::default(),
         ));
     }
-    if revert.revert_logical && !matches!(revert.state, RunState::Discarded | RunState::UpToDate) {
+    if revert.inputs.kind.is_logical_revert()
+        && !matches!(
+            revert.progress.state,
+            RunState::Discarded | RunState::UpToDate
+        )
+    {
         // Its staged files would be forgotten: it is finished or discarded first.
         return Err(Error::RunState {
             run_id: revert_id.to_string(),
-            state: revert.state.to_string(),
+            state: revert.progress.state.to_string(),
             action: "replaced by a revert by files".into(),
             next: format!(
                 "a logical revert of {} is under way: finish it with `lakefill revert {} --logical` (or `lakefill publish {revert_id}`), or `lakefill discard {revert_id}` first",
@@ -362,11 +374,18 @@ async fn revert_held(
     let commit = run_commit(latest, run, version).await?;
     let blocked = |versions: Vec<u64>| Error::RevertBlocked {
         run_id: run.run_id.to_string(),
-        table: run.target.clone(),
+        table: run.inputs.target.clone(),
         versions,
-        range: format!("{}..={}", run.range.from, run.range.to),
+        range: format!("{}..={}", run.inputs.range.from, run.inputs.range.to),
     };
-    let later = commits_in_range(latest, version, &run.layout, &run.range, latest_version).await?;
+    let later = commits_in_range(
+        latest,
+        version,
+        &run.inputs.layout,
+        &run.inputs.range,
+        latest_version,
+    )
+    .await?;
     if !later.is_empty() {
         return Err(blocked(later));
     }
@@ -375,7 +394,7 @@ async fn revert_held(
     let added: BTreeSet<String> = commit.added_paths.iter().map(|p| decode(p)).collect();
     let snapshot = latest
         .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?;
+        .delta_context(|| format!("cannot read the snapshot of `{}`", run.inputs.target))?;
     let current: Vec<LogicalFileView> = snapshot
         .log_data()
         .iter()
@@ -389,13 +408,13 @@ async fn revert_held(
     // What it removed, as the version before its commit had it.
     let restored = restorable_files(config, latest, run, version, &commit).await?;
 
-    revert.partitions = partition_changes(run, &current, &restored);
+    revert.progress.partitions = partition_changes(run, &current, &restored);
     let validation = compare_versions(project, latest, run, version).await?;
     let passed = validation.passed;
-    revert.validation = Some(validation);
+    revert.progress.validation = Some(validation);
     if !passed {
         // The rows it would put back break the table's rules now: nothing is committed.
-        revert.state = RunState::FailedValidation;
+        revert.progress.state = RunState::FailedValidation;
         revert.save(&store, lease).await?;
         return Ok(RunReport::from_journal(
             &revert,
@@ -451,7 +470,7 @@ async fn revert_held(
         },
     );
     report.notifications =
-        crate::notify::after_commit(config, latest, revert.published_version).await;
+        crate::notify::after_commit(config, latest, revert.outcome.published_version).await;
     Ok(report)
 }
 
@@ -467,42 +486,48 @@ fn revert_journal(
     Journal {
         format: lakefill_log::journal::JOURNAL_FORMAT,
         run_id: revert_id.clone(),
-        state: RunState::Validated,
-        model: run.model.clone(),
-        model_version: run.model_version.clone(),
-        fingerprint: run.fingerprint.clone(),
-        target: run.target.clone(),
-        layout: run.layout.clone(),
-        partition_column: None,
-        read_version,
-        range: run.range.clone(),
-        sources: run.sources.clone(),
-        self_sources: run.self_sources.clone(),
-        allow_spill: None,
-        reason: reason.or_else(|| Some(format!("revert of {}", run.run_id))),
-        added_columns: Vec::new(),
-        affected_files: Vec::new(),
-        planned_batches: Vec::new(),
-        batches: Vec::new(),
-        partitions: Vec::new(),
-        spill_dropped: 0,
-        validation: None,
-        validated_files: None,
-        validated_stamps: Default::default(),
-        forced: None,
-        published_version: None,
-        sequence: 1,
-        error: None,
-        revert_of: Some(run.run_id.clone()),
-        revert_logical: false,
-        publish_as: lakefill_table::adjustments::PublishMode::Rewrite,
-        adjustments: Vec::new(),
-        adjustment_counts: None,
-        adjusts: None,
-        resume: None,
-        cascade: None,
-        created_at: now.clone(),
-        updated_at: now,
+        inputs: RunInputs {
+            model: run.inputs.model.clone(),
+            model_version: run.inputs.model_version.clone(),
+            fingerprint: run.inputs.fingerprint.clone(),
+            target: run.inputs.target.clone(),
+            layout: run.inputs.layout.clone(),
+            partition_column: None,
+            read_version,
+            range: run.inputs.range.clone(),
+            sources: run.inputs.sources.clone(),
+            self_sources: run.inputs.self_sources.clone(),
+            allow_spill: None,
+            reason: reason.or_else(|| Some(format!("revert of {}", run.run_id))),
+            added_columns: Vec::new(),
+            affected_files: Vec::new(),
+            planned_batches: Vec::new(),
+            resume: None,
+            publish_as: lakefill_table::adjustments::PublishMode::Rewrite,
+            adjusts: None,
+            kind: RunKind::Revert {
+                of: run.run_id.clone(),
+            },
+            created_at: now.clone(),
+        },
+        progress: RunProgress {
+            state: RunState::Validated,
+            batches: Vec::new(),
+            partitions: Vec::new(),
+            spill_dropped: 0,
+            validation: None,
+            validated_files: None,
+            validated_stamps: Default::default(),
+            adjustments: Vec::new(),
+            adjustment_counts: None,
+            updated_at: now,
+        },
+        outcome: RunOutcome {
+            forced: None,
+            published_version: None,
+            sequence: 1,
+            error: None,
+        },
     }
 }
 
@@ -519,8 +544,9 @@ fn partition_changes(
         files: u64,
     }
     let label = |file: &LogicalFileView| {
-        run.layout
-            .label_in(&run.range, &file.partition_values_map())
+        run.inputs
+            .layout
+            .label_in(&run.inputs.range, &file.partition_values_map())
             .unwrap_or_else(|| RANGE_LABEL.to_string())
     };
     let mut sides: BTreeMap<String, (Side, Side)> = BTreeMap::new();
@@ -558,16 +584,16 @@ async fn compare_versions(
     version: u64,
 ) -> Result<ValidationReport> {
     let started = std::time::Instant::now();
-    let config = project.table(&run.target, "the run")?;
+    let config = project.table(&run.inputs.target, "the run")?;
     let before = open_table(config, Some(version - 1)).await?;
     let schema = latest
         .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", run.target))?
+        .delta_context(|| format!("cannot read the snapshot of `{}`", run.inputs.target))?
         .snapshot()
         .arrow_schema();
     let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
     // The key and measures the run was validated with, when its model file is still there.
-    let rules = match Model::load(project, &run.model, Some(&run.model_version)) {
+    let rules = match Model::load(project, &run.inputs.model, Some(&run.inputs.model_version)) {
         Ok(model) => {
             ValidationRules::from_spec(model.header().validate.as_ref(), &columns, model.path())?
         }
@@ -578,10 +604,24 @@ async fn compare_versions(
     };
     let resources = Resources::new(lakefill_table::settings::memory_limit(project, None)?);
     let ctx = resources.session();
-    register_range(&ctx, "previous", latest, &run.layout, &run.range).await?;
-    register_range(&ctx, "output", &before, &run.layout, &run.range).await?;
+    register_range(
+        &ctx,
+        "previous",
+        latest,
+        &run.inputs.layout,
+        &run.inputs.range,
+    )
+    .await?;
+    register_range(
+        &ctx,
+        "output",
+        &before,
+        &run.inputs.layout,
+        &run.inputs.range,
+    )
+    .await?;
     let spec = CompareSpec {
-        partitions: PartitionKey::Time(run.layout.clone()),
+        partitions: PartitionKey::Time(run.inputs.layout.clone()),
         key: rules.key.clone(),
         measures: rules.summed_measures(),
         sample: crate::run::DEFAULT_SAMPLE,
@@ -591,7 +631,8 @@ async fn compare_versions(
     let comparison = compare(&ctx, &spec, None, None).await?;
     // The rows put back must keep the table's rules as they are now (a constraint may have been
     // added since the run, #33): Delta's writers would refuse to append them.
-    let protocol = lakefill_table::protocol::TableProtocol::read(latest, &run.target, false)?;
+    let protocol =
+        lakefill_table::protocol::TableProtocol::read(latest, &run.inputs.target, false)?;
     let mut checks = vec![CheckResult::new(
         "files as the log had them",
         Vec::new(),
@@ -600,7 +641,7 @@ async fn compare_versions(
     checks.extend(
         lakefill_validate::checks::protocol_checks(
             &ctx,
-            &PartitionKey::Time(run.layout.clone()),
+            &PartitionKey::Time(run.inputs.layout.clone()),
             &protocol.rules,
             crate::run::DEFAULT_SAMPLE,
             "output",

@@ -107,13 +107,13 @@ async fn conserve_with(
         .as_arrow()
         .clone();
     let in_range = journal
-        .layout
-        .range_predicate(&journal.range, &other_schema)
+        .inputs.layout
+        .range_predicate(&journal.inputs.range, &other_schema)
         .map_err(|_| Error::Model {
             path: plan.model.path().to_path_buf(),
             message: format!(
                 "`validate.conserve_with` cannot restrict `{table}` to the range: it lacks the target's time column(s) {}",
-                journal.layout.time.encoding.columns().join(", ")
+                journal.inputs.layout.time.encoding.columns().join(", ")
             ),
             hint: "compare with a table partitioned by the same time column".into(),
         })?;
@@ -195,13 +195,20 @@ pub(crate) async fn run_validation(
             ..ValidationReport::default()
         });
     }
-    let layout = &journal.layout;
-    let ctx = comparison_session(resources.session(), &plan.target, layout, &journal.range).await?;
+    let layout = &journal.inputs.layout;
+    let ctx = comparison_session(
+        resources.session(),
+        &plan.target,
+        layout,
+        &journal.inputs.range,
+    )
+    .await?;
     // `[validate] decimals`: rows are compared with their floats rounded, in this session's
     // row hashes only (checks and protocol rules see the values as they are).
     let rounding = rules.decimals.is_some();
     lakefill_table::rowhash::register_hash_functions_rounding(&ctx, rules.decimals);
-    let adjustments = journal.publish_as == lakefill_table::adjustments::PublishMode::Adjustments;
+    let adjustments =
+        journal.inputs.publish_as == lakefill_table::adjustments::PublishMode::Adjustments;
     // The schema the run's files were staged with: the plan's, else the target's.
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
@@ -229,7 +236,7 @@ pub(crate) async fn run_validation(
         .map(|f| f.name().clone())
         .filter(|name| !layout.partition_columns.contains(name))
         .collect();
-    if layout.by_rows && !journal.affected_files.is_empty() {
+    if layout.by_rows && !journal.inputs.affected_files.is_empty() {
         extra_checks.push(
             carried_check(
                 plan,
@@ -250,7 +257,7 @@ pub(crate) async fn run_validation(
             logged_checksums(
                 plan,
                 layout,
-                &journal.range,
+                &journal.inputs.range,
                 &target_schema,
                 &checksum_columns,
             )
@@ -310,14 +317,19 @@ async fn register_sides(
     target_schema: &deltalake::arrow::datatypes::Schema,
     adjustments: bool,
 ) -> Result<()> {
-    let layout = &journal.layout;
+    let layout = &journal.inputs.layout;
     if adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
         // of the table and the companion together).
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        lakefill_recompute::plan::adjust::register_net_rows(ctx, "previous", plan, &journal.range)
-            .await?;
+        lakefill_recompute::plan::adjust::register_net_rows(
+            ctx,
+            "previous",
+            plan,
+            &journal.inputs.range,
+        )
+        .await?;
     }
     let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let staged = StagedTable::register_store(
@@ -333,7 +345,7 @@ async fn register_sides(
         // range's.
         ctx.register_table("staged", Arc::new(staged))
             .query_context(|| "cannot register the staged files".into())?;
-        let in_range = layout.range_predicate(&journal.range, target_schema)?;
+        let in_range = layout.range_predicate(&journal.inputs.range, target_schema)?;
         let output = ctx
             .table("staged")
             .await
@@ -357,8 +369,9 @@ async fn adjustments_conserved(
     write_schema: &deltalake::arrow::datatypes::SchemaRef,
     sample: usize,
 ) -> Result<CheckResult> {
-    let (layout, rules) = (&journal.layout, &plan.rules);
+    let (layout, rules) = (&journal.inputs.layout, &plan.rules);
     let adds: Vec<_> = journal
+        .progress
         .adjustments
         .iter()
         .flat_map(|b| b.files.iter().cloned())
@@ -390,9 +403,9 @@ fn new_side(
     capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
     plan: &BackfillPlan,
 ) -> (KnownSide, Option<RowChecksum>) {
-    let (layout, rules) = (&journal.layout, &plan.rules);
+    let (layout, rules) = (&journal.inputs.layout, &plan.rules);
     let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
-    for batch in &journal.batches {
+    for batch in &journal.progress.batches {
         for (partition, checksum) in &batch.checksums {
             checksums
                 .entry(partition.clone())
@@ -404,6 +417,7 @@ fn new_side(
     let mut new_side = KnownSide {
         rows: counts_from(
             journal
+                .progress
                 .batches
                 .iter()
                 .flat_map(|b| b.rows.iter().map(|(p, n)| (p, *n)))
@@ -415,6 +429,7 @@ fn new_side(
         // What this process's writers hashed, if they staged every batch of the journal.
         captured: capture.filter(|c| {
             let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
+                .progress
                 .batches
                 .iter()
                 .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
@@ -422,7 +437,7 @@ fn new_side(
             c.covers(&batches)
         }),
     };
-    for batch in &journal.batches {
+    for batch in &journal.progress.batches {
         for (partition, measures) in batch
             .sums
             .iter()
@@ -453,6 +468,7 @@ fn new_side(
 /// rows; then the key merge reads the old side whole, once.
 fn mostly_changed(journal: &Journal) -> bool {
     let counted: Vec<bool> = journal
+        .progress
         .partitions
         .iter()
         .filter_map(|p| p.old_rows.map(|old| old != p.new_rows))
@@ -583,6 +599,7 @@ pub(crate) async fn carried_check(
         .table_provider()
         .with_file_paths(
             journal
+                .inputs
                 .affected_files
                 .iter()
                 .map(|p| lakefill_table::storage::selection_path(p)),
@@ -591,8 +608,9 @@ pub(crate) async fn carried_check(
         .query_context(|| "cannot scan the files the backfill rewrites".into())?;
     let schema = table_schema(plan)?;
     let outside = journal
+        .inputs
         .layout
-        .range_predicate(&journal.range, &schema)?
+        .range_predicate(&journal.inputs.range, &schema)?
         .is_not_true();
     let old = ctx
         .read_table(provider)

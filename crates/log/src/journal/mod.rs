@@ -36,15 +36,29 @@ use lakefill_validate::ValidationReport;
 /// Journal format written by this version of lakefill.
 pub const JOURNAL_FORMAT: u32 = 2;
 
-/// Everything a run has recorded about itself.
+/// Everything a run has recorded about itself: what it was asked ([`RunInputs`]), how far it
+/// got ([`RunProgress`]) and how it ended ([`RunOutcome`]). On disk the three are one flat
+/// JSON object, as they always were.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Journal {
     /// Format of this document.
     pub format: u32,
     /// The run id.
     pub run_id: RunId,
-    /// Current state.
-    pub state: RunState,
+    /// What the run was asked: model, target, range, sources, kind, how it publishes.
+    #[serde(flatten)]
+    pub inputs: RunInputs,
+    /// How far it got: its state, the batches staged, validation.
+    #[serde(flatten)]
+    pub progress: RunProgress,
+    /// How it ended: the version it published, or the error that stopped it.
+    #[serde(flatten)]
+    pub outcome: RunOutcome,
+}
+
+/// What a run was asked, fixed when it starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunInputs {
     /// Model name.
     pub model: String,
     /// Model version.
@@ -83,6 +97,30 @@ pub struct Journal {
     /// Every batch of the plan; the run is complete when each has a finished record.
     #[serde(default)]
     pub planned_batches: Vec<BatchBounds>,
+    /// The command that resumes the run when it is not its own backfill command (a node of a
+    /// cascade is resumed by the cascade's command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
+    /// How the run publishes (`adjustments`: the files of [`RunProgress::adjustments`] are
+    /// appended, and the staged new rows serve validation only).
+    #[serde(default, skip_serializing_if = "PublishMode::is_rewrite")]
+    pub publish_as: PublishMode,
+    /// When the adjustments go to a companion (the run's table): the table they correct and
+    /// the version of it the run read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjusts: Option<(String, u64)>,
+    /// What kind of run it is: a backfill, a node of a cascade, or a revert.
+    #[serde(flatten)]
+    pub kind: RunKind,
+    /// When the run was created (RFC 3339).
+    pub created_at: String,
+}
+
+/// How far a run got.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunProgress {
+    /// Current state.
+    pub state: RunState,
     /// Finished batches.
     pub batches: Vec<BatchRecord>,
     /// Per partition: old and new row counts, once staged.
@@ -102,6 +140,19 @@ pub struct Journal {
     /// since (#33).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub validated_stamps: BTreeMap<String, Option<String>>,
+    /// With adjustments: the reversal and correction rows, staged per batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adjustments: Vec<BatchRecord>,
+    /// With adjustments: how many of each kind, once staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjustment_counts: Option<AdjustmentCounts>,
+    /// When the journal was last written (RFC 3339).
+    pub updated_at: String,
+}
+
+/// How a run ended (or, while it runs, what it will publish as).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunOutcome {
     /// The reason given to publish despite failed validation.
     #[serde(default)]
     pub forced: Option<String>,
@@ -113,38 +164,103 @@ pub struct Journal {
     pub sequence: u64,
     /// The error that stopped the run, if any.
     pub error: Option<String>,
-    /// The run this one reverts, when it is a revert (`lakefill revert`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revert_of: Option<RunId>,
-    /// A revert that recomputes the range as it was (`revert --logical`): it stages files and is
-    /// published like any run, not by `lakefill revert` alone.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub revert_logical: bool,
-    /// The command that resumes the run when it is not its own backfill command (a node of a
-    /// cascade is resumed by the cascade's command).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume: Option<String>,
+}
+
+/// What kind of run a journal records. On disk it is the fields `revert_of`, `revert_logical`
+/// and `cascade`, as journals have always had them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(from = "KindFields", into = "KindFields")]
+pub enum RunKind {
+    /// A backfill of its own.
+    #[default]
+    Backfill,
+    /// A node of a cascade.
+    CascadeNode {
+        /// The cascade.
+        cascade: String,
+    },
+    /// A revert that puts back the files a run replaced (`lakefill revert`).
+    Revert {
+        /// The run it reverts.
+        of: RunId,
+    },
+    /// A revert that recomputes the range as it was (`revert --logical`): it stages files and
+    /// is published like any run.
+    LogicalRevert {
+        /// The run it reverts.
+        of: RunId,
+    },
+}
+
+impl RunKind {
+    /// The run this one reverts, when it is a revert.
+    pub fn revert_of(&self) -> Option<&RunId> {
+        match self {
+            RunKind::Revert { of } | RunKind::LogicalRevert { of } => Some(of),
+            RunKind::Backfill | RunKind::CascadeNode { .. } => None,
+        }
+    }
+
     /// The cascade the run is a node of.
+    pub fn cascade(&self) -> Option<&str> {
+        match self {
+            RunKind::CascadeNode { cascade } => Some(cascade),
+            _ => None,
+        }
+    }
+
+    /// Whether the run is a revert by files: published by `lakefill revert` alone, never staged.
+    pub fn reverts_files(&self) -> bool {
+        matches!(self, RunKind::Revert { .. })
+    }
+
+    /// Whether the run is a logical revert.
+    pub fn is_logical_revert(&self) -> bool {
+        matches!(self, RunKind::LogicalRevert { .. })
+    }
+}
+
+/// [`RunKind`] as journals keep it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct KindFields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cascade: Option<String>,
-    /// How the run publishes (`adjustments`: the files of [`Self::adjustments`] are appended,
-    /// and the staged new rows serve validation only).
-    #[serde(default, skip_serializing_if = "PublishMode::is_rewrite")]
-    pub publish_as: PublishMode,
-    /// With adjustments: the reversal and correction rows, staged per batch.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub adjustments: Vec<BatchRecord>,
-    /// With adjustments: how many of each kind, once staged.
+    revert_of: Option<RunId>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    revert_logical: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adjustment_counts: Option<AdjustmentCounts>,
-    /// When the adjustments go to a companion (the run's table): the table they correct and
-    /// the version of it the run read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adjusts: Option<(String, u64)>,
-    /// When the run was created (RFC 3339).
-    pub created_at: String,
-    /// When the journal was last written (RFC 3339).
-    pub updated_at: String,
+    cascade: Option<String>,
+}
+
+impl From<KindFields> for RunKind {
+    fn from(fields: KindFields) -> Self {
+        match (fields.revert_of, fields.revert_logical, fields.cascade) {
+            (Some(of), true, _) => RunKind::LogicalRevert { of },
+            (Some(of), false, _) => RunKind::Revert { of },
+            (None, _, Some(cascade)) => RunKind::CascadeNode { cascade },
+            (None, _, None) => RunKind::Backfill,
+        }
+    }
+}
+
+impl From<RunKind> for KindFields {
+    fn from(kind: RunKind) -> Self {
+        match kind {
+            RunKind::Backfill => KindFields::default(),
+            RunKind::CascadeNode { cascade } => KindFields {
+                cascade: Some(cascade),
+                ..KindFields::default()
+            },
+            RunKind::Revert { of } => KindFields {
+                revert_of: Some(of),
+                ..KindFields::default()
+            },
+            RunKind::LogicalRevert { of } => KindFields {
+                revert_of: Some(of),
+                revert_logical: true,
+                ..KindFields::default()
+            },
+        }
+    }
 }
 
 /// The bounds of one planned batch.
@@ -188,11 +304,11 @@ impl Journal {
     /// The record of the model version this run published.
     pub fn model_record(&self) -> crate::registry::ModelRecord {
         crate::registry::ModelRecord {
-            model: self.model.clone(),
-            version: self.model_version.clone(),
-            fingerprint: self.fingerprint.clone(),
+            model: self.inputs.model.clone(),
+            version: self.inputs.model_version.clone(),
+            fingerprint: self.inputs.fingerprint.clone(),
             run_id: self.run_id.to_string(),
-            published_version: self.published_version,
+            published_version: self.outcome.published_version,
         }
     }
 
@@ -207,7 +323,7 @@ impl Journal {
             )));
         }
         lease.check()?;
-        self.updated_at = lakefill_table::time::now();
+        self.progress.updated_at = lakefill_table::time::now();
         let path = self.run_id.journal_path();
         let text = serde_json::to_string_pretty(self).map_err(|e| Error::Journal {
             path: path.to_string(),
@@ -227,8 +343,8 @@ impl Journal {
 
     /// Moves the run to `next`, if the life cycle allows it (see [`crate::journal::lifecycle`]).
     pub fn transition(&mut self, next: RunState) -> Result<()> {
-        self.state.check_transition(next, &self.run_id)?;
-        self.state = next;
+        self.progress.state.check_transition(next, &self.run_id)?;
+        self.progress.state = next;
         Ok(())
     }
 
@@ -271,10 +387,11 @@ impl Journal {
                 self.run_id
             ));
         }
-        if self.range.from > self.range.to {
+        if self.inputs.range.from > self.inputs.range.to {
             return Err("its range is reversed".into());
         }
         if self
+            .inputs
             .layout
             .time
             .encoding
@@ -285,7 +402,7 @@ impl Journal {
             return Err("it does not say how the table is partitioned".into());
         }
         for add in self.staged_files() {
-            check_staged_path(add, &self.layout, &self.range, run_id)?;
+            check_staged_path(add, &self.inputs.layout, &self.inputs.range, run_id)?;
         }
         Ok(())
     }
@@ -296,23 +413,24 @@ impl Journal {
     fn upgrade(&mut self) {
         self.format = JOURNAL_FORMAT;
         if self
+            .inputs
             .layout
             .time
             .encoding
             .columns()
             .iter()
             .all(|c| c.is_empty())
-            && let Some(column) = &self.partition_column
+            && let Some(column) = &self.inputs.partition_column
         {
-            self.layout = Layout::legacy(column, false);
+            self.inputs.layout = Layout::legacy(column, false);
         }
         if matches!(
-            self.state,
+            self.progress.state,
             RunState::Staged | RunState::Validated | RunState::FailedValidation
         ) {
-            self.state = RunState::Staged;
-            self.validation = None;
-            self.validated_files = None;
+            self.progress.state = RunState::Staged;
+            self.progress.validation = None;
+            self.progress.validated_files = None;
         }
     }
 
@@ -331,53 +449,55 @@ impl Journal {
                 journals.push(journal);
             }
         }
-        journals.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        journals.sort_by(|a, b| b.inputs.created_at.cmp(&a.inputs.created_at));
         Ok(journals)
     }
 
     /// Returns every staged file of the run (with adjustments, the new rows and the adjustment
     /// rows).
     pub fn staged_files(&self) -> impl Iterator<Item = &Add> {
-        self.batches
+        self.progress
+            .batches
             .iter()
-            .chain(&self.adjustments)
+            .chain(&self.progress.adjustments)
             .flat_map(|b| b.files.iter())
     }
 
     /// Returns the staged files of the run's new rows (what validation compares with the old).
     pub fn new_row_files(&self) -> impl Iterator<Item = &Add> {
-        self.batches.iter().flat_map(|b| b.files.iter())
+        self.progress.batches.iter().flat_map(|b| b.files.iter())
     }
 
     /// Returns the files the publish commits: the new rows, or with adjustments the adjustment
     /// rows.
     pub fn published_files(&self) -> impl Iterator<Item = &Add> {
-        let records = match self.publish_as {
-            PublishMode::Rewrite => &self.batches,
-            PublishMode::Adjustments => &self.adjustments,
+        let records = match self.inputs.publish_as {
+            PublishMode::Rewrite => &self.progress.batches,
+            PublishMode::Adjustments => &self.progress.adjustments,
         };
         records.iter().flat_map(|b| b.files.iter())
     }
 
     /// With adjustments, whether every batch has its adjustment rows staged.
     pub fn adjusted(&self) -> bool {
-        self.publish_as == PublishMode::Rewrite
-            || (self.adjustment_counts.is_some()
+        self.inputs.publish_as == PublishMode::Rewrite
+            || (self.progress.adjustment_counts.is_some()
                 && self
+                    .progress
                     .batches
                     .iter()
-                    .all(|b| self.adjustments.iter().any(|a| a.index == b.index)))
+                    .all(|b| self.progress.adjustments.iter().any(|a| a.index == b.index)))
     }
 
     /// Returns whether every planned batch has finished.
     pub fn complete(&self) -> bool {
-        !self.planned_batches.is_empty()
-            && self.planned_batches.iter().all(|planned| {
-                self.batches.iter().any(|b| {
+        !self.inputs.planned_batches.is_empty()
+            && self.inputs.planned_batches.iter().all(|planned| {
+                self.progress.batches.iter().any(|b| {
                     b.index == planned.index && b.start == planned.start && b.end == planned.end
                 })
             })
-            && self.batches.len() == self.planned_batches.len()
+            && self.progress.batches.len() == self.inputs.planned_batches.len()
     }
 
     /// A digest of the staged files (paths and sizes): what validation saw, and publish commits.
@@ -396,36 +516,36 @@ impl Journal {
 
     /// Returns whether validation ran and passed.
     pub fn validation_passed(&self) -> Option<bool> {
-        self.validation.as_ref().map(|v| v.passed)
+        self.progress.validation.as_ref().map(|v| v.passed)
     }
 
     /// The `lakefill backfill` command that resumes this run (the same run id: same model file,
     /// range, pinned sources and spill policy).
     pub fn resume_command(&self) -> String {
-        if let Some(reverted) = &self.revert_of {
-            let logical = if self.revert_logical {
-                " --logical"
-            } else {
-                ""
-            };
-            return format!("lakefill revert {reverted}{logical}");
+        match &self.inputs.kind {
+            RunKind::Revert { of } => return format!("lakefill revert {of}"),
+            RunKind::LogicalRevert { of } => return format!("lakefill revert {of} --logical"),
+            RunKind::Backfill | RunKind::CascadeNode { .. } => {}
         }
-        if let Some(command) = &self.resume {
+        if let Some(command) = &self.inputs.resume {
             return command.clone();
         }
         let mut command = format!(
             "lakefill backfill {} --from {} --to {} --model-version {}",
-            self.model, self.range.from, self.range.to, self.model_version
+            self.inputs.model,
+            self.inputs.range.from,
+            self.inputs.range.to,
+            self.inputs.model_version
         );
-        for (table, version) in &self.sources {
-            if !self.self_sources.contains(table) {
+        for (table, version) in &self.inputs.sources {
+            if !self.inputs.self_sources.contains(table) {
                 command.push_str(&format!(" --source-version {table}={version}"));
             }
         }
-        if let Some(policy) = &self.allow_spill {
+        if let Some(policy) = &self.inputs.allow_spill {
             command.push_str(&format!(" --allow-spill {policy}"));
         }
-        if self.range.include_null {
+        if self.inputs.range.include_null {
             command.push_str(" --include-null");
         }
         command
@@ -550,5 +670,160 @@ mod tests {
             let err = check_staged_path(&add(path, value), &layout, &range, &r1).expect_err(path);
             assert!(err.contains(path), "{err}");
         }
+    }
+
+    /// A journal written before the split into inputs, progress and outcome (one flat object)
+    /// reads back as it was, and writes back with the same keys and values; each run kind
+    /// keeps its `revert_of`, `revert_logical` and `cascade` fields.
+    #[test]
+    fn a_flat_journal_reads_and_writes_as_it_always_did() {
+        let flat = serde_json::json!({
+            "format": 2,
+            "run_id": "events-v2-0123456789ab",
+            "state": "validated",
+            "model": "events",
+            "model_version": "v2",
+            "fingerprint": "abc",
+            "target": "events",
+            "layout": Layout::legacy("d", false),
+            "read_version": 3,
+            "range": {"from": "2026-01-01", "to": "2026-01-02", "grain": "day", "include_null": false},
+            "sources": {"raw": 7},
+            "self_sources": [],
+            "allow_spill": null,
+            "reason": "fix",
+            "added_columns": [],
+            "affected_files": [],
+            "planned_batches": [],
+            "batches": [],
+            "partitions": [],
+            "spill_dropped": 0,
+            "validation": null,
+            "validated_files": null,
+            "forced": null,
+            "published_version": null,
+            "sequence": 1,
+            "error": null,
+            "created_at": "2026-01-03T00:00:00Z",
+            "updated_at": "2026-01-03T00:00:01Z"
+        });
+        let kinds = [
+            (serde_json::json!({}), RunKind::Backfill),
+            (
+                serde_json::json!({"cascade": "cascade-0123456789ab"}),
+                RunKind::CascadeNode {
+                    cascade: "cascade-0123456789ab".into(),
+                },
+            ),
+            (
+                serde_json::json!({"revert_of": "events-v1-0123456789ab"}),
+                RunKind::Revert {
+                    of: RunId::parse("events-v1-0123456789ab").expect("run id"),
+                },
+            ),
+            (
+                serde_json::json!({"revert_of": "events-v1-0123456789ab", "revert_logical": true}),
+                RunKind::LogicalRevert {
+                    of: RunId::parse("events-v1-0123456789ab").expect("run id"),
+                },
+            ),
+        ];
+        for (fields, kind) in kinds {
+            let mut document = flat.clone();
+            for (key, value) in fields.as_object().expect("object") {
+                document[key] = value.clone();
+            }
+            let journal: Journal = serde_json::from_value(document.clone()).expect("reads");
+            assert_eq!(journal.inputs.kind, kind);
+            assert_eq!(journal.inputs.read_version, 3);
+            assert_eq!(journal.progress.state, RunState::Validated);
+            assert_eq!(journal.outcome.sequence, 1);
+            let written = serde_json::to_value(&journal).expect("writes");
+            assert_eq!(written, document, "{kind:?}");
+        }
+    }
+
+    /// The journal of a run, kept on an in-memory object store: only the holder of the run's
+    /// lease writes it, it reads back whole, a newer format is refused as such, and listing
+    /// the table's runs finds it.
+    #[tokio::test]
+    async fn a_journal_on_an_in_memory_store_is_written_by_its_lease_holder_only() {
+        use deltalake::logstore::object_store::memory::InMemory;
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let document = serde_json::json!({
+            "format": 2,
+            "run_id": "events-v2-0123456789ab",
+            "state": "staging",
+            "model": "events",
+            "model_version": "v2",
+            "fingerprint": "abc",
+            "target": "events",
+            "layout": Layout::legacy("d", false),
+            "read_version": 3,
+            "range": {"from": "2026-01-01", "to": "2026-01-02", "grain": "day", "include_null": false},
+            "sources": {},
+            "reason": null,
+            "batches": [],
+            "published_version": null,
+            "error": null,
+            "created_at": "2026-01-03T00:00:00Z",
+            "updated_at": "2026-01-03T00:00:00Z"
+        });
+        let mut journal: Journal = serde_json::from_value(document).expect("journal");
+        let run_id = journal.run_id.clone();
+        let other = RunId::parse("events-v2-ba9876543210").expect("run id");
+
+        let foreign = RunLease::acquire(&store, "events", &other, "backfill")
+            .await
+            .expect("lease");
+        let refused = journal
+            .save(&store, &foreign)
+            .await
+            .expect_err("not its lease");
+        assert!(
+            refused.to_string().contains("cannot write the journal"),
+            "{refused}"
+        );
+        foreign.release().await;
+        assert!(
+            Journal::load(&store, &run_id)
+                .await
+                .expect("load")
+                .is_none()
+        );
+
+        let lease = RunLease::acquire(&store, "events", &run_id, "backfill")
+            .await
+            .expect("lease");
+        journal
+            .transition(RunState::Staged)
+            .expect("staging -> staged");
+        journal.save(&store, &lease).await.expect("save");
+        let loaded = Journal::load(&store, &run_id)
+            .await
+            .expect("load")
+            .expect("saved");
+        assert_eq!(loaded.progress.state, RunState::Staged);
+        assert_eq!(loaded.inputs.kind, RunKind::Backfill);
+        assert_eq!(loaded.inputs.read_version, 3);
+        let listed = Journal::list(&store).await.expect("list");
+        assert_eq!(
+            listed.iter().map(|j| j.run_id.clone()).collect::<Vec<_>>(),
+            vec![run_id.clone()]
+        );
+        lease.release().await;
+
+        // A journal of a newer lakefill is named as such, not as damaged.
+        let mut newer = serde_json::to_value(&loaded).expect("json");
+        newer["format"] = serde_json::json!(JOURNAL_FORMAT + 1);
+        store
+            .put(
+                &run_id.journal_path(),
+                PutPayload::from(serde_json::to_vec(&newer).expect("bytes")),
+            )
+            .await
+            .expect("put");
+        let err = Journal::load(&store, &run_id).await.expect_err("newer");
+        assert!(err.to_string().contains("newer lakefill"), "{err}");
     }
 }

@@ -201,11 +201,11 @@ async fn register_ledger_rows(
     range: &lakefill_table::partition::PartitionRange,
 ) -> Result<()> {
     let layout = &plan.report.layout;
-    match &plan.adjusted {
-        None => {
+    match plan.publish() {
+        crate::plan::Publish::Rewrite | crate::plan::Publish::Adjustments => {
             lakefill_validate::rows::register_range(ctx, name, &plan.target, layout, range).await
         }
-        Some(adjusted) => {
+        crate::plan::Publish::AdjustmentsToCompanion(adjusted) => {
             let ledger = format!("{name}__ledger");
             let companion = format!("{name}__companion");
             lakefill_validate::rows::register_range(ctx, &ledger, &adjusted.table, layout, range)

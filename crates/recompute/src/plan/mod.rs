@@ -24,11 +24,12 @@ use sha2::{Digest, Sha256};
 
 use deltalake::arrow::datatypes::DataType;
 use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunKind;
 use lakefill_log::published_sequence;
 use lakefill_log::range_touched_after;
 use lakefill_log::registry::published_fingerprint;
 use lakefill_table::adjustments::PublishMode;
-use lakefill_table::config::Project;
+use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{Error, Result};
 use lakefill_table::model::{Model, SourceSpec, list_models};
 use lakefill_table::partition::{
@@ -273,51 +274,13 @@ impl PlanBuilder {
         // Adjustments may go to a companion table: then it is the table the run writes.
         let companion = match (publish, target_config.adjustments()) {
             (PublishMode::Adjustments, Some(name)) => {
-                let config = project
-                    .table(
-                        name,
-                        &format!("`tables.{}.adjustments`", target_config.name()),
-                    )?
-                    .clone();
-                let table = match open_table(&config, None).await {
-                    Ok(table) => Some(table),
-                    Err(Error::NotADeltaTable { .. }) if self.create_companion => Some(
-                        crate::plan::adjust::create_companion(
-                            &config,
-                            &target,
-                            &layout.partition_columns,
-                            target_config.name(),
-                        )
-                        .await?,
-                    ),
-                    Err(Error::NotADeltaTable { .. }) => {
-                        range_notes.push(format!(
-                            "adjustments go to `{name}`, which does not exist yet: the first backfill creates it (the columns of `{}`, the lineage columns, `delta.appendOnly`)",
-                            target_config.name()
-                        ));
-                        None
-                    }
-                    Err(error) => return Err(error),
-                };
-                table.map(|table| (config, table))
+                self.companion(name, &target_config, &target, &layout, &mut range_notes)
+                    .await?
             }
             _ => None,
         };
         if publish == PublishMode::Adjustments {
-            crate::plan::adjust::check_plan(
-                &schema,
-                &rules.key,
-                &rules.summed_measures(),
-                &layout.partition_columns,
-                range.include_null,
-                // A companion carries the lineage columns, not the target.
-                model.adds_columns() || target_config.adjustments().is_some(),
-            )
-            .map_err(|message| Error::Model {
-                path: model.path().to_path_buf(),
-                message,
-                hint: "adjustments are described in docs/guide.md (\"Append-only tables\")".into(),
-            })?;
+            check_adjustments(&model, &target_config, &schema, &rules, &layout, &range)?;
         }
 
         let report = PlanReport {
@@ -362,24 +325,68 @@ impl PlanBuilder {
             sources,
             write_schema: None,
             resume: None,
-            cascade: None,
+            kind: RunKind::Backfill,
             cascade_staged: Vec::new(),
-            revert_of: None,
             adjusted: None,
         };
         if let Some((config, table)) = companion {
             plan.write_to_companion(config, table).await?;
         }
-        if publish == PublishMode::Adjustments {
+        self.checked(plan).await
+    }
+
+    /// What `plan` accepts, `backfill` runs: the plan's rules, its model and its checks are
+    /// planned against the sources now, and the schema its files are written with is fixed.
+    async fn checked(&self, mut plan: BackfillPlan) -> Result<BackfillPlan> {
+        if plan.report.publish == PublishMode::Adjustments {
             // The rules of the table the adjustments go to, over the measures they negate.
             crate::plan::adjust::check_rules(&plan.rules, &plan.report.target, plan.model.path())?;
         }
-        // What `plan` accepts, `backfill` runs: the model is planned against the sources now.
         let (write_schema, added_columns) = query::check_model(&plan).await?;
         query::check_checks(&plan, &self.project, &write_schema).await?;
         plan.write_schema = Some(write_schema);
         plan.report.added_columns = added_columns;
         Ok(plan)
+    }
+
+    /// The companion table `name` that the adjustments of `target_config` go to, opened; created
+    /// when the builder may (a backfill), else noted as missing (a plan creates nothing).
+    async fn companion(
+        &self,
+        name: &str,
+        target_config: &TableConfig,
+        target: &DeltaTable,
+        layout: &Layout,
+        range_notes: &mut Vec<String>,
+    ) -> Result<Option<(TableConfig, DeltaTable)>> {
+        let config = self
+            .project
+            .table(
+                name,
+                &format!("`tables.{}.adjustments`", target_config.name()),
+            )?
+            .clone();
+        let table = match open_table(&config, None).await {
+            Ok(table) => Some(table),
+            Err(Error::NotADeltaTable { .. }) if self.create_companion => Some(
+                crate::plan::adjust::create_companion(
+                    &config,
+                    target,
+                    &layout.partition_columns,
+                    target_config.name(),
+                )
+                .await?,
+            ),
+            Err(Error::NotADeltaTable { .. }) => {
+                range_notes.push(format!(
+                    "adjustments go to `{name}`, which does not exist yet: the first backfill creates it (the columns of `{}`, the lineage columns, `delta.appendOnly`)",
+                    target_config.name()
+                ));
+                None
+            }
+            Err(error) => return Err(error),
+        };
+        Ok(table.map(|table| (config, table)))
     }
 
     /// Checks the options against the model; returns the batch size (see [`lakefill_table::settings`]).
@@ -784,7 +791,7 @@ pub async fn publish_state(
     };
     let published_at = Journal::load(&target.object_store(), run_id)
         .await?
-        .and_then(|j| j.published_version);
+        .and_then(|j| j.outcome.published_version);
     let touched = match published_at {
         Some(version) => range_touched_after(target, version, layout, range, read_version).await?,
         None => false,
@@ -845,15 +852,38 @@ pub struct BackfillPlan {
     pub write_schema: Option<deltalake::arrow::datatypes::SchemaRef>,
     /// The command that resumes the run when it is not its own backfill command (a cascade).
     pub resume: Option<String>,
-    /// The cascade the run is a node of.
-    pub cascade: Option<String>,
+    /// What kind of run the plan is for: a backfill, a node of a cascade, or a logical revert
+    /// (see [`restore`]).
+    pub kind: RunKind,
     /// In a cascade, every node staged before this one, by table: its next version, for the
     /// checks' `staged.<table>`.
     pub cascade_staged: Vec<(String, DeltaTable, Overlay)>,
     /// When adjustments go to a companion table (then [`Self::target`]): the table they correct.
     pub adjusted: Option<Adjusted>,
-    /// The run a logical revert puts back the range of (see [`restore`]).
-    pub revert_of: Option<RunId>,
+}
+
+/// How a plan's output reaches its table: one view over the publish mode and the companion, to
+/// match on instead of testing both.
+#[derive(Debug, Clone, Copy)]
+pub enum Publish<'a> {
+    /// The range's files are replaced by the staged ones.
+    Rewrite,
+    /// Reversal and correction rows are appended to the table itself.
+    Adjustments,
+    /// Reversal and correction rows are appended to a companion table (the plan's target);
+    /// the table they correct is never written.
+    AdjustmentsToCompanion(&'a Adjusted),
+}
+
+impl BackfillPlan {
+    /// How the run's output reaches its table.
+    pub fn publish(&self) -> Publish<'_> {
+        match (self.report.publish, &self.adjusted) {
+            (_, Some(adjusted)) => Publish::AdjustmentsToCompanion(adjusted),
+            (PublishMode::Adjustments, None) => Publish::Adjustments,
+            (PublishMode::Rewrite, None) => Publish::Rewrite,
+        }
+    }
 }
 
 /// The table a companion's adjustments correct, and the companion version whose rows count as
@@ -1025,6 +1055,33 @@ pub struct SourceWindow {
     pub partition_column: bool,
     /// Its Arrow type in the source.
     pub data_type: deltalake::arrow::datatypes::DataType,
+}
+
+/// Refuses a plan that cannot publish adjustments: the target's schema, key, measures and
+/// partitions must allow reversal and correction rows.
+fn check_adjustments(
+    model: &Model,
+    target_config: &TableConfig,
+    schema: &deltalake::arrow::datatypes::Schema,
+    rules: &ValidationRules,
+    layout: &Layout,
+    range: &PartitionRange,
+) -> Result<()> {
+    crate::plan::adjust::check_plan(
+        schema,
+        &rules.key,
+        &rules.summed_measures(),
+        &layout.partition_columns,
+        range.include_null,
+        // A companion carries the lineage columns, not the target.
+        model.adds_columns() || target_config.adjustments().is_some(),
+    )
+    .map_err(|message| Error::Model {
+        path: model.path().to_path_buf(),
+        message,
+        hint: "adjustments are described in docs/guide.md (\"Append-only tables\")".into(),
+    })?;
+    Ok(())
 }
 
 /// One file of the target as the log describes it.

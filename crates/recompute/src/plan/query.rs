@@ -238,10 +238,11 @@ pub async fn register_source_with(
     if let Some(overlay) = &source.overlay {
         df = overlaid(ctx, df, &source.name, &source.table, overlay)?;
     }
-    let nets = plan.report.publish == lakefill_table::adjustments::PublishMode::Adjustments
+    // A table corrected by adjustments is read as its net rows.
+    let nets = !matches!(plan.publish(), crate::plan::Publish::Rewrite)
         && source.name == plan.model.header().target
         && source.overlay.is_none();
-    if nets && let Some(adjusted) = &plan.adjusted {
+    if nets && let crate::plan::Publish::AdjustmentsToCompanion(adjusted) = plan.publish() {
         // The table a companion corrects reads with the companion's rows (the window below
         // restricts both).
         let provider = adjusted

@@ -16,12 +16,13 @@ use super::{
     check_model_unedited, find_downstream, log_files, source_window, storage_descriptions,
 };
 use lakefill_log::journal::Journal;
+use lakefill_log::journal::RunKind;
 use lakefill_log::published_sequence;
 use lakefill_table::adjustments::PublishMode;
 use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{DeltaContext, Result};
 use lakefill_table::model::{Model, SourceSpec};
-use lakefill_table::partition::TimeEncoding;
+use lakefill_table::partition::{Layout, PartitionRange, TimeEncoding};
 use lakefill_table::protocol::TableProtocol;
 use lakefill_table::run_id::RunId;
 use lakefill_table::storage::{loaded_version, open_table};
@@ -60,23 +61,23 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         ..
     } = &restore;
     let target = config.name();
-    let model = Model::load(project, &run.model, Some(&run.model_version))?;
+    let model = Model::load(project, &run.inputs.model, Some(&run.inputs.model_version))?;
     check_model_unedited(latest, &model).await?;
     let read_version = loaded_version(latest)?;
-    let publish = run.publish_as;
+    let publish = run.inputs.publish_as;
     let protocol = TableProtocol::read(latest, target, publish == PublishMode::Adjustments)?;
     let snapshot = latest
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{target}`"))?;
     let schema = snapshot.snapshot().arrow_schema();
     let files = log_files(snapshot);
-    let layout = run.layout.clone();
-    let range = run.range.clone();
+    let layout = run.inputs.layout.clone();
+    let range = run.inputs.range.clone();
 
     let before = open_table(config, Some(version - 1)).await?;
     // What is read back: the table as it was; for adjustments in a companion, the corrected
     // table now with the companion as it was (see `BackfillPlan::adjusted`).
-    let (source_name, source) = match &run.adjusts {
+    let (source_name, source) = match &run.inputs.adjusts {
         None => (target.to_string(), before.clone()),
         Some((corrected, _)) => {
             let corrected_config = project.table(corrected, "the run's journal")?;
@@ -88,41 +89,8 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         .delta_context(|| format!("cannot read `{source_name}`"))?
         .snapshot()
         .arrow_schema();
-    // Exactly the table's columns now; a column added since reads as NULL, as in the old files.
-    let columns: Vec<String> = schema
-        .fields()
-        .iter()
-        .map(|field| {
-            let name = quote(field.name());
-            if before_schema.field_with_name(field.name()).is_ok() {
-                name
-            } else {
-                format!(
-                    "arrow_cast(NULL, '{}') AS {name}",
-                    field.data_type().to_string().replace('\'', "''")
-                )
-            }
-        })
-        .collect();
-    // (A table corrected by adjustments reads as its net rows: see `register_source`.)
-    let sql = format!("SELECT {} FROM {}", columns.join(", "), quote(&source_name));
-    let spec = SourceSpec {
-        window: Some(
-            layout
-                .time
-                .encoding
-                .columns()
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-        ),
-        grain: Some(layout.time.grain.to_string()),
-        format: match &layout.time.encoding {
-            TimeEncoding::Text { format, .. } => Some(format.clone()),
-            _ => None,
-        },
-        ..SourceSpec::default()
-    };
+    let sql = restoring_sql(&schema, &before_schema, &source_name);
+    let spec = window_spec(&layout);
     let model = model.restoring(sql, BTreeMap::from([(source_name.clone(), spec.clone())]));
     let window = source_window(&model, &source_name, &spec, &source)?;
 
@@ -138,20 +106,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     // The other tables a fix's totals were tied to say nothing about the rows before it.
     rules.conserve_with.clear();
     rules.protocol = protocol.rules.clone();
-    let mut range_notes = vec![format!(
-        "restores {}..={} as version {} held it (before {} committed version {version})",
-        range.from,
-        range.to,
-        version - 1,
-        run.run_id
-    )];
-    if !restore.later.is_empty() {
-        let later: Vec<String> = restore.later.iter().map(ToString::to_string).collect();
-        range_notes.push(format!(
-            "later commits changed the range (versions {}): their changes in it are replaced too",
-            later.join(", ")
-        ));
-    }
+    let range_notes = notes(&restore, &range);
 
     let report = PlanReport {
         run_id: restore.revert_id.clone(),
@@ -213,19 +168,92 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         }],
         write_schema: None,
         resume: Some(format!("lakefill revert {} --logical", run.run_id)),
-        cascade: None,
+        kind: RunKind::LogicalRevert {
+            of: run.run_id.clone(),
+        },
         cascade_staged: Vec::new(),
-        revert_of: Some(run.run_id.clone()),
-        adjusted: run.adjusts.as_ref().map(|(name, _)| super::Adjusted {
-            name: name.clone(),
-            table: source.clone(),
-            companion_rows: before.clone(),
-        }),
+        adjusted: run
+            .inputs
+            .adjusts
+            .as_ref()
+            .map(|(name, _)| super::Adjusted {
+                name: name.clone(),
+                table: source.clone(),
+                companion_rows: before.clone(),
+            }),
     };
     let (write_schema, added_columns) = super::query::check_model(&plan).await?;
     plan.write_schema = Some(write_schema);
     plan.report.added_columns = added_columns;
     Ok(plan)
+}
+
+/// The query that reads the range back from `source_name`: exactly the table's columns now, a
+/// column added since read as NULL, as in the old files. (A table corrected by adjustments
+/// reads as its net rows: see `register_source`.)
+fn restoring_sql(
+    schema: &deltalake::arrow::datatypes::Schema,
+    before_schema: &deltalake::arrow::datatypes::Schema,
+    source_name: &str,
+) -> String {
+    let columns: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let name = quote(field.name());
+            if before_schema.field_with_name(field.name()).is_ok() {
+                name
+            } else {
+                format!(
+                    "arrow_cast(NULL, '{}') AS {name}",
+                    field.data_type().to_string().replace('\'', "''")
+                )
+            }
+        })
+        .collect();
+    format!("SELECT {} FROM {}", columns.join(", "), quote(source_name))
+}
+
+/// The source as the restoring query reads it: windowed on the table's own time columns, in
+/// its grain and text format.
+fn window_spec(layout: &Layout) -> SourceSpec {
+    SourceSpec {
+        window: Some(
+            layout
+                .time
+                .encoding
+                .columns()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        ),
+        grain: Some(layout.time.grain.to_string()),
+        format: match &layout.time.encoding {
+            TimeEncoding::Text { format, .. } => Some(format.clone()),
+            _ => None,
+        },
+        ..SourceSpec::default()
+    }
+}
+
+/// What the plan of a logical revert says about its range.
+fn notes(restore: &Restore<'_>, range: &PartitionRange) -> Vec<String> {
+    let mut notes = vec![format!(
+        "restores {}..={} as version {} held it (before {} committed version {})",
+        range.from,
+        range.to,
+        restore.version - 1,
+        restore.run.run_id,
+        restore.version
+    )];
+    if !restore.later.is_empty() {
+        let later: Vec<String> = restore.later.iter().map(ToString::to_string).collect();
+        notes.push(format!(
+            "later commits changed the range (versions {}): their changes in it are replaced too",
+            later.join(", ")
+        ));
+    }
+    notes
 }
 
 /// `name` as a SQL identifier.
