@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context as _;
-use lakefill::{PlanBuilder, Project};
+use lakefill::{PlanBuilder, Project, RunSettings};
 
 use crate::args::{GlobalArgs, ScopeArgs, SpillPolicy};
 
@@ -19,8 +19,12 @@ pub(crate) fn project(global: &GlobalArgs) -> anyhow::Result<Project> {
     }
 }
 
-/// Builds the plan request for `scope`.
-pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Result<PlanBuilder> {
+/// Builds the plan request for `scope`, with `settings` resolved.
+pub(crate) fn plan_builder(
+    project: &Project,
+    scope: &ScopeArgs,
+    settings: RunSettings,
+) -> anyhow::Result<PlanBuilder> {
     let mut versions = Vec::new();
     for pin in &scope.source_versions {
         versions.push(parse_source_version(pin)?);
@@ -28,7 +32,7 @@ pub(crate) fn plan_builder(project: &Project, scope: &ScopeArgs) -> anyhow::Resu
     Ok(
         PlanBuilder::new(project, &scope.model, &scope.from, &scope.to)
             .with_model_version(model_versions(scope, false)?.0)
-            .with_batch_partitions(scope.batch_partitions)
+            .with_settings(settings)
             .with_source_versions(versions)
             .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
             .with_include_null(scope.include_null)

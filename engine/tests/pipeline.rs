@@ -77,7 +77,10 @@ async fn plan_stage_validate_then_publish_through_the_library() {
     // Three days of a time zone fix: keys cross both edges of the range, which the library
     // allows when asked to (the edge check itself is tested with the binary).
     let plan = PlanBuilder::new(&project, "events", from.to_string(), to.to_string())
-        .with_batch_partitions(Some(2))
+        .with_settings(lakefill::RunSettings {
+            batch_partitions: 2,
+            ..lakefill::RunSettings::built_in()
+        })
         .with_allow_edge_moves(Some("a partial fix, on purpose".into()))
         .await
         .expect("plan");

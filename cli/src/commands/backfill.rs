@@ -27,8 +27,7 @@ pub(crate) async fn run(
     if args.cascade {
         return cascade(&project, args, resolved, printer).await;
     }
-    let plan = settings::plan_builder(&project, &args.scope)?
-        .with_batch_partitions(Some(resolved.batch_partitions))
+    let plan = settings::plan_builder(&project, &args.scope, resolved.clone())?
         .with_create_companion(true)
         .await?;
     printer.status(&crate::render::run::backfill_plan(plan.report()));

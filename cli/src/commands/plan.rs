@@ -33,7 +33,8 @@ pub(crate) async fn run(
             .await?;
         return printer.result(&render::cascade::plan(cascade.report()), cascade.report());
     }
-    let plan = settings::plan_builder(&project, &args.scope)?.await?;
+    let planning = lakefill::RunSettings::for_planning(&project, args.scope.batch_partitions)?;
+    let plan = settings::plan_builder(&project, &args.scope, planning)?.await?;
     printer.result(&render::plan::text(plan.report()), plan.report())
 }
 

@@ -7,10 +7,29 @@ use lakefill::RunReport;
 
 use super::{bytes, compact, number, rows, signed, signed_f};
 
-/// Renders a backfill, publish or discard report for people.
+/// Renders a backfill, publish, discard or revert report for people: what happened, per
+/// partition, validation and what else the run reports, and what it staged.
 pub(crate) fn text(report: &RunReport) -> String {
-    use lakefill::Outcome;
     let mut out = String::new();
+    if headline(report, &mut out) == Told::All {
+        return out;
+    }
+    partitions(report, &mut out);
+    details(report, &mut out);
+    footer(report, &mut out);
+    out
+}
+
+/// Whether a headline said all there is to say.
+#[derive(PartialEq, Eq)]
+enum Told {
+    All,
+    More,
+}
+
+/// What the command did to the run, in one line (two for a revert).
+fn headline(report: &RunReport, out: &mut String) -> Told {
+    use lakefill::Outcome;
     let run = format!(
         "run {} of {}@{}",
         report.run_id, report.model, report.model_version
@@ -26,7 +45,7 @@ pub(crate) fn text(report: &RunReport) -> String {
                 "already published: {run} was committed to {}{version}; nothing to do",
                 report.table
             );
-            return out;
+            return Told::All;
         }
         Outcome::Published => {
             let _ = writeln!(
@@ -63,7 +82,7 @@ pub(crate) fn text(report: &RunReport) -> String {
         }
         Outcome::Discarded => {
             let _ = writeln!(out, "discarded {run}: its staged files are deleted");
-            return out;
+            return Told::All;
         }
         Outcome::Reverted | Outcome::AlreadyReverted => {
             let reverted = report.revert_of.as_deref().unwrap_or("?");
@@ -76,7 +95,7 @@ pub(crate) fn text(report: &RunReport) -> String {
                     "already reverted: {reverted} was reverted by {} as version {version} of {}; nothing to do",
                     report.run_id, report.table
                 );
-                return out;
+                return Told::All;
             }
             let _ = writeln!(
                 out,
@@ -91,6 +110,11 @@ pub(crate) fn text(report: &RunReport) -> String {
             );
         }
     }
+    Told::More
+}
+
+/// Rows before and after, per partition and in total.
+fn partitions(report: &RunReport, out: &mut String) {
     let _ = writeln!(
         out,
         "  {:<14} {:>10} {:>10} {:>9}",
@@ -119,6 +143,10 @@ pub(crate) fn text(report: &RunReport) -> String {
         new_total,
         signed(new_total as i64 - old_total as i64)
     );
+}
+
+/// Dropped rows, validation, an override, adjustments, notifications and notes.
+fn details(report: &RunReport, out: &mut String) {
     if report.spill_dropped > 0 {
         let _ = writeln!(
             out,
@@ -143,8 +171,12 @@ pub(crate) fn text(report: &RunReport) -> String {
     for note in &report.notes {
         let _ = writeln!(out, "  note: {note}");
     }
+}
+
+/// What was staged and how long each phase took (for a revert by files: the files it swapped).
+fn footer(report: &RunReport, out: &mut String) {
     let t = &report.timings;
-    if report.outcome == Outcome::Reverted && report.files_written == 0 {
+    if report.outcome == lakefill::Outcome::Reverted && report.files_written == 0 {
         let _ = writeln!(
             out,
             "  removed the {} files the run added, re-added the {} it replaced | {:.1}s",
@@ -152,7 +184,7 @@ pub(crate) fn text(report: &RunReport) -> String {
             report.partitions.iter().map(|p| p.new_files).sum::<u64>(),
             t.total_ms as f64 / 1000.0
         );
-        return out;
+        return;
     }
     let _ = writeln!(
         out,
@@ -163,7 +195,6 @@ pub(crate) fn text(report: &RunReport) -> String {
         t.validate_ms as f64 / 1000.0,
         t.publish_ms as f64 / 1000.0
     );
-    out
 }
 
 /// One line per sink: what it was told now, and what failed (retried by later commands).

@@ -266,7 +266,7 @@ impl CascadeBuilder {
     fn plan_node(&self, model: &str, from: String, to: String) -> PlanBuilder {
         PlanBuilder::new(&self.project, model, from, to)
             .with_model_version(self.model_versions.get(model).cloned())
-            .with_batch_partitions(Some(self.settings.batch_partitions))
+            .with_settings(self.settings.clone())
             .with_reason(self.reason.clone())
             .with_create_companion(self.create_companion)
             .with_allow_edge_moves(self.allow_edge_moves.clone())

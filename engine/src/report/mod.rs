@@ -366,30 +366,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
     let validation = journal.progress.validation.as_ref();
     let comparison = validation.map(|v| &v.comparison);
     let verdict = verdict(journal);
-    let thresholds = model
-        .as_ref()
-        .and_then(|m| m.header().validate.clone())
-        .map(|spec| {
-            let mut out = Vec::new();
-            let mut push = |name: &str, value: Option<String>| {
-                if let Some(value) = value.filter(|v| !v.is_empty()) {
-                    out.push(Threshold {
-                        name: name.to_string(),
-                        value,
-                    });
-                }
-            };
-            push("key", Some(spec.key.join(", ")));
-            push("measures", Some(spec.measures.join(", ")));
-            push("max_row_change", spec.max_row_change.clone());
-            push("max_measure_change", spec.max_measure_change.clone());
-            push("conserve", Some(spec.conserve.join(", ")));
-            for check in &spec.checks {
-                push(&format!("check `{}`", check.name), Some(check.sql.clone()));
-            }
-            out
-        })
-        .unwrap_or_default();
+    let thresholds = model.as_ref().map(thresholds).unwrap_or_default();
     let checks = validation
         .map(|v| {
             v.checks
@@ -404,31 +381,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
                 .collect()
         })
         .unwrap_or_default();
-    let partitions: Vec<ReportPartition> = journal
-        .progress
-        .partitions
-        .iter()
-        .map(|p| {
-            let compared =
-                comparison.and_then(|c| c.partitions.iter().find(|cp| cp.value == p.value));
-            ReportPartition {
-                partition: p.value.clone(),
-                old_rows: p.old_rows,
-                new_rows: p.new_rows,
-                row_delta: p.old_rows.map(|old| p.new_rows as i64 - old as i64),
-                row_change_pct: p
-                    .old_rows
-                    .filter(|old| *old > 0)
-                    .map(|old| 100.0 * (p.new_rows as f64 - old as f64) / old as f64),
-                measures: compared
-                    .map(|cp| measure_lines(&cp.measures))
-                    .unwrap_or_default(),
-                added: compared.map_or(0, |cp| cp.added),
-                removed: compared.map_or(0, |cp| cp.removed),
-                changed: compared.map_or(0, |cp| cp.changed),
-            }
-        })
-        .collect();
+    let partitions = report_partitions(journal, comparison);
     let old_rows = partitions.iter().map(|p| p.old_rows).sum::<Option<u64>>();
     let new_rows = partitions.iter().map(|p| p.new_rows).sum();
     let totals = ReportTotals {
@@ -451,37 +404,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
             .map(|m| (m.name.clone(), charts::measure(&partitions, &m.name)))
             .collect(),
     };
-    let mut commands = Vec::new();
-    if matches!(
-        journal.progress.state,
-        RunState::Validated | RunState::FailedValidation
-    ) {
-        commands.push(Command {
-            label: "publish it".into(),
-            command: format!("lakefill publish {}", journal.run_id),
-        });
-        commands.push(Command {
-            label: "compare it with the table, row by row".into(),
-            command: format!(
-                "lakefill diff {} --from-version {} --run {}",
-                journal.inputs.target, journal.inputs.read_version, journal.run_id
-            ),
-        });
-    }
-    if let Some(version) = journal.outcome.published_version {
-        commands.push(Command {
-            label: "compare the versions".into(),
-            command: format!(
-                "lakefill diff {} --from-version {} --to-version {version}",
-                journal.inputs.target,
-                version.saturating_sub(1)
-            ),
-        });
-        commands.push(Command {
-            label: "undo it".into(),
-            command: format!("lakefill revert {}", journal.run_id),
-        });
-    }
+    let commands = next_commands(journal);
     Report {
         schema: REPORT_SCHEMA.to_string(),
         run_id: journal.run_id.to_string(),
@@ -522,6 +445,100 @@ fn build(project: &Project, journal: &Journal) -> Report {
         commands,
         charts,
     }
+}
+
+/// The model's `[validate]` settings, as the report lists them.
+fn thresholds(model: &Model) -> Vec<Threshold> {
+    let Some(spec) = model.header().validate.clone() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut push = |name: &str, value: Option<String>| {
+        if let Some(value) = value.filter(|v| !v.is_empty()) {
+            out.push(Threshold {
+                name: name.to_string(),
+                value,
+            });
+        }
+    };
+    push("key", Some(spec.key.join(", ")));
+    push("measures", Some(spec.measures.join(", ")));
+    push("max_row_change", spec.max_row_change.clone());
+    push("max_measure_change", spec.max_measure_change.clone());
+    push("conserve", Some(spec.conserve.join(", ")));
+    for check in &spec.checks {
+        push(&format!("check `{}`", check.name), Some(check.sql.clone()));
+    }
+    out
+}
+
+/// Each partition of the run: rows before and after, and what the comparison found in it.
+fn report_partitions(
+    journal: &Journal,
+    comparison: Option<&lakefill_validate::Comparison>,
+) -> Vec<ReportPartition> {
+    journal
+        .progress
+        .partitions
+        .iter()
+        .map(|p| {
+            let compared =
+                comparison.and_then(|c| c.partitions.iter().find(|cp| cp.value == p.value));
+            ReportPartition {
+                partition: p.value.clone(),
+                old_rows: p.old_rows,
+                new_rows: p.new_rows,
+                row_delta: p.old_rows.map(|old| p.new_rows as i64 - old as i64),
+                row_change_pct: p
+                    .old_rows
+                    .filter(|old| *old > 0)
+                    .map(|old| 100.0 * (p.new_rows as f64 - old as f64) / old as f64),
+                measures: compared
+                    .map(|cp| measure_lines(&cp.measures))
+                    .unwrap_or_default(),
+                added: compared.map_or(0, |cp| cp.added),
+                removed: compared.map_or(0, |cp| cp.removed),
+                changed: compared.map_or(0, |cp| cp.changed),
+            }
+        })
+        .collect()
+}
+
+/// The commands that take the run further: publish or compare a staged run; compare or undo a
+/// published one.
+fn next_commands(journal: &Journal) -> Vec<Command> {
+    let mut commands = Vec::new();
+    if matches!(
+        journal.progress.state,
+        RunState::Validated | RunState::FailedValidation
+    ) {
+        commands.push(Command {
+            label: "publish it".into(),
+            command: format!("lakefill publish {}", journal.run_id),
+        });
+        commands.push(Command {
+            label: "compare it with the table, row by row".into(),
+            command: format!(
+                "lakefill diff {} --from-version {} --run {}",
+                journal.inputs.target, journal.inputs.read_version, journal.run_id
+            ),
+        });
+    }
+    if let Some(version) = journal.outcome.published_version {
+        commands.push(Command {
+            label: "compare the versions".into(),
+            command: format!(
+                "lakefill diff {} --from-version {} --to-version {version}",
+                journal.inputs.target,
+                version.saturating_sub(1)
+            ),
+        });
+        commands.push(Command {
+            label: "undo it".into(),
+            command: format!("lakefill revert {}", journal.run_id),
+        });
+    }
+    commands
 }
 
 fn verdict(journal: &Journal) -> Verdict {

@@ -38,6 +38,7 @@ use lakefill_table::partition::{
 };
 use lakefill_table::protocol::{AddedColumn, TableProtocol};
 use lakefill_table::run_id::RunId;
+use lakefill_table::settings::RunSettings;
 use lakefill_table::storage::{StorageOption, describe_options, loaded_version, open_table};
 use lakefill_table::time::Period;
 use lakefill_validate::ValidationRules;
@@ -56,7 +57,7 @@ pub struct PlanBuilder {
     from: String,
     to: String,
     model_version: Option<String>,
-    batch_partitions: Option<usize>,
+    settings: RunSettings,
     source_versions: BTreeMap<String, u64>,
     allow_spill_drop: bool,
     include_null: bool,
@@ -81,7 +82,7 @@ impl PlanBuilder {
             from: from.into(),
             to: to.into(),
             model_version: None,
-            batch_partitions: None,
+            settings: RunSettings::built_in(),
             source_versions: BTreeMap::new(),
             allow_spill_drop: false,
             include_null: false,
@@ -132,9 +133,11 @@ impl PlanBuilder {
 
     /// Sets the number of partitions per batch.
     ///
-    /// By default, `[defaults] batch_partitions` of the project, else 7.
-    pub fn with_batch_partitions(mut self, partitions: Option<usize>) -> Self {
-        self.batch_partitions = partitions;
+    /// By default, [`RunSettings::built_in`] (7 partitions per batch); the caller resolves the
+    /// flags and `[defaults]` once, with [`RunSettings::resolve`] or
+    /// [`RunSettings::for_planning`].
+    pub fn with_settings(mut self, settings: RunSettings) -> Self {
+        self.settings = settings;
         self
     }
 
@@ -391,8 +394,14 @@ impl PlanBuilder {
 
     /// Checks the options against the model; returns the batch size (see [`lakefill_table::settings`]).
     fn check_options(&self, model: &Model) -> Result<usize> {
-        let batch_partitions =
-            lakefill_table::settings::batch_partitions(&self.project, self.batch_partitions)?;
+        let batch_partitions = self.settings.batch_partitions;
+        if batch_partitions == 0 {
+            return Err(Error::InvalidOption {
+                option: "batch_partitions".into(),
+                value: "0".into(),
+                message: "a batch holds at least one partition".into(),
+            });
+        }
         for table in self.source_versions.keys() {
             if !model.header().sources.contains_key(table) {
                 return Err(Error::InvalidOption {
