@@ -372,39 +372,7 @@ async fn revert_held(
     revert = revert_journal(run, revert_id, latest_version, reason);
 
     let commit = run_commit(latest, run, version).await?;
-    let blocked = |versions: Vec<u64>| Error::RevertBlocked {
-        run_id: run.run_id.to_string(),
-        table: run.inputs.target.clone(),
-        versions,
-        range: format!("{}..={}", run.inputs.range.from, run.inputs.range.to),
-    };
-    let later = commits_in_range(
-        latest,
-        version,
-        &run.inputs.layout,
-        &run.inputs.range,
-        latest_version,
-    )
-    .await?;
-    if !later.is_empty() {
-        return Err(blocked(later));
-    }
-
-    // What the run added must still be live, exactly.
-    let added: BTreeSet<String> = commit.added_paths.iter().map(|p| decode(p)).collect();
-    let snapshot = latest
-        .snapshot()
-        .delta_context(|| format!("cannot read the snapshot of `{}`", run.inputs.target))?;
-    let current: Vec<LogicalFileView> = snapshot
-        .log_data()
-        .iter()
-        .filter(|file| added.contains(file.path().as_ref()))
-        .collect();
-    if current.len() != added.len() {
-        // Some file the run added is gone, yet no later commit touched the range as the log
-        // tells it: refuse, naming every later commit.
-        return Err(blocked((version + 1..=latest_version).collect()));
-    }
+    let current = live_files(latest, run, version, latest_version, &commit).await?;
     // What it removed, as the version before its commit had it.
     let restored = restorable_files(config, latest, run, version, &commit).await?;
 
@@ -412,45 +380,23 @@ async fn revert_held(
     let validation = compare_versions(project, latest, run, version).await?;
     let passed = validation.passed;
     revert.progress.validation = Some(validation);
-    if !passed {
-        // The rows it would put back break the table's rules now: nothing is committed.
-        revert.progress.state = RunState::FailedValidation;
+    if !passed || stage_only {
+        // Rows it would put back that break the table's rules now: nothing is committed.
+        let outcome = if passed {
+            Outcome::Staged
+        } else {
+            revert.progress.state = RunState::FailedValidation;
+            Outcome::ValidationFailed
+        };
         revert.save(&store, lease).await?;
-        return Ok(RunReport::from_journal(
-            &revert,
-            Outcome::ValidationFailed,
-            Timings {
-                total_ms: started.elapsed().as_millis() as u64,
-                ..Timings::default()
-            },
-        ));
-    }
-    if stage_only {
-        revert.save(&store, lease).await?;
-        let checked_ms = started.elapsed().as_millis() as u64;
-        return Ok(RunReport::from_journal(
-            &revert,
-            Outcome::Staged,
-            Timings {
-                total_ms: checked_ms,
-                ..Timings::default()
-            },
-        ));
+        let timings = Timings {
+            total_ms: started.elapsed().as_millis() as u64,
+            ..Timings::default()
+        };
+        return Ok(RunReport::from_journal(&revert, outcome, timings));
     }
     crate::notify::prepare(config, latest).await;
-    let mut actions: Vec<Action> = current
-        .iter()
-        .map(|file| Action::Remove(file.remove_action(true)))
-        .collect();
-    actions.extend(restored.iter().map(|file| {
-        #[expect(
-            deprecated,
-            reason = "a revert re-adds the log's own add entries, as delta-rs's RESTORE does"
-        )]
-        let mut add = file.add_action();
-        add.data_change = true;
-        Action::Add(add)
-    }));
+    let actions = swap(&current, &restored);
     tracing::info!(
         run_id = %run.run_id,
         revert = %revert_id,
@@ -472,6 +418,69 @@ async fn revert_held(
     report.notifications =
         crate::notify::after_commit(config, latest, revert.outcome.published_version).await;
     Ok(report)
+}
+
+/// The files `run` added (its commit is `commit`, at `version`), as `latest` has them now;
+/// refused, naming the commits, when a later commit changed the run's range or one of those
+/// files is gone.
+async fn live_files(
+    latest: &DeltaTable,
+    run: &Journal,
+    version: u64,
+    latest_version: u64,
+    commit: &Commit,
+) -> Result<Vec<LogicalFileView>> {
+    let blocked = |versions: Vec<u64>| Error::RevertBlocked {
+        run_id: run.run_id.to_string(),
+        table: run.inputs.target.clone(),
+        versions,
+        range: format!("{}..={}", run.inputs.range.from, run.inputs.range.to),
+    };
+    let later = commits_in_range(
+        latest,
+        version,
+        &run.inputs.layout,
+        &run.inputs.range,
+        latest_version,
+    )
+    .await?;
+    if !later.is_empty() {
+        return Err(blocked(later));
+    }
+    // What the run added must still be live, exactly.
+    let added: BTreeSet<String> = commit.added_paths.iter().map(|p| decode(p)).collect();
+    let snapshot = latest
+        .snapshot()
+        .delta_context(|| format!("cannot read the snapshot of `{}`", run.inputs.target))?;
+    let current: Vec<LogicalFileView> = snapshot
+        .log_data()
+        .iter()
+        .filter(|file| added.contains(file.path().as_ref()))
+        .collect();
+    if current.len() != added.len() {
+        // Some file the run added is gone, yet no later commit touched the range as the log
+        // tells it: refuse, naming every later commit.
+        return Err(blocked((version + 1..=latest_version).collect()));
+    }
+    Ok(current)
+}
+
+/// The actions of a revert by files: remove what the run added, re-add what it removed.
+fn swap(current: &[LogicalFileView], restored: &[LogicalFileView]) -> Vec<Action> {
+    let mut actions: Vec<Action> = current
+        .iter()
+        .map(|file| Action::Remove(file.remove_action(true)))
+        .collect();
+    actions.extend(restored.iter().map(|file| {
+        #[expect(
+            deprecated,
+            reason = "a revert re-adds the log's own add entries, as delta-rs's RESTORE does"
+        )]
+        let mut add = file.add_action();
+        add.data_change = true;
+        Action::Add(add)
+    }));
+    actions
 }
 
 /// The journal of a revert of `run`, read at `read_version`: validated (it stages nothing and
