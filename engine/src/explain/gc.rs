@@ -143,49 +143,14 @@ pub async fn gc(
                 held
             }
         };
-        let reason = match journals.get(&run_id) {
-            _ if held => None,
-            None => Some("no journal".to_string()),
-            Some(journal) => {
-                let in_range = journal
-                    .inputs
-                    .layout
-                    .label_in(&journal.inputs.range, &file.partition)
-                    .is_some();
-                if !in_range {
-                    // Not something this run stages: gc deletes only inside a run's own range.
-                    None
-                } else {
-                    match journal.progress.state {
-                        RunState::Failed => Some("run failed".into()),
-                        RunState::Discarded => Some("run discarded".into()),
-                        RunState::UpToDate => Some("run was up to date".into()),
-                        RunState::Published => Some("not part of the published run".into()),
-                        RunState::Planned
-                        | RunState::Staging
-                        | RunState::Staged
-                        | RunState::Validating
-                        | RunState::Validated
-                        | RunState::FailedValidation
-                        | RunState::Publishing => {
-                            let updated =
-                                chrono::DateTime::parse_from_rfc3339(&journal.progress.updated_at)
-                                    .map(|t| t.with_timezone(&chrono::Utc))
-                                    .unwrap_or(cutoff);
-                            if updated < cutoff || older_than.is_zero() {
-                                abandoned.insert(run_id.clone());
-                                Some(format!(
-                                    "run {} since {}",
-                                    journal.progress.state, journal.progress.updated_at
-                                ))
-                            } else {
-                                None
-                            }
-                        }
-                    }
-                }
-            }
+        let reason = if held {
+            None
+        } else {
+            why_garbage(journals.get(&run_id), &file, cutoff, older_than)
         };
+        if reason.is_some() && journals.get(&run_id).is_some_and(is_unfinished) {
+            abandoned.insert(run_id.clone());
+        }
         match reason {
             Some(reason) => garbage.entry(run_id.clone()).or_default().push(GcFile {
                 path: file.path.to_string(),
@@ -237,6 +202,62 @@ pub async fn gc(
         kept,
         runs_discarded,
     })
+}
+
+/// Whether a run is still on its way to being published (its files are garbage only once it
+/// is abandoned).
+fn is_unfinished(journal: &Journal) -> bool {
+    matches!(
+        journal.progress.state,
+        RunState::Planned
+            | RunState::Staging
+            | RunState::Staged
+            | RunState::Validating
+            | RunState::Validated
+            | RunState::FailedValidation
+            | RunState::Publishing
+    )
+}
+
+/// Why a staged file no version references is garbage, given the journal of its run (none, a
+/// finished run, or one abandoned before `cutoff`); `None` keeps it. gc deletes only inside a
+/// run's own range.
+fn why_garbage(
+    journal: Option<&Journal>,
+    file: &Staged,
+    cutoff: chrono::DateTime<chrono::Utc>,
+    older_than: Duration,
+) -> Option<String> {
+    let Some(journal) = journal else {
+        return Some("no journal".to_string());
+    };
+    journal
+        .inputs
+        .layout
+        .label_in(&journal.inputs.range, &file.partition)?;
+    match journal.progress.state {
+        RunState::Failed => Some("run failed".into()),
+        RunState::Discarded => Some("run discarded".into()),
+        RunState::UpToDate => Some("run was up to date".into()),
+        RunState::Published => Some("not part of the published run".into()),
+        RunState::Planned
+        | RunState::Staging
+        | RunState::Staged
+        | RunState::Validating
+        | RunState::Validated
+        | RunState::FailedValidation
+        | RunState::Publishing => {
+            let updated = chrono::DateTime::parse_from_rfc3339(&journal.progress.updated_at)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .unwrap_or(cutoff);
+            (updated < cutoff || older_than.is_zero()).then(|| {
+                format!(
+                    "run {} since {}",
+                    journal.progress.state, journal.progress.updated_at
+                )
+            })
+        }
+    }
 }
 
 /// What [`collect_run`] did with one run's garbage.
