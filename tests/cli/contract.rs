@@ -77,6 +77,21 @@ fn file_names(text: &str) -> String {
     re.replace_all(text, "part-[file].parquet").into_owned()
 }
 
+/// Gives `events` a sink that appends its events to `notifications.jsonl`.
+fn add_file_sink(lake: &TestLake) {
+    let project_file = lake.path().join("lakefill.toml");
+    let toml = std::fs::read_to_string(&project_file).expect("project");
+    std::fs::write(
+        &project_file,
+        toml.replacen(
+            "[tables.events]\n",
+            "[tables.events]\nnotify = [\"file:notifications.jsonl\"]\n",
+            1,
+        ),
+    )
+    .expect("project");
+}
+
 #[test]
 fn every_json_document_keeps_its_shape() {
     let lake = TestLake::new();
@@ -137,17 +152,7 @@ fn every_json_document_keeps_its_shape() {
         ])
     );
     // A sink, so that publishing and reverting report their notifications.
-    let project_file = lake.path().join("lakefill.toml");
-    let toml = std::fs::read_to_string(&project_file).expect("project");
-    std::fs::write(
-        &project_file,
-        toml.replacen(
-            "[tables.events]\n",
-            "[tables.events]\nnotify = [\"file:notifications.jsonl\"]\n",
-            1,
-        ),
-    )
-    .expect("project");
+    add_file_sink(&lake);
     insta::assert_json_snapshot!("publish", json(&["publish", &run_id]));
     insta::assert_json_snapshot!("history", json(&["history", "events", "--limit", "2"]));
     insta::assert_json_snapshot!("blame", json(&["blame", "events", "--partition", &from]));
@@ -331,17 +336,7 @@ fn every_text_output_keeps_its_shape() {
             ])
         );
         // A sink, so that publishing and reverting show their notifications.
-        let project_file = lake.path().join("lakefill.toml");
-        let toml = std::fs::read_to_string(&project_file).expect("project");
-        std::fs::write(
-            &project_file,
-            toml.replacen(
-                "[tables.events]\n",
-                "[tables.events]\nnotify = [\"file:notifications.jsonl\"]\n",
-                1,
-            ),
-        )
-        .expect("project");
+        add_file_sink(&lake);
         insta::assert_snapshot!("text_publish", text(&["publish", &run_id]));
         insta::assert_snapshot!(
             "text_history",

@@ -943,6 +943,11 @@ impl Layout {
             .collect()
     }
 
+    /// Whether this is [`Layout::unknown`]: its time names no column.
+    pub fn is_unknown(&self) -> bool {
+        self.time.encoding.columns().iter().all(|c| c.is_empty())
+    }
+
     /// A layout with no columns: what a journal without one holds until it is upgraded.
     pub fn unknown() -> Self {
         Self {

@@ -148,7 +148,11 @@ pub async fn gc(
         } else {
             why_garbage(journals.get(&run_id), &file, cutoff, older_than)
         };
-        if reason.is_some() && journals.get(&run_id).is_some_and(is_unfinished) {
+        if reason.is_some()
+            && journals
+                .get(&run_id)
+                .is_some_and(|j| j.progress.state.is_in_progress())
+        {
             abandoned.insert(run_id.clone());
         }
         match reason {
@@ -204,21 +208,6 @@ pub async fn gc(
     })
 }
 
-/// Whether a run is still on its way to being published (its files are garbage only once it
-/// is abandoned).
-fn is_unfinished(journal: &Journal) -> bool {
-    matches!(
-        journal.progress.state,
-        RunState::Planned
-            | RunState::Staging
-            | RunState::Staged
-            | RunState::Validating
-            | RunState::Validated
-            | RunState::FailedValidation
-            | RunState::Publishing
-    )
-}
-
 /// Why a staged file no version references is garbage, given the journal of its run (none, a
 /// finished run, or one abandoned before `cutoff`); `None` keeps it. gc deletes only inside a
 /// run's own range.
@@ -240,13 +229,7 @@ fn why_garbage(
         RunState::Discarded => Some("run discarded".into()),
         RunState::UpToDate => Some("run was up to date".into()),
         RunState::Published => Some("not part of the published run".into()),
-        RunState::Planned
-        | RunState::Staging
-        | RunState::Staged
-        | RunState::Validating
-        | RunState::Validated
-        | RunState::FailedValidation
-        | RunState::Publishing => {
+        _ => {
             let updated = chrono::DateTime::parse_from_rfc3339(&journal.progress.updated_at)
                 .map(|t| t.with_timezone(&chrono::Utc))
                 .unwrap_or(cutoff);
@@ -289,16 +272,7 @@ async fn collect_run(
         return Ok(Collected::Moved);
     }
     if let (Some(journal), true) = (&journal, abandoned.contains(run_id))
-        && !matches!(
-            journal.progress.state,
-            RunState::Planned
-                | RunState::Staging
-                | RunState::Staged
-                | RunState::Validating
-                | RunState::Validated
-                | RunState::FailedValidation
-                | RunState::Publishing
-        )
+        && !journal.progress.state.is_in_progress()
     {
         return Ok(Collected::Moved);
     }

@@ -109,6 +109,20 @@ impl RunState {
         )
     }
 
+    /// Returns whether the run is on its way to being published: neither finished nor failed.
+    pub fn is_in_progress(self) -> bool {
+        matches!(
+            self,
+            RunState::Planned
+                | RunState::Staging
+                | RunState::Staged
+                | RunState::Validating
+                | RunState::Validated
+                | RunState::FailedValidation
+                | RunState::Publishing
+        )
+    }
+
     /// Decides whether `publish` may commit a run in this state (DESIGN §4).
     ///
     /// `forced` is the non-empty reason given with `--force-publish`; `resume` the command that

@@ -150,6 +150,24 @@ pub struct RunProgress {
     pub updated_at: String,
 }
 
+impl RunProgress {
+    /// The progress of a run that starts in `state` at `now`: nothing staged or validated.
+    pub fn starting(state: RunState, now: String) -> Self {
+        Self {
+            state,
+            batches: Vec::new(),
+            partitions: Vec::new(),
+            spill_dropped: 0,
+            validation: None,
+            validated_files: None,
+            validated_stamps: BTreeMap::new(),
+            adjustments: Vec::new(),
+            adjustment_counts: None,
+            updated_at: now,
+        }
+    }
+}
+
 /// How a run ended (or, while it runs, what it will publish as).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunOutcome {
@@ -390,15 +408,7 @@ impl Journal {
         if self.inputs.range.from > self.inputs.range.to {
             return Err("its range is reversed".into());
         }
-        if self
-            .inputs
-            .layout
-            .time
-            .encoding
-            .columns()
-            .iter()
-            .all(|c| c.is_empty())
-        {
+        if self.inputs.layout.is_unknown() {
             return Err("it does not say how the table is partitioned".into());
         }
         for add in self.staged_files() {
@@ -412,14 +422,7 @@ impl Journal {
     /// be published.
     fn upgrade(&mut self) {
         self.format = JOURNAL_FORMAT;
-        if self
-            .inputs
-            .layout
-            .time
-            .encoding
-            .columns()
-            .iter()
-            .all(|c| c.is_empty())
+        if self.inputs.layout.is_unknown()
             && let Some(column) = &self.inputs.partition_column
         {
             self.inputs.layout = Layout::legacy(column, false);
