@@ -160,8 +160,9 @@ fn identity_model(
     let partition_columns = snapshot.metadata().partition_columns().to_vec();
     let mut values: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
         std::collections::BTreeMap::new();
+    let mapping = lakefill_table::mapping::ColumnMapping::of_snapshot(snapshot)?;
     for file in snapshot.log_data().iter() {
-        for (column, value) in file.partition_values_map() {
+        for (column, value) in mapping.logical_values(file.partition_values_map()) {
             if let Some(value) = value {
                 values.entry(column).or_default().insert(value);
             }

@@ -11,7 +11,7 @@ use deltalake::errors::DeltaTableError;
 use deltalake::kernel::transaction::{
     CommitBuilder, CommitProperties, TableReference, TransactionError,
 };
-use deltalake::kernel::{Action, Transaction};
+use deltalake::kernel::{Action, Add, Transaction};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use serde_json::{Value, json};
 
@@ -19,6 +19,7 @@ use lakefill_log::journal::Journal;
 use lakefill_log::metadata::{CommitMetadata, CommittedPartition, ValidationSummary};
 use lakefill_table::error::{DeltaContext, Error, Result};
 use lakefill_table::failpoint::{self, CrashPoint};
+use lakefill_table::mapping::ColumnMapping;
 
 /// The commit metadata of a run (DESIGN §4.4).
 pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
@@ -80,22 +81,73 @@ fn added_columns_metadata(
     let fields = schema["fields"]
         .as_array_mut()
         .ok_or_else(|| Error::Internal("the table's schema has no fields".into()))?;
+    // A column-mapped table's new columns get the ids and physical names the staged files use.
+    let mapping = mapping_of(snapshot, journal)?;
     for column in &journal.inputs.added_columns {
         fields.push(json!({
             "name": column.name,
             "type": column.delta_type,
             "nullable": true,
-            "metadata": {},
+            "metadata": mapping.field_metadata(&column.name),
         }));
     }
     let schema: deltalake::kernel::StructType = serde_json::from_value(schema)
         .map_err(|e| Error::Internal(format!("the widened schema is not valid: {e}")))?;
-    metadata.clone().with_schema(&schema).map_err(|e| {
+    let widened = metadata.clone().with_schema(&schema);
+    let widened = if mapping.is_none() {
+        widened
+    } else {
+        widened.and_then(|m| {
+            m.add_config_key(
+                lakefill_table::mapping::MAX_ID_PROPERTY.to_string(),
+                mapping.max_column_id.to_string(),
+            )
+        })
+    };
+    widened.map_err(|e| {
         Error::Internal(format!(
             "cannot add columns to the schema of `{}`: {e}",
             journal.inputs.target
         ))
     })
+}
+
+/// The column mapping of the table at the run's read version, with the run's added columns.
+fn mapping_of(
+    snapshot: &deltalake::table::state::DeltaTableState,
+    journal: &Journal,
+) -> Result<ColumnMapping> {
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    let metadata = snapshot.metadata();
+    let mapping = ColumnMapping::of_metadata(
+        metadata.schema_string(),
+        metadata.configuration(),
+        metadata.id(),
+    )?;
+    // Only the names matter to the ids and physical names a column is given.
+    let mut fields: Vec<Field> = snapshot
+        .snapshot()
+        .arrow_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.extend(
+        journal
+            .inputs
+            .added_columns
+            .iter()
+            .map(|c| Field::new(&c.name, DataType::Null, true)),
+    );
+    Ok(mapping.with_added(&Schema::new(fields)))
+}
+
+/// A staged `add` (partition values keyed by logical name, as the journal keeps them) as the log
+/// keys it.
+fn physical_add(add: &Add, mapping: &ColumnMapping) -> Action {
+    let mut add = add.clone();
+    add.partition_values = mapping.physical_values(add.partition_values);
+    Action::Add(add)
 }
 
 /// Commits the run of `journal` against `target`, loaded at the run's read version; returns the
@@ -113,16 +165,17 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
     let layout = &journal.inputs.layout;
     if journal.inputs.publish_as == lakefill_table::adjustments::PublishMode::Adjustments {
         // Adjustments only append: nothing of the table is removed.
+        let mapping = mapping_of(snapshot, journal)?;
         let mut actions: Vec<Action> = journal
             .published_files()
-            .cloned()
-            .map(Action::Add)
+            .map(|add| physical_add(add, &mapping))
             .collect();
         if !journal.inputs.added_columns.is_empty() {
             actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
         }
         return commit_actions(target, journal, actions).await;
     }
+    let mapping = mapping_of(snapshot, journal)?;
     // Every file of the range's partitions (all their sub-partitions) at the read version.
     let affected: std::collections::BTreeSet<&str> = journal
         .inputs
@@ -139,13 +192,20 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
                 affected.contains(file.path().as_ref() as &str)
             } else {
                 layout
-                    .label_in(&journal.inputs.range, &file.partition_values_map())
+                    .label_in(
+                        &journal.inputs.range,
+                        &mapping.logical_values(file.partition_values_map()),
+                    )
                     .is_some()
             }
         })
-        .map(|file| Action::Remove(file.remove_action(true)))
+        .map(|file| Action::Remove(lakefill_log::writer::remove(&file)))
         .collect();
-    actions.extend(journal.published_files().cloned().map(Action::Add));
+    actions.extend(
+        journal
+            .published_files()
+            .map(|add| physical_add(add, &mapping)),
+    );
     if !journal.inputs.added_columns.is_empty() {
         // The added columns join the schema in the same commit; earlier versions keep theirs.
         actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
@@ -193,15 +253,45 @@ pub(crate) async fn commit_actions(
     );
     let metadata: Value = serde_json::from_str(&user_metadata)
         .map_err(|e| Error::Internal(format!("metadata: {e}")))?;
+    let app_metadata = [
+        ("lakefill".to_string(), metadata),
+        ("userMetadata".to_string(), Value::String(user_metadata)),
+    ];
+    let transaction = Transaction::new(
+        journal.run_id.app_id(),
+        i64::try_from(journal.outcome.sequence).unwrap_or(i64::MAX),
+    );
+    if !lakefill_log::writer::delta_rs_commits(target) {
+        // A table with features delta-rs's commit refuses: lakefill writes the commit itself.
+        let conflicts = |commit: &lakefill_log::Commit| {
+            commit
+                .touches(layout, &journal.inputs.range)
+                .then(|| "added or removed files in the run's range".to_string())
+        };
+        let version = lakefill_log::writer::OwnCommit {
+            table: target,
+            name: &journal.inputs.target,
+            actions,
+            operation,
+            app_metadata: app_metadata.into_iter().collect(),
+            transaction,
+            conflicts: &conflicts,
+        }
+        .commit()
+        .await?;
+        if failpoint::armed_error(CrashPoint::LostCommitResponse) {
+            return Err(Error::Delta {
+                context: format!("cannot commit the backfill to `{}`", journal.inputs.target),
+                source: Box::new(DeltaTableError::Generic(
+                    "injected: the commit's response was lost".into(),
+                )),
+            });
+        }
+        return Ok(version);
+    }
     let properties = CommitProperties::default()
-        .with_metadata([
-            ("lakefill".to_string(), metadata),
-            ("userMetadata".to_string(), Value::String(user_metadata)),
-        ])
-        .with_application_transaction(Transaction::new(
-            journal.run_id.app_id(),
-            i64::try_from(journal.outcome.sequence).unwrap_or(i64::MAX),
-        ));
+        .with_metadata(app_metadata)
+        .with_application_transaction(transaction);
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
         .build(

@@ -32,6 +32,7 @@ mod distributed;
 mod edges;
 mod errors;
 mod faults;
+mod features;
 mod garbage;
 mod hints;
 mod inspect;

@@ -286,9 +286,9 @@ fn rows_breaking_the_tables_rules_fail_validation_and_cannot_be_forced() {
 #[test]
 fn unsupported_features_are_refused_before_anything_is_staged() {
     let cases: Vec<(FeatureProject, &str)> = vec![
-        (FeatureProject::new("column_mapping"), "columnMapping"),
         (FeatureProject::new("append_only"), "appendOnly"),
-        (with_writer_feature("rowTracking"), "rowTracking"),
+        (with_writer_feature("collations"), "collations"),
+        (with_variant_column(), "variantType"),
         (with_reader_writer_feature("typeWidening"), "typeWidening"),
         (
             with_writer_feature("someFutureFeature"),
@@ -334,6 +334,35 @@ fn with_reader_writer_feature(feature: &str) -> FeatureProject {
         json!({"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [feature], "writerFeatures": [feature]}}),
     ];
     write_commit(&log, next, &commit);
+    project
+}
+
+/// A plain python table with the `variantType` feature and a VARIANT column added.
+fn with_variant_column() -> FeatureProject {
+    let project = with_reader_writer_feature("variantType");
+    let log = project.path().join("t/_delta_log");
+    let mut metadata = std::fs::read_to_string(log.join(format!("{:020}.json", 0)))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find_map(|a| a.get("metaData").cloned())
+        .unwrap();
+    let mut schema: Value =
+        serde_json::from_str(metadata["schemaString"].as_str().unwrap()).unwrap();
+    schema["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "payload", "type": "variant", "nullable": true, "metadata": {}}));
+    metadata["schemaString"] = json!(schema.to_string());
+    let next = next_version(&log);
+    write_commit(
+        &log,
+        next,
+        &[
+            json!({"commitInfo": {"timestamp": 1_767_225_600_000_i64, "operation": "ADD COLUMNS", "operationParameters": {}}}),
+            json!({"metaData": metadata}),
+        ],
+    );
     project
 }
 

@@ -445,6 +445,7 @@ mod tests {
                 null: false,
                 carry: false,
             },
+            mapping: lakefill_table::mapping::ColumnMapping::default(),
         }
     }
 

@@ -9,10 +9,12 @@
 //! explain it, and every delete first asks [`references`] what the log still needs. Writing
 //! commits is left to the runner (`lakefill`'s `publish`).
 
+pub mod domains;
 pub mod journal;
 pub mod metadata;
 pub mod references;
 pub mod registry;
+pub mod writer;
 
 use deltalake::DeltaTable;
 
@@ -56,6 +58,8 @@ pub struct Commit {
     pub added_paths: Vec<String>,
     /// Paths of the files removed, as written in the log.
     pub removed_paths: Vec<String>,
+    /// The commit changed the table's metadata (schema, properties) or protocol.
+    pub changes_table: bool,
 }
 
 impl Commit {
@@ -93,13 +97,20 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
         removed: 0,
         added_paths: Vec::new(),
         removed_paths: Vec::new(),
+        changes_table: false,
     };
+    // A column-mapped table keys partition values by physical name; a commit's are read keyed
+    // by the logical names the table has now (a rename keeps the physical name).
+    let mapping = lakefill_table::mapping::ColumnMapping::of_table(table).unwrap_or_default();
     for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
             continue;
         };
         if let Some(info) = action.get("commitInfo") {
             commit.info = info.clone();
+        }
+        if action.get("metaData").is_some() || action.get("protocol").is_some() {
+            commit.changes_table = true;
         }
         if let Some(path) = action["cdc"]["path"].as_str() {
             commit.paths.push(path.to_string());
@@ -118,10 +129,12 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
             }
             if let Some(values) = file["partitionValues"].as_object() {
                 commit.partitions.push(
-                    values
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
-                        .collect(),
+                    mapping.logical_values(
+                        values
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
+                            .collect(),
+                    ),
                 );
             }
         }
@@ -156,22 +169,15 @@ pub async fn commits_in_range(
 ) -> Result<Vec<u64>> {
     let mut versions = Vec::new();
     for version in after + 1..=until {
-        let touched = match read_commit(table, version).await? {
-            Some(commit) if layout.by_rows => commit.added + commit.removed > 0,
-            Some(commit) => commit
-                .partitions
-                .iter()
-                .any(|values| layout.label_in(range, values).is_some()),
-            None => true,
-        };
-        if touched {
+        if touches(read_commit(table, version).await?.as_ref(), layout, range) {
             versions.push(version);
         }
     }
     Ok(versions)
 }
 
-/// Returns whether a commit after `after` (up to `until`) added or removed files in `range`.
+/// Returns whether a commit after `after` (up to `until`) added or removed files in `range`
+/// (as [`commits_in_range`] tells).
 pub async fn range_touched_after(
     table: &DeltaTable,
     after: u64,
@@ -180,21 +186,31 @@ pub async fn range_touched_after(
     until: u64,
 ) -> Result<bool> {
     for version in after + 1..=until {
-        match read_commit(table, version).await? {
-            Some(commit)
-                if commit
-                    .partitions
-                    .iter()
-                    .any(|values| layout.label_in(range, values).is_some()) =>
-            {
-                return Ok(true);
-            }
-            Some(_) => {}
-            // The commit file is gone (log cleanup): assume it may have touched the range.
-            None => return Ok(true),
+        if touches(read_commit(table, version).await?.as_ref(), layout, range) {
+            return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Whether `commit` added or removed files in `range`; a commit that is gone (log cleanup) may
+/// have.
+fn touches(commit: Option<&Commit>, layout: &Layout, range: &PartitionRange) -> bool {
+    commit.is_none_or(|commit| commit.touches(layout, range))
+}
+
+impl Commit {
+    /// Whether the commit added or removed files in `range`. By rows (`range_column`), files are
+    /// not confined to the range's partitions, so any file added or removed counts.
+    pub fn touches(&self, layout: &Layout, range: &PartitionRange) -> bool {
+        if layout.by_rows {
+            self.added + self.removed > 0
+        } else {
+            self.partitions
+                .iter()
+                .any(|values| layout.label_in(range, values).is_some())
+        }
+    }
 }
 
 /// When version `version` of `table` was committed, as `history` shows it: its in-commit

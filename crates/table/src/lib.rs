@@ -9,6 +9,7 @@
 //!  adjustments                            how a run publishes, and the lineage of adjustment rows
 //!  partition  protocol  storage           how a table keeps time, the rules its protocol puts on
 //!                                         rows, opening it at a version
+//!  mapping                                the names and ids a column-mapped table's files use
 //!  rowhash  resources  types  fastcast    row checksums, a session's memory and threads, Arrow
 //!                                         types as Delta keeps them, fast timestamp casts
 //!  error  run_id  secrets  time  sqltext  spill  failpoint   (foundation)
@@ -19,6 +20,7 @@ pub mod config;
 pub mod error;
 pub mod failpoint;
 pub mod fastcast;
+pub mod mapping;
 pub mod model;
 pub mod partition;
 pub mod protocol;

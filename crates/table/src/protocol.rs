@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{DeltaContext, Error, Result};
+use crate::mapping::ColumnMapping;
 use crate::sqltext::ident;
 
 /// What lakefill knows about a table's protocol.
@@ -29,6 +30,9 @@ pub struct TableProtocol {
     pub features: Vec<FeatureSupport>,
     /// The rules staged rows must satisfy.
     pub rules: Vec<RowRule>,
+    /// The names and ids the table's files use for its columns.
+    #[serde(default, skip_serializing_if = "ColumnMapping::is_none")]
+    pub mapping: ColumnMapping,
 }
 
 /// One table feature and how lakefill handles it.
@@ -101,10 +105,22 @@ fn supported(name: &str) -> Option<&'static str> {
         "checkpointProtection" => {
             "supported: lakefill never rewrites checkpoints or cleans the log"
         }
-        "domainMetadata" => "supported: lakefill leaves domain metadata as it is",
-        "clustering" => "supported: staged files are written unclustered",
+        "domainMetadata" => {
+            "supported: domains are kept as they are; lakefill writes only row tracking's high-water mark"
+        }
+        "clustering" => {
+            "supported: the clustering domain is kept; a clustered table has no partitions, so it is backfilled by rows (`range_column`), and staged files are written unclustered for the table's OPTIMIZE to cluster"
+        }
+        "rowTracking" => {
+            "supported: new files get fresh row ids above the high-water mark, which advances in the same commit; rows a backfill rewrites get fresh ids, as in an overwrite; files a revert puts back keep theirs"
+        }
+        "inCommitTimestamp" => {
+            "supported: `commitInfo` comes first, with a timestamp after the previous commit's; time travel by timestamp uses it"
+        }
         "allowColumnDefaults" => "supported: the model writes every column",
-        "columnMapping" => "supported while `delta.columnMapping.mode` is `none`",
+        "columnMapping" => {
+            "supported (modes name and id): staged files use the physical names and field ids, the log's partition values and statistics the physical names"
+        }
         _ => return None,
     })
 }
@@ -128,13 +144,15 @@ impl TableProtocol {
         let writer = protocol.min_writer_version();
         let reader = protocol.min_reader_version();
         let names = feature_names(protocol, config, &fields);
-        let features = checked_features(&names, config, appends, name)?;
+        let features = checked_features(&names, config, &fields, appends, name)?;
         let rules = row_rules(&fields, config);
+        let mapping = ColumnMapping::of_metadata(metadata.schema_string(), config, metadata.id())?;
         Ok(Self {
             min_reader_version: reader,
             min_writer_version: writer,
             features,
             rules,
+            mapping,
         })
     }
 }
@@ -207,6 +225,7 @@ fn feature_names(
 fn checked_features(
     names: &[String],
     config: &std::collections::HashMap<String, String>,
+    fields: &[Value],
     appends: bool,
     name: &str,
 ) -> Result<Vec<FeatureSupport>> {
@@ -228,24 +247,32 @@ fn checked_features(
                     "publish the correction as adjustment rows appended to the table: `publish = \"adjustments\"` in the model header, or `--publish-as adjustments`",
                 ));
             }
-            "columnMapping"
-                if config
-                    .get("delta.columnMapping.mode")
-                    .is_some_and(|mode| mode != "none") =>
-            {
-                return Err(refuse(
-                    "columnMapping",
-                    "the table maps logical column names to physical ones (`delta.columnMapping.mode`), and lakefill's staged files would carry logical names that readers of the table cannot find",
-                    "backfill a copy of the table without column mapping; writing column-mapped tables is not supported yet",
-                ));
-            }
             "typeWidening" | "typeWidening-preview" => {
                 return Err(refuse(
                     feature,
-                    "column types of the table were widened, and delta-rs 1.1 (which lakefill is built on) cannot read such tables",
-                    "backfill a copy of the table without type widening",
+                    "column types of the table may have been widened (an INT column now a LONG), and neither delta-rs 1.1, which lakefill reads tables with, nor DataFusion reads the files written before the change as the wider type",
+                    "backfill a copy of the table rewritten with the current types (Spark: `REORG TABLE … APPLY (UPGRADE UNIFORM…)` or `CREATE TABLE … AS SELECT`); lakefill can take such tables once delta-rs reads type-widened files",
                 ));
             }
+            "collations" | "collations-preview" => {
+                return Err(refuse(
+                    feature,
+                    "string columns of the table compare by a collation (say, case-insensitively), and DataFusion compares bytes: the model, its range and validation would compare strings otherwise than the table's readers do",
+                    "backfill a copy of the table without collations; lakefill can take such tables once DataFusion applies collations",
+                ));
+            }
+            "variantType" | "variantType-preview" if uses_variant(fields) => {
+                return Err(refuse(
+                    feature,
+                    "a column of the table is a VARIANT, which neither DataFusion nor delta-rs 1.1 reads or writes as Spark encodes it",
+                    "backfill a copy of the table with the VARIANT columns cast to STRING (`to_json`); lakefill can take such tables once DataFusion has a variant type",
+                ));
+            }
+            "variantType" | "variantType-preview" => features.push(FeatureSupport {
+                name: feature.clone(),
+                handling: "listed, but no column is a VARIANT: it asks nothing of the rows written"
+                    .into(),
+            }),
             "identityColumns" => {
                 return Err(refuse(
                     "identityColumns",
@@ -270,6 +297,30 @@ fn checked_features(
     }
 
     Ok(features)
+}
+
+/// Whether a column of `fields` (a Delta schema's), or a field nested in one, is a VARIANT.
+fn uses_variant(fields: &[Value]) -> bool {
+    fn is_variant(data_type: &Value) -> bool {
+        match data_type {
+            Value::String(name) => name == "variant",
+            Value::Object(object) => match object.get("type").and_then(Value::as_str) {
+                Some("struct") => object
+                    .get("fields")
+                    .and_then(Value::as_array)
+                    .is_some_and(|fields| uses_variant(fields)),
+                Some("array") => object.get("elementType").is_some_and(is_variant),
+                Some("map") => {
+                    object.get("keyType").is_some_and(is_variant)
+                        || object.get("valueType").is_some_and(is_variant)
+                }
+                Some("variant") => true,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+    fields.iter().any(|field| is_variant(&field["type"]))
 }
 
 /// The rules the table puts on every row: NOT NULL columns, invariants, generated columns and

@@ -15,6 +15,7 @@ use deltalake::arrow::array::{Array, BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::catalog::Session;
 use deltalake::datafusion::catalog::TableProvider;
+use deltalake::datafusion::common::Column;
 use deltalake::datafusion::common::pruning::PrunableStatistics;
 use deltalake::datafusion::common::{DFSchema, Result as DfResult, ScalarValue, Statistics};
 use deltalake::datafusion::datasource::TableType;
@@ -36,6 +37,7 @@ use deltalake::logstore::object_store::ObjectMeta;
 use deltalake::{DeltaTable, ObjectStore};
 
 use crate::error::{Error, Result};
+use crate::mapping::ColumnMapping;
 
 /// Scans a set of Parquet files as one table.
 #[derive(Debug)]
@@ -63,7 +65,7 @@ impl StagedTable {
         key: &str,
     ) -> Result<()> {
         let table = Self::register_store(ctx, target, table_schema, partition_columns, adds, key)?;
-        ctx.register_table(name, Arc::new(table))
+        ctx.register_table(name, table)
             .map_err(|source| Error::Query {
                 context: format!("cannot register the staged files as `{name}`"),
                 source: Box::new(source),
@@ -75,6 +77,10 @@ impl StagedTable {
     /// `partition_columns`) and registers the store it reads from in `ctx`.
     ///
     /// `key` names the staged set (a run id); it must be unique within `ctx`.
+    ///
+    /// Staged files of a column-mapped target name their columns as the target's files do; the
+    /// table is then a view that gives them their logical names (and `adds`' partition values
+    /// are keyed by logical name, as the journal keeps them).
     pub fn register_store(
         ctx: &SessionContext,
         target: &DeltaTable,
@@ -82,6 +88,69 @@ impl StagedTable {
         partition_columns: &[String],
         adds: &[Add],
         key: &str,
+    ) -> Result<Arc<dyn TableProvider>> {
+        let mapping = ColumnMapping::of_table(target)?.with_added(table_schema);
+        let table = Self::over_staged(
+            ctx,
+            target,
+            table_schema,
+            partition_columns,
+            adds,
+            key,
+            &mapping,
+        )?;
+        if mapping.is_none() {
+            return Ok(Arc::new(table));
+        }
+        let physical = Arc::clone(&table.schema);
+        let logical: Vec<Expr> = physical
+            .fields()
+            .iter()
+            .map(|field| {
+                let logical = if partition_columns.contains(field.name()) {
+                    field.as_ref().clone()
+                } else {
+                    let name = mapping
+                        .columns
+                        .iter()
+                        .find(|c| c.physical == *field.name())
+                        .map_or(field.name().as_str(), |c| c.logical.as_str());
+                    table_schema
+                        .field_with_name(name)
+                        .map_err(|_| {
+                            Error::Internal(format!("staged column `{name}` is not in the schema"))
+                        })?
+                        .clone()
+                };
+                let column = Expr::Column(Column::new_unqualified(field.name()));
+                let value = if logical.data_type() == field.data_type() {
+                    column
+                } else {
+                    crate::mapping::logical_expr(column, logical.data_type())
+                };
+                Ok(value.alias(logical.name()))
+            })
+            .collect::<Result<_>>()?;
+        let view = ctx
+            .read_table(Arc::new(table))
+            .and_then(|df| df.select(logical))
+            .map_err(|source| Error::Query {
+                context: "cannot name the staged files' columns as the table does".into(),
+                source: Box::new(source),
+            })?;
+        Ok(view.into_view())
+    }
+
+    /// The table over `adds` (see [`Self::register_store`]), its file columns named as `mapping`
+    /// says the files name them.
+    fn over_staged(
+        ctx: &SessionContext,
+        target: &DeltaTable,
+        table_schema: &Schema,
+        partition_columns: &[String],
+        adds: &[Add],
+        key: &str,
+        mapping: &ColumnMapping,
     ) -> Result<Self> {
         // Nullable, as staging writes them: validation finds NULLs in NOT NULL columns.
         let nullable = |f: &Field| Arc::new(f.clone().with_nullable(true));
@@ -96,11 +165,17 @@ impl StagedTable {
                     })
             })
             .collect::<Result<_>>()?;
-        let file_fields: Vec<Arc<Field>> = table_schema
+        let logical_file_fields: Vec<Arc<Field>> = table_schema
             .fields()
             .iter()
             .filter(|f| !partition_columns.contains(f.name()))
             .map(|f| nullable(f))
+            .collect();
+        let file_fields: Vec<Arc<Field>> = mapping
+            .physical_schema(&Schema::new(logical_file_fields))
+            .fields()
+            .iter()
+            .map(Arc::clone)
             .collect();
         let file_schema = Arc::new(Schema::new(file_fields.clone()));
         let mut all_fields = file_fields;

@@ -852,13 +852,14 @@ fn existing_span(
     table: &deltalake::DeltaTable,
 ) -> Option<(NaiveDateTime, NaiveDateTime)> {
     let snapshot = table.snapshot().ok()?;
+    let mapping = lakefill_table::mapping::ColumnMapping::of_snapshot(snapshot).ok()?;
     let periods: Vec<Period> = snapshot
         .log_data()
         .iter()
         .filter_map(|file| {
             layout
                 .time
-                .period_of(&file.partition_values_map())
+                .period_of(&mapping.logical_values(file.partition_values_map()))
                 .ok()
                 .flatten()
         })

@@ -275,7 +275,7 @@ fn overlay(parent: &Journal) -> Option<Overlay> {
         staged: Arc::new(move |ctx, table, schema| {
             let staged =
                 StagedTable::register_store(ctx, table, schema, &partition_columns, &adds, &key)?;
-            Ok(Arc::new(staged) as Arc<dyn deltalake::datafusion::catalog::TableProvider>)
+            Ok(staged)
         }),
     })
 }

@@ -235,7 +235,7 @@ async fn run_side(
         &adds,
         run_id,
     )?;
-    ctx.register_table("output", Arc::new(staged))
+    ctx.register_table("output", staged)
         .query_context(|| "cannot register the staged files".into())?;
     let mut counts = BTreeMap::new();
     for batch in &journal.progress.batches {
@@ -298,8 +298,9 @@ fn files_by_partition(
         .snapshot()
         .delta_context(|| "cannot read the snapshot".into())?;
     let mut out: BTreeMap<String, (BTreeSet<String>, u64)> = BTreeMap::new();
+    let mapping = lakefill_table::mapping::ColumnMapping::of_snapshot(snapshot)?;
     for file in snapshot.log_data().iter() {
-        let values = file.partition_values_map();
+        let values = mapping.logical_values(file.partition_values_map());
         let label = match partitions {
             PartitionKey::Time(layout) => label_of(layout, &values),
             PartitionKey::Column(column) => values

@@ -156,8 +156,9 @@ pub async fn blame(project: &Project, table: &str, partition: &str) -> Result<Bl
         None => values.values().any(|v| v.as_deref() == Some(partition)),
     };
     let (mut files, mut rows) = (0u64, Some(0u64));
+    let mapping = lakefill_table::mapping::ColumnMapping::of_snapshot(snapshot)?;
     for file in snapshot.log_data().iter() {
-        if matches(&file.partition_values_map()) {
+        if matches(&mapping.logical_values(file.partition_values_map())) {
             files += 1;
             rows = rows
                 .zip(lakefill_table::storage::live_rows(&file))
@@ -193,8 +194,9 @@ pub(crate) fn table_layout(project: &Project, name: &str, table: &DeltaTable) ->
         return None;
     }
     let mut values: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mapping = lakefill_table::mapping::ColumnMapping::of_snapshot(snapshot).ok()?;
     for file in snapshot.log_data().iter() {
-        for (column, value) in file.partition_values_map() {
+        for (column, value) in mapping.logical_values(file.partition_values_map()) {
             if let Some(value) = value {
                 values.entry(column).or_default().insert(value);
             }

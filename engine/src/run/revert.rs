@@ -376,7 +376,8 @@ async fn revert_held(
     // What it removed, as the version before its commit had it.
     let restored = restorable_files(config, latest, run, version, &commit).await?;
 
-    revert.progress.partitions = partition_changes(run, &current, &restored);
+    let mapping = lakefill_table::mapping::ColumnMapping::of_table(latest)?;
+    revert.progress.partitions = partition_changes(run, &mapping, &current, &restored);
     let validation = compare_versions(project, latest, run, version).await?;
     let passed = validation.passed;
     revert.progress.validation = Some(validation);
@@ -469,7 +470,7 @@ async fn live_files(
 fn swap(current: &[LogicalFileView], restored: &[LogicalFileView]) -> Vec<Action> {
     let mut actions: Vec<Action> = current
         .iter()
-        .map(|file| Action::Remove(file.remove_action(true)))
+        .map(|file| Action::Remove(lakefill_log::writer::remove(file)))
         .collect();
     actions.extend(restored.iter().map(|file| {
         #[expect(
@@ -533,6 +534,7 @@ fn revert_journal(
 /// (what the run replaced), from the log's statistics.
 fn partition_changes(
     run: &Journal,
+    mapping: &lakefill_table::mapping::ColumnMapping,
     current: &[LogicalFileView],
     restored: &[LogicalFileView],
 ) -> Vec<PartitionChange> {
@@ -544,7 +546,10 @@ fn partition_changes(
     let label = |file: &LogicalFileView| {
         run.inputs
             .layout
-            .label_in(&run.inputs.range, &file.partition_values_map())
+            .label_in(
+                &run.inputs.range,
+                &mapping.logical_values(file.partition_values_map()),
+            )
             .unwrap_or_else(|| RANGE_LABEL.to_string())
     };
     let mut sides: BTreeMap<String, (Side, Side)> = BTreeMap::new();

@@ -243,7 +243,7 @@ pub(crate) async fn run_validation(
                 journal,
                 // Carried rows must be exactly as they were: hashed without rounding.
                 &resources.session(),
-                &checksum_columns,
+                &write_schema,
                 carried.unwrap_or_default(),
             )
             .await?,
@@ -343,7 +343,7 @@ async fn register_sides(
     if layout.by_rows {
         // Staged files hold the range's new rows and the rows carried over: `output` is the
         // range's.
-        ctx.register_table("staged", Arc::new(staged))
+        ctx.register_table("staged", staged)
             .query_context(|| "cannot register the staged files".into())?;
         let in_range = layout.range_predicate(&journal.inputs.range, target_schema)?;
         let output = ctx
@@ -354,7 +354,7 @@ async fn register_sides(
         ctx.register_table("output", output.into_view())
             .query_context(|| "cannot register the staged rows".into())?;
     } else {
-        ctx.register_table("output", Arc::new(staged))
+        ctx.register_table("output", staged)
             .query_context(|| "cannot register the staged files".into())?;
     }
     register_cascade_staged(ctx, plan).await
@@ -546,8 +546,9 @@ fn logged_checksums(
     })?;
     // Per partition: the sum of its files' checksums, or `None` once one file has none.
     let mut partitions = LoggedChecksums::new();
+    let mapping = lakefill_table::mapping::ColumnMapping::of_snapshot(snapshot)?;
     for file in snapshot.log_data().iter() {
-        let values = file.partition_values_map();
+        let values = mapping.logical_values(file.partition_values_map());
         if layout.time.period_of(&values).is_err() {
             // A partition value that is no period of the grain: which rows of the range are whose
             // is for the scan to tell.
@@ -586,14 +587,45 @@ fn logged_checksums(
 }
 
 /// By rows: the rows of the rewritten files outside the range must be staged again exactly as
-/// they were. Compares the checksum of what staging carried with the old rows, read again.
+/// they were (with the run's added columns NULL, as staging writes them). Compares the checksum
+/// of what staging carried (every column of `write_schema` but the partition columns) with the
+/// old rows, read again.
 pub(crate) async fn carried_check(
     plan: &BackfillPlan,
     journal: &Journal,
     ctx: &SessionContext,
-    columns: &[String],
+    write_schema: &deltalake::arrow::datatypes::SchemaRef,
     carried: RowChecksum,
 ) -> Result<CheckResult> {
+    use deltalake::datafusion::common::{Column, ScalarValue};
+    use deltalake::datafusion::logical_expr::{Expr, cast};
+    let columns: Vec<String> = write_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| !journal.inputs.layout.partition_columns.contains(name))
+        .collect();
+    let added: Vec<&str> = journal
+        .inputs
+        .added_columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    let projection: Vec<Expr> = write_schema
+        .fields()
+        .iter()
+        .map(|f| {
+            if added.contains(&f.name().as_str()) {
+                cast(
+                    Expr::Literal(ScalarValue::Null, None),
+                    f.data_type().clone(),
+                )
+                .alias(f.name())
+            } else {
+                Expr::Column(Column::new_unqualified(f.name()))
+            }
+        })
+        .collect();
     let provider = plan
         .target
         .table_provider()
@@ -615,10 +647,12 @@ pub(crate) async fn carried_check(
     let old = ctx
         .read_table(provider)
         .and_then(|df| df.filter(outside))
+        .and_then(|df| df.select(projection))
         .query_context(|| "cannot select the rows outside the range".into())?;
     ctx.register_table("__lf_carried_old", old.into_view())
         .query_context(|| "cannot register the rows outside the range".into())?;
-    let expected = lakefill_validate::checks::checksum_of(ctx, "__lf_carried_old", columns).await?;
+    let expected =
+        lakefill_validate::checks::checksum_of(ctx, "__lf_carried_old", &columns).await?;
     let mut check = CheckResult::new(
         "carried rows unchanged",
         if expected == carried {

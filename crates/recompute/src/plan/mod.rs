@@ -31,6 +31,7 @@ use lakefill_log::registry::published_fingerprint;
 use lakefill_table::adjustments::PublishMode;
 use lakefill_table::config::{Project, TableConfig};
 use lakefill_table::error::{Error, Result};
+use lakefill_table::mapping::ColumnMapping;
 use lakefill_table::model::{Model, SourceSpec, list_models};
 use lakefill_table::partition::{
     CARRIED_LABEL, ColumnFacts, Layout, NULL_LABEL, PartitionRange, PartitionValues, TimeColumn,
@@ -222,7 +223,7 @@ impl PlanBuilder {
             source: Box::new(source),
         })?;
         let schema = snapshot.snapshot().arrow_schema();
-        let files = log_files(snapshot);
+        let files = log_files(snapshot)?;
         let layout = detect_layout(
             &model,
             target_config.name(),
@@ -490,21 +491,23 @@ async fn check_model_unedited(target: &DeltaTable, model: &Model) -> Result<()> 
 
 /// Every file of the target from the log (no data scan): its partition values, size and live
 /// rows.
-fn log_files(snapshot: &deltalake::table::state::DeltaTableState) -> Vec<LogFile> {
-    snapshot
+/// Column-mapped tables key both by physical name; these are keyed by logical name.
+fn log_files(snapshot: &deltalake::table::state::DeltaTableState) -> Result<Vec<LogFile>> {
+    let mapping = ColumnMapping::of_snapshot(snapshot)?;
+    Ok(snapshot
         .log_data()
         .iter()
         .map(|file| {
             LogFile {
                 path: file.path().to_string(),
-                stats: file.stats(),
-                values: file.partition_values_map(),
+                stats: file.stats().map(|stats| mapping.logical_stats(stats)),
+                values: mapping.logical_values(file.partition_values_map()),
                 bytes: u64::try_from(file.size()).unwrap_or(0),
                 // Rows a deletion vector removed are not rows of the table.
                 rows: lakefill_table::storage::live_rows(&file),
             }
         })
-        .collect()
+        .collect())
 }
 
 /// How the target is partitioned and where its time is, as the model header declares it or
@@ -753,11 +756,12 @@ pub fn source_window(
                 .metadata()
                 .partition_columns()
                 .contains(window);
+            let mapping = ColumnMapping::of_snapshot(source_snapshot)?;
             let values = is_partition.then(|| {
                 let values: Vec<PartitionValues> = source_snapshot
                     .log_data()
                     .iter()
-                    .map(|f| f.partition_values_map())
+                    .map(|f| mapping.logical_values(f.partition_values_map()))
                     .collect();
                 distinct_values(values.iter())
                     .remove(window)
@@ -986,7 +990,7 @@ impl BackfillPlan {
                     &adds,
                     &key,
                 )?;
-                Ok(Arc::new(staged) as Arc<dyn deltalake::datafusion::catalog::TableProvider>)
+                Ok(staged)
             }),
         };
         for source in &mut plan.sources {

@@ -70,7 +70,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         .snapshot()
         .delta_context(|| format!("cannot read the snapshot of `{target}`"))?;
     let schema = snapshot.snapshot().arrow_schema();
-    let files = log_files(snapshot);
+    let files = log_files(snapshot)?;
     let layout = run.inputs.layout.clone();
     let range = run.inputs.range.clone();
 

@@ -45,6 +45,7 @@ use crate::stage::throttle::{Throttle, ThrottledStore};
 use lakefill_log::journal::BatchRecord;
 use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
 use lakefill_table::failpoint::{self, CrashPoint};
+use lakefill_table::mapping::ColumnMapping;
 use lakefill_table::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
 use lakefill_table::resources::Resources;
 use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
@@ -283,8 +284,15 @@ pub fn target_projection(
         .fields()
         .iter()
         .map(|f| {
+            // Rows carried over by rows are the table's: they have none of the run's added
+            // columns, which are NULL in them as in every other row the run did not write.
+            let added = plan
+                .report
+                .added_columns
+                .iter()
+                .any(|c| c.name == *f.name());
             let value = if !produced.contains(f.name())
-                && lakefill_table::adjustments::is_lineage(f.name())
+                && (lakefill_table::adjustments::is_lineage(f.name()) || added)
             {
                 Expr::Literal(deltalake::datafusion::common::ScalarValue::Null, None)
             } else {
@@ -323,6 +331,9 @@ pub struct WriteSpec {
     pub key: Vec<String>,
     /// The batch to stage.
     pub batch: BatchPlan,
+    /// The names and ids the target's files use for its columns (and the run's added ones).
+    #[serde(default)]
+    pub mapping: ColumnMapping,
 }
 
 /// What one writer staged: the batch's record, and the rows whose time is not a value of the
@@ -348,6 +359,10 @@ impl WriteSpec {
             measures: plan.rules.summed_measures(),
             key: plan.rules.key.clone(),
             batch: batch.clone(),
+            mapping: match &plan.write_schema {
+                Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
+                None => plan.report.protocol.mapping.clone(),
+            },
         }
     }
 
@@ -392,6 +407,8 @@ struct Columns {
     partition: Vec<usize>,
     file: Vec<usize>,
     file_schema: SchemaRef,
+    /// The file columns as the files name them (column mapping).
+    physical_schema: SchemaRef,
     converter: RowConverter,
     time: Option<usize>,
 }
@@ -420,6 +437,7 @@ impl Columns {
                 .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
                 .collect::<Vec<_>>(),
         ));
+        let physical_schema = spec.mapping.physical_schema(&file_schema);
         let converter = RowConverter::new(
             partition
                 .iter()
@@ -443,6 +461,7 @@ impl Columns {
             partition,
             file,
             file_schema,
+            physical_schema,
             converter,
             time,
         })
@@ -710,7 +729,7 @@ impl<'a> Staging<'a> {
                     scalars,
                     values,
                     &near_unique_columns(&part),
-                    Arc::clone(&self.columns.file_schema),
+                    Arc::clone(&self.columns.physical_schema),
                     Arc::clone(&self.store),
                 )?,
             }),
@@ -734,7 +753,11 @@ impl<'a> Staging<'a> {
             })
             .await?;
         open.writer
-            .write(&part)
+            .write(
+                &spec
+                    .mapping
+                    .to_physical(&part, &self.columns.physical_schema)?,
+            )
             .await
             .map_err(|source| Error::StagingWrite {
                 table: spec.target.clone(),
@@ -961,9 +984,10 @@ fn partition_writer(
     // A key's values are unique, and so are nearly those of `plain`: a dictionary of them never
     // pays for the time spent building it.
     for key in spec.key.iter().chain(plain) {
+        let key = spec.mapping.physical(key);
         if file_schema.index_of(key).is_ok() {
             properties = properties.set_column_dictionary_enabled(
-                deltalake::parquet::schema::types::ColumnPath::from(key.as_str()),
+                deltalake::parquet::schema::types::ColumnPath::from(key),
                 false,
             );
         }

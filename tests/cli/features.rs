@@ -1,0 +1,573 @@
+//! The Delta features of the tables teams have (issue #35): tables written the way Spark and
+//! Databricks write them (tests/cli/features.py), backfilled, reverted and backfilled again, and
+//! every result read back by python `deltalake`'s own engine and, independently, from the raw
+//! Parquet files and the log by pyarrow; never by lakefill.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::support::{json_ok, run_in, stderr};
+
+fn helper() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/features.py")
+}
+
+/// Runs the helper; returns its stdout as JSON.
+fn features(args: &[&str]) -> Value {
+    let out = Command::new("python3")
+        .arg(helper())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python3 features.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.stdout.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A project with table `t` (at `lake/t`) of one kind.
+pub(crate) struct FeatureTable {
+    dir: tempfile::TempDir,
+}
+
+impl FeatureTable {
+    pub(crate) fn make(kind: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        features(&["make", kind, dir.path().to_str().unwrap()]);
+        Self { dir }
+    }
+
+    fn table(&self) -> String {
+        self.dir.path().join("lake/t").to_str().unwrap().to_string()
+    }
+
+    fn flat(&self) -> bool {
+        features(&["meta", &self.table()])["partitionColumns"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    }
+
+    /// Rows by python `deltalake`, at `version` or the latest.
+    pub(crate) fn rows(&self, version: Option<u64>) -> Value {
+        let table = self.table();
+        match version {
+            Some(version) => features(&["rows", &table, &version.to_string()]),
+            None => features(&["rows", &table]),
+        }
+    }
+
+    /// Rows read from the raw files.
+    pub(crate) fn raw(&self) -> Value {
+        features(&["raw", &self.table()])
+    }
+
+    pub(crate) fn meta(&self) -> Value {
+        features(&["meta", &self.table()])
+    }
+
+    fn files(&self) -> Value {
+        features(&["files", &self.table()])
+    }
+
+    /// Writes model `name` replacing `t`'s range with `columns` of its rows.
+    pub(crate) fn model(&self, name: &str, columns: &str, extra_header: &str) {
+        let layout = if self.flat() {
+            "range_column"
+        } else {
+            "partition_by"
+        };
+        let dir = self.dir.path().join("sql").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("v1.sql"),
+            format!(
+                "/*\ntarget = \"t\"\n{layout} = \"event_date\"\n{extra_header}[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]\n*/\n\
+                 SELECT {columns} FROM t WHERE event_date BETWEEN $start AND $end\n"
+            ),
+        )
+        .unwrap();
+    }
+
+    pub(crate) fn run(&self, args: &[&str]) -> std::process::Output {
+        run_in(self.dir.path(), args)
+    }
+
+    /// Backfills 2026-01-01 ..= 2026-01-02 with `model`; the report.
+    pub(crate) fn backfill(&self, model: &str) -> Value {
+        let report = json_ok(&self.run(&[
+            "backfill",
+            model,
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(report["state"], "published", "{report}");
+        report
+    }
+}
+
+/// `rows` with `amount_cents` raised by one on the days of the range.
+fn fixed(rows: &Value) -> Value {
+    Value::Array(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                let mut row = row.clone();
+                if row["event_date"].as_str().unwrap() <= "2026-01-02" {
+                    row["amount_cents"] = json!(row["amount_cents"].as_i64().unwrap() + 1);
+                }
+                row
+            })
+            .collect(),
+    )
+}
+
+/// Every field of the table's schema (nested too) with its physical name and id.
+fn mapped_fields(fields: &Value, out: &mut Vec<(String, i64)>) {
+    for field in fields.as_array().unwrap() {
+        let metadata = &field["metadata"];
+        out.push((
+            metadata["delta.columnMapping.physicalName"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            metadata["delta.columnMapping.id"].as_i64().unwrap(),
+        ));
+        if field["type"]["type"] == "struct" {
+            mapped_fields(&field["type"]["fields"], out);
+        }
+    }
+}
+
+/// Every column of a file (nested too) with its field id.
+fn file_columns(columns: &Value, out: &mut Vec<(String, i64)>) {
+    for column in columns.as_array().unwrap() {
+        out.push((
+            column["name"].as_str().unwrap().to_string(),
+            column["id"].as_i64().unwrap_or(-1),
+        ));
+        if let Some(fields) = column.get("fields") {
+            file_columns(fields, out);
+        }
+    }
+}
+
+/// The actions of commit `version` of `table`, in order.
+fn commit_actions(table: &FeatureTable, version: u64) -> Vec<Value> {
+    let log = table
+        .dir
+        .path()
+        .join(format!("lake/t/_delta_log/{version:020}.json"));
+    std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .collect()
+}
+
+/// Backfills the table of `kind`, checks what every reader sees and what the log holds, reverts
+/// the run and backfills again.
+fn round_trip(kind: &str) {
+    let table = FeatureTable::make(kind);
+    let before = table.rows(None);
+    let meta = table.meta();
+    let mapped = meta["configuration"]
+        .get("delta.columnMapping.mode")
+        .is_some();
+    let writer_features: Vec<&str> = meta["protocol"]["writerFeatures"]
+        .as_array()
+        .map(|f| f.iter().map(|v| v.as_str().unwrap()).collect())
+        .unwrap_or_default();
+    let latest = std::fs::read_dir(table.dir.path().join("lake/t/_delta_log"))
+        .unwrap()
+        .count() as u64
+        - 1;
+    let history: Vec<Value> = (1..=latest).map(|v| table.rows(Some(v))).collect();
+    table.model(
+        "fix",
+        "event_id, amount_cents + 1 AS amount_cents, point, event_date",
+        "",
+    );
+    let report = table.backfill("fix");
+    let published = report["published_version"].as_u64().unwrap();
+    let expected = fixed(&before);
+    assert_eq!(table.rows(None), expected, "{kind}: python deltalake");
+    assert_eq!(table.raw(), expected, "{kind}: the raw files");
+    if !mapped {
+        // polars 2.1 refuses column-mapped tables.
+        assert_eq!(
+            features(&["polars", &table.table()]),
+            expected,
+            "{kind}: polars"
+        );
+    }
+    let after = table.meta();
+    for part in ["protocol", "configuration", "schema", "partitionColumns"] {
+        assert_eq!(after[part], meta[part], "{kind}: {part}");
+    }
+    assert_eq!(
+        after["domains"]["delta.clustering"], meta["domains"]["delta.clustering"],
+        "{kind}: the clustering columns are kept"
+    );
+    let actions = commit_actions(&table, published);
+    let adds: Vec<&Value> = actions.iter().filter_map(|a| a.get("add")).collect();
+    let removes: Vec<&Value> = actions.iter().filter_map(|a| a.get("remove")).collect();
+    assert!(
+        !adds.is_empty() && !removes.is_empty(),
+        "{kind}: {actions:?}"
+    );
+
+    if mapped {
+        check_mapped_files(kind, &table, &meta, &adds);
+    }
+    if writer_features.contains(&"rowTracking") {
+        check_row_ids(kind, &table, &meta, &after, published, &adds, &removes);
+    }
+    if writer_features.contains(&"inCommitTimestamp") {
+        check_in_commit_timestamp(kind, &table, published, &actions);
+    }
+    // History reads as it did.
+    for (v, rows) in (1..=latest).zip(&history) {
+        assert_eq!(&table.rows(Some(v)), rows, "{kind}: version {v}");
+    }
+
+    let run_id = report["run_id"].as_str().unwrap().to_string();
+    let revert = json_ok(&table.run(&["revert", &run_id, "--output-format", "json"]));
+    assert_eq!(revert["state"], "published", "{kind}: {revert}");
+    assert_eq!(table.rows(None), before, "{kind}: reverted");
+    assert_eq!(table.raw(), before, "{kind}: reverted, raw");
+    if writer_features.contains(&"rowTracking") {
+        // The files put back keep their row ids; the ones removed repeat theirs.
+        let reverted = revert["published_version"].as_u64().unwrap();
+        for action in commit_actions(&table, reverted) {
+            for kind_of in ["add", "remove"] {
+                if let Some(file) = action.get(kind_of) {
+                    assert!(file["baseRowId"].is_i64(), "{kind}: {file}");
+                    assert!(file["defaultRowCommitVersion"].is_i64(), "{kind}: {file}");
+                }
+            }
+        }
+    }
+    let again = table.backfill("fix");
+    assert_eq!(table.rows(None), expected, "{kind}: again");
+    assert_eq!(table.raw(), expected, "{kind}: again, raw");
+    assert_eq!(table.meta()["schema"], meta["schema"], "{kind}");
+    if writer_features.contains(&"rowTracking") {
+        // Fresh ids again: above the mark the first backfill left.
+        let first_mark = mark(&after);
+        let again = commit_actions(&table, again["published_version"].as_u64().unwrap());
+        for add in again.iter().filter_map(|a| a.get("add")) {
+            assert!(
+                add["baseRowId"].as_i64().unwrap() > first_mark,
+                "{kind}: {add}"
+            );
+        }
+    }
+}
+
+/// Row tracking's high-water mark in `meta` (-1 when none).
+fn mark(meta: &Value) -> i64 {
+    meta["domains"]["delta.rowTracking"]["rowIdHighWaterMark"]
+        .as_i64()
+        .unwrap_or(-1)
+}
+
+/// Every live file names its columns as the schema maps them (the files the backfill wrote: all
+/// of them, nested too); the log keys statistics and partition values by physical name.
+fn check_mapped_files(kind: &str, table: &FeatureTable, meta: &Value, adds: &[&Value]) {
+    let mut schema = Vec::new();
+    mapped_fields(&meta["schema"]["fields"], &mut schema);
+    let partition: Vec<(String, i64)> = meta["schema"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            meta["partitionColumns"]
+                .as_array()
+                .unwrap()
+                .contains(&f["name"])
+        })
+        .map(|f| {
+            (
+                f["metadata"]["delta.columnMapping.physicalName"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                f["metadata"]["delta.columnMapping.id"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    for (path, columns) in table.files().as_object().unwrap() {
+        let mut found = Vec::new();
+        file_columns(columns, &mut found);
+        if adds.iter().any(|a| a["path"] == *path) {
+            let expected: Vec<_> = schema
+                .iter()
+                .filter(|c| !partition.contains(c))
+                .cloned()
+                .collect();
+            assert_eq!(found, expected, "{kind}: {path}");
+        }
+    }
+    for add in adds {
+        let stats: Value = serde_json::from_str(add["stats"].as_str().unwrap()).unwrap();
+        for key in stats["minValues"].as_object().unwrap().keys() {
+            assert!(
+                schema.iter().any(|(physical, _)| physical == key),
+                "{kind}: statistics keyed by `{key}`"
+            );
+        }
+        for key in add["partitionValues"].as_object().unwrap().keys() {
+            assert!(
+                partition.iter().any(|(physical, _)| physical == key),
+                "{kind}: partition value keyed by `{key}`"
+            );
+        }
+    }
+}
+
+/// Row tracking: every file added has fresh row ids above the old high-water mark, none shared,
+/// and the commit's version; the mark advances to the last of them in the same commit; every
+/// file removed repeats the ids of its `add`.
+fn check_row_ids(
+    kind: &str,
+    table: &FeatureTable,
+    before: &Value,
+    after: &Value,
+    published: u64,
+    adds: &[&Value],
+    removes: &[&Value],
+) {
+    let old_mark = mark(before);
+    let mut ranges: Vec<(i64, i64)> = adds
+        .iter()
+        .map(|add| {
+            let stats: Value = serde_json::from_str(add["stats"].as_str().unwrap()).unwrap();
+            let base = add["baseRowId"].as_i64().unwrap();
+            assert!(base > old_mark, "{kind}: {add}");
+            assert_eq!(
+                add["defaultRowCommitVersion"],
+                json!(published),
+                "{kind}: {add}"
+            );
+            (base, base + stats["numRecords"].as_i64().unwrap() - 1)
+        })
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        assert!(
+            pair[0].1 < pair[1].0,
+            "{kind}: overlapping row ids {ranges:?}"
+        );
+    }
+    assert_eq!(
+        mark(after),
+        ranges.last().unwrap().1,
+        "{kind}: the high-water mark"
+    );
+    // The `add` each removed file had, from the earlier commits.
+    let mut earlier = std::collections::BTreeMap::new();
+    for version in 0..published {
+        for action in commit_actions(table, version) {
+            if let Some(add) = action.get("add") {
+                earlier.insert(add["path"].as_str().unwrap().to_string(), add.clone());
+            }
+        }
+    }
+    for remove in removes {
+        let add = &earlier[remove["path"].as_str().unwrap()];
+        assert_eq!(remove["baseRowId"], add["baseRowId"], "{kind}: {remove}");
+        assert_eq!(
+            remove["defaultRowCommitVersion"], add["defaultRowCommitVersion"],
+            "{kind}: {remove}"
+        );
+        assert_eq!(
+            remove["deletionVector"], add["deletionVector"],
+            "{kind}: {remove}"
+        );
+    }
+}
+
+/// In-commit timestamps: `commitInfo` comes first with a timestamp after the previous commit's;
+/// `history` shows the commits' in-commit timestamps, and reading by time finds versions by them.
+fn check_in_commit_timestamp(kind: &str, table: &FeatureTable, published: u64, actions: &[Value]) {
+    let stamp = actions[0]["commitInfo"]["inCommitTimestamp"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{kind}: commitInfo is not first: {actions:?}"));
+    let previous = commit_actions(table, published - 1)[0]["commitInfo"]["inCommitTimestamp"]
+        .as_i64()
+        .unwrap();
+    assert!(stamp > previous, "{kind}: {stamp} after {previous}");
+    let history = json_ok(&table.run(&["history", "t", "--output-format", "json"]));
+    let times: Vec<(u64, String)> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["version"].as_u64().unwrap(),
+                e["timestamp"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    // The table's own commits carry 2026-01-01T00:0N:00 (version N), far from their files' times.
+    assert!(
+        times.contains(&(2, "2026-01-01T00:02:00Z".to_string()))
+            || times.contains(&(2, "2026-01-01T00:02:00.000Z".to_string())),
+        "{kind}: {times:?}"
+    );
+    let at = json_ok(&table.run(&[
+        "sql",
+        "SELECT CAST(count(*) AS VARCHAR) AS n FROM \"t@2026-01-01T00:01:30Z\"",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(at["rows"][0][0], "12", "{kind}: {at}");
+}
+
+/// Column mapping, modes `name` and `id`, partitioned and by rows, on a table whose history
+/// renamed one column and dropped another: the backfill's files name every column (nested ones
+/// too) by its physical name and id, the log keys partition values and statistics by physical
+/// name, readers see the fix, the table's protocol, configuration and schema are unchanged, and
+/// older versions (before the rename) read as they did. A revert restores the rows; a second
+/// backfill fixes them again.
+#[test]
+fn column_mapped_tables_are_backfilled_in_their_physical_names() {
+    for kind in ["name", "id", "name+flat", "id+flat"] {
+        round_trip(kind);
+    }
+}
+
+/// Tables as a Databricks workspace creates them: deletion vectors, row tracking, in-commit
+/// timestamps, liquid clustering and column mapping together; and the same without column
+/// mapping (which polars also reads), partitioned and by rows. A file a deletion vector cut,
+/// straddling the range, has its live rows carried over.
+#[test]
+fn databricks_tables_are_backfilled_as_their_protocol_asks() {
+    for kind in [
+        "name+dv+rt+ict+cluster",
+        "none+dv+rt+ict",
+        "none+dv+rt+ict+flat",
+        "none+rt",
+        "none+ict+flat",
+    ] {
+        round_trip(kind);
+    }
+}
+
+/// A column a fix adds to a column-mapped table gets the next id, a physical name of its own and
+/// the advanced `delta.columnMapping.maxColumnId`, in its schema and in the files.
+#[test]
+fn a_column_added_to_a_column_mapped_table_is_mapped() {
+    for kind in ["name", "id+flat"] {
+        let table = FeatureTable::make(kind);
+        let before = table.rows(None);
+        let meta = table.meta();
+        let max: i64 = meta["configuration"]["delta.columnMapping.maxColumnId"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        table.model(
+            "tip",
+            "event_id, amount_cents, point, event_date, amount_cents / 10 AS tip_cents",
+            "schema = \"add-columns\"\n",
+        );
+        table.backfill("tip");
+        let after = table.meta();
+        assert_eq!(
+            after["configuration"]["delta.columnMapping.maxColumnId"],
+            json!((max + 1).to_string()),
+            "{kind}: {after}"
+        );
+        let fields = after["schema"]["fields"].as_array().unwrap();
+        let tip = fields.last().unwrap();
+        assert_eq!(tip["name"], "tip_cents", "{kind}");
+        assert_eq!(tip["metadata"]["delta.columnMapping.id"], json!(max + 1));
+        let physical = tip["metadata"]["delta.columnMapping.physicalName"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(physical.starts_with("col-"), "{kind}: {physical}");
+        let expected: Vec<Value> = before
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                let mut row = row.clone();
+                row["tip_cents"] = if row["event_date"].as_str().unwrap() <= "2026-01-02" {
+                    json!(row["amount_cents"].as_i64().unwrap() / 10)
+                } else {
+                    Value::Null
+                };
+                row
+            })
+            .collect();
+        assert_eq!(table.rows(None), json!(expected), "{kind}");
+        assert_eq!(table.raw(), json!(expected), "{kind}: raw");
+        let files = table.files();
+        let with_tip = files
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|columns| {
+                columns
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c["name"] == physical.as_str() && c["id"] == json!(max + 1))
+            })
+            .count();
+        assert!(with_tip > 0, "{kind}: {files}");
+    }
+}
+
+/// A table python `deltalake` made with column mapping (its own physical names and random file
+/// prefixes) takes a fix like any other.
+#[test]
+fn a_column_mapped_table_python_deltalake_made_is_backfilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t");
+    crate::protocol::python(&["create", "column_mapping", table.to_str().unwrap()]);
+    std::fs::write(
+        dir.path().join("lakefill.toml"),
+        "[tables.t]\nuri = \"t\"\n",
+    )
+    .unwrap();
+    let model = dir.path().join("sql/fix");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("v1.sql"),
+        "/*\ntarget = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n*/\n\
+         SELECT event_id, amount_cents + 1 AS amount_cents, event_date FROM t WHERE event_date BETWEEN $start AND $end\n",
+    )
+    .unwrap();
+    let path = table.to_str().unwrap();
+    let before = features(&["rows", path]);
+    let out = run_in(
+        dir.path(),
+        &[
+            "backfill",
+            "fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(features(&["rows", path]), fixed(&before));
+    assert_eq!(features(&["raw", path]), fixed(&before));
+}
