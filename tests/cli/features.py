@@ -5,6 +5,7 @@ those writers make them, and independent readers of them.
     python3 features.py rows TABLE [VERSION]  # rows by python deltalake's own engine (QueryBuilder)
     python3 features.py raw TABLE         # rows read from the raw files by pyarrow and the log
     python3 features.py polars TABLE      # rows by polars (no column mapping: polars refuses it)
+    python3 features.py append TABLE DAY  # another writer appends event 900 on DAY
     python3 features.py files TABLE       # each live file's Parquet columns: names and field ids
     python3 features.py meta TABLE        # protocol, configuration, schema and domains, by the log
 
@@ -359,6 +360,52 @@ def make(kind, directory):
         f.write('[tables.t]\nuri = "lake/t"\n')
 
 
+def append(root, day):
+    """Another writer appends event 900 on `day` (an ISO date), as its features ask: physical
+    names, the next row ids and high-water mark, an in-commit timestamp a minute after the last."""
+    protocol, metadata, _, domains = read_log(root)
+    versions = sorted(int(n[:20]) for n in os.listdir(log_dir(root)) if n.endswith(".json"))
+    version = versions[-1] + 1
+    with open(os.path.join(log_dir(root), f"{versions[-1]:020d}.json")) as f:
+        last = json.loads(f.readline()).get("commitInfo", {})
+    schema = json.loads(metadata["schemaString"])
+    partition_columns = metadata["partitionColumns"]
+    date = datetime.date.fromisoformat(day)
+    row = {"event_id": 900, "amount_cents": 9000, "point": {"x": 1800, "tag": "p900"}, "event_date": date}
+    columns, fields = {}, []
+    for field in schema["fields"]:
+        if field["name"] in partition_columns:
+            continue
+        value = row[field["name"]]
+        if field["name"] == "point":
+            value = {physical_name(f): value[f["name"]] for f in field["type"]["fields"]}
+        columns[physical_name(field)] = [value]
+        fields.append(arrow_field(field, True))
+    relative = f"appended/part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+    os.makedirs(os.path.join(root, "appended"), exist_ok=True)
+    pq.write_table(pa.table(columns, schema=pa.schema(fields)), os.path.join(root, relative))
+    by_name = {f["name"]: f for f in schema["fields"]}
+    values = {physical_name(by_name[c]): day for c in partition_columns}
+    add = {
+        "path": relative,
+        "partitionValues": values,
+        "size": os.path.getsize(os.path.join(root, relative)),
+        "modificationTime": CREATED,
+        "dataChange": True,
+        "stats": json.dumps({"numRecords": 1}),
+    }
+    info = {"timestamp": CREATED + 60000 * version, "operation": "WRITE"}
+    if "inCommitTimestamp" in last:
+        info["inCommitTimestamp"] = last["inCommitTimestamp"] + 60000
+    actions = [{"commitInfo": info}, {"add": add}]
+    if "rowTracking" in protocol.get("writerFeatures", []):
+        mark = domains.get("delta.rowTracking", {}).get("rowIdHighWaterMark", -1)
+        add["baseRowId"] = mark + 1
+        add["defaultRowCommitVersion"] = version
+        actions.append(domain("delta.rowTracking", {"rowIdHighWaterMark": mark + 1}))
+    write_commit(root, version, actions)
+
+
 def strip_mapping(fields):
     for f in fields:
         f["metadata"] = {}
@@ -488,6 +535,8 @@ if __name__ == "__main__":
         rows(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)
     elif command == "raw":
         raw(sys.argv[2])
+    elif command == "append":
+        append(sys.argv[2], sys.argv[3])
     elif command == "polars":
         polars_rows(sys.argv[2])
     elif command == "files":

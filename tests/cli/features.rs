@@ -571,3 +571,93 @@ fn a_column_mapped_table_python_deltalake_made_is_backfilled() {
     assert_eq!(features(&["rows", path]), fixed(&before));
     assert_eq!(features(&["raw", path]), fixed(&before));
 }
+
+/// Another writer commits between staging and publishing a run on a table lakefill commits to
+/// itself (row tracking, in-commit timestamps): outside the range's partitions, the run publishes
+/// after it, its row ids above the other writer's and its timestamp after the other commit's;
+/// inside the range, the publish is a conflict (exit 4) and the table is unchanged. By rows (a
+/// clustered table), any file another writer adds may hold rows of the range: a conflict too.
+#[test]
+fn concurrent_writers_of_a_table_lakefill_commits_itself() {
+    for kind in ["none+rt+ict", "name+rt+ict+cluster"] {
+        let by_rows = kind.contains("cluster");
+        let staged = |table: &FeatureTable| -> String {
+            let report = json_ok(&table.run(&[
+                "backfill",
+                "fix",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--stage-only",
+                "--output-format",
+                "json",
+            ]));
+            assert_eq!(report["state"], "validated", "{kind}: {report}");
+            report["run_id"].as_str().unwrap().to_string()
+        };
+        let inside = FeatureTable::make(kind);
+        inside.model(
+            "fix",
+            "event_id, amount_cents + 1 AS amount_cents, point, event_date",
+            "",
+        );
+        let run_id = staged(&inside);
+        features(&["append", &inside.table(), "2026-01-02"]);
+        let rows = inside.rows(None);
+        let versions = std::fs::read_dir(inside.dir.path().join("lake/t/_delta_log"))
+            .unwrap()
+            .count();
+        let out = inside.run(&["publish", &run_id]);
+        assert_eq!(out.status.code(), Some(4), "{kind}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("conflict") || stderr(&out).contains("another writer"),
+            "{kind}: {}",
+            stderr(&out)
+        );
+        assert_eq!(inside.rows(None), rows, "{kind}: unchanged");
+        assert_eq!(
+            std::fs::read_dir(inside.dir.path().join("lake/t/_delta_log"))
+                .unwrap()
+                .count(),
+            versions,
+            "{kind}: no commit"
+        );
+        let outside = FeatureTable::make(kind);
+        let before = outside.rows(None);
+        outside.model(
+            "fix",
+            "event_id, amount_cents + 1 AS amount_cents, point, event_date",
+            "",
+        );
+        let run_id = staged(&outside);
+        features(&["append", &outside.table(), "2026-01-03"]);
+        let appended = outside.meta();
+        if by_rows {
+            let out = outside.run(&["publish", &run_id]);
+            assert_eq!(out.status.code(), Some(4), "{kind}: {}", stderr(&out));
+            continue;
+        }
+        let report = json_ok(&outside.run(&["publish", &run_id, "--output-format", "json"]));
+        assert_eq!(report["state"], "published", "{kind}: {report}");
+        let published = report["published_version"].as_u64().unwrap();
+        let mut expected = fixed(&before).as_array().unwrap().clone();
+        expected.push(json!({"event_id": 900, "amount_cents": 9000, "point": {"x": 1800, "tag": "p900"}, "event_date": "2026-01-03"}));
+        assert_eq!(outside.rows(None), json!(expected), "{kind}");
+        assert_eq!(outside.raw(), json!(expected), "{kind}: raw");
+        let actions = commit_actions(&outside, published);
+        let other = commit_actions(&outside, published - 1);
+        assert!(
+            actions[0]["commitInfo"]["inCommitTimestamp"].as_i64()
+                > other[0]["commitInfo"]["inCommitTimestamp"].as_i64(),
+            "{kind}: {actions:?}"
+        );
+        for add in actions.iter().filter_map(|a| a.get("add")) {
+            assert!(
+                add["baseRowId"].as_i64().unwrap() > mark(&appended),
+                "{kind}: {add}"
+            );
+            assert_eq!(add["defaultRowCommitVersion"], json!(published), "{kind}");
+        }
+    }
+}
