@@ -69,6 +69,84 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
     }
 }
 
+/// The table's metadata as the run's commit leaves it, if the commit changes it: with the run's
+/// added columns, and identity columns' high-water marks beyond the values the run writes.
+fn new_metadata(
+    snapshot: &deltalake::table::state::DeltaTableState,
+    journal: &Journal,
+) -> Result<Option<deltalake::kernel::Metadata>> {
+    let widened = (!journal.inputs.added_columns.is_empty())
+        .then(|| added_columns_metadata(snapshot, journal))
+        .transpose()?;
+    let base = widened
+        .clone()
+        .unwrap_or_else(|| snapshot.metadata().clone());
+    Ok(identity_marks(&base, journal, &mapping_of(snapshot, journal)?)?.or(widened))
+}
+
+/// `metadata` with each identity column's high-water mark moved past the values the run writes
+/// (the lowest and highest, from the statistics of its staged files); `None` when none moves.
+fn identity_marks(
+    metadata: &deltalake::kernel::Metadata,
+    journal: &Journal,
+    mapping: &ColumnMapping,
+) -> Result<Option<deltalake::kernel::Metadata>> {
+    use deltalake::kernel::MetadataExt as _;
+    let mut schema: Value = serde_json::from_str(metadata.schema_string())
+        .map_err(|e| Error::Internal(format!("the table's schema is not JSON: {e}")))?;
+    let fields = schema["fields"].as_array().cloned().unwrap_or_default();
+    let identity =
+        lakefill_table::protocol::IdentityColumn::of_fields(&fields).map_err(Error::Internal)?;
+    let mut moved = false;
+    for column in identity {
+        let physical = mapping.physical(&column.name);
+        let (mut lowest, mut highest) = (None::<i64>, None::<i64>);
+        for add in journal.published_files() {
+            let stats: Value = add
+                .stats
+                .as_deref()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or_default();
+            if stats["numRecords"].as_i64() == Some(0) {
+                continue;
+            }
+            let bound = |side: &str| stats[side][physical].as_i64();
+            let (Some(min), Some(max)) = (bound("minValues"), bound("maxValues")) else {
+                if stats["nullCount"][physical].as_i64() == stats["numRecords"].as_i64() {
+                    continue;
+                }
+                return Err(Error::Internal(format!(
+                    "staged file `{}` has no statistics of identity column `{}`, so its high-water mark cannot be moved past the values written",
+                    add.path, column.name
+                )));
+            };
+            lowest = Some(lowest.map_or(min, |l| l.min(min)));
+            highest = Some(highest.map_or(max, |h| h.max(max)));
+        }
+        let (Some(lowest), Some(highest)) = (lowest, highest) else {
+            continue;
+        };
+        if let Some(mark) = column.advanced(lowest, highest) {
+            for field in schema["fields"].as_array_mut().into_iter().flatten() {
+                if field["name"] == column.name.as_str() {
+                    field["metadata"]["delta.identity.highWaterMark"] = json!(mark);
+                    moved = true;
+                }
+            }
+        }
+    }
+    if !moved {
+        return Ok(None);
+    }
+    let schema: deltalake::kernel::StructType = serde_json::from_value(schema)
+        .map_err(|e| Error::Internal(format!("the schema with new high-water marks: {e}")))?;
+    metadata
+        .clone()
+        .with_schema(&schema)
+        .map(Some)
+        .map_err(|e| Error::Internal(format!("cannot move the identity high-water marks: {e}")))
+}
+
 /// The table's metadata with the run's added columns (nullable) at the end of its schema.
 fn added_columns_metadata(
     snapshot: &deltalake::table::state::DeltaTableState,
@@ -170,8 +248,8 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             .published_files()
             .map(|add| physical_add(add, &mapping))
             .collect();
-        if !journal.inputs.added_columns.is_empty() {
-            actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
+        if let Some(metadata) = new_metadata(snapshot, journal)? {
+            actions.push(Action::Metadata(metadata));
         }
         return commit_actions(target, journal, actions).await;
     }
@@ -206,9 +284,10 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
             .published_files()
             .map(|add| physical_add(add, &mapping)),
     );
-    if !journal.inputs.added_columns.is_empty() {
-        // The added columns join the schema in the same commit; earlier versions keep theirs.
-        actions.push(Action::Metadata(added_columns_metadata(snapshot, journal)?));
+    if let Some(metadata) = new_metadata(snapshot, journal)? {
+        // The added columns join the schema in the same commit (earlier versions keep theirs),
+        // and identity columns' high-water marks pass the values written.
+        actions.push(Action::Metadata(metadata));
     }
     commit_actions(target, journal, actions).await
 }

@@ -133,13 +133,15 @@ def arrow_type(delta_type, schema_field=None, physical=False):
 def arrow_field(field, physical):
     meta = field["metadata"]
     name = physical_name(field) if physical else field["name"]
-    ids = {b"PARQUET:field_id": str(meta["delta.columnMapping.id"]).encode()} if meta else None
+    mapped_id = meta.get("delta.columnMapping.id")
+    ids = {b"PARQUET:field_id": str(mapped_id).encode()} if mapped_id is not None else None
     return pa.field(name, arrow_type(field["type"], physical=physical), metadata=ids)
 
 
 def file_rows(rows, renamed):
     """Rows keyed by the version 1 column names: with column mapping `amount` and `note` (renamed
     and dropped at version 2), else the final ones."""
+    rows = [dict(r, row_id=i + 1) for i, r in enumerate(rows)]
     if not renamed:
         return rows
     out = []
@@ -151,6 +153,7 @@ def file_rows(rows, renamed):
                 "note": f"n{r['event_id']}",
                 "point": r["point"],
                 "event_date": r["event_date"],
+                "row_id": r["row_id"],
             }
         )
     return out
@@ -223,9 +226,23 @@ def make(kind, directory):
     fields_spec = FIELDS if mapped else [(n, t) for n, t in FIELDS if n != "note"]
     if not mapped:
         fields_spec = [("amount_cents" if n == "amount" else n, t) for n, t in fields_spec]
+    if "identity" in flags or "identity_default" in flags:
+        fields_spec = fields_spec + [("row_id", "long")]
     schema = mapped_schema(fields_spec, ids)
     if not mapped:
         strip_mapping(schema["fields"])
+    for field in schema["fields"]:
+        if field["name"] == "row_id":
+            # GENERATED ALWAYS (or BY DEFAULT) AS IDENTITY (START WITH 1 INCREMENT BY 1), after
+            # the 12 rows of version 1.
+            field["metadata"].update(
+                {
+                    "delta.identity.start": 1,
+                    "delta.identity.step": 1,
+                    "delta.identity.highWaterMark": 12,
+                    "delta.identity.allowExplicitInsert": "identity_default" in flags,
+                }
+            )
     partition_columns = [] if flat else ["event_date"]
     reader, writer = set(), set()
     configuration = {}
@@ -249,6 +266,8 @@ def make(kind, directory):
             configuration["delta.enableInCommitTimestamps"] = "true"
         if "cluster" in flags:
             writer.update(["clustering", "domainMetadata"])
+        if "identity" in flags or "identity_default" in flags:
+            writer.add("identityColumns")
         writer.update(["appendOnly", "invariants"])
         protocol = {
             "minReaderVersion": 3 if reader else 1,

@@ -187,6 +187,7 @@ async fn stage_batch(
         register_source_with(&ctx, plan, source, batch, provider).await?;
     }
     let df = model_dataframe(&ctx, plan, batch).await?;
+    let produced = lakefill_recompute::stage::produced_columns(&df);
     let df = target_projection(plan, df, &target_schema)?;
     let what = || {
         format!(
@@ -213,7 +214,7 @@ async fn stage_batch(
         .collect::<Result<_>>()?;
     let repartitioned =
         RepartitionExec::try_new(physical, Partitioning::Hash(keys, TASKS)).query_context(what)?;
-    let spec = WriteSpec::of(plan, batch);
+    let spec = WriteSpec::of(plan, batch).assigning_identity(plan, &produced);
     let node: Arc<dyn ExecutionPlan> = Arc::new(writer::StageWriterExec::new(
         Arc::new(repartitioned),
         spec.clone(),
@@ -446,6 +447,7 @@ mod tests {
                 carry: false,
             },
             mapping: lakefill_table::mapping::ColumnMapping::default(),
+            identity: Vec::new(),
         }
     }
 

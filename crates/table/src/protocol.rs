@@ -33,6 +33,94 @@ pub struct TableProtocol {
     /// The names and ids the table's files use for its columns.
     #[serde(default, skip_serializing_if = "ColumnMapping::is_none")]
     pub mapping: ColumnMapping,
+    /// The table's identity columns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identity: Vec<IdentityColumn>,
+}
+
+/// An identity column (the protocol's "Identity Columns"): Delta assigns its values, `start`
+/// then every `step`, each beyond the high-water mark.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IdentityColumn {
+    /// The column.
+    pub name: String,
+    /// The first value (`delta.identity.start`).
+    pub start: i64,
+    /// The distance between values (`delta.identity.step`, never 0).
+    pub step: i64,
+    /// The highest value assigned so far, the lowest when `step` is negative
+    /// (`delta.identity.highWaterMark`; `None` before the first).
+    pub high_water_mark: Option<i64>,
+    /// `GENERATED ALWAYS`: no writer may put its own values in (`delta.identity.allowExplicitInsert`
+    /// false).
+    pub always: bool,
+}
+
+impl IdentityColumn {
+    /// The identity columns of a table's schema fields (Delta JSON).
+    pub fn of_fields(fields: &[Value]) -> std::result::Result<Vec<Self>, String> {
+        let number = |value: &Value| match value {
+            Value::Number(n) => n.as_i64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        };
+        let mut out = Vec::new();
+        for field in fields {
+            let metadata = &field["metadata"];
+            let Some(start) = metadata.get("delta.identity.start") else {
+                continue;
+            };
+            let name = field["name"].as_str().unwrap_or_default().to_string();
+            let bad = |what: &str| format!("identity column `{name}` has {what}");
+            let start = number(start).ok_or_else(|| bad("a start that is not a number"))?;
+            let step = metadata
+                .get("delta.identity.step")
+                .and_then(number)
+                .filter(|s| *s != 0)
+                .ok_or_else(|| bad("no step, or a step of 0"))?;
+            if field["type"] != "long" {
+                return Err(bad(&format!("the type {}, not long", field["type"])));
+            }
+            out.push(Self {
+                name,
+                start,
+                step,
+                high_water_mark: metadata
+                    .get("delta.identity.highWaterMark")
+                    .and_then(number),
+                always: !matches!(
+                    metadata.get("delta.identity.allowExplicitInsert"),
+                    Some(Value::Bool(true))
+                ) && metadata
+                    .get("delta.identity.allowExplicitInsert")
+                    .and_then(Value::as_str)
+                    != Some("true"),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The `k`-th value after the high-water mark (`k` from 1); `None` on overflow.
+    pub fn value(&self, k: i64) -> Option<i64> {
+        let base = match self.high_water_mark {
+            Some(mark) => mark,
+            None => self.start.checked_sub(self.step)?,
+        };
+        base.checked_add(self.step.checked_mul(k)?)
+    }
+
+    /// The high-water mark after `values` (the lowest and highest written) are in the column.
+    pub fn advanced(&self, lowest: i64, highest: i64) -> Option<i64> {
+        let reached = if self.step > 0 { highest } else { lowest };
+        match self.high_water_mark {
+            Some(mark)
+                if (self.step > 0 && reached <= mark) || (self.step < 0 && reached >= mark) =>
+            {
+                None
+            }
+            _ => Some(reached),
+        }
+    }
 }
 
 /// One table feature and how lakefill handles it.
@@ -114,6 +202,9 @@ fn supported(name: &str) -> Option<&'static str> {
         "rowTracking" => {
             "supported: new files get fresh row ids above the high-water mark, which advances in the same commit; rows a backfill rewrites get fresh ids, as in an overwrite; files a revert puts back keep theirs"
         }
+        "identityColumns" => {
+            "supported: a model passes an identity column through (its values are kept; a GENERATED ALWAYS column takes no other) or leaves it out (new values follow start and step beyond the high-water mark, which advances in the commit)"
+        }
         "inCommitTimestamp" => {
             "supported: `commitInfo` comes first, with a timestamp after the previous commit's; time travel by timestamp uses it"
         }
@@ -147,12 +238,19 @@ impl TableProtocol {
         let features = checked_features(&names, config, &fields, appends, name)?;
         let rules = row_rules(&fields, config);
         let mapping = ColumnMapping::of_metadata(metadata.schema_string(), config, metadata.id())?;
+        let identity = IdentityColumn::of_fields(&fields).map_err(|why| Error::UnsupportedFeature {
+            table: name.to_string(),
+            feature: "identityColumns".into(),
+            why,
+            hint: "an identity column is a long with a start and a non-zero step in its metadata, as Delta writers make it".into(),
+        })?;
         Ok(Self {
             min_reader_version: reader,
             min_writer_version: writer,
             features,
             rules,
             mapping,
+            identity,
         })
     }
 }
@@ -273,13 +371,6 @@ fn checked_features(
                 handling: "listed, but no column is a VARIANT: it asks nothing of the rows written"
                     .into(),
             }),
-            "identityColumns" => {
-                return Err(refuse(
-                    "identityColumns",
-                    "the table has identity columns, whose values only Delta's writer may assign",
-                    "backfill a table without identity columns",
-                ));
-            }
             other => match supported(other) {
                 Some(handling) => features.push(FeatureSupport {
                     name: other.to_string(),

@@ -156,6 +156,9 @@ pub async fn validate(
         ));
     }
     checks.extend(protocol_checks(ctx, partitions, &rules.protocol, sample, known.appended).await?);
+    for column in &rules.identity_kept {
+        checks.push(identity_kept(ctx, column, sample, known.appended).await?);
+    }
     let passed = checks.iter().all(|c| c.passed);
     Ok(ValidationReport {
         passed,
@@ -277,6 +280,37 @@ pub async fn checksum_of(
         }
     }
     Ok(checksum)
+}
+
+/// A `GENERATED ALWAYS` identity column the model passes through holds only values the table had
+/// (in `previous`): Delta's writers assign its values, and no model may write its own.
+async fn identity_kept(
+    ctx: &SessionContext,
+    column: &str,
+    sample: usize,
+    appended: &str,
+) -> Result<CheckResult> {
+    let quoted = ident(column);
+    let sql = format!(
+        "SELECT * FROM {appended} o WHERE NOT EXISTS (SELECT 1 FROM previous p WHERE p.{quoted} = o.{quoted})"
+    );
+    let what = format!("check the values of identity column `{column}`");
+    let (rows, sample_rows) = count_and_sample(ctx, &sql, sample, &what).await?;
+    let failures = if rows > 0 {
+        vec![json!({
+            "rows": rows,
+            "message": format!("{rows} staged rows have values of the GENERATED ALWAYS identity column `{column}` that the table did not have: only Delta's writers assign them; leave `{column}` out of the model to have new values assigned, or pass the table's values through"),
+        })]
+    } else {
+        Vec::new()
+    };
+    let mut check = CheckResult::new(
+        format!("identity column {column} keeps the table's values"),
+        failures,
+        sample_rows,
+    );
+    check.protocol = true;
+    Ok(check)
 }
 
 /// Key uniqueness and NOT NULL keys of the new rows, in one aggregation.

@@ -23,6 +23,9 @@ pub struct ValidationRules {
     pub checks: Vec<CheckSpec>,
     /// Rules of the target's protocol (constraints, NOT NULL, invariants, generated columns).
     pub protocol: Vec<RowRule>,
+    /// `GENERATED ALWAYS` identity columns the model passes through: every value must be one
+    /// the table had.
+    pub identity_kept: Vec<String>,
     /// Places to which float columns must agree to be equal (`None`: bit for bit).
     pub decimals: Option<u32>,
 }
@@ -182,6 +185,7 @@ impl ValidationRules {
             conserve_with,
             checks: spec.checks.clone(),
             protocol: Vec::new(),
+            identity_kept: Vec::new(),
             decimals: match spec.decimals {
                 Some(places) if places > MAX_DECIMALS => {
                     return Err(model_error(

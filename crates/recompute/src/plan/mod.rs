@@ -346,7 +346,8 @@ impl PlanBuilder {
             // The rules of the table the adjustments go to, over the measures they negate.
             crate::plan::adjust::check_rules(&plan.rules, &plan.report.target, plan.model.path())?;
         }
-        let (write_schema, added_columns) = query::check_model(&plan).await?;
+        let (write_schema, added_columns, identity_kept) = query::check_model(&plan).await?;
+        plan.rules.identity_kept = identity_kept;
         query::check_checks(&plan, &self.project, &write_schema).await?;
         plan.write_schema = Some(write_schema);
         plan.report.added_columns = added_columns;

@@ -22,13 +22,28 @@ use lakefill_table::time::Period;
 ///
 /// Returns the schema staged files are written with: the target's, plus the nullable columns the
 /// model adds when its header says `schema = "add-columns"`.
-pub async fn check_model(plan: &BackfillPlan) -> Result<(SchemaRef, Vec<AddedColumn>)> {
+///
+/// Also returns the `GENERATED ALWAYS` identity columns the model passes through, whose values
+/// validation holds to the table's.
+pub async fn check_model(
+    plan: &BackfillPlan,
+) -> Result<(SchemaRef, Vec<AddedColumn>, Vec<String>)> {
     let table = target_schema(plan)?;
     let Some(first) = plan.report.batches.first() else {
-        return Ok((Arc::new(table), Vec::new()));
+        return Ok((Arc::new(table), Vec::new(), Vec::new()));
     };
     let (_ctx, df) = batch_dataframe(plan, first, &Resources::new(None)).await?;
-    check_schema(plan, df.schema().as_arrow(), &table)
+    let produced = crate::stage::produced_columns(&df);
+    let kept = plan
+        .report
+        .protocol
+        .identity
+        .iter()
+        .filter(|c| c.always && produced.contains(&c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    let (schema, added) = check_schema(plan, df.schema().as_arrow(), &table)?;
+    Ok((schema, added, kept))
 }
 
 /// Plans each `[[validate.checks]]` query against empty tables of the shapes validation gives
@@ -358,6 +373,14 @@ pub fn check_schema(
         match output.field_with_name(field.name()) {
             // Adjustments fill the lineage columns themselves.
             Err(_) if adjustments && lakefill_table::adjustments::is_lineage(field.name()) => {}
+            // The writer assigns an identity column the model leaves out.
+            Err(_)
+                if plan
+                    .report
+                    .protocol
+                    .identity
+                    .iter()
+                    .any(|c| c.name == *field.name()) => {}
             Err(_) => problems.push(format!(
                 "  missing column `{}` (the table has {})",
                 field.name(),

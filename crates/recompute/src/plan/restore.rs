@@ -182,7 +182,8 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
                 companion_rows: before.clone(),
             }),
     };
-    let (write_schema, added_columns) = super::query::check_model(&plan).await?;
+    let (write_schema, added_columns, identity_kept) = super::query::check_model(&plan).await?;
+    plan.rules.identity_kept = identity_kept;
     plan.write_schema = Some(write_schema);
     plan.report.added_columns = added_columns;
     Ok(plan)
