@@ -368,9 +368,13 @@ pub(crate) async fn commit_actions(
         }
         return Ok(version);
     }
+    // Checkpoints and log cleanup are left to the table's other writers (a `v2Checkpoint` table
+    // would get a classic checkpoint, a `checkpointProtection` table a cleanup it forbids).
     let properties = CommitProperties::default()
         .with_metadata(app_metadata)
-        .with_application_transaction(transaction);
+        .with_application_transaction(transaction)
+        .with_create_checkpoint(false)
+        .with_cleanup_expired_logs(Some(false));
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
         .build(

@@ -67,27 +67,53 @@ def commit_info(version, operation="WRITE", ict=False):
 
 
 def read_log(root):
-    """(protocol, metaData, live adds, domain metadata) at the latest version, from JSON commits."""
-    names = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".json") and "." not in n[:20])
-    protocol, metadata, adds, domains = None, None, {}, {}
+    """(protocol, metaData, live adds, domain metadata) at the latest version: the newest
+    (classic) checkpoint, then the JSON commits after it."""
+    checkpoints = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".checkpoint.parquet"))
+    start, actions = -1, []
+    if checkpoints:
+        start = int(checkpoints[-1][:20])
+        table = pq.read_table(os.path.join(log_dir(root), checkpoints[-1]))
+        for row in table.to_pylist():
+            for key, value in row.items():
+                if value is not None:
+                    actions.append({key: checkpoint_action(key, value)})
+    names = sorted(n for n in os.listdir(log_dir(root)) if n.endswith(".json") and n[:20].isdigit() and int(n[:20]) > start)
     for name in names:
         with open(os.path.join(log_dir(root), name)) as f:
-            for line in f:
-                action = json.loads(line)
-                if "protocol" in action:
-                    protocol = action["protocol"]
-                if "metaData" in action:
-                    metadata = action["metaData"]
-                if "add" in action:
-                    adds[action["add"]["path"]] = action["add"]
-                if "remove" in action:
-                    adds.pop(action["remove"]["path"], None)
-                if "domainMetadata" in action:
-                    d = action["domainMetadata"]
-                    if d.get("removed"):
-                        domains.pop(d["domain"], None)
-                    else:
-                        domains[d["domain"]] = json.loads(d["configuration"])
+            actions.extend(json.loads(line) for line in f)
+    return replay(actions)
+
+
+def checkpoint_action(key, value):
+    """A checkpoint's row as the JSON action it stands for (maps as dicts, no NULL fields)."""
+    value = {k: v for k, v in value.items() if v is not None}
+    for field in ("partitionValues", "configuration", "tags"):
+        if isinstance(value.get(field), list):
+            value[field] = dict(value[field])
+    if key == "metaData" and isinstance(value.get("format"), dict):
+        value["format"] = {k: v for k, v in value["format"].items() if v is not None}
+    return value
+
+
+def replay(actions):
+    """The table's state after `actions`, as the protocol reconciles them."""
+    protocol, metadata, adds, domains = None, None, {}, {}
+    for action in actions:
+        if "protocol" in action:
+            protocol = action["protocol"]
+        if "metaData" in action:
+            metadata = action["metaData"]
+        if "add" in action:
+            adds[action["add"]["path"]] = action["add"]
+        if "remove" in action:
+            adds.pop(action["remove"]["path"], None)
+        if "domainMetadata" in action:
+            d = action["domainMetadata"]
+            if d.get("removed"):
+                domains.pop(d["domain"], None)
+            else:
+                domains[d["domain"]] = json.loads(d["configuration"])
     return protocol, metadata, adds, domains
 
 
@@ -127,7 +153,12 @@ FIELDS = [
 def arrow_type(delta_type, schema_field=None, physical=False):
     if isinstance(delta_type, dict):
         return pa.struct([arrow_field(f, physical) for f in delta_type["fields"]])
-    return {"long": pa.int64(), "string": pa.string(), "date": pa.date32()}[delta_type]
+    return {
+        "long": pa.int64(),
+        "string": pa.string(),
+        "date": pa.date32(),
+        "timestamp_ntz": pa.timestamp("us"),
+    }[delta_type]
 
 
 def arrow_field(field, physical):
@@ -141,7 +172,15 @@ def arrow_field(field, physical):
 def file_rows(rows, renamed):
     """Rows keyed by the version 1 column names: with column mapping `amount` and `note` (renamed
     and dropped at version 2), else the final ones."""
-    rows = [dict(r, row_id=i + 1) for i, r in enumerate(rows)]
+    rows = [
+        dict(
+            r,
+            row_id=i + 1,
+            seen_at=datetime.datetime(2026, 1, 1, 12, 0, 0) + datetime.timedelta(minutes=i),
+            status="ok",
+        )
+        for i, r in enumerate(rows)
+    ]
     if not renamed:
         return rows
     out = []
@@ -154,6 +193,8 @@ def file_rows(rows, renamed):
                 "point": r["point"],
                 "event_date": r["event_date"],
                 "row_id": r["row_id"],
+                "seen_at": r["seen_at"],
+                "status": r["status"],
             }
         )
     return out
@@ -228,10 +269,16 @@ def make(kind, directory):
         fields_spec = [("amount_cents" if n == "amount" else n, t) for n, t in fields_spec]
     if "identity" in flags or "identity_default" in flags:
         fields_spec = fields_spec + [("row_id", "long")]
+    if "ntz" in flags:
+        fields_spec = fields_spec + [("seen_at", "timestamp_ntz")]
+    if "defaults" in flags:
+        fields_spec = fields_spec + [("status", "string")]
     schema = mapped_schema(fields_spec, ids)
     if not mapped:
         strip_mapping(schema["fields"])
     for field in schema["fields"]:
+        if field["name"] == "status":
+            field["metadata"]["CURRENT_DEFAULT"] = "'new'"
         if field["name"] == "row_id":
             # GENERATED ALWAYS (or BY DEFAULT) AS IDENTITY (START WITH 1 INCREMENT BY 1), after
             # the 12 rows of version 1.
@@ -268,6 +315,18 @@ def make(kind, directory):
             writer.update(["clustering", "domainMetadata"])
         if "identity" in flags or "identity_default" in flags:
             writer.add("identityColumns")
+        if "ntz" in flags:
+            reader.add("timestampNtz")
+            writer.add("timestampNtz")
+        if "defaults" in flags:
+            writer.add("allowColumnDefaults")
+        if "cpp" in flags:
+            writer.add("checkpointProtection")
+            configuration["delta.requireCheckpointProtectionBeforeVersion"] = "2"
+        if "v2cp" in flags:
+            reader.add("v2Checkpoint")
+            writer.add("v2Checkpoint")
+            configuration["delta.checkpointPolicy"] = "v2"
         writer.update(["appendOnly", "invariants"])
         protocol = {
             "minReaderVersion": 3 if reader else 1,
@@ -375,6 +434,15 @@ def make(kind, directory):
             if key in last:
                 remove[key] = last[key]
         write_commit(root, 3, [commit_info(3, "DELETE", ict), {"remove": remove}, {"add": with_dv}])
+    if "v2cp" in flags or "checkpoint" in flags:
+        # A checkpoint of the latest version (python deltalake writes it, with the domains and
+        # row ids), then the commits it covers cleaned up, as log retention does.
+        from deltalake import DeltaTable
+
+        DeltaTable(root).create_checkpoint()
+        latest = max(int(n[:20]) for n in os.listdir(log_dir(root)) if n.endswith(".json") and n[:20].isdigit())
+        for version in range(latest):
+            os.remove(os.path.join(log_dir(root), f"{version:020d}.json"))
     with open(os.path.join(directory, "lakefill.toml"), "w") as f:
         f.write('[tables.t]\nuri = "lake/t"\n')
 
@@ -532,10 +600,11 @@ def files(root):
 
 
 def meta(root):
-    protocol, metadata, _, domains = read_log(root)
+    protocol, metadata, adds, domains = read_log(root)
     print(
         json.dumps(
             {
+                "adds": adds,
                 "protocol": protocol,
                 "configuration": metadata["configuration"],
                 "schema": json.loads(metadata["schemaString"]),

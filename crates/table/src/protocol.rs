@@ -189,7 +189,9 @@ fn supported(name: &str) -> Option<&'static str> {
             "supported: deleted rows are never read, files with them are removed whole"
         }
         "timestampNtz" | "timestampWithoutTimezone" => "supported",
-        "v2Checkpoint" => "supported",
+        "v2Checkpoint" => {
+            "supported: lakefill writes no checkpoints, it leaves them to the table's other writers"
+        }
         "checkpointProtection" => {
             "supported: lakefill never rewrites checkpoints or cleans the log"
         }
@@ -208,7 +210,7 @@ fn supported(name: &str) -> Option<&'static str> {
         "inCommitTimestamp" => {
             "supported: `commitInfo` comes first, with a timestamp after the previous commit's; time travel by timestamp uses it"
         }
-        "allowColumnDefaults" => "supported: the model writes every column",
+        "allowColumnDefaults" => "supported: the model writes every column, so no default applies",
         "columnMapping" => {
             "supported (modes name and id): staged files use the physical names and field ids, the log's partition values and statistics the physical names"
         }
