@@ -34,10 +34,12 @@ CREATED = 1767225600000
 
 
 def base_rows():
+    # FEATURES_ROWS_PER_DAY makes a larger table of the same shape (for timing, not the tests).
+    per_day = int(os.environ.get("FEATURES_ROWS_PER_DAY", "4"))
     out = []
     for d, day in enumerate(DAYS):
-        for i in range(4):
-            event = 100 * (d + 1) + i
+        for i in range(per_day):
+            event = 100 * (d + 1) + i if per_day <= 4 else (d + 1) * 10**7 + i
             out.append(
                 {
                     "event_id": event,

@@ -812,3 +812,62 @@ fn identity_columns_keep_their_values_or_get_new_ones_beyond_the_mark() {
         "BY DEFAULT: the mark follows the values written"
     );
 }
+
+/// python `deltalake` lists `variantType` (and `deletionVectors`) on a table it creates with
+/// deletion vectors, though no column is a VARIANT: such a table takes a backfill.
+#[test]
+fn a_table_listing_variant_type_without_a_variant_column_is_backfilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t");
+    let script = format!(
+        "import datetime, os, sys\nimport pyarrow as pa\nfrom deltalake import write_deltalake\n\
+         days = [datetime.date(2026, 1, 1) + datetime.timedelta(days=d) for d in range(3)]\n\
+         t = pa.table({{'event_id': pa.array([100 * (d + 1) + i for d in range(3) for i in range(4)], pa.int64()),\n\
+         'amount_cents': pa.array([1000 + 10 * d + i for d in range(3) for i in range(4)], pa.int64()),\n\
+         'event_date': pa.array([days[d] for d in range(3) for i in range(4)], pa.date32())}})\n\
+         write_deltalake('{}', t, partition_by=['event_date'], configuration={{'delta.enableDeletionVectors': 'true'}})\n\
+         sys.stdout.flush(); os._exit(0)\n",
+        table.display()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let protocol =
+        std::fs::read_to_string(table.join("_delta_log/00000000000000000000.json")).unwrap();
+    assert!(protocol.contains("\"variantType\""), "{protocol}");
+    std::fs::write(
+        dir.path().join("lakefill.toml"),
+        "[tables.t]\nuri = \"t\"\n",
+    )
+    .unwrap();
+    let model = dir.path().join("sql/fix");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("v1.sql"),
+        "/*\ntarget = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n*/\n\
+         SELECT event_id, amount_cents + 1 AS amount_cents, event_date FROM t WHERE event_date BETWEEN $start AND $end\n",
+    )
+    .unwrap();
+    let path = table.to_str().unwrap();
+    let before = features(&["rows", path]);
+    let out = run_in(
+        dir.path(),
+        &[
+            "backfill",
+            "fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(features(&["rows", path]), fixed(&before));
+    assert_eq!(features(&["polars", path]), fixed(&before));
+}
