@@ -292,6 +292,38 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
     commit_actions(target, journal, actions).await
 }
 
+/// Why `commit`, another writer's since the run's read version, conflicts with the run, if it
+/// does (as delta-rs's conflict checker decides for the commits it makes): partitioned, it added
+/// or removed files in the range's partitions; by rows, it removed a file the run replaces, or
+/// added one whose statistics do not rule out rows in the range.
+fn conflict(journal: &Journal, commit: &lakefill_log::Commit) -> Option<String> {
+    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
+    if !layout.by_rows {
+        return commit
+            .touches(layout, range)
+            .then(|| "added or removed files in the run's range".to_string());
+    }
+    let replaced = |path: &str| {
+        let decoded = lakefill_table::storage::decode(path);
+        journal
+            .inputs
+            .affected_files
+            .iter()
+            .any(|f| *f == path || *f == decoded)
+    };
+    if let Some(path) = commit.removed_paths.iter().find(|p| replaced(p)) {
+        return Some(format!("removed `{path}`, a file the run replaces"));
+    }
+    commit
+        .added_paths
+        .iter()
+        .zip(&commit.added_stats)
+        .find(|(_, stats)| {
+            lakefill_recompute::plan::may_hold(&layout.time, range, stats.as_deref())
+        })
+        .map(|(path, _)| format!("added `{path}`, which may hold rows of the run's range"))
+}
+
 /// Commits `actions` for the run of `journal` against `target` (loaded at the version the
 /// actions were derived from): a WRITE/Overwrite whose predicate is the run's range, with the
 /// run's application transaction and metadata. Shared by publishing and reverting.
@@ -342,11 +374,7 @@ pub(crate) async fn commit_actions(
     );
     if !lakefill_log::writer::delta_rs_commits(target) {
         // A table with features delta-rs's commit refuses: lakefill writes the commit itself.
-        let conflicts = |commit: &lakefill_log::Commit| {
-            commit
-                .touches(layout, &journal.inputs.range)
-                .then(|| "added or removed files in the run's range".to_string())
-        };
+        let conflicts = |commit: &lakefill_log::Commit| conflict(journal, commit);
         let version = lakefill_log::writer::OwnCommit {
             table: target,
             name: &journal.inputs.target,

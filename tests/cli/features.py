@@ -475,13 +475,17 @@ def append(root, day):
     pq.write_table(pa.table(columns, schema=pa.schema(fields)), os.path.join(root, relative))
     by_name = {f["name"]: f for f in schema["fields"]}
     values = {physical_name(by_name[c]): day for c in partition_columns}
+    stats = {"numRecords": 1}
+    if not partition_columns:
+        date = physical_name(by_name["event_date"])
+        stats.update(minValues={date: day}, maxValues={date: day}, nullCount={date: 0})
     add = {
         "path": relative,
         "partitionValues": values,
         "size": os.path.getsize(os.path.join(root, relative)),
         "modificationTime": CREATED,
         "dataChange": True,
-        "stats": json.dumps({"numRecords": 1}),
+        "stats": json.dumps(stats),
     }
     info = {"timestamp": CREATED + 60000 * version, "operation": "WRITE"}
     if "inCommitTimestamp" in last:

@@ -60,6 +60,8 @@ pub struct Commit {
     pub removed_paths: Vec<String>,
     /// The commit changed the table's metadata (schema, properties) or protocol.
     pub changes_table: bool,
+    /// The statistics of each file added (as `added_paths`), keyed by logical column names.
+    pub added_stats: Vec<Option<String>>,
 }
 
 impl Commit {
@@ -98,6 +100,7 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
         added_paths: Vec::new(),
         removed_paths: Vec::new(),
         changes_table: false,
+        added_stats: Vec::new(),
     };
     // A column-mapped table keys partition values by physical name; a commit's are read keyed
     // by the logical names the table has now (a rename keeps the physical name).
@@ -126,6 +129,12 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
             if let Some(path) = file["path"].as_str() {
                 commit.paths.push(path.to_string());
                 paths.push(path.to_string());
+                if kind == "add" {
+                    let stats = file["stats"]
+                        .as_str()
+                        .map(|s| mapping.logical_stats(s.into()));
+                    commit.added_stats.push(stats);
+                }
             }
             if let Some(values) = file["partitionValues"].as_object() {
                 commit.partitions.push(

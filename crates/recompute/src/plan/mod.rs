@@ -1109,7 +1109,7 @@ struct LogFile {
 
 /// Whether a file may hold rows whose `time` lies in `range` (or is NULL, when the range takes
 /// the NULL partition), by its statistics; without statistics it may.
-fn may_hold(time: &TimeColumn, range: &PartitionRange, stats: Option<&str>) -> bool {
+pub fn may_hold(time: &TimeColumn, range: &PartitionRange, stats: Option<&str>) -> bool {
     let (Some(first), Some(last)) = (range.first(), range.last()) else {
         return true;
     };
