@@ -865,3 +865,141 @@ fn a_table_listing_variant_type_without_a_variant_column_is_backfilled() {
     assert_eq!(features(&["rows", path]), fixed(&before));
     assert_eq!(features(&["polars", path]), fixed(&before));
 }
+
+/// A commit lakefill writes itself whose response is lost is found in the log by its
+/// transaction: the run is published once, and says so.
+#[test]
+fn a_lost_response_of_lakefills_own_commit_is_reported_as_published() {
+    let table = FeatureTable::make("name+rt+ict");
+    let before = table.rows(None);
+    let versions = commit_versions(&table);
+    table.model("fix", &fix_columns(&table.meta()), "");
+    let out = crate::support::lakefill_command(table.dir.path())
+        .args([
+            "backfill",
+            "fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--output-format",
+            "json",
+        ])
+        .env("LAKEFILL_FAILPOINTS", "lost-commit-response=error")
+        .output()
+        .unwrap();
+    let report = json_ok(&out);
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(
+        commit_versions(&table).len(),
+        versions.len() + 1,
+        "one commit"
+    );
+    assert_eq!(table.rows(None), fixed(&before));
+}
+
+/// `diff --run` of a staged run on a column-mapped table reads the staged files by their
+/// logical names: the changed rows by key, nested column included.
+#[test]
+fn diff_of_a_staged_run_on_a_column_mapped_table() {
+    let table = FeatureTable::make("id");
+    table.model("fix", &fix_columns(&table.meta()), "");
+    let staged = json_ok(&table.run(&[
+        "backfill",
+        "fix",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--stage-only",
+        "--output-format",
+        "json",
+    ]));
+    let run_id = staged["run_id"].as_str().unwrap();
+    let latest = *commit_versions(&table).last().unwrap();
+    let diff = json_ok(&table.run(&[
+        "diff",
+        "t",
+        "--from-version",
+        &latest.to_string(),
+        "--run",
+        run_id,
+        "--key",
+        "event_id",
+        "--output-format",
+        "json",
+    ]));
+    let text = diff.to_string();
+    assert!(
+        text.contains("\"changed\":8") || text.contains("\"changed\": 8"),
+        "{diff}"
+    );
+}
+
+/// Adjustments on a column-mapped table with a nested column: the lineage columns join the
+/// schema with the next ids and physical names, and every key's rows net to the fix.
+#[test]
+fn adjustments_on_a_column_mapped_table_net_to_the_fix() {
+    let table = FeatureTable::make("name");
+    let before = table.rows(None);
+    let meta = table.meta();
+    table.model(
+        "fix",
+        &fix_columns(&meta),
+        "schema = \"add-columns\"\npublish = \"adjustments\"\n",
+    );
+    // Adjustments negate measures: `amount_cents` joins `model`'s `[validate]`.
+    let path = table.dir.path().join("sql/fix/v1.sql");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "key = [\"event_id\"]",
+        "key = [\"event_id\"]\nmeasures = [\"amount_cents\"]",
+    );
+    std::fs::write(&path, text).unwrap();
+    table.backfill("fix");
+    let by_json = |rows: Value| {
+        let mut rows: Vec<String> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(Value::to_string)
+            .collect();
+        rows.sort();
+        rows
+    };
+    let rows = table.rows(None);
+    assert_eq!(
+        by_json(table.raw()),
+        by_json(rows.clone()),
+        "raw and python agree"
+    );
+    let mut net: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+    for row in rows.as_array().unwrap() {
+        *net.entry(row["event_id"].as_i64().unwrap()).or_default() +=
+            row["amount_cents"].as_i64().unwrap();
+    }
+    for row in fixed(&before).as_array().unwrap() {
+        assert_eq!(
+            net[&row["event_id"].as_i64().unwrap()],
+            row["amount_cents"].as_i64().unwrap(),
+            "{row}"
+        );
+    }
+    let after = table.meta();
+    let max: i64 = meta["configuration"]["delta.columnMapping.maxColumnId"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        after["configuration"]["delta.columnMapping.maxColumnId"],
+        json!((max + 3).to_string())
+    );
+    let ids: Vec<i64> = after["schema"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["name"].as_str().unwrap().starts_with("_lakefill_"))
+        .map(|f| f["metadata"]["delta.columnMapping.id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![max + 1, max + 2, max + 3]);
+}

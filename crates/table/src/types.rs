@@ -10,6 +10,30 @@ use std::sync::Arc;
 
 use deltalake::arrow::datatypes::{DataType, Field};
 
+/// `data_type` with no metadata on its nested fields: what SQL's `arrow_cast` can name (a
+/// column-mapped table's nested fields carry their ids and physical names as metadata, which
+/// the type's text would show and `arrow_cast` cannot parse).
+pub fn without_metadata(data_type: &DataType) -> DataType {
+    let field = |f: &Arc<Field>| {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_metadata(Default::default())
+                .with_data_type(without_metadata(f.data_type())),
+        )
+    };
+    match data_type {
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect()),
+        DataType::List(item) => DataType::List(field(item)),
+        DataType::LargeList(item) => DataType::LargeList(field(item)),
+        DataType::ListView(item) => DataType::ListView(field(item)),
+        DataType::LargeListView(item) => DataType::LargeListView(field(item)),
+        DataType::FixedSizeList(item, size) => DataType::FixedSizeList(field(item), *size),
+        DataType::Map(entries, sorted) => DataType::Map(field(entries), *sorted),
+        other => other.clone(),
+    }
+}
+
 /// `data_type` as Delta stores it: strings `Utf8`, binaries `Binary`, dictionaries their
 /// values, list items named `element`, and nested fields nullable (what a schema check and a
 /// hash need to agree on; a table's own nullability is checked by its protocol rules).

@@ -28,7 +28,9 @@ pub fn net_sql(rows: &str, schema: &Schema, measures: &[String]) -> String {
         .iter()
         .map(|field| {
             let name = field.name();
-            let data_type = field.data_type().to_string().replace('\'', "''");
+            let data_type = lakefill_table::types::without_metadata(field.data_type())
+                .to_string()
+                .replace('\'', "''");
             if is_lineage(name) {
                 format!("arrow_cast(NULL, '{data_type}') AS {}", ident(name))
             } else if measures.contains(name) {
@@ -88,7 +90,9 @@ pub fn adjustments_sql(
             .iter()
             .map(|field| {
                 let name = field.name();
-                let data_type = field.data_type().to_string().replace('\'', "''");
+                let data_type = lakefill_table::types::without_metadata(field.data_type())
+                    .to_string()
+                    .replace('\'', "''");
                 let value = match name.as_str() {
                     RUN_ID_COLUMN => text(run_id),
                     KIND_COLUMN => text(kind),

@@ -207,7 +207,9 @@ fn restoring_sql(
             } else {
                 format!(
                     "arrow_cast(NULL, '{}') AS {name}",
-                    field.data_type().to_string().replace('\'', "''")
+                    lakefill_table::types::without_metadata(field.data_type())
+                        .to_string()
+                        .replace('\'', "''")
                 )
             }
         })
