@@ -6,8 +6,9 @@
 //!
 //! This is the bottom of the pipeline's knowledge of the log: planning asks whether a run was
 //! published, the runner and run management reconcile journals with it, `history` and `blame`
-//! explain it, and every delete first asks [`references`] what the log still needs. Writing
-//! commits is left to the runner (`lakefill`'s `publish`).
+//! explain it, and every delete first asks [`references`] what the log still needs. The runner
+//! (`lakefill`'s `publish`) makes commits; for tables whose features delta-rs's commit refuses,
+//! it has the [`writer`] write them (with [`domains`], the system domains it reads).
 
 pub mod domains;
 pub mod journal;
