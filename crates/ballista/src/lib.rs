@@ -187,7 +187,7 @@ async fn stage_batch(
         register_source_with(&ctx, plan, source, batch, provider).await?;
     }
     let df = model_dataframe(&ctx, plan, batch).await?;
-    let produced = lakefill_recompute::stage::produced_columns(&df);
+    let produced = lakefill_recompute::plan::query::produced_columns(&df);
     let df = target_projection(plan, df, &target_schema)?;
     let what = || {
         format!(

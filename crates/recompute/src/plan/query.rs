@@ -33,7 +33,7 @@ pub async fn check_model(
         return Ok((Arc::new(table), Vec::new(), Vec::new()));
     };
     let (_ctx, df) = batch_dataframe(plan, first, &Resources::new(None)).await?;
-    let produced = crate::stage::produced_columns(&df);
+    let produced = produced_columns(&df);
     let kept = plan
         .report
         .protocol
@@ -44,6 +44,15 @@ pub async fn check_model(
         .collect();
     let (schema, added) = check_schema(plan, df.schema().as_arrow(), &table)?;
     Ok((schema, added, kept))
+}
+
+/// The columns of a model's output.
+pub fn produced_columns(df: &DataFrame) -> Vec<String> {
+    df.schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect()
 }
 
 /// Plans each `[[validate.checks]]` query against empty tables of the shapes validation gives

@@ -219,7 +219,7 @@ pub async fn write_batch(
     store: Arc<dyn deltalake::ObjectStore>,
     capture: Option<&Arc<Capture>>,
 ) -> Result<BatchRecord> {
-    let produced = produced_columns(&df);
+    let produced = crate::plan::query::produced_columns(&df);
     let df = target_projection(plan, df, &target_schema)?;
     let stream: SendableRecordBatchStream = df.execute_stream().await.query_context(|| {
         format!(
@@ -267,15 +267,6 @@ impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// The columns of a model's output.
-pub fn produced_columns(df: &DataFrame) -> Vec<String> {
-    df.schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect()
 }
 
 /// The model's output cast to `target_schema` (its columns in the target's order and types).
