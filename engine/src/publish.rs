@@ -318,9 +318,7 @@ fn conflict(journal: &Journal, commit: &lakefill_log::Commit) -> Option<String> 
         .added_paths
         .iter()
         .zip(&commit.added_stats)
-        .find(|(_, stats)| {
-            lakefill_recompute::plan::may_hold(&layout.time, range, stats.as_deref())
-        })
+        .find(|(_, stats)| layout.time.file_may_hold(range, stats.as_deref()))
         .map(|(path, _)| format!("added `{path}`, which may hold rows of the run's range"))
 }
 

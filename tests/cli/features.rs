@@ -695,6 +695,16 @@ fn concurrent_writers_of_a_table_lakefill_commits_itself() {
             );
             assert_eq!(add["defaultRowCommitVersion"], json!(published), "{kind}");
         }
+        // Another writer appends outside the range again; a revert of the run puts back what
+        // it replaced and keeps both appends.
+        features(&["append", &outside.table(), "2026-01-03"]);
+        let revert = json_ok(&outside.run(&["revert", &run_id, "--output-format", "json"]));
+        assert_eq!(revert["state"], "published", "{kind}: {revert}");
+        let mut reverted = before.as_array().unwrap().clone();
+        for _ in 0..2 {
+            reverted.push(json!({"event_id": 900, "amount_cents": 9000, "point": {"x": 1800, "tag": "p900"}, "event_date": "2026-01-03"}));
+        }
+        assert_eq!(outside.rows(None), json!(reverted), "{kind}: reverted");
     }
 }
 

@@ -168,8 +168,8 @@ pub async fn find_run_commit(table: &DeltaTable, run_id: &str) -> Result<Option<
 }
 
 /// The versions after `after` (up to `until`) whose commit added or removed files in `range`,
-/// or whose commit file is gone (log cleanup: it may have). By rows (`range_column`), files are
-/// not confined to the range's partitions, so any commit that added or removed a file counts.
+/// or whose commit file is gone (log cleanup: it may have); by rows, as [`Commit::touches`]
+/// decides.
 pub async fn commits_in_range(
     table: &DeltaTable,
     after: u64,
@@ -211,10 +211,16 @@ fn touches(commit: Option<&Commit>, layout: &Layout, range: &PartitionRange) -> 
 
 impl Commit {
     /// Whether the commit added or removed files in `range`. By rows (`range_column`), files are
-    /// not confined to the range's partitions, so any file added or removed counts.
+    /// not confined to the range's partitions: any file removed counts (a `remove` need not
+    /// carry statistics), and any file added that its statistics do not place outside.
     pub fn touches(&self, layout: &Layout, range: &PartitionRange) -> bool {
         if layout.by_rows {
-            self.added + self.removed > 0
+            self.removed > 0
+                || self.added_paths.len() < usize::try_from(self.added).unwrap_or(usize::MAX)
+                || self
+                    .added_stats
+                    .iter()
+                    .any(|stats| layout.time.file_may_hold(range, stats.as_deref()))
         } else {
             self.partitions
                 .iter()

@@ -108,6 +108,39 @@ pub struct TimeColumn {
 pub type PartitionValues = HashMap<String, Option<String>>;
 
 impl TimeColumn {
+    /// Whether a file may hold rows whose time lies in `range` (or is NULL, when the range takes
+    /// the NULL partition), by its statistics (the `add` action's JSON, keyed by logical
+    /// names); without statistics it may.
+    pub fn file_may_hold(&self, range: &PartitionRange, stats: Option<&str>) -> bool {
+        let (Some(first), Some(last)) = (range.first(), range.last()) else {
+            return true;
+        };
+        let Some(stats) = stats.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+        else {
+            return true;
+        };
+        let column = self.encoding.columns()[0];
+        let instant = |value: &serde_json::Value| -> Option<chrono::NaiveDateTime> {
+            let text = value.as_str()?;
+            match &self.encoding {
+                TimeEncoding::Text { format, .. } => parse_with_format(text, format),
+                _ => crate::time::parse_instant(text).map(|(t, _)| t),
+            }
+        };
+        if range.include_null && stats["nullCount"][column].as_u64() != Some(0) {
+            return true;
+        }
+        let (Some(min), Some(max)) = (
+            instant(&stats["minValues"][column]),
+            instant(&stats["maxValues"][column]),
+        ) else {
+            return true;
+        };
+        // Statistics of timestamps are cut to milliseconds: the true maximum may be a little later.
+        let max = max + chrono::TimeDelta::milliseconds(1);
+        min < last.end() && max > first.start()
+    }
+
     /// The period a file's partition values fall in: `Ok(None)` for NULL, `Err` (with the value)
     /// for a value that is not a time of this grain.
     pub fn period_of(

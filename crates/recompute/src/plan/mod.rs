@@ -598,7 +598,7 @@ fn affected(
     let mut by_rows = empty.clone();
     for file in files {
         if layout.by_rows {
-            if may_hold(&layout.time, range, file.stats.as_deref()) {
+            if layout.time.file_may_hold(range, file.stats.as_deref()) {
                 affected_files.push(file.path.clone());
                 by_rows = sum(by_rows, 1, file.rows, file.bytes);
             }
@@ -1105,39 +1105,6 @@ struct LogFile {
     values: PartitionValues,
     bytes: u64,
     rows: Option<u64>,
-}
-
-/// Whether a file may hold rows whose `time` lies in `range` (or is NULL, when the range takes
-/// the NULL partition), by its statistics; without statistics it may.
-pub fn may_hold(time: &TimeColumn, range: &PartitionRange, stats: Option<&str>) -> bool {
-    let (Some(first), Some(last)) = (range.first(), range.last()) else {
-        return true;
-    };
-    let Some(stats) = stats.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok()) else {
-        return true;
-    };
-    let column = time.encoding.columns()[0];
-    let instant = |value: &serde_json::Value| -> Option<chrono::NaiveDateTime> {
-        let text = value.as_str()?;
-        match &time.encoding {
-            lakefill_table::partition::TimeEncoding::Text { format, .. } => {
-                lakefill_table::partition::parse_with_format(text, format)
-            }
-            _ => lakefill_table::time::parse_instant(text).map(|(t, _)| t),
-        }
-    };
-    if range.include_null && stats["nullCount"][column].as_u64() != Some(0) {
-        return true;
-    }
-    let (Some(min), Some(max)) = (
-        instant(&stats["minValues"][column]),
-        instant(&stats["maxValues"][column]),
-    ) else {
-        return true;
-    };
-    // Statistics of timestamps are cut to milliseconds: the true maximum may be a little later.
-    let max = max + chrono::TimeDelta::milliseconds(1);
-    min < last.end() && max > first.start()
 }
 
 /// The distinct non-NULL values of each partition column.
