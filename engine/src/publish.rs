@@ -5,6 +5,12 @@
 //! checker fails it when a concurrent commit touched an affected partition, and keeps commits
 //! elsewhere. It carries the application transaction `lakefill:<run_id>`, which makes a retried
 //! publish detectable, and the run's metadata under `lakefill` (and as `userMetadata` text).
+//!
+//! The staged `add` actions name partition columns logically, as the journal keeps them; a
+//! column-mapped table gets them by physical name ([`ColumnMapping`]). A table whose features
+//! delta-rs's commit refuses (row tracking, in-commit timestamps, identity columns, domain
+//! metadata, clustering) is committed by `lakefill_log::writer`, with the same conflict rule
+//! (`conflict`); identity columns' high-water marks move past the values written.
 
 use deltalake::DeltaTable;
 use deltalake::errors::DeltaTableError;
