@@ -1013,3 +1013,94 @@ fn adjustments_on_a_column_mapped_table_net_to_the_fix() {
         .collect();
     assert_eq!(ids, vec![max + 1, max + 2, max + 3]);
 }
+
+/// Backfills with lakefill's own commit held at `own-commit-write` (complete for its version,
+/// not yet written) while another writer appends on `day` and takes that version; returns the
+/// backfill's exit code and its report (when it printed one).
+fn race_own_commit(table: &FeatureTable, day: &str) -> (Option<i32>, Value) {
+    use std::io::BufRead as _;
+    let mut child = crate::support::lakefill_command(table.dir.path())
+        .args([
+            "backfill",
+            "fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--output-format",
+            "json",
+        ])
+        .env("LAKEFILL_FAILPOINTS", "own-commit-write=sleep-3000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    let mut appended = false;
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if !appended && line.contains("failpoint hit: sleeping") {
+            features(&["append", &table.table(), day]);
+            appended = true;
+        }
+        seen.push(line);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(appended, "the commit never reached the point: {seen:?}");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code(), report)
+}
+
+/// Another writer takes the very version lakefill's own commit was about to write: lakefill
+/// reads it, and commits on the next version with row ids and a timestamp after the other
+/// writer's when it appended outside the range; inside the range, the publish is a conflict
+/// (exit 4) and nothing of the run is written.
+#[test]
+fn a_writer_that_wins_the_race_for_the_version_is_read_before_lakefill_commits() {
+    for kind in ["none+rt+ict", "name+rt+ict+cluster"] {
+        let outside = FeatureTable::make(kind);
+        let before = outside.rows(None);
+        let read = *commit_versions(&outside).last().unwrap();
+        outside.model("fix", &fix_columns(&outside.meta()), "");
+        let (code, report) = race_own_commit(&outside, "2026-01-03");
+        assert_eq!(code, Some(0), "{kind}: {report}");
+        assert_eq!(
+            report["published_version"],
+            json!(read + 2),
+            "{kind}: {report}"
+        );
+        let mut expected = fixed(&before).as_array().unwrap().clone();
+        expected.push(json!({"event_id": 900, "amount_cents": 9000, "point": {"x": 1800, "tag": "p900"}, "event_date": "2026-01-03"}));
+        assert_eq!(outside.rows(None), json!(expected), "{kind}");
+        let ours = commit_actions(&outside, read + 2);
+        let theirs = commit_actions(&outside, read + 1);
+        assert!(
+            ours[0]["commitInfo"]["inCommitTimestamp"].as_i64()
+                > theirs[0]["commitInfo"]["inCommitTimestamp"].as_i64(),
+            "{kind}"
+        );
+        let their_mark = theirs
+            .iter()
+            .find_map(|a| a.get("add"))
+            .and_then(|a| a["baseRowId"].as_i64())
+            .unwrap();
+        for add in ours.iter().filter_map(|a| a.get("add")) {
+            assert!(
+                add["baseRowId"].as_i64().unwrap() > their_mark,
+                "{kind}: {add}"
+            );
+            assert_eq!(add["defaultRowCommitVersion"], json!(read + 2), "{kind}");
+        }
+
+        let inside = FeatureTable::make(kind);
+        inside.model("fix", &fix_columns(&inside.meta()), "");
+        let (code, report) = race_own_commit(&inside, "2026-01-02");
+        assert_eq!(code, Some(4), "{kind}: {report}");
+        assert_eq!(
+            commit_versions(&inside).last(),
+            Some(&(read + 1)),
+            "{kind}: only the other writer's commit"
+        );
+    }
+}

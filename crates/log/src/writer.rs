@@ -228,6 +228,8 @@ impl OwnCommit<'_> {
                         .map_err(|e| Error::Internal(format!("cannot write the commit: {e}")))?;
                     CommitOrBytes::TmpCommit(path)
                 };
+            lakefill_table::failpoint::reach(lakefill_table::failpoint::CrashPoint::OwnCommitWrite)
+                .await?;
             match log_store
                 .write_commit_entry(version, entry, operation_id)
                 .await

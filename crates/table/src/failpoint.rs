@@ -40,6 +40,9 @@ pub enum CrashPoint<'a> {
     MidValidate,
     /// Validated; the commit is not attempted yet.
     BeforeCommit,
+    /// lakefill's own commit (for a table whose features delta-rs's commit refuses) is complete
+    /// for the version it goes on, and not yet written.
+    OwnCommitWrite,
     /// The commit lands but reports a failure (`error` only).
     LostCommitResponse,
     /// The commit is in the log; the journal does not know yet.
@@ -57,7 +60,7 @@ pub enum CrashPoint<'a> {
 impl CrashPoint<'static> {
     /// Every point, one of each kind (batch 0 and partition `p` for the parameterized ones), in
     /// the order a run reaches them.
-    pub const ALL: [CrashPoint<'static>; 16] = [
+    pub const ALL: [CrashPoint<'static>; 17] = [
         CrashPoint::AfterPlan,
         CrashPoint::StageBatch(0),
         CrashPoint::MidStage,
@@ -68,6 +71,7 @@ impl CrashPoint<'static> {
         CrashPoint::AfterAdjust,
         CrashPoint::MidValidate,
         CrashPoint::BeforeCommit,
+        CrashPoint::OwnCommitWrite,
         CrashPoint::LostCommitResponse,
         CrashPoint::AfterCommit,
         CrashPoint::MidNotify,
@@ -89,7 +93,7 @@ impl CrashPoint<'_> {
             | CrashPoint::ClusterJobStatus => CrashPhase::Stage,
             CrashPoint::AfterStage | CrashPoint::AfterAdjust => CrashPhase::Staged,
             CrashPoint::MidValidate => CrashPhase::Validate,
-            CrashPoint::BeforeCommit => CrashPhase::Commit,
+            CrashPoint::BeforeCommit | CrashPoint::OwnCommitWrite => CrashPhase::Commit,
             CrashPoint::LostCommitResponse | CrashPoint::AfterCommit | CrashPoint::MidNotify => {
                 CrashPhase::Committed
             }
@@ -108,7 +112,9 @@ impl CrashPoint<'_> {
             | CrashPoint::RunFound
             | CrashPoint::GcListed
             // Reached only when the table has sinks.
-            | CrashPoint::MidNotify => false,
+            | CrashPoint::MidNotify
+            // Reached only on tables lakefill commits to itself.
+            | CrashPoint::OwnCommitWrite => false,
             CrashPoint::AfterAdjust => adjustments,
             _ => true,
         }
@@ -163,6 +169,7 @@ impl fmt::Display for CrashPoint<'_> {
             CrashPoint::AfterAdjust => f.write_str("after-adjust"),
             CrashPoint::MidValidate => f.write_str("mid-validate"),
             CrashPoint::BeforeCommit => f.write_str("before-commit"),
+            CrashPoint::OwnCommitWrite => f.write_str("own-commit-write"),
             CrashPoint::LostCommitResponse => f.write_str("lost-commit-response"),
             CrashPoint::AfterCommit => f.write_str("after-commit"),
             CrashPoint::MidNotify => f.write_str("mid-notify"),
