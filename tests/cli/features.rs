@@ -10,6 +10,20 @@ use serde_json::{Value, json};
 
 use crate::support::{json_ok, run_in, stderr};
 
+/// `backfill MODEL` over the first two of the table's three days, then `extra`.
+fn backfill_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "backfill",
+        model,
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 fn helper() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/features.py")
 }
@@ -102,16 +116,7 @@ impl FeatureTable {
 
     /// Backfills 2026-01-01 ..= 2026-01-02 with `model`; the report.
     pub(crate) fn backfill(&self, model: &str) -> Value {
-        let report = json_ok(&self.run(&[
-            "backfill",
-            model,
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-            "--output-format",
-            "json",
-        ]));
+        let report = json_ok(&self.run(&backfill_args(model, &["--output-format", "json"])));
         assert_eq!(report["state"], "published", "{report}");
         report
     }
@@ -576,19 +581,11 @@ fn a_column_added_to_a_column_mapped_table_is_mapped() {
     }
 }
 
-/// A table python `deltalake` made with column mapping (its own physical names and random file
-/// prefixes) takes a fix like any other.
-#[test]
-fn a_column_mapped_table_python_deltalake_made_is_backfilled() {
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t");
-    crate::protocol::python(&["create", "column_mapping", table.to_str().unwrap()]);
-    std::fs::write(
-        dir.path().join("lakefill.toml"),
-        "[tables.t]\nuri = \"t\"\n",
-    )
-    .unwrap();
-    let model = dir.path().join("sql/fix");
+/// The rows of table `t` (at `dir/t`, made by python `deltalake`) before a fix of its first two
+/// days, which this runs with a project and model of its own; and the table's path.
+fn backfill_python_made(dir: &Path) -> (String, Value) {
+    std::fs::write(dir.join("lakefill.toml"), "[tables.t]\nuri = \"t\"\n").unwrap();
+    let model = dir.join("sql/fix");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(
         model.join("v1.sql"),
@@ -596,20 +593,22 @@ fn a_column_mapped_table_python_deltalake_made_is_backfilled() {
          SELECT event_id, amount_cents + 1 AS amount_cents, event_date FROM t WHERE event_date BETWEEN $start AND $end\n",
     )
     .unwrap();
-    let path = table.to_str().unwrap();
-    let before = features(&["rows", path]);
-    let out = run_in(
-        dir.path(),
-        &[
-            "backfill",
-            "fix",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-        ],
-    );
+    let path = dir.join("t").to_str().unwrap().to_string();
+    let before = features(&["rows", &path]);
+    let out = run_in(dir, &backfill_args("fix", &[]));
     assert!(out.status.success(), "{}", stderr(&out));
+    (path, before)
+}
+
+/// A table python `deltalake` made with column mapping (its own physical names and random file
+/// prefixes) takes a fix like any other.
+#[test]
+fn a_column_mapped_table_python_deltalake_made_is_backfilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t");
+    crate::protocol::python(&["create", "column_mapping", table.to_str().unwrap()]);
+    let (path, before) = backfill_python_made(dir.path());
+    let path = path.as_str();
     assert_eq!(features(&["rows", path]), fixed(&before));
     assert_eq!(features(&["raw", path]), fixed(&before));
 }
@@ -623,17 +622,10 @@ fn a_column_mapped_table_python_deltalake_made_is_backfilled() {
 fn concurrent_writers_of_a_table_lakefill_commits_itself() {
     for kind in ["none+rt+ict", "name+rt+ict+cluster"] {
         let staged = |table: &FeatureTable| -> String {
-            let report = json_ok(&table.run(&[
-                "backfill",
+            let report = json_ok(&table.run(&backfill_args(
                 "fix",
-                "--from",
-                "2026-01-01",
-                "--to",
-                "2026-01-02",
-                "--stage-only",
-                "--output-format",
-                "json",
-            ]));
+                &["--stage-only", "--output-format", "json"],
+            )));
             assert_eq!(report["state"], "validated", "{kind}: {report}");
             report["run_id"].as_str().unwrap().to_string()
         };
@@ -777,17 +769,10 @@ fn identity_columns_keep_their_values_or_get_new_ones_beyond_the_mark() {
             "",
         );
         let rows = table.rows(None);
-        let out = table.run(&[
-            "backfill",
+        let out = table.run(&backfill_args(
             "own",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-            "--force-publish",
-            "--reason",
-            "try",
-        ]);
+            &["--force-publish", "--reason", "try"],
+        ));
         let err = stderr(&out);
         assert_ne!(out.status.code(), Some(0), "{kind}: {err}");
         assert!(err.contains("identity column row_id"), "{kind}: {err}");
@@ -845,33 +830,8 @@ fn a_table_listing_variant_type_without_a_variant_column_is_backfilled() {
     let protocol =
         std::fs::read_to_string(table.join("_delta_log/00000000000000000000.json")).unwrap();
     assert!(protocol.contains("\"variantType\""), "{protocol}");
-    std::fs::write(
-        dir.path().join("lakefill.toml"),
-        "[tables.t]\nuri = \"t\"\n",
-    )
-    .unwrap();
-    let model = dir.path().join("sql/fix");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(
-        model.join("v1.sql"),
-        "/*\ntarget = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n*/\n\
-         SELECT event_id, amount_cents + 1 AS amount_cents, event_date FROM t WHERE event_date BETWEEN $start AND $end\n",
-    )
-    .unwrap();
-    let path = table.to_str().unwrap();
-    let before = features(&["rows", path]);
-    let out = run_in(
-        dir.path(),
-        &[
-            "backfill",
-            "fix",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-        ],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
+    let (path, before) = backfill_python_made(dir.path());
+    let path = path.as_str();
     assert_eq!(features(&["rows", path]), fixed(&before));
     assert_eq!(features(&["polars", path]), fixed(&before));
 }
@@ -885,16 +845,7 @@ fn a_lost_response_of_lakefills_own_commit_is_reported_as_published() {
     let versions = commit_versions(&table);
     table.model("fix", &fix_columns(&table.meta()), "");
     let out = crate::support::lakefill_command(table.dir.path())
-        .args([
-            "backfill",
-            "fix",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-            "--output-format",
-            "json",
-        ])
+        .args(backfill_args("fix", &["--output-format", "json"]))
         .env("LAKEFILL_FAILPOINTS", "lost-commit-response=error")
         .output()
         .unwrap();
@@ -914,17 +865,10 @@ fn a_lost_response_of_lakefills_own_commit_is_reported_as_published() {
 fn diff_of_a_staged_run_on_a_column_mapped_table() {
     let table = FeatureTable::make("id");
     table.model("fix", &fix_columns(&table.meta()), "");
-    let staged = json_ok(&table.run(&[
-        "backfill",
+    let staged = json_ok(&table.run(&backfill_args(
         "fix",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-02",
-        "--stage-only",
-        "--output-format",
-        "json",
-    ]));
+        &["--stage-only", "--output-format", "json"],
+    )));
     let run_id = staged["run_id"].as_str().unwrap();
     let latest = *commit_versions(&table).last().unwrap();
     let diff = json_ok(&table.run(&[
@@ -1020,16 +964,7 @@ fn adjustments_on_a_column_mapped_table_net_to_the_fix() {
 fn race_own_commit(table: &FeatureTable, day: &str) -> (Option<i32>, Value) {
     use std::io::BufRead as _;
     let mut child = crate::support::lakefill_command(table.dir.path())
-        .args([
-            "backfill",
-            "fix",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-            "--output-format",
-            "json",
-        ])
+        .args(backfill_args("fix", &["--output-format", "json"]))
         .env("LAKEFILL_FAILPOINTS", "own-commit-write=sleep-3000")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

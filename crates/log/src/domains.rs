@@ -4,10 +4,10 @@
 //! delta-rs 1.1 (through delta-kernel) refuses to give `delta.*` domains to its users, and
 //! lakefill needs row tracking's high-water mark to number the rows it adds. The protocol's
 //! reconciliation is simple: the newest `domainMetadata` action of a domain wins (a `removed`
-//! one deletes it). So the JSON commits are read newest first, down to the newest checkpoint;
-//! when none of them set the domain, the checkpoint's own `domainMetadata` entries decide
-//! (classic, multi-part and V2 checkpoints, Parquet or JSON; a checkpoint is read whole, which
-//! only happens when no retained commit set the domain).
+//! one deletes it). So the JSON commits are read newest first; when none of the retained ones
+//! set the domain, the newest checkpoint's own `domainMetadata` entries decide (classic,
+//! multi-part and V2 checkpoints, Parquet or JSON; a checkpoint is read whole, which only happens
+//! then).
 
 use deltalake::DeltaTable;
 use deltalake::arrow::array::{Array, AsArray};
@@ -23,26 +23,35 @@ pub async fn configuration(table: &DeltaTable, domain: &str) -> Result<Option<St
     let latest = table
         .version()
         .ok_or_else(|| Error::Internal("the table is not loaded at a version".into()))?;
-    let store = table.log_store().object_store(None);
-    let checkpoint = newest_checkpoint(store.as_ref(), latest).await?;
-    let oldest_commit = checkpoint.as_ref().map_or(0, |(version, _)| version + 1);
-    for version in (oldest_commit..=latest).rev() {
+    // Newest first: a writer that assigns row ids sets the mark in the commit, so it is nearly
+    // always in the latest commits, and the log need not be listed.
+    let mut missing = None;
+    for version in (0..=latest).rev() {
         let Some(bytes) = table
             .log_store()
             .read_commit_entry(version)
             .await
             .delta_context(|| format!("cannot read commit {version}"))?
         else {
-            return Err(Error::Internal(format!(
-                "commit {version} of the table is missing, and no checkpoint after it holds the table's state"
-            )));
+            missing = Some(version);
+            break;
         };
         if let Some(found) = in_json(&bytes, domain) {
             return Ok(found);
         }
     }
-    let Some((_, files)) = checkpoint else {
+    let Some(missing) = missing else {
         return Ok(None);
+    };
+    // The commits from `missing` down are cleaned up: the newest checkpoint holds their state.
+    let store = table.log_store().object_store(None);
+    let files = match newest_checkpoint(store.as_ref(), latest).await? {
+        Some((version, files)) if version >= missing => files,
+        _ => {
+            return Err(Error::Internal(format!(
+                "commit {missing} of the table is missing, and no checkpoint after it holds the table's state"
+            )));
+        }
     };
     let mut found = None;
     for path in files {

@@ -88,13 +88,11 @@ impl IdentityColumn {
                 high_water_mark: metadata
                     .get("delta.identity.highWaterMark")
                     .and_then(number),
-                always: !matches!(
-                    metadata.get("delta.identity.allowExplicitInsert"),
-                    Some(Value::Bool(true))
-                ) && metadata
-                    .get("delta.identity.allowExplicitInsert")
-                    .and_then(Value::as_str)
-                    != Some("true"),
+                always: !match metadata.get("delta.identity.allowExplicitInsert") {
+                    Some(Value::Bool(explicit)) => *explicit,
+                    Some(Value::String(explicit)) => explicit == "true",
+                    _ => false,
+                },
             });
         }
         Ok(out)

@@ -398,13 +398,18 @@ impl WriteSpec {
         self
     }
 
+    /// Where this batch's identity values start: `index · 2^32` steps beyond the high-water mark.
+    fn identity_block(&self) -> i64 {
+        i64::from(u32::try_from(self.batch.index).unwrap_or(u32::MAX)) << 32
+    }
+
     /// `record_batch` with the NULLs of the identity columns this batch assigns replaced by new
     /// values: batch `i` numbers its values from `i * 2^32 + 1` steps beyond the high-water
     /// mark, so that batches staged side by side, or again after a resume, never share one.
     fn assign_identity(&self, record_batch: &RecordBatch, next: &mut i64) -> Result<RecordBatch> {
         use deltalake::arrow::array::Int64Array;
         let mut columns = record_batch.columns().to_vec();
-        let block_end = (i64::from(u32::try_from(self.batch.index).unwrap_or(u32::MAX)) + 1) << 32;
+        let block_end = self.identity_block() + (1 << 32);
         let start = *next;
         for column in &self.identity {
             let Ok(index) = record_batch.schema().index_of(&column.name) else {
@@ -469,8 +474,7 @@ impl WriteSpec {
         capture: Option<&Arc<Capture>>,
     ) -> Result<Written> {
         let mut staging = Staging::start(self, target_schema, store, capture)?;
-        let mut identity_next =
-            i64::from(u32::try_from(self.batch.index).unwrap_or(u32::MAX)) << 32;
+        let mut identity_next = self.identity_block();
         while let Some(record_batch) = stream.next().await {
             let record_batch = record_batch.query_context(|| {
                 format!(
