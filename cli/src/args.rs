@@ -176,6 +176,11 @@ pub(crate) struct ScopeArgs {
     /// Last partition of the range (inclusive).
     #[arg(long, value_name = "PARTITION")]
     pub(crate) to: String,
+    /// Replace only the rows of the range that match this SQL condition on the target's columns,
+    /// e.g. `"country = 'DE'"` or `"customer_id IN (17, 42)"`; every other row is kept as it is
+    /// [default: every row of the range].
+    #[arg(long = "where", value_name = "PREDICATE")]
+    pub(crate) rows: Option<String>,
     /// Model version to run [default: the newest, by natural sort]; with `--cascade`, also
     /// `MODEL=VERSION` for any model of the cascade (repeatable).
     #[arg(long, value_name = "VERSION")]

@@ -36,6 +36,7 @@ pub(crate) fn plan_builder(
             .with_source_versions(versions)
             .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
             .with_include_null(scope.include_null)
+            .with_where(scope.rows.clone())
             .with_max_partitions(scope.max_partitions)
             .with_reason(scope.reason.clone())
             .with_allow_edge_moves(

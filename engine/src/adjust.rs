@@ -176,6 +176,7 @@ pub(crate) async fn stage(
             to: batch.end.clone(),
             grain: report.range.grain,
             include_null: false,
+            rows: None,
         };
         register_net_rows(&ctx, "__lf_old", plan, &periods).await?;
         StagedTable::register_as(

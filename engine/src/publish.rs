@@ -72,6 +72,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
             .validation
             .as_ref()
             .and_then(lakefill_validate::ValidationReport::allowed_edge_moves),
+        rows: journal.inputs.range.rows.as_ref().map(|r| r.sql.clone()),
     }
 }
 
@@ -271,8 +272,8 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .log_data()
         .iter()
         .filter(|file| {
-            if layout.by_rows {
-                // By rows: the files the plan chose by their statistics.
+            if layout.rewrites_files(&journal.inputs.range) {
+                // By rows or `--where`: the files the plan chose by their values and statistics.
                 affected.contains(file.path().as_ref() as &str)
             } else {
                 layout
@@ -304,7 +305,7 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
 /// added one whose statistics do not rule out rows in the range.
 fn conflict(journal: &Journal, commit: &lakefill_log::Commit) -> Option<String> {
     let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
-    if !layout.by_rows {
+    if !layout.rewrites_files(range) {
         return commit
             .touches(layout, range)
             .then(|| "added or removed files in the run's range".to_string());
@@ -320,12 +321,21 @@ fn conflict(journal: &Journal, commit: &lakefill_log::Commit) -> Option<String> 
     if let Some(path) = commit.removed_paths.iter().find(|p| replaced(p)) {
         return Some(format!("removed `{path}`, a file the run replaces"));
     }
+    // An added file in the range may hold rows of its scope: the predicate is not asked (the
+    // conflict is decided without the schema, and erring this way loses nothing).
     commit
         .added_paths
         .iter()
         .zip(&commit.added_stats)
-        .find(|(_, stats)| layout.time.file_may_hold(range, stats.as_deref()))
-        .map(|(path, _)| format!("added `{path}`, which may hold rows of the run's range"))
+        .zip(&commit.added_values)
+        .find(|((_, stats), values)| {
+            if layout.by_rows {
+                layout.time.file_may_hold(range, stats.as_deref())
+            } else {
+                layout.label_in(range, values).is_some()
+            }
+        })
+        .map(|((path, _), _)| format!("added `{path}`, which may hold rows of the run's range"))
 }
 
 /// Commits `actions` for the run of `journal` against `target` (loaded at the version the

@@ -45,6 +45,7 @@ mod resources;
 mod revert;
 mod running;
 mod s3;
+mod scope;
 mod secrets;
 mod shapes;
 mod support;

@@ -95,6 +95,12 @@ pub(crate) async fn blame(
                     let _ = writeln!(text, "  fingerprint  sha256:{}", meta.fingerprint);
                     let _ = writeln!(text, "  sources      {}", sources.join(", "));
                     let _ = writeln!(text, "  range        {}..={}", meta.range.0, meta.range.1);
+                    if let Some(predicate) = &meta.rows {
+                        let _ = writeln!(
+                            text,
+                            "  where        {predicate} (only the rows that match were replaced; the partition's other rows are older)"
+                        );
+                    }
                     let _ = writeln!(
                         text,
                         "  reason       {}",

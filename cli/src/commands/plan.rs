@@ -46,6 +46,7 @@ pub(crate) fn refuse_single_model_flags(scope: &ScopeArgs) -> Result<(), lakefil
         (scope.include_null, "--include-null"),
         (scope.max_partitions.is_some(), "--max-partitions"),
         (scope.publish_as.is_some(), "--publish-as"),
+        (scope.rows.is_some(), "--where"),
     ] {
         if given {
             return Err(lakefill::Error::InvalidOption {

@@ -5,8 +5,15 @@ use super::{columns, summarize};
 /// Renders a table's history for people.
 pub(crate) fn text(entries: &[lakefill::HistoryEntry]) -> String {
     let rows = entries.iter().map(|e| {
+        let scope = e
+            .rows
+            .as_deref()
+            .map(|p| format!(" where {p}"))
+            .unwrap_or_default();
         let partitions = match &e.range {
-            Some((from, to)) => format!("{from}..={to} ({} partitions)", e.partitions.len()),
+            Some((from, to)) => {
+                format!("{from}..={to}{scope} ({} partitions)", e.partitions.len())
+            }
             None => summarize(&e.partitions),
         };
         let reason = e

@@ -119,6 +119,14 @@ fn scope(plan: &PlanReport, out: &mut String) {
             "  null          the partition whose time is NULL is replaced too"
         );
     }
+    if let Some(predicate) = &plan.rows {
+        let _ = writeln!(
+            out,
+            "  where         {predicate}: the range's rows that match are replaced by the model's rows that match; the other rows of the {} files rewritten are carried over unchanged, and {} more files of the range that cannot match are not touched",
+            plan.affected_files.len(),
+            plan.files_ruled_out.unwrap_or(0)
+        );
+    }
     if let Some(reason) = &plan.reason {
         let _ = writeln!(out, "  reason        {reason}");
     }
@@ -170,11 +178,18 @@ fn sources(plan: &PlanReport, out: &mut String) {
             }
             (None, _) => "whole table".into(),
         };
-        let note = if source.reads_target {
-            "  (the target, at the read version)"
+        let mut note = if source.reads_target {
+            "  (the target, at the read version)".to_string()
         } else {
-            ""
+            String::new()
         };
+        match source.where_reached {
+            Some(true) => note.push_str("  `--where` reaches its scan"),
+            Some(false) => note.push_str(
+                "  `--where` does not reach it: the model reads its whole window, and its output is filtered",
+            ),
+            None => {}
+        }
         let _ = writeln!(
             out,
             "  {:<16} version {:<6} {window}{note}",
@@ -259,13 +274,17 @@ fn partitions(plan: &PlanReport, out: &mut String) {
 fn batches(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(out, "\nbatches");
     for batch in &plan.batches {
+        let what = if batch.carry {
+            "the other rows of the files rewritten, carried over".to_string()
+        } else if batch.null {
+            "the rows whose time is NULL".to_string()
+        } else {
+            format!("{} partitions", batch.partitions.len())
+        };
         let _ = writeln!(
             out,
-            "  #{:<3} {} ..= {}  ({} partitions)",
-            batch.index,
-            batch.start,
-            batch.end,
-            batch.partitions.len()
+            "  #{:<3} {} ..= {}  ({what})",
+            batch.index, batch.start, batch.end,
         );
     }
     let _ = writeln!(out, "\ndownstream models");

@@ -368,10 +368,15 @@ pub(crate) fn revert_plan(run_id: &str, report: &lakefill::PlanReport) -> Vec<St
 /// version.
 pub(crate) fn backfill_plan(report: &lakefill::PlanReport) -> String {
     format!(
-        "backfilling {} {} ..= {} with {}@{} ({} partitions in {} batches, read version {})",
+        "backfilling {} {} ..= {}{} with {}@{} ({} partitions in {} batches, read version {})",
         report.target,
         report.range.from,
         report.range.to,
+        report
+            .rows
+            .as_deref()
+            .map(|p| format!(" where {p}"))
+            .unwrap_or_default(),
         report.model,
         report.model_version,
         report.partitions.len(),

@@ -27,7 +27,12 @@ pub(crate) fn list(runs: &[lakefill::RunSummary]) -> String {
                 Some(_) => format!("revert of {}@{}", run.model, run.model_version),
                 None => format!("{}@{}", run.model, run.model_version),
             },
-            format!("{}..={}", run.range.from, run.range.to),
+            match &run.rows {
+                Some(predicate) => {
+                    format!("{}..={} where {predicate}", run.range.from, run.range.to)
+                }
+                None => format!("{}..={}", run.range.from, run.range.to),
+            },
             run.read_version,
             run.published_version
                 .map_or_else(|| "-".into(), |v| v.to_string()),

@@ -99,6 +99,11 @@ fn refuse_unsupported(plan: &BackfillPlan, engine: &str) -> Result<()> {
     if layout.by_rows {
         return refuse("a table whose time column is not a partition column (a by-rows backfill)");
     }
+    if plan.report.range.rows.is_some() {
+        return refuse(
+            "a run scoped by `--where` (its files are rewritten with their other rows carried over)",
+        );
+    }
     if layout.partition_columns.is_empty() {
         return refuse("an unpartitioned table");
     }

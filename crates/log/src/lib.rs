@@ -63,6 +63,8 @@ pub struct Commit {
     pub changes_table: bool,
     /// The statistics of each file added (as `added_paths`), keyed by logical column names.
     pub added_stats: Vec<Option<String>>,
+    /// The partition values of each file added (as `added_paths`), keyed by logical names.
+    pub added_values: Vec<PartitionValues>,
 }
 
 impl Commit {
@@ -102,6 +104,7 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
         removed_paths: Vec::new(),
         changes_table: false,
         added_stats: Vec::new(),
+        added_values: Vec::new(),
     };
     // A column-mapped table keys partition values by physical name; a commit's are read keyed
     // by the logical names the table has now (a rename keeps the physical name).
@@ -137,15 +140,19 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
                     commit.added_stats.push(stats);
                 }
             }
-            if let Some(values) = file["partitionValues"].as_object() {
-                commit.partitions.push(
-                    mapping.logical_values(
-                        values
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
-                            .collect(),
-                    ),
-                );
+            let values = file["partitionValues"].as_object().map(|values| {
+                mapping.logical_values(
+                    values
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().map(str::to_string)))
+                        .collect(),
+                )
+            });
+            if kind == "add" && file["path"].is_string() {
+                commit.added_values.push(values.clone().unwrap_or_default());
+            }
+            if let Some(values) = values {
+                commit.partitions.push(values);
             }
         }
     }

@@ -51,6 +51,10 @@ pub struct CommitMetadata {
     /// (`--allow-edge-moves`): how many, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edge_moves: Option<EdgeMoves>,
+    /// The rows of the range the run replaced, when not all (`--where`); every other row of the
+    /// files it rewrote was carried over unchanged.
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    pub rows: Option<String>,
 }
 
 /// One partition of a commit's metadata.

@@ -9,6 +9,8 @@
 //!  adjustments                            how a run publishes, and the lineage of adjustment rows
 //!  partition  protocol  storage           how a table keeps time, the rules its protocol puts on
 //!                                         rows, opening it at a version
+//!  scope                                  the rows a `--where` predicate selects, and the files
+//!                                         that may hold them
 //!  mapping                                the names and ids a column-mapped table's files use
 //!  rowhash  resources  types  fastcast    row checksums, a session's memory and threads, Arrow
 //!                                         types as Delta keeps them, fast timestamp casts
@@ -27,6 +29,7 @@ pub mod protocol;
 pub mod resources;
 pub mod rowhash;
 pub mod run_id;
+pub mod scope;
 pub mod secrets;
 pub mod settings;
 pub mod sink;

@@ -1065,7 +1065,44 @@ impl Layout {
                 .unwrap_or(lit(false));
             predicate = predicate.or(null);
         }
+        if let Some(rows) = &range.rows {
+            predicate = predicate.and(rows.expr(schema)?);
+        }
         Ok(predicate)
+    }
+
+    /// Whether a run over `range` rewrites the files it touches, carrying over their rows
+    /// outside it, instead of replacing whole partitions: by rows, or when `--where` scopes the
+    /// rows.
+    pub fn rewrites_files(&self, range: &PartitionRange) -> bool {
+        self.by_rows || range.rows.is_some()
+    }
+
+    /// For each file, whether it may hold rows of `range`: by its partition values when the time
+    /// is a partition column, by its statistics when the range selects rows; with `--where`,
+    /// also unless its values and statistics rule out a match. `schema` is the table's.
+    pub fn files_in_scope(
+        &self,
+        range: &PartitionRange,
+        files: &[crate::scope::FileFacts<'_>],
+        schema: &Schema,
+    ) -> Result<Vec<bool>> {
+        let mut keep: Vec<bool> = files
+            .iter()
+            .map(|file| {
+                if self.by_rows {
+                    self.time.file_may_hold(range, file.stats)
+                } else {
+                    self.label_in(range, file.values).is_some()
+                }
+            })
+            .collect();
+        if let Some(rows) = &range.rows {
+            for (keep, may) in keep.iter_mut().zip(rows.may_match(schema, files)?) {
+                *keep &= may;
+            }
+        }
+        Ok(keep)
     }
 
     /// The label of the partition a file with these values belongs to, if it lies in `range`.
@@ -1104,6 +1141,10 @@ pub struct PartitionRange {
     /// Whether the partition with a NULL time is replaced too (`--include-null`).
     #[serde(default)]
     pub include_null: bool,
+    /// The rows of the range the run replaces, when not all of them (`--where`): every other row
+    /// of the files it rewrites is carried over unchanged.
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    pub rows: Option<crate::scope::RowPredicate>,
 }
 
 fn day() -> Grain {
@@ -1171,6 +1212,7 @@ impl PartitionRange {
                 to: to_period.label(),
                 grain,
                 include_null,
+                rows: None,
             },
             from_note.into_iter().chain(to_note).collect(),
         ))

@@ -552,6 +552,7 @@ fn periods_predicate(
             to: last.label(),
             grain,
             include_null: false,
+            rows: None,
         };
         let p = layout.range_predicate(&range, schema)?;
         predicate = Some(match predicate {

@@ -31,6 +31,10 @@ pub struct HistoryEntry {
     pub reason: Option<String>,
     /// The range of the run.
     pub range: Option<(String, String)>,
+    /// The `--where` predicate the run was scoped by (null when it replaced every row of its
+    /// range, or is not lakefill's).
+    #[serde(rename = "where")]
+    pub rows: Option<String>,
     /// Partition values the commit added or removed files in.
     pub partitions: Vec<String>,
     /// Files added.
@@ -86,6 +90,7 @@ fn entry(version: u64, commit: Commit, layout: Option<&Layout>) -> HistoryEntry 
         revert_of: lakefill.as_ref().and_then(|m| m.revert_of.clone()),
         reason: lakefill.as_ref().and_then(|m| m.reason.clone()),
         range: lakefill.as_ref().map(|m| m.range.clone()),
+        rows: lakefill.as_ref().and_then(|m| m.rows.clone()),
         partitions: partitions.into_iter().collect(),
         files_added: commit.added,
         files_removed: commit.removed,

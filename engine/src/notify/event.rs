@@ -46,6 +46,10 @@ pub struct Event {
     pub reason: Option<String>,
     /// The range, first and last partition.
     pub range: EventRange,
+    /// The `--where` predicate the run was scoped by (null when it replaced every row of the
+    /// range).
+    #[serde(default, rename = "where")]
+    pub rows: Option<String>,
     /// The version each source was read at.
     pub sources: BTreeMap<String, u64>,
     /// The run this commit reverts, for `backfill.reverted`.
@@ -284,6 +288,7 @@ impl Event {
                 from: metadata.range.0.clone(),
                 to: metadata.range.1.clone(),
             },
+            rows: metadata.rows.clone(),
             sources: metadata.sources.clone(),
             revert_of: metadata.revert_of.clone(),
             cascade: metadata

@@ -73,6 +73,10 @@ pub struct Report {
     pub reason: Option<String>,
     /// The range.
     pub range: (String, String),
+    /// The `--where` predicate the run is scoped by (null when it replaces every row of the
+    /// range).
+    #[serde(rename = "where")]
+    pub rows: Option<String>,
     /// The version of the target the run read.
     pub read_version: u64,
     /// The version it published, if it did.
@@ -421,6 +425,7 @@ fn build(project: &Project, journal: &Journal) -> Report {
             journal.inputs.range.from.clone(),
             journal.inputs.range.to.clone(),
         ),
+        rows: journal.inputs.range.rows.as_ref().map(|r| r.sql.clone()),
         read_version: journal.inputs.read_version,
         published_version: journal.outcome.published_version,
         revert_of: journal.inputs.kind.revert_of().map(ToString::to_string),

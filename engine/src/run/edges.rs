@@ -242,6 +242,8 @@ async fn read_around(
         to: last.label(),
         grain: report.range.grain,
         include_null: false,
+        // Keys cross the range's edges in its scope: rows outside the predicate stay.
+        rows: report.range.rows.clone(),
     };
     tracing::debug!(from = %zone.from, to = %zone.to, "reading the keys around the range");
     futures::try_join!(

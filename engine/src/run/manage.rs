@@ -47,6 +47,10 @@ pub struct RunSummary {
     pub model_version: String,
     /// The range.
     pub range: PartitionRange,
+    /// The `--where` predicate the run is scoped by (null when it replaces every row of its
+    /// range).
+    #[serde(default, rename = "where")]
+    pub rows: Option<String>,
     /// Version the run read.
     pub read_version: u64,
     /// Version it published, if it did.
@@ -80,6 +84,7 @@ impl From<&Journal> for RunSummary {
             model: journal.inputs.model.clone(),
             model_version: journal.inputs.model_version.clone(),
             range: journal.inputs.range.clone(),
+            rows: journal.inputs.range.rows.as_ref().map(|r| r.sql.clone()),
             read_version: journal.inputs.read_version,
             published_version: journal.outcome.published_version,
             validation_passed: journal.validation_passed(),

@@ -277,7 +277,7 @@ impl BackfillBuilder {
         let report = &self.plan.report;
         if !self.validate
             || self.settings.engine.is_some()
-            || report.layout.by_rows
+            || report.layout.rewrites_files(&report.range)
             || report.publish == lakefill_table::adjustments::PublishMode::Adjustments
         {
             return None;
@@ -516,7 +516,7 @@ impl BackfillBuilder {
             Ok(validation) => validation,
             Err(error) => return Err(self.stop(journal, lease, "validating", error, false).await),
         };
-        if report.layout.by_rows
+        if report.layout.rewrites_files(&report.range)
             || report.publish == lakefill_table::adjustments::PublishMode::Adjustments
         {
             // The log cannot count a range's rows in shared files, nor a ledger's net rows;

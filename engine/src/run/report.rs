@@ -35,6 +35,10 @@ pub struct RunReport {
     pub published_version: Option<u64>,
     /// The range.
     pub range: PartitionRange,
+    /// The `--where` predicate the run is scoped by (null when it replaces every row of the
+    /// range).
+    #[serde(default, rename = "where")]
+    pub rows: Option<String>,
     /// Per partition: old and new row counts.
     pub partitions: Vec<PartitionChange>,
     /// Rows staged.
@@ -123,6 +127,7 @@ impl RunReport {
             read_version: journal.inputs.read_version,
             published_version: journal.outcome.published_version,
             range: journal.inputs.range.clone(),
+            rows: journal.inputs.range.rows.as_ref().map(|r| r.sql.clone()),
             partitions: journal.progress.partitions.clone(),
             rows_written: journal
                 .progress
@@ -160,6 +165,7 @@ impl RunReport {
             read_version: report.read_version,
             published_version: None,
             range: report.range.clone(),
+            rows: report.rows.clone(),
             partitions: Vec::new(),
             rows_written: 0,
             files_written: 0,

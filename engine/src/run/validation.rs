@@ -236,7 +236,7 @@ pub(crate) async fn run_validation(
         .map(|f| f.name().clone())
         .filter(|name| !layout.partition_columns.contains(name))
         .collect();
-    if layout.by_rows && !journal.inputs.affected_files.is_empty() {
+    if layout.rewrites_files(&journal.inputs.range) && !journal.inputs.affected_files.is_empty() {
         extra_checks.push(
             carried_check(
                 plan,
@@ -252,7 +252,7 @@ pub(crate) async fn run_validation(
     new_side.mostly_changed = mostly_changed(journal);
     // The old rows of files an earlier run wrote carry their checksums in the log (not those
     // of a table corrected by adjustments: its old rows are its net rows).
-    let logged = (!layout.by_rows && !adjustments)
+    let logged = (!layout.rewrites_files(&journal.inputs.range) && !adjustments)
         .then(|| {
             logged_checksums(
                 plan,
@@ -340,7 +340,7 @@ async fn register_sides(
         &adds,
         &journal.run_id,
     )?;
-    if layout.by_rows {
+    if layout.rewrites_files(&journal.inputs.range) {
         // Staged files hold the range's new rows and the rows carried over: `output` is the
         // range's.
         ctx.register_table("staged", staged)

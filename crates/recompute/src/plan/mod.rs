@@ -39,6 +39,7 @@ use lakefill_table::partition::{
 };
 use lakefill_table::protocol::{AddedColumn, TableProtocol};
 use lakefill_table::run_id::RunId;
+use lakefill_table::scope::{FileFacts, RowPredicate};
 use lakefill_table::settings::RunSettings;
 use lakefill_table::storage::{StorageOption, describe_options, loaded_version, open_table};
 use lakefill_table::time::Period;
@@ -67,6 +68,7 @@ pub struct PlanBuilder {
     publish_as: Option<String>,
     create_companion: bool,
     allow_edge_moves: Option<String>,
+    rows: Option<String>,
 }
 
 impl PlanBuilder {
@@ -92,7 +94,18 @@ impl PlanBuilder {
             publish_as: None,
             create_companion: false,
             allow_edge_moves: None,
+            rows: None,
         }
+    }
+
+    /// Scopes the run to the rows of the range that match `predicate` (`--where`), a boolean SQL
+    /// expression over the target's columns: those are replaced by the model's rows that match
+    /// it; every other row of the files the run rewrites is carried over unchanged.
+    ///
+    /// By default, every row of the range is replaced.
+    pub fn with_where(mut self, predicate: Option<String>) -> Self {
+        self.rows = predicate;
+        self
     }
 
     /// Publishes even when keys cross the range's edges (a key the fix writes into the range that
@@ -231,12 +244,24 @@ impl PlanBuilder {
             &schema,
             &files,
         )?;
-        let (range, range_notes) =
+        let (mut range, range_notes) =
             PartitionRange::parse(&self.from, &self.to, &layout.time, self.include_null)?;
+        range.rows = self
+            .rows
+            .as_deref()
+            .map(|text| RowPredicate::parse(text, &schema, target_config.name()))
+            .transpose()?;
+        if range.rows.is_some() && publish == PublishMode::Adjustments {
+            return Err(Error::InvalidOption {
+                option: "--where".into(),
+                value: self.rows.clone().unwrap_or_default(),
+                message: "a run scoped by `--where` publishes as `rewrite`; adjustments cannot be scoped by a predicate yet".into(),
+            });
+        }
         let max_partitions = self.max_partitions.unwrap_or(DEFAULT_MAX_PARTITIONS);
         check_partition_count(&range, &layout, max_partitions)?;
 
-        let mut affected = affected(target_config.name(), &layout, &range, &files)?;
+        let mut affected = affected(target_config.name(), &layout, &range, &files, &schema)?;
         if publish == PublishMode::Adjustments {
             // Nothing is removed, so no rows are carried over.
             affected.files.clear();
@@ -287,6 +312,8 @@ impl PlanBuilder {
             check_adjustments(&model, &target_config, &schema, &rules, &layout, &range)?;
         }
 
+        let where_text = range.rows.as_ref().map(|r| r.sql.clone());
+        let files_ruled_out = range.rows.is_some().then_some(affected.ruled_out);
         let report = PlanReport {
             run_id,
             model: model.name().to_string(),
@@ -314,6 +341,8 @@ impl PlanBuilder {
             memory_limit: lakefill_table::settings::memory_limit(&self.project, None)?,
             protocol,
             affected_files: affected.files,
+            rows: where_text,
+            files_ruled_out,
             added_columns: Vec::new(),
             layout,
             publish,
@@ -347,6 +376,14 @@ impl PlanBuilder {
             crate::plan::adjust::check_rules(&plan.rules, &plan.report.target, plan.model.path())?;
         }
         let (write_schema, added_columns, identity_kept) = query::check_model(&plan).await?;
+        if plan.report.range.rows.is_some()
+            && let Some(first) = plan.report.batches.first().cloned()
+        {
+            let reached = query::where_reached(&plan, &first).await?;
+            for (source, reached) in plan.report.sources.iter_mut().zip(reached) {
+                source.where_reached = Some(reached);
+            }
+        }
         plan.rules.identity_kept = identity_kept;
         query::check_checks(&plan, &self.project, &write_schema).await?;
         plan.write_schema = Some(write_schema);
@@ -460,6 +497,7 @@ impl PlanBuilder {
                 lookback: spec.lookback,
                 lookahead: spec.lookahead,
                 reads_target,
+                where_reached: None,
             });
             sources.push(PlannedSource {
                 name: name.clone(),
@@ -571,6 +609,8 @@ struct Affected {
     partitions: Vec<PartitionState>,
     totals: PartitionTotals,
     files: Vec<String>,
+    /// Files of the range that `--where` rules out by their values or statistics.
+    ruled_out: u64,
 }
 
 /// The affected partitions from the log only. A partition value that is not a time of the
@@ -582,6 +622,7 @@ fn affected(
     layout: &Layout,
     range: &PartitionRange,
     files: &[LogFile],
+    schema: &deltalake::arrow::datatypes::Schema,
 ) -> Result<Affected> {
     let sum = |acc: PartitionTotals, files: u64, rows: Option<u64>, bytes: u64| PartitionTotals {
         files: acc.files + files,
@@ -596,12 +637,47 @@ fn affected(
     let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
     let mut affected_files = Vec::new();
     let mut by_rows = empty.clone();
-    for file in files {
+    // Files rewritten with their other rows carried over: by rows, or scoped by `--where`.
+    let in_scope = if layout.rewrites_files(range) {
+        let facts: Vec<FileFacts<'_>> = files
+            .iter()
+            .map(|f| FileFacts {
+                values: &f.values,
+                stats: f.stats.as_deref(),
+            })
+            .collect();
+        Some(layout.files_in_scope(range, &facts, schema)?)
+    } else {
+        None
+    };
+    // Without the predicate, which files the range would rewrite: those it rules out.
+    let in_range = match &range.rows {
+        Some(_) => {
+            let whole = PartitionRange {
+                rows: None,
+                ..range.clone()
+            };
+            let facts: Vec<FileFacts<'_>> = files
+                .iter()
+                .map(|f| FileFacts {
+                    values: &f.values,
+                    stats: f.stats.as_deref(),
+                })
+                .collect();
+            Some(layout.files_in_scope(&whole, &facts, schema)?)
+        }
+        None => None,
+    };
+    let mut ruled_out = 0;
+    for (index, file) in files.iter().enumerate() {
+        let rewritten = in_scope.as_ref().is_some_and(|keep| keep[index]);
+        if rewritten {
+            affected_files.push(file.path.clone());
+            by_rows = sum(by_rows, 1, file.rows, file.bytes);
+        } else if in_range.as_ref().is_some_and(|keep| keep[index]) {
+            ruled_out += 1;
+        }
         if layout.by_rows {
-            if layout.time.file_may_hold(range, file.stats.as_deref()) {
-                affected_files.push(file.path.clone());
-                by_rows = sum(by_rows, 1, file.rows, file.bytes);
-            }
             continue;
         }
         let label = match layout.time.period_of(&file.values) {
@@ -638,7 +714,7 @@ fn affected(
                 .unwrap_or_else(|| PartitionState::empty(label))
         })
         .collect();
-    let totals = if layout.by_rows {
+    let totals = if layout.rewrites_files(range) {
         // What the log can tell of the range: the files it may touch, not rows per period.
         for partition in &mut partitions {
             partition.rows = None;
@@ -653,6 +729,7 @@ fn affected(
         partitions,
         totals,
         files: affected_files,
+        ruled_out,
     })
 }
 
@@ -690,8 +767,9 @@ fn batches(
         // One more batch over the whole range keeps only the rows whose time is NULL.
         batches.push(whole_range(batches.len(), NULL_LABEL, true, false));
     }
-    if layout.by_rows && !affected_files.is_empty() {
-        // One more batch copies the rows of the rewritten files that lie outside the range.
+    if layout.rewrites_files(range) && !affected_files.is_empty() {
+        // One more batch copies the rows of the rewritten files that lie outside the range
+        // (or its predicate).
         batches.push(whole_range(batches.len(), CARRIED_LABEL, false, true));
     }
     batches
@@ -981,6 +1059,7 @@ impl BackfillPlan {
                 to: previous.label(),
                 grain,
                 include_null: false,
+                rows: None,
             },
             staged: Arc::new(move |ctx, table, schema| {
                 let staged = lakefill_table::staged::StagedTable::register_store(
@@ -1183,6 +1262,14 @@ pub struct PlanReport {
     /// By rows (`range_column`): the files the backfill rewrites, chosen by their statistics.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub affected_files: Vec<String>,
+    /// The `--where` predicate the run is scoped by (null when it replaces every row of the
+    /// range).
+    #[serde(rename = "where")]
+    pub rows: Option<String>,
+    /// With `--where`, the files of the range whose partition values or statistics prove that
+    /// no row matches: they are not touched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files_ruled_out: Option<u64>,
     /// Nullable columns the model adds to the table (`schema = "add-columns"`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub added_columns: Vec<AddedColumn>,
@@ -1251,6 +1338,10 @@ pub struct SourcePlan {
     pub lookahead: u32,
     /// Whether the source is the target itself (read at the read version).
     pub reads_target: bool,
+    /// With `--where`, whether DataFusion pushed the predicate into this source's scan (the
+    /// model then reads only the source's matching rows); `None` without `--where`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub where_reached: Option<bool>,
 }
 
 /// One batch of partitions computed by one query.
@@ -1318,6 +1409,9 @@ pub fn run_id(
         hasher.update(format!("\nsource {}={}", source.table, source.version).as_bytes());
     }
     hasher.update(format!("\nrange {}..{}", range.from, range.to).as_bytes());
+    if let Some(rows) = &range.rows {
+        hasher.update(format!("\nwhere {}", rows.canonical).as_bytes());
+    }
     if range.include_null {
         hasher.update(b"\ninclude_null");
     }

@@ -78,7 +78,7 @@ pub async fn check_checks(
     };
     let ctx = SessionContext::new();
     let mut names = vec!["output", "previous"];
-    if plan.report.layout.by_rows {
+    if plan.report.layout.rewrites_files(&plan.report.range) {
         names.push("staged");
     }
     for name in names {
@@ -229,7 +229,67 @@ pub async fn model_dataframe(
             message: format!("cannot bind `$start`/`$end`/`$next`: {source}"),
             hint: "only `$start`, `$end` and `$next` may be used as parameters".into(),
         })?;
-    Ok(df)
+    under_predicate(plan, df)
+}
+
+/// The model's output under the run's `--where` predicate (`SELECT * FROM (model) WHERE
+/// predicate`): DataFusion pushes it into the sources' scans where the columns line up, so a
+/// scoped run reads the rows it needs, not the whole range's.
+fn under_predicate(plan: &BackfillPlan, df: DataFrame) -> Result<DataFrame> {
+    let Some(rows) = &plan.report.range.rows else {
+        return Ok(df);
+    };
+    let predicate = rows
+        .expr(df.schema().as_arrow())
+        .map_err(|_| Error::Model {
+            path: plan.model.path().to_path_buf(),
+            message: format!(
+                "the model's output lacks a column of `--where {rows}`: it has {}",
+                produced_columns(&df).join(", ")
+            ),
+            hint: "scope the run by columns the model writes".into(),
+        })?;
+    df.filter(predicate)
+        .query_context(|| format!("cannot keep the model's rows where {rows}"))
+}
+
+/// With `--where`, for each source: whether DataFusion pushed the predicate into its scan, as
+/// the optimized plan of `batch` shows it against the plan without the predicate.
+pub async fn where_reached(plan: &BackfillPlan, batch: &BatchPlan) -> Result<Vec<bool>> {
+    use deltalake::datafusion::common::tree_node::TreeNode;
+    use deltalake::datafusion::logical_expr::LogicalPlan;
+    let filters = |optimized: &LogicalPlan| -> Result<std::collections::BTreeMap<String, usize>> {
+        let mut counts = std::collections::BTreeMap::new();
+        optimized
+            .apply(|node| {
+                if let LogicalPlan::TableScan(scan) = node {
+                    *counts
+                        .entry(scan.table_name.table().to_string())
+                        .or_default() += scan.filters.len();
+                }
+                Ok(deltalake::datafusion::common::tree_node::TreeNodeRecursion::Continue)
+            })
+            .query_context(|| "cannot read the model's plan".into())?;
+        Ok(counts)
+    };
+    let resources = Resources::new(None);
+    let (_ctx, scoped) = batch_dataframe(plan, batch, &resources).await?;
+    let mut unscoped_plan = plan.clone();
+    unscoped_plan.report.range.rows = None;
+    let (_ctx, unscoped) = batch_dataframe(&unscoped_plan, batch, &resources).await?;
+    let optimize = |df: DataFrame| {
+        df.into_optimized_plan()
+            .query_context(|| "cannot optimize the model's plan".into())
+    };
+    let with = filters(&optimize(scoped)?)?;
+    let without = filters(&optimize(unscoped)?)?;
+    Ok(plan
+        .sources
+        .iter()
+        .map(|s| {
+            with.get(&s.name).copied().unwrap_or(0) > without.get(&s.name).copied().unwrap_or(0)
+        })
+        .collect())
 }
 
 /// Registers `source` under its name as a view restricted to the batch window.
@@ -256,9 +316,15 @@ pub async fn register_source_with(
     batch: &BatchPlan,
     provider: Arc<dyn deltalake::datafusion::catalog::TableProvider>,
 ) -> Result<()> {
-    let mut df = ctx
-        .read_table(provider)
-        .query_context(|| format!("cannot read source `{}`", source.name))?;
+    // A scan named by the source, so the plan can tell where a predicate reached.
+    let scan = deltalake::datafusion::logical_expr::LogicalPlanBuilder::scan(
+        source.name.as_str(),
+        deltalake::datafusion::datasource::provider_as_source(provider),
+        None,
+    )
+    .and_then(|builder| builder.build())
+    .query_context(|| format!("cannot read source `{}`", source.name))?;
+    let mut df = DataFrame::new(ctx.state(), scan);
     if let Some(overlay) = &source.overlay {
         df = overlaid(ctx, df, &source.name, &source.table, overlay)?;
     }

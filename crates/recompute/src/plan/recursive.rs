@@ -49,11 +49,11 @@ pub(crate) fn reads_own_past(
         // A fix in place: each partition reads only its own old rows.
         return Ok(false);
     }
-    if layout.by_rows {
+    if layout.rewrites_files(range) {
         return Err(Error::Model {
             path: model.path().to_path_buf(),
             message: format!(
-                "the model reads its own past ({}) in a table whose range selects rows (`range_column`), which lakefill cannot stage in order",
+                "the model reads its own past ({}) in a table whose range selects rows (`range_column`, or `--where`), which lakefill cannot stage in order",
                 field("lookback", own.lookback)
             ),
             hint: "partition the table by its time column, or read the past from another table"

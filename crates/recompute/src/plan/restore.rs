@@ -94,7 +94,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     let model = model.restoring(sql, BTreeMap::from([(source_name.clone(), spec.clone())]));
     let window = source_window(&model, &source_name, &spec, &source)?;
 
-    let affected = affected(target, &layout, &range, &files)?;
+    let affected = affected(target, &layout, &range, &files, &schema)?;
     let batches = batches(&range, &layout, restore.batch_partitions, &affected.files);
     let sequence = published_sequence(latest, &restore.revert_id).await?;
     let table_columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
@@ -108,6 +108,8 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     rules.protocol = protocol.rules.clone();
     let range_notes = notes(&restore, &range);
 
+    let where_text = range.rows.as_ref().map(|r| r.sql.clone());
+    let files_ruled_out = range.rows.is_some().then_some(affected.ruled_out);
     let report = PlanReport {
         run_id: restore.revert_id.clone(),
         model: model.name().to_string(),
@@ -131,6 +133,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
             lookback: 0,
             lookahead: 0,
             reads_target: false,
+            where_reached: None,
         }],
         batches,
         downstream: find_downstream(project, model.name(), target),
@@ -146,6 +149,8 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         memory_limit: lakefill_table::settings::memory_limit(project, None)?,
         protocol,
         affected_files: affected.files,
+        rows: where_text,
+        files_ruled_out,
         added_columns: Vec::new(),
         layout,
         publish,

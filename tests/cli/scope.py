@@ -1,0 +1,155 @@
+"""Lakes with a timezone slip in five countries, for `--where` (#36), and what fixing one must do.
+
+    python3 scope.py make DIR LAYOUT      # the project; LAYOUT: `date` or `date_country`
+    python3 scope.py expect DIR COUNTRY   # the rows of `events` once COUNTRY alone is fixed
+    python3 scope.py rows DIR [VERSION]   # the rows of `events` now (or at VERSION), by DuckDB
+    python3 scope.py files DIR            # the live files of `events`, as the log names them
+
+`raw` holds every event with its true time `ts`, partitioned by its UTC date (`ingest_date`).
+`events` was written by a buggy pipeline with python `deltalake`: `event_date` is the date of
+`ts - 8 hours`, so every event before 08:00 UTC sits in the previous day. `LAYOUT` partitions
+`events` by `event_date`, or by `event_date` and `country`. The fix, `sql/events/v1.sql`, dates
+each event by `ts` in UTC. Expectations are computed here from the rows alone; rows are read back
+by DuckDB over the Parquet files the log lists (python `deltalake` gives the list), never by
+lakefill.
+"""
+
+import datetime
+import json
+import os
+import sys
+
+import duckdb
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+DAYS = 8
+PER_DAY = 15
+COUNTRIES = ["BR", "DE", "FR", "JP", "US"]
+START = datetime.date(2024, 3, 1)
+SHIFT = datetime.timedelta(hours=8)
+
+MODEL = """/*
+target = "events"
+partition_by = {partition_by}
+reason = "fix timezone: event_date is the UTC date of ts"
+
+[sources.raw]
+window = "ingest_date"
+lookback = 1
+lookahead = 1
+
+[validate]
+key = ["event_id"]
+measures = ["amount"]
+*/
+SELECT event_id, country, amount, ts, CAST(ts AS DATE) AS event_date
+FROM raw
+WHERE CAST(ts AS DATE) BETWEEN $start AND $end
+"""
+
+
+def events():
+    """(id, country, amount, ts) of every event: spread over each day's 24 hours."""
+    out = []
+    for d in range(DAYS):
+        day = START + datetime.timedelta(days=d)
+        for country_index, country in enumerate(COUNTRIES):
+            for i in range(PER_DAY):
+                seconds = (i * 86400) // PER_DAY + 61 * country_index + 17
+                ts = datetime.datetime.combine(day, datetime.time()) + datetime.timedelta(seconds=seconds)
+                event_id = 100000 * d + 1000 * country_index + i
+                out.append((event_id, country, 100 + (event_id % 997), ts))
+    return out
+
+
+def buggy_date(ts):
+    return (ts - SHIFT).date()
+
+
+def table(rows, dated):
+    return pa.table(
+        {
+            "event_id": pa.array([r[0] for r in rows], pa.int64()),
+            "country": pa.array([r[1] for r in rows], pa.string()),
+            "amount": pa.array([r[2] for r in rows], pa.int64()),
+            "ts": pa.array([r[3] for r in rows], pa.timestamp("us", tz="UTC")),
+            dated[0]: pa.array([dated[1](r[3]) for r in rows], pa.date32()),
+        }
+    )
+
+
+def make(directory, layout):
+    rows = events()
+    lake = os.path.join(directory, "lake")
+    write_deltalake(
+        os.path.join(lake, "raw"),
+        table(rows, ("ingest_date", lambda ts: ts.date())),
+        partition_by=["ingest_date"],
+    )
+    partition_by = ["event_date"] if layout == "date" else ["event_date", "country"]
+    write_deltalake(
+        os.path.join(lake, "events"),
+        table(rows, ("event_date", buggy_date)),
+        partition_by=partition_by,
+    )
+    with open(os.path.join(directory, "lakefill.toml"), "w") as f:
+        f.write('[tables.raw]\nuri = "lake/raw"\n\n[tables.events]\nuri = "lake/events"\n')
+    os.makedirs(os.path.join(directory, "sql", "events"))
+    with open(os.path.join(directory, "sql", "events", "v1.sql"), "w") as f:
+        f.write(MODEL.format(partition_by=json.dumps(partition_by)))
+    first = buggy_date(datetime.datetime.combine(START, datetime.time()))
+    last = START + datetime.timedelta(days=DAYS - 1)
+    print(json.dumps({"from": first.isoformat(), "to": last.isoformat()}))
+
+
+def expect(country):
+    """Every row once `country` alone is fixed: its rows dated by `ts`, the others as written."""
+    out = []
+    for event_id, c, amount, ts in events():
+        date = ts.date() if c == country else buggy_date(ts)
+        out.append([event_id, c, amount, date.isoformat()])
+    return sorted(out)
+
+
+def live_files(directory, version=None):
+    dt = DeltaTable(os.path.join(directory, "lake", "events"), version=version)
+    return dt, dt.file_uris()
+
+
+def rows(directory, version=None):
+    dt, files = live_files(directory, version)
+    if not files:
+        return []
+    partition_columns = dt.metadata().partition_columns
+    got = duckdb.sql(
+        f"""SELECT event_id, country, amount, CAST(event_date AS VARCHAR)
+            FROM read_parquet({json.dumps(files)}, hive_partitioning = true,
+                              hive_types = {{'event_date': 'DATE'}})"""
+        if partition_columns
+        else f"""SELECT event_id, country, amount, CAST(event_date AS VARCHAR)
+                 FROM read_parquet({json.dumps(files)})"""
+    ).fetchall()
+    return sorted([list(r) for r in got])
+
+
+def main():
+    command, directory = sys.argv[1], sys.argv[2]
+    if command == "make":
+        make(directory, sys.argv[3])
+    elif command == "expect":
+        print(json.dumps(expect(sys.argv[3])))
+    elif command == "rows":
+        version = int(sys.argv[3]) if len(sys.argv) > 3 else None
+        print(json.dumps(rows(directory, version)))
+    elif command == "files":
+        actions = pa.table(DeltaTable(os.path.join(directory, "lake", "events")).get_add_actions(flatten=True))
+        print(json.dumps(sorted(actions["path"].to_pylist())))
+    else:
+        raise SystemExit(f"unknown command {command}")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+//! Scope by entities (#36): `--where` fixes the rows of one country out of five and keeps every
+//! other row as it was, value for value. Lakes and expectations come from `scope.py` (python
+//! `deltalake`, and DuckDB over the Parquet files the log lists), never from lakefill.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::support::{json_ok, run_in, stderr};
+
+fn python(args: &[&str]) -> Value {
+    crate::support::python_json("scope.py", args)
+}
+
+fn dir_arg(dir: &Path) -> &str {
+    dir.to_str().unwrap()
+}
+
+/// A lake of `layout`; returns it with the range that holds every partition.
+fn lake(layout: &str) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let range = python(&["make", dir_arg(dir.path()), layout]);
+    let (from, to) = (
+        range["from"].as_str().unwrap().to_string(),
+        range["to"].as_str().unwrap().to_string(),
+    );
+    (dir, from, to)
+}
+
+fn files(dir: &Path) -> BTreeSet<String> {
+    python(&["files", dir_arg(dir)])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn one_country_is_fixed_and_every_other_row_is_kept() {
+    for layout in ["date", "date_country"] {
+        let (dir, from, to) = lake(layout);
+        let path = dir.path();
+        let before_rows = python(&["rows", dir_arg(path)]);
+        let before_files = files(path);
+        let scope = [
+            "--from",
+            from.as_str(),
+            "--to",
+            to.as_str(),
+            "--where",
+            "country = 'DE'",
+        ];
+        let plan = json_ok(&run_in(
+            path,
+            &[
+                &["plan", "events"][..],
+                &scope,
+                &["--output-format", "json"],
+            ]
+            .concat(),
+        ));
+        assert_eq!(plan["where"], "country = 'DE'", "{layout}");
+        assert_eq!(plan["range"]["where"]["sql"], "country = 'DE'", "{layout}");
+        assert_eq!(
+            plan["sources"][0]["where_reached"], true,
+            "{layout}: the predicate reaches `raw`'s scan"
+        );
+        let partitions = plan["partitions"].as_array().unwrap().len() as u64;
+        let rewritten = plan["affected_files"].as_array().unwrap().len() as u64;
+        let ruled_out = plan["files_ruled_out"].as_u64().unwrap();
+        if layout == "date_country" {
+            // Each day holds one file per country: only DE's are rewritten.
+            assert_eq!(rewritten, partitions, "{layout}: {plan}");
+            assert_eq!(ruled_out, 4 * partitions, "{layout}: {plan}");
+        } else {
+            // One file a day, each holding every country: all rewritten, their rows carried.
+            assert_eq!(rewritten, partitions, "{layout}: {plan}");
+            assert_eq!(ruled_out, 0, "{layout}: {plan}");
+        }
+
+        let out = run_in(
+            path,
+            &[
+                &["backfill", "events"][..],
+                &scope,
+                &["--output-format", "json"],
+            ]
+            .concat(),
+        );
+        let report = json_ok(&out);
+        assert_eq!(report["state"], "published", "{layout}: {}", stderr(&out));
+        assert_eq!(report["where"], "country = 'DE'", "{layout}");
+        assert_eq!(
+            python(&["rows", dir_arg(path)]),
+            python(&["expect", dir_arg(path), "DE"]),
+            "{layout}: DE's rows are dated by ts, every other row is as it was"
+        );
+        let after_files = files(path);
+        let kept = before_files.intersection(&after_files).count() as u64;
+        assert_eq!(
+            kept,
+            before_files.len() as u64 - rewritten,
+            "{layout}: the files the predicate ruled out are the same files"
+        );
+        // The commit records the scope, and history shows it.
+        let history = json_ok(&run_in(
+            path,
+            &["history", "events", "--output-format", "json"],
+        ));
+        assert_eq!(history[0]["where"], "country = 'DE'", "{history}");
+        assert_eq!(
+            history[0]["lakefill"]["where"], "country = 'DE'",
+            "{history}"
+        );
+
+        // The same scope written otherwise is the same run: nothing to do.
+        let again = run_in(
+            path,
+            &[
+                "backfill",
+                "events",
+                "--from",
+                &from,
+                "--to",
+                &to,
+                "--where",
+                "country='DE'",
+                "--output-format",
+                "json",
+            ],
+        );
+        assert_eq!(json_ok(&again)["run_id"], report["run_id"], "{layout}");
+        assert_eq!(json_ok(&again)["state"], "published", "{layout}");
+        assert_eq!(
+            history.as_array().unwrap().len(),
+            json_ok(&run_in(
+                path,
+                &["history", "events", "--output-format", "json"]
+            ))
+            .as_array()
+            .unwrap()
+            .len(),
+            "{layout}: an up-to-date re-run commits nothing"
+        );
+
+        // Revert puts back exactly what the run replaced.
+        let run_id = report["run_id"].as_str().unwrap();
+        let reverted = run_in(path, &["revert", run_id, "--reason", "undo the DE fix"]);
+        assert!(reverted.status.success(), "{}", stderr(&reverted));
+        assert_eq!(python(&["rows", dir_arg(path)]), before_rows, "{layout}");
+    }
+}
+
+#[test]
+fn a_predicate_the_target_cannot_answer_is_refused_and_nothing_changes() {
+    let (dir, from, to) = lake("date");
+    let path = dir.path();
+    let before = python(&["rows", dir_arg(path)]);
+    for (predicate, message) in [
+        ("nation = 'DE'", "does not have"),
+        ("country IN (SELECT country FROM raw)", "subquery"),
+        ("random() < 0.5", "not deterministic"),
+        ("amount + 1", "not a condition"),
+        ("country = ", "not a SQL condition"),
+        ("", "empty"),
+    ] {
+        for command in ["plan", "backfill"] {
+            let out = run_in(
+                path,
+                &[
+                    command, "events", "--from", &from, "--to", &to, "--where", predicate,
+                ],
+            );
+            assert_eq!(out.status.code(), Some(2), "{predicate}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains("--where"), "{predicate}: {err}");
+            assert!(err.contains(message), "{predicate}: {err}");
+            assert!(err.contains("hint:"), "{predicate}: {err}");
+        }
+    }
+    assert_eq!(python(&["rows", dir_arg(path)]), before);
+    let history = json_ok(&run_in(
+        path,
+        &["history", "events", "--output-format", "json"],
+    ));
+    assert_eq!(history.as_array().unwrap().len(), 1, "{history}");
+}
