@@ -637,37 +637,28 @@ fn affected(
     let mut current: BTreeMap<String, PartitionState> = BTreeMap::new();
     let mut affected_files = Vec::new();
     let mut by_rows = empty.clone();
+    let facts: Vec<FileFacts<'_>> = files
+        .iter()
+        .map(|f| FileFacts {
+            values: &f.values,
+            stats: f.stats.as_deref(),
+        })
+        .collect();
     // Files rewritten with their other rows carried over: by rows, or scoped by `--where`.
-    let in_scope = if layout.rewrites_files(range) {
-        let facts: Vec<FileFacts<'_>> = files
-            .iter()
-            .map(|f| FileFacts {
-                values: &f.values,
-                stats: f.stats.as_deref(),
-            })
-            .collect();
-        Some(layout.files_in_scope(range, &facts, schema)?)
-    } else {
-        None
-    };
+    let in_scope = layout
+        .rewrites_files(range)
+        .then(|| layout.files_in_scope(range, &facts, schema))
+        .transpose()?;
     // Without the predicate, which files the range would rewrite: those it rules out.
-    let in_range = match &range.rows {
-        Some(_) => {
-            let whole = PartitionRange {
-                rows: None,
-                ..range.clone()
-            };
-            let facts: Vec<FileFacts<'_>> = files
-                .iter()
-                .map(|f| FileFacts {
-                    values: &f.values,
-                    stats: f.stats.as_deref(),
-                })
-                .collect();
-            Some(layout.files_in_scope(&whole, &facts, schema)?)
-        }
-        None => None,
+    let whole = PartitionRange {
+        rows: None,
+        ..range.clone()
     };
+    let in_range = range
+        .rows
+        .is_some()
+        .then(|| layout.files_in_scope(&whole, &facts, schema))
+        .transpose()?;
     let mut ruled_out = 0;
     for (index, file) in files.iter().enumerate() {
         let rewritten = in_scope.as_ref().is_some_and(|keep| keep[index]);
