@@ -2,8 +2,11 @@
 
     python3 scope.py make DIR LAYOUT      # the project; LAYOUT: `date` or `date_country`
     python3 scope.py expect DIR COUNTRY   # the rows of `events` once COUNTRY alone is fixed
+    python3 scope.py below DIR ID         # the rows of `events` once the events below ID are
     python3 scope.py rows DIR [VERSION]   # the rows of `events` now (or at VERSION), by DuckDB
     python3 scope.py files DIR            # the live files of `events`, as the log names them
+    python3 scope.py crossing DIR         # writes `sql/events/v2.sql`, whose fix also moves
+                                          # keys across `country = 'DE'`; prints how many each way
 
 `raw` holds every event with its true time `ts`, partitioned by its UTC date (`ingest_date`).
 `events` was written by a buggy pipeline with python `deltalake`: `event_date` is the date of
@@ -103,13 +106,33 @@ def make(directory, layout):
     print(json.dumps({"from": first.isoformat(), "to": last.isoformat()}))
 
 
-def expect(country):
-    """Every row once `country` alone is fixed: its rows dated by `ts`, the others as written."""
+def expect(fixed):
+    """Every row once the events `fixed(id, country)` selects are fixed: their rows dated by
+    `ts`, the others as written."""
     out = []
     for event_id, c, amount, ts in events():
-        date = ts.date() if c == country else buggy_date(ts)
+        date = ts.date() if fixed(event_id, c) else buggy_date(ts)
         out.append([event_id, c, amount, date.isoformat()])
     return sorted(out)
+
+
+CROSSING = (
+    "CASE WHEN country = 'DE' AND event_id % 7 = 0 THEN 'AT' "
+    "WHEN country = 'FR' AND event_id % 11 = 0 THEN 'DE' ELSE country END AS country"
+)
+
+
+def crossing(directory):
+    """v2: the fix, plus DE events whose id is a multiple of 7 become AT (out of `country =
+    'DE'`) and FR events whose id is a multiple of 11 become DE (into it)."""
+    with open(os.path.join(directory, "sql", "events", "v1.sql")) as f:
+        model = f.read()
+    with open(os.path.join(directory, "sql", "events", "v2.sql"), "w") as f:
+        f.write(model.replace("SELECT event_id, country,", f"SELECT event_id, {CROSSING},"))
+    every = events()
+    moved_out = sorted(e[0] for e in every if e[1] == "DE" and e[0] % 7 == 0)
+    moved_in = sorted(e[0] for e in every if e[1] == "FR" and e[0] % 11 == 0)
+    print(json.dumps({"out": moved_out, "in": moved_in}))
 
 
 def live_files(directory, version=None):
@@ -137,8 +160,12 @@ def main():
     command, directory = sys.argv[1], sys.argv[2]
     if command == "make":
         make(directory, sys.argv[3])
+    elif command == "crossing":
+        crossing(directory)
     elif command == "expect":
-        print(json.dumps(expect(sys.argv[3])))
+        print(json.dumps(expect(lambda _, c: c == sys.argv[3])))
+    elif command == "below":
+        print(json.dumps(expect(lambda event_id, _: event_id < int(sys.argv[3]))))
     elif command == "rows":
         version = int(sys.argv[3]) if len(sys.argv) > 3 else None
         print(json.dumps(rows(directory, version)))

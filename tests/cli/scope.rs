@@ -187,3 +187,181 @@ fn a_predicate_the_target_cannot_answer_is_refused_and_nothing_changes() {
     ));
     assert_eq!(history.as_array().unwrap().len(), 1, "{history}");
 }
+
+/// A fix that moves keys across the predicate: out of it (their old rows replaced, their new ones
+/// outside the scope) or into it (their old rows outside the scope, kept). Both fail validation
+/// and publish nothing, unless `--allow-edge-moves` says they are meant to cross.
+#[test]
+fn keys_that_cross_the_predicate_fail_unless_allowed() {
+    let (dir, from, to) = lake("date");
+    let path = dir.path();
+    let before = python(&["rows", dir_arg(path)]);
+    let crossing = python(&["crossing", dir_arg(path)]);
+    let count = |side: &str| crossing[side].as_array().unwrap().len() as u64;
+    let scope = [
+        "backfill",
+        "events",
+        "--from",
+        from.as_str(),
+        "--to",
+        to.as_str(),
+        "--where",
+        "country = 'DE'",
+        "--output-format",
+        "json",
+    ];
+    let out = run_in(path, &scope);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = report["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "where_edges")
+        .unwrap_or_else(|| panic!("no where_edges check: {report}"));
+    assert_eq!(check["passed"], false, "{check}");
+    let failures = check["failures"].as_array().unwrap();
+    let reported = |field: &str| failures.iter().find_map(|f| f[field].as_u64()).unwrap_or(0);
+    assert_eq!(reported("moved_out"), count("out"), "{check}");
+    assert_eq!(reported("moved_in"), count("in"), "{check}");
+    let named = |field: &str, side: &str| {
+        let keys = &failures.iter().find(|f| f.get(field).is_some()).unwrap()["keys"];
+        for key in keys.as_array().unwrap() {
+            let id: i64 = key.as_str().unwrap().parse().unwrap();
+            assert!(
+                crossing[side].as_array().unwrap().contains(&id.into()),
+                "{field}: {id} is not a key that crosses"
+            );
+        }
+    };
+    named("moved_out", "out");
+    named("moved_in", "in");
+    assert_eq!(
+        python(&["rows", dir_arg(path)]),
+        before,
+        "nothing was published"
+    );
+
+    // Allowed, the run publishes and the commit counts what crossed.
+    let allowed = run_in(
+        path,
+        &[
+            &scope[..],
+            &[
+                "--allow-edge-moves",
+                "--reason",
+                "country codes corrected on purpose",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        json_ok(&allowed)["state"],
+        "published",
+        "{}",
+        stderr(&allowed)
+    );
+    let history = json_ok(&run_in(
+        path,
+        &["history", "events", "--output-format", "json"],
+    ));
+    let moves = &history[0]["lakefill"]["edge_moves"];
+    assert_eq!(moves["moved"], count("out"), "{history}");
+    assert_eq!(moves["duplicated"], count("in"), "{history}");
+}
+
+/// A predicate on a data column: the files whose statistics rule it out are not touched, the
+/// others are rewritten with their other rows carried.
+#[test]
+fn statistics_rule_out_the_files_a_data_predicate_cannot_match() {
+    let (dir, from, to) = lake("date");
+    let path = dir.path();
+    let before_files = files(path);
+    // Ids of day n start at 100000 n: ids below 1000 are events of the first day, which the
+    // slip spread over the first two partitions.
+    let scope = [
+        "--from",
+        from.as_str(),
+        "--to",
+        to.as_str(),
+        "--where",
+        "event_id < 1000",
+        "--output-format",
+        "json",
+    ];
+    let plan = json_ok(&run_in(path, &[&["plan", "events"][..], &scope].concat()));
+    let rewritten: BTreeSet<String> = plan["affected_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(rewritten.len(), 2, "{plan}");
+    assert_eq!(
+        plan["files_ruled_out"].as_u64(),
+        Some(before_files.len() as u64 - 2),
+        "{plan}"
+    );
+    let out = run_in(path, &[&["backfill", "events"][..], &scope].concat());
+    assert_eq!(json_ok(&out)["state"], "published", "{}", stderr(&out));
+    assert_eq!(
+        python(&["rows", dir_arg(path)]),
+        python(&["below", dir_arg(path), "1000"])
+    );
+    let after = files(path);
+    for file in before_files.difference(&rewritten) {
+        assert!(
+            after.contains(file),
+            "{file} was ruled out and must be kept"
+        );
+    }
+}
+
+/// A scoped run stopped at any point is finished by the same command: the rows are the
+/// expected ones (each key once), and exactly one commit landed.
+#[test]
+fn a_stopped_scoped_run_converges_to_one_commit() {
+    for point in lakefill::CrashPoint::ALL
+        .into_iter()
+        .filter(|p| p.on_local_backfill(false))
+    {
+        let point = crate::support::armed(point);
+        let (dir, from, to) = lake("date");
+        let path = dir.path();
+        let args = [
+            "backfill",
+            "events",
+            "--from",
+            from.as_str(),
+            "--to",
+            to.as_str(),
+            "--where",
+            "country = 'DE'",
+        ];
+        let stopped = crate::support::lakefill_command(path)
+            .args(args)
+            .env("LAKEFILL_FAILPOINTS", &point)
+            .output()
+            .unwrap();
+        let again = run_in(path, &args);
+        assert!(
+            again.status.success(),
+            "{point}: {} / {}",
+            stderr(&stopped),
+            stderr(&again)
+        );
+        assert_eq!(
+            python(&["rows", dir_arg(path)]),
+            python(&["expect", dir_arg(path), "DE"]),
+            "{point}"
+        );
+        let history = json_ok(&run_in(
+            path,
+            &["history", "events", "--output-format", "json"],
+        ));
+        assert_eq!(history.as_array().unwrap().len(), 2, "{point}: {history}");
+        let runs = json_ok(&run_in(path, &["runs", "--output-format", "json"]));
+        assert_eq!(runs[0]["state"], "published", "{point}: {runs}");
+        assert_eq!(runs[0]["where"], "country = 'DE'", "{point}: {runs}");
+    }
+}

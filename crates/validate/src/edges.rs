@@ -29,6 +29,9 @@ use lakefill_table::time::{Grain, Period};
 /// The name of the check in reports.
 pub const EDGE_CHECK: &str = "edges";
 
+/// The name of the check of keys that cross the edge of a `--where` predicate.
+pub const SCOPE_EDGE_CHECK: &str = "where_edges";
+
 /// A key as the merge knows it: the first half of its hash and 32 bits of the second.
 pub type KeyHash = (u64, u32);
 

@@ -108,29 +108,31 @@ impl ValidationReport {
         ))
     }
 
-    /// Returns the keys that crossed the range's edges when the run was allowed to publish them
-    /// (`--allow-edge-moves`), with the reason.
+    /// Returns the keys that crossed the range's edges (and those of its `--where` predicate)
+    /// when the run was allowed to publish them (`--allow-edge-moves`), with the reason.
     pub fn allowed_edge_moves(&self) -> Option<crate::summary::EdgeMoves> {
-        let check = self
+        let failures: Vec<&serde_json::Value> = self
             .checks
             .iter()
-            .find(|c| c.name == super::edges::EDGE_CHECK)?;
-        let reason = check
-            .failures
+            .filter(|c| {
+                c.name == super::edges::EDGE_CHECK || c.name == super::edges::SCOPE_EDGE_CHECK
+            })
+            .flat_map(|c| &c.failures)
+            .collect();
+        let reason = failures
             .iter()
             .find(|f| f["allowed"].as_bool() == Some(true))?["reason"]
             .as_str()?
             .to_string();
-        let sum = |field: &str| {
-            check
-                .failures
+        let sum = |fields: [&str; 2]| {
+            failures
                 .iter()
-                .filter_map(|f| f[field].as_u64())
+                .flat_map(|f| fields.map(|field| f[field].as_u64().unwrap_or(0)))
                 .sum::<u64>()
         };
         Some(crate::summary::EdgeMoves {
-            duplicated: sum("duplicated"),
-            moved: sum("moved"),
+            duplicated: sum(["duplicated", "moved_in"]),
+            moved: sum(["moved", "moved_out"]),
             reason,
         })
     }

@@ -194,7 +194,7 @@ impl EdgeScan {
 }
 
 /// `check`, passed when the run allows keys to cross (`--allow-edge-moves`), with the reason.
-fn allow(mut check: CheckResult, allowed: Option<String>) -> CheckResult {
+pub(crate) fn allow(mut check: CheckResult, allowed: Option<String>) -> CheckResult {
     if let Some(reason) = allowed
         && !check.passed
     {

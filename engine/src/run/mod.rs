@@ -15,6 +15,7 @@ pub(crate) mod publish;
 pub(crate) mod reconcile;
 pub(crate) mod report;
 pub(crate) mod revert;
+pub(crate) mod scope_edges;
 pub(crate) mod staging;
 pub(crate) mod validation;
 

@@ -297,6 +297,14 @@ pub(crate) async fn run_validation(
         report.passed &= check.passed;
         report.checks.push(check);
     }
+    let started = std::time::Instant::now();
+    if let Some(check) =
+        crate::run::scope_edges::check(&ctx, plan, resources, &report.comparison).await?
+    {
+        report.passed &= check.passed;
+        report.checks.push(check);
+    }
+    edges_ms += started.elapsed().as_millis() as u64;
     report.edges_ms = edges_ms;
     if rules.decimals.is_none()
         && let Some(note) = float_noise(&report.comparison, &target_schema)
