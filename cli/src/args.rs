@@ -170,15 +170,17 @@ pub(crate) struct CompletionsArgs {
 pub(crate) struct ScopeArgs {
     /// The model to run (a directory under `sql/`).
     pub(crate) model: String,
-    /// First partition of the range (inclusive), e.g. `2026-01-01`.
-    #[arg(long, value_name = "PARTITION")]
-    pub(crate) from: String,
-    /// Last partition of the range (inclusive).
-    #[arg(long, value_name = "PARTITION")]
-    pub(crate) to: String,
+    /// First partition of the range (inclusive), e.g. `2026-01-01` [default: with `--where`, the
+    /// table's first; a table with no time column takes no range].
+    #[arg(long, value_name = "PARTITION", requires = "to")]
+    pub(crate) from: Option<String>,
+    /// Last partition of the range (inclusive) [default: with `--where`, the table's last].
+    #[arg(long, value_name = "PARTITION", requires = "from")]
+    pub(crate) to: Option<String>,
     /// Replace only the rows of the range that match this SQL condition on the target's columns,
-    /// e.g. `"country = 'DE'"` or `"customer_id IN (17, 42)"`; every other row is kept as it is
-    /// [default: every row of the range].
+    /// e.g. `"country = 'DE'"` or `"customer_id IN (17, 42)"`; every other row is kept as it is.
+    /// Without `--from`/`--to`, the matching rows of the whole table [default: every row of the
+    /// range].
     #[arg(long = "where", value_name = "PREDICATE")]
     pub(crate) rows: Option<String>,
     /// Model version to run [default: the newest, by natural sort]; with `--cascade`, also
@@ -216,6 +218,13 @@ pub(crate) struct ScopeArgs {
     /// rewrite].
     #[arg(long, value_enum, value_name = "MODE")]
     pub(crate) publish_as: Option<PublishAs>,
+}
+
+impl ScopeArgs {
+    /// `--from` and `--to`, when given (clap requires both or neither).
+    pub(crate) fn range(&self) -> Option<(String, String)> {
+        self.from.clone().zip(self.to.clone())
+    }
 }
 
 /// How a backfill publishes.

@@ -29,30 +29,28 @@ pub(crate) fn plan_builder(
     for pin in &scope.source_versions {
         versions.push(parse_source_version(pin)?);
     }
-    Ok(
-        PlanBuilder::new(project, &scope.model, &scope.from, &scope.to)
-            .with_model_version(model_versions(scope, false)?.0)
-            .with_settings(settings)
-            .with_source_versions(versions)
-            .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
-            .with_include_null(scope.include_null)
-            .with_where(scope.rows.clone())
-            .with_max_partitions(scope.max_partitions)
-            .with_reason(scope.reason.clone())
-            .with_allow_edge_moves(
-                scope
-                    .allow_edge_moves
-                    .then(|| scope.reason.clone())
-                    .flatten(),
-            )
-            .with_publish_as(scope.publish_as.map(|mode| {
-                match mode {
-                    crate::args::PublishAs::Rewrite => "rewrite",
-                    crate::args::PublishAs::Adjustments => "adjustments",
-                }
-                .to_string()
-            })),
-    )
+    Ok(PlanBuilder::scoped(project, &scope.model, scope.range())
+        .with_model_version(model_versions(scope, false)?.0)
+        .with_settings(settings)
+        .with_source_versions(versions)
+        .with_allow_spill_drop(scope.allow_spill == Some(SpillPolicy::Drop))
+        .with_include_null(scope.include_null)
+        .with_where(scope.rows.clone())
+        .with_max_partitions(scope.max_partitions)
+        .with_reason(scope.reason.clone())
+        .with_allow_edge_moves(
+            scope
+                .allow_edge_moves
+                .then(|| scope.reason.clone())
+                .flatten(),
+        )
+        .with_publish_as(scope.publish_as.map(|mode| {
+            match mode {
+                crate::args::PublishAs::Rewrite => "rewrite",
+                crate::args::PublishAs::Adjustments => "adjustments",
+            }
+            .to_string()
+        })))
 }
 
 /// The root model's version, and every `MODEL=VERSION` pin of `--model-version`; pins of other

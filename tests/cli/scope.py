@@ -7,6 +7,16 @@
     python3 scope.py files DIR            # the live files of `events`, as the log names them
     python3 scope.py crossing DIR         # writes `sql/events/v2.sql`, whose fix also moves
                                           # keys across `country = 'DE'`; prints how many each way
+    python3 scope.py downstream DIR       # adds `daily` (per date and country) and `totals` (per
+                                          # date) computed from `events`, with their models
+    python3 scope.py dexpect DIR COUNTRY  # `daily` and `totals` once COUNTRY alone is fixed
+    python3 scope.py drows DIR            # `daily` and `totals` now, by DuckDB
+    python3 scope.py timeless DIR LAYOUT  # a project whose `accounts` has no time column;
+                                          # LAYOUT: `int` (partitioned by `part INT`) or `flat`
+    python3 scope.py texpect DIR WHICH    # the rows of `accounts` once WHICH is fixed: `parts12`
+                                          # (part IN (1, 2)), `DE` (country = 'DE') or `all`
+    python3 scope.py trows DIR [VERSION]  # the rows of `accounts` now (or at VERSION), by DuckDB
+    python3 scope.py tfiles DIR           # the live files of `accounts`
 
 `raw` holds every event with its true time `ts`, partitioned by its UTC date (`ingest_date`).
 `events` was written by a buggy pipeline with python `deltalake`: `event_date` is the date of
@@ -135,6 +145,173 @@ def crossing(directory):
     print(json.dumps({"out": moved_out, "in": moved_in}))
 
 
+DOWNSTREAM_MODEL = """/*
+target = "{table}"
+partition_by = "event_date"
+
+[sources.events]
+window = "event_date"
+
+[validate]
+key = {key}
+measures = ["amount"]
+*/
+SELECT {columns}, COUNT(*) AS events, SUM(amount) AS amount
+FROM events
+WHERE event_date BETWEEN $start AND $end
+GROUP BY {columns}
+"""
+
+DOWNSTREAM = {"daily": ["event_date", "country"], "totals": ["event_date"]}
+
+
+def aggregate(rows, columns):
+    """`rows` ([id, country, amount, date]) summed per `columns`, as DuckDB computes it."""
+    relation = duckdb.sql(
+        "SELECT * FROM (VALUES "
+        + ", ".join(f"({r[0]}, '{r[1]}', {r[2]}, DATE '{r[3]}')" for r in rows)
+        + ") t(event_id, country, amount, event_date)"
+    )
+    listed = ", ".join(columns)
+    return relation.query(
+        "t", f"SELECT {listed}, COUNT(*) AS events, CAST(SUM(amount) AS BIGINT) AS amount FROM t GROUP BY {listed}"
+    ).arrow().read_all()
+
+
+# A row of `daily` and of `totals` on the last day the fix writes to, so that the tables span
+# the whole range (a cascade recomputes only partitions a table has). `daily`'s is of another
+# country and kept; `totals`' is recomputed.
+PLACEHOLDER = datetime.date(2024, 3, 8)
+
+
+def downstream(directory):
+    buggy = expect(lambda _, c: False)
+    for table, columns in DOWNSTREAM.items():
+        data = aggregate(buggy, columns)
+        extra = {"event_date": [PLACEHOLDER], "events": [1], "amount": [1]}
+        if "country" in columns:
+            extra["country"] = ["ZZ"]
+        data = pa.concat_tables([data, pa.table(extra).select(data.column_names).cast(data.schema)])
+        write_deltalake(os.path.join(directory, "lake", table), data, partition_by=["event_date"])
+        with open(os.path.join(directory, "lakefill.toml"), "a") as f:
+            f.write(f'\n[tables.{table}]\nuri = "lake/{table}"\n')
+        os.makedirs(os.path.join(directory, "sql", table))
+        with open(os.path.join(directory, "sql", table, "v1.sql"), "w") as f:
+            f.write(DOWNSTREAM_MODEL.format(table=table, key=json.dumps(columns), columns=", ".join(columns)))
+
+
+def downstream_expect(country):
+    fixed = expect(lambda _, c: c == country)
+    out = {}
+    for table, columns in DOWNSTREAM.items():
+        rows = aggregate(fixed, columns).to_pylist()
+        if "country" in columns:
+            rows.append({"event_date": PLACEHOLDER, "country": "ZZ", "events": 1, "amount": 1})
+        out[table] = sorted([str(r["event_date"]), r.get("country"), r["events"], r["amount"]] for r in rows)
+    return out
+
+
+def downstream_rows(directory):
+    out = {}
+    for table, columns in DOWNSTREAM.items():
+        files = DeltaTable(os.path.join(directory, "lake", table)).file_uris()
+        country = "country" if "country" in columns else "NULL"
+        got = duckdb.sql(
+            f"""SELECT CAST(event_date AS VARCHAR), {country}, events, amount
+                FROM read_parquet({json.dumps(files)}, hive_partitioning = true,
+                                  hive_types = {{'event_date': 'DATE'}})"""
+        ).fetchall()
+        out[table] = sorted([list(r) for r in got])
+    return out
+
+
+TIMELESS_MODEL = """/*
+target = "accounts"
+{partition_by}reason = "amounts were written doubled"
+
+[sources.balances]
+
+[validate]
+key = ["id"]
+measures = ["amount"]
+*/
+SELECT id, part, country, amount FROM balances
+"""
+
+PARTS = 4
+
+
+def balances():
+    """(id, part, country, amount) of every account: each part holds every country."""
+    out = []
+    for part in range(PARTS):
+        for country_index, country in enumerate(COUNTRIES):
+            for i in range(10):
+                account = 1000 * part + 100 * country_index + i
+                out.append((account, part, country, 10 + account % 89))
+    return out
+
+
+def balance_table(rows, factor):
+    return pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "part": pa.array([r[1] for r in rows], pa.int32()),
+            "country": pa.array([r[2] for r in rows], pa.string()),
+            "amount": pa.array([r[3] * factor for r in rows], pa.int64()),
+        }
+    )
+
+
+def timeless(directory, layout):
+    """`balances` holds the true amounts; `accounts`, written doubled, has no time column:
+    partitioned by `part INT` (one file per part), or unpartitioned in two files (BR and DE
+    first, then FR, JP and US, so that statistics on `country` tell them apart)."""
+    rows = balances()
+    lake = os.path.join(directory, "lake")
+    write_deltalake(os.path.join(lake, "balances"), balance_table(rows, 1))
+    accounts = os.path.join(lake, "accounts")
+    if layout == "int":
+        write_deltalake(accounts, balance_table(rows, 2), partition_by=["part"])
+        partition_by = 'partition_by = ["part"]\n'
+    else:
+        first = sorted((r for r in rows if r[2] in ("BR", "DE")), key=lambda r: r[2])
+        rest = sorted((r for r in rows if r[2] not in ("BR", "DE")), key=lambda r: r[2])
+        write_deltalake(accounts, balance_table(first, 2))
+        write_deltalake(accounts, balance_table(rest, 2), mode="append")
+        partition_by = ""
+    with open(os.path.join(directory, "lakefill.toml"), "w") as f:
+        f.write('[tables.balances]\nuri = "lake/balances"\n\n[tables.accounts]\nuri = "lake/accounts"\n')
+    os.makedirs(os.path.join(directory, "sql", "accounts"))
+    with open(os.path.join(directory, "sql", "accounts", "v1.sql"), "w") as f:
+        f.write(TIMELESS_MODEL.format(partition_by=partition_by))
+    print(json.dumps({"rows": len(rows)}))
+
+
+def timeless_expect(which):
+    fixed = {
+        "parts12": lambda r: r[1] in (1, 2),
+        "DE": lambda r: r[2] == "DE",
+        "all": lambda r: True,
+    }[which]
+    return sorted([r[0], r[1], r[2], r[3] * (1 if fixed(r) else 2)] for r in balances())
+
+
+def timeless_rows(directory, version=None):
+    dt = DeltaTable(os.path.join(directory, "lake", "accounts"), version=version)
+    files = dt.file_uris()
+    hive = (
+        ", hive_partitioning = true, hive_types = {'part': 'INTEGER'}"
+        if dt.metadata().partition_columns
+        else ""
+    )
+    got = duckdb.sql(
+        f"""SELECT id, CAST(part AS INTEGER), country, amount
+            FROM read_parquet({json.dumps(files)}{hive})"""
+    ).fetchall()
+    return sorted([list(r) for r in got])
+
+
 def live_files(directory, version=None):
     dt = DeltaTable(os.path.join(directory, "lake", "events"), version=version)
     return dt, dt.file_uris()
@@ -169,6 +346,22 @@ def main():
     elif command == "rows":
         version = int(sys.argv[3]) if len(sys.argv) > 3 else None
         print(json.dumps(rows(directory, version)))
+    elif command == "downstream":
+        downstream(directory)
+    elif command == "dexpect":
+        print(json.dumps(downstream_expect(sys.argv[3])))
+    elif command == "drows":
+        print(json.dumps(downstream_rows(directory)))
+    elif command == "timeless":
+        timeless(directory, sys.argv[3])
+    elif command == "texpect":
+        print(json.dumps(timeless_expect(sys.argv[3])))
+    elif command == "trows":
+        version = int(sys.argv[3]) if len(sys.argv) > 3 else None
+        print(json.dumps(timeless_rows(directory, version)))
+    elif command == "tfiles":
+        actions = pa.table(DeltaTable(os.path.join(directory, "lake", "accounts")).get_add_actions(flatten=True))
+        print(json.dumps(sorted(actions["path"].to_pylist())))
     elif command == "files":
         actions = pa.table(DeltaTable(os.path.join(directory, "lake", "events")).get_add_actions(flatten=True))
         print(json.dumps(sorted(actions["path"].to_pylist())))

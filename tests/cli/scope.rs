@@ -365,3 +365,257 @@ fn a_stopped_scoped_run_converges_to_one_commit() {
         assert_eq!(runs[0]["where"], "country = 'DE'", "{point}: {runs}");
     }
 }
+
+/// The rows of `accounts` now (or at `version`), by DuckDB over the files the log lists.
+fn account_rows(dir: &Path, version: Option<&str>) -> Value {
+    let mut args = vec!["trows", dir_arg(dir)];
+    args.extend(version);
+    python(&args)
+}
+
+fn account_files(dir: &Path) -> BTreeSet<String> {
+    python(&["tfiles", dir_arg(dir)])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn tables_without_a_time_column_are_scoped_by_where_alone() {
+    // (layout, predicate, what it fixes, files rewritten, files ruled out)
+    for (layout, predicate, fixed, rewritten, ruled_out) in [
+        ("int", "part IN (1, 2)", "parts12", 2, 2),
+        ("flat", "country = 'DE'", "DE", 1, 1),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path();
+        python(&["timeless", dir_arg(path), layout]);
+        let before_files = account_files(path);
+        let before_rows = account_rows(path, None);
+
+        // A range means nothing without a time column: refused, naming why.
+        let ranged = run_in(
+            path,
+            &[
+                "plan",
+                "accounts",
+                "--from",
+                "2024-01-01",
+                "--to",
+                "2024-01-31",
+            ],
+        );
+        assert_eq!(
+            ranged.status.code(),
+            Some(2),
+            "{layout}: {}",
+            stderr(&ranged)
+        );
+        assert!(
+            stderr(&ranged).contains("has no time column"),
+            "{layout}: {}",
+            stderr(&ranged)
+        );
+
+        let scope = ["--where", predicate];
+        let plan = json_ok(&run_in(
+            path,
+            &[
+                &["plan", "accounts"][..],
+                &scope,
+                &["--output-format", "json"],
+            ]
+            .concat(),
+        ));
+        assert_eq!(plan["range"]["grain"], "whole", "{layout}: {plan}");
+        assert_eq!(
+            plan["layout"]["time"]["encoding"]["kind"], "none",
+            "{layout}"
+        );
+        assert_eq!(
+            plan["affected_files"].as_array().unwrap().len(),
+            rewritten,
+            "{layout}: {plan}"
+        );
+        assert_eq!(plan["files_ruled_out"], ruled_out, "{layout}: {plan}");
+
+        let out = run_in(
+            path,
+            &[
+                &["backfill", "accounts"][..],
+                &scope,
+                &["--output-format", "json"],
+            ]
+            .concat(),
+        );
+        let report = json_ok(&out);
+        assert_eq!(report["state"], "published", "{layout}: {}", stderr(&out));
+        assert_eq!(
+            account_rows(path, None),
+            python(&["texpect", dir_arg(path), fixed]),
+            "{layout}: the matching rows are corrected, every other row is as it was"
+        );
+        let after_files = account_files(path);
+        assert_eq!(
+            before_files.intersection(&after_files).count(),
+            before_files.len() - rewritten,
+            "{layout}: the files the predicate rules out are not touched"
+        );
+
+        // Again: the same run, already published, nothing written.
+        let again = json_ok(&run_in(
+            path,
+            &[
+                &["backfill", "accounts"][..],
+                &scope,
+                &["--output-format", "json"],
+            ]
+            .concat(),
+        ));
+        assert_eq!(again["run_id"], report["run_id"], "{layout}");
+        assert_eq!(account_files(path), after_files, "{layout}");
+
+        let history = json_ok(&run_in(
+            path,
+            &["history", "accounts", "--output-format", "json"],
+        ));
+        assert_eq!(history[0]["where"], predicate, "{layout}: {history}");
+
+        // Revert puts back exactly what the run replaced.
+        let run_id = report["run_id"].as_str().unwrap();
+        let reverted = run_in(path, &["revert", run_id]);
+        assert!(reverted.status.success(), "{layout}: {}", stderr(&reverted));
+        assert_eq!(account_rows(path, None), before_rows, "{layout}");
+        assert_eq!(account_files(path), before_files, "{layout}");
+
+        // Without `--where`, the whole table is replaced.
+        let whole = run_in(path, &["backfill", "accounts", "--output-format", "json"]);
+        assert_eq!(
+            json_ok(&whole)["state"],
+            "published",
+            "{layout}: {}",
+            stderr(&whole)
+        );
+        assert_eq!(
+            account_rows(path, None),
+            python(&["texpect", dir_arg(path), "all"]),
+            "{layout}"
+        );
+    }
+}
+
+#[test]
+fn where_without_a_range_covers_the_whole_table() {
+    let (dir, from, to) = lake("date");
+    let path = dir.path();
+    let unscoped = run_in(path, &["plan", "events"]);
+    assert_eq!(unscoped.status.code(), Some(2), "{}", stderr(&unscoped));
+    assert!(stderr(&unscoped).contains("give `--from` and `--to`, or `--where`"));
+
+    let plan = json_ok(&run_in(
+        path,
+        &[
+            "plan",
+            "events",
+            "--where",
+            "country = 'DE'",
+            "--output-format",
+            "json",
+        ],
+    ));
+    assert_eq!(plan["range"]["from"], from.as_str(), "{plan}");
+    assert_eq!(plan["range"]["to"], to.as_str(), "{plan}");
+    let out = run_in(
+        path,
+        &[
+            "backfill",
+            "events",
+            "--where",
+            "country = 'DE'",
+            "--output-format",
+            "json",
+        ],
+    );
+    assert_eq!(json_ok(&out)["state"], "published", "{}", stderr(&out));
+    assert_eq!(
+        python(&["rows", dir_arg(path)]),
+        python(&["expect", dir_arg(path), "DE"]),
+        "DE's rows are dated by ts over the whole table, every other row is as it was"
+    );
+}
+
+#[test]
+fn a_scoped_cascade_passes_the_predicate_where_the_columns_are() {
+    let (dir, from, to) = lake("date");
+    let path = dir.path();
+    python(&["downstream", dir_arg(path)]);
+    let scope = [
+        "--from",
+        from.as_str(),
+        "--to",
+        to.as_str(),
+        "--where",
+        "country = 'DE'",
+        "--cascade",
+    ];
+    let plan = json_ok(&run_in(
+        path,
+        &[
+            &["plan", "events"][..],
+            &scope,
+            &["--output-format", "json"],
+        ]
+        .concat(),
+    ));
+    let node = |model: &str| {
+        plan["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["model"] == model)
+            .cloned()
+            .unwrap_or_else(|| panic!("{model}: {plan}"))
+    };
+    let edge = |child: &str| {
+        plan["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["child"] == child)
+            .cloned()
+            .unwrap_or_else(|| panic!("{child}: {plan}"))
+    };
+    assert_eq!(node("events")["range"]["where"]["sql"], "country = 'DE'");
+    // `daily` has `country`: scoped like the root. `totals` has not: its whole window range.
+    assert_eq!(edge("daily")["where_passed"], true, "{plan}");
+    assert_eq!(node("daily")["range"]["where"]["sql"], "country = 'DE'");
+    assert_eq!(edge("totals")["where_passed"], false, "{plan}");
+    assert!(node("totals")["range"]["where"].is_null(), "{plan}");
+    let text = crate::support::stdout(&run_in(path, &[&["plan", "events"][..], &scope].concat()));
+    assert!(text.contains("`--where` passes"), "{text}");
+    assert!(text.contains("`--where` does not pass"), "{text}");
+
+    let out = run_in(
+        path,
+        &[
+            &["backfill", "events"][..],
+            &scope,
+            &["--output-format", "json"],
+        ]
+        .concat(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        python(&["rows", dir_arg(path)]),
+        python(&["expect", dir_arg(path), "DE"]),
+        "events: DE's rows fixed, every other row as it was"
+    );
+    // `daily`'s DE rows are recomputed from the fixed events, its other rows kept; `totals` is
+    // recomputed from every row of events as published (the carried rows counted once).
+    assert_eq!(
+        python(&["drows", dir_arg(path)]),
+        python(&["dexpect", dir_arg(path), "DE"]),
+    );
+}

@@ -98,7 +98,9 @@ async fn cascade(
     let scope = &args.scope;
     crate::commands::plan::refuse_single_model_flags(scope)?;
     let (_, pins) = settings::model_versions(scope, true)?;
-    let plan = lakefill::CascadeBuilder::new(project, &scope.model, &scope.from, &scope.to)
+    let (from, to) = crate::commands::plan::cascade_range(scope)?;
+    let plan = lakefill::CascadeBuilder::new(project, &scope.model, from, to)
+        .with_where(scope.rows.clone())
         .with_model_versions(pins)
         .with_max_expansion(args.max_expansion)
         .with_settings(resolved)

@@ -16,7 +16,9 @@ pub(crate) async fn run(
         let scope = &args.scope;
         refuse_single_model_flags(scope)?;
         let (_, pins) = settings::model_versions(scope, true)?;
-        let cascade = lakefill::CascadeBuilder::new(&project, &scope.model, &scope.from, &scope.to)
+        let (from, to) = cascade_range(scope)?;
+        let cascade = lakefill::CascadeBuilder::new(&project, &scope.model, from, to)
+            .with_where(scope.rows.clone())
             .with_model_versions(pins)
             .with_max_expansion(args.max_expansion)
             .with_settings(lakefill::RunSettings::for_planning(
@@ -38,6 +40,14 @@ pub(crate) async fn run(
     printer.result(&render::plan::text(plan.report()), plan.report())
 }
 
+/// The range of a cascade: `--from` and `--to` are needed, since each node's range follows from
+/// the root's through the windows.
+pub(crate) fn cascade_range(scope: &ScopeArgs) -> Result<(String, String), lakefill::Error> {
+    scope.range().ok_or_else(|| lakefill::Error::InvalidRange {
+        message: "`--cascade` needs `--from` and `--to`: each model's range follows from the root's through the windows".into(),
+    })
+}
+
 /// Flags that apply to one model are refused with `--cascade`.
 pub(crate) fn refuse_single_model_flags(scope: &ScopeArgs) -> Result<(), lakefill::Error> {
     for (given, flag) in [
@@ -46,7 +56,6 @@ pub(crate) fn refuse_single_model_flags(scope: &ScopeArgs) -> Result<(), lakefil
         (scope.include_null, "--include-null"),
         (scope.max_partitions.is_some(), "--max-partitions"),
         (scope.publish_as.is_some(), "--publish-as"),
-        (scope.rows.is_some(), "--where"),
     ] {
         if given {
             return Err(lakefill::Error::InvalidOption {

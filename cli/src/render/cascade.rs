@@ -5,6 +5,15 @@ use std::fmt::Write as _;
 
 use super::bytes;
 
+/// ` where <predicate>` when the range is scoped by one.
+fn scoped(range: &lakefill::PartitionRange) -> String {
+    range
+        .rows
+        .as_ref()
+        .map(|p| format!(" where {}", p.sql))
+        .unwrap_or_default()
+}
+
 /// Renders a cascade plan: each node with its range and why, each edge, the total work.
 pub(crate) fn plan(cascade: &lakefill::CascadeReport) -> String {
     let mut out = String::new();
@@ -14,8 +23,12 @@ pub(crate) fn plan(cascade: &lakefill::CascadeReport) -> String {
         "cascade {} from {}: {} models, {} partitions in {} batches, {}",
         cascade.cascade_id,
         root.map_or_else(String::new, |r| format!(
-            "{}@{} over {} ..= {}",
-            r.model, r.version, r.range.from, r.range.to
+            "{}@{} over {} ..= {}{}",
+            r.model,
+            r.version,
+            r.range.from,
+            r.range.to,
+            scoped(&r.range)
         )),
         cascade.nodes.len(),
         cascade.total_partitions,
@@ -30,13 +43,14 @@ pub(crate) fn plan(cascade: &lakefill::CascadeReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "\n  {}. {}@{} -> {}  {} ..= {}  ({} partitions, {} batches, {}; read version {})",
+            "\n  {}. {}@{} -> {}  {} ..= {}{}  ({} partitions, {} batches, {}; read version {})",
             i + 1,
             node.model,
             node.version,
             node.target,
             node.range.from,
             node.range.to,
+            scoped(&node.range),
             node.partitions,
             node.batches,
             bytes(node.bytes),
@@ -66,9 +80,14 @@ pub(crate) fn plan(cascade: &lakefill::CascadeReport) -> String {
                 || "reaches nothing".into(),
                 |(f, t)| format!("reaches {f} ..= {t}"),
             );
+            let scope = match edge.where_passed {
+                Some(true) => "; `--where` passes",
+                Some(false) => "; `--where` does not pass: every row of the range",
+                None => "",
+            };
             let _ = writeln!(
                 out,
-                "  {} -> {} (reads {}; {window}): {reach}",
+                "  {} -> {} (reads {}; {window}): {reach}{scope}",
                 edge.parent, edge.child, edge.table
             );
         }

@@ -102,3 +102,11 @@ pub(crate) fn summarize(partitions: &[String]) -> String {
         [first, .., last] => format!("{first}..{last} ({} partitions)", partitions.len()),
     }
 }
+
+/// A range as status lines write it: `2026-01-01 ..= 2026-01-31`, or `the whole table`.
+pub(crate) fn spaced(range: &lakefill::PartitionRange) -> String {
+    if range.grain == lakefill::Grain::Whole {
+        return "the whole table".into();
+    }
+    format!("{} ..= {}", range.from, range.to)
+}

@@ -33,7 +33,20 @@ fn header(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(out, "  fingerprint   sha256:{}", plan.fingerprint);
     let layout = &plan.layout;
     let others = layout.other_columns();
-    if layout.by_rows {
+    if layout.is_timeless() {
+        let _ = writeln!(
+            out,
+            "  target        {} at version {} ({}), {}, with no time column",
+            plan.target,
+            plan.read_version,
+            plan.target_uri,
+            if layout.partition_columns.is_empty() {
+                "not partitioned".to_string()
+            } else {
+                format!("partitioned by {}", layout.partition_columns.join(", "))
+            },
+        );
+    } else if layout.by_rows {
         let _ = writeln!(
             out,
             "  target        {} at version {} ({}), {}; the range replaces rows by {}",
@@ -91,9 +104,8 @@ fn header(plan: &PlanReport, out: &mut String) {
 fn scope(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(
         out,
-        "  range         {} ..= {} ({} partitions, {} batches of up to {}; at most {} without `--max-partitions`)",
-        plan.range.from,
-        plan.range.to,
+        "  range         {} ({} partitions, {} batches of up to {}; at most {} without `--max-partitions`)",
+        super::spaced(&plan.range),
         plan.partitions.len(),
         plan.batches.len(),
         plan.batch_partitions,

@@ -346,9 +346,8 @@ pub(crate) fn notifications_of(table: &str, deliveries: &[lakefill::Delivery]) -
 /// on its range.
 pub(crate) fn revert_plan(run_id: &str, report: &lakefill::PlanReport) -> Vec<String> {
     let mut lines = vec![format!(
-        "reverting {run_id} in {} ..= {} ({} partitions in {} batches, read version {})",
-        report.range.from,
-        report.range.to,
+        "reverting {run_id} in {} ({} partitions in {} batches, read version {})",
+        super::spaced(&report.range),
         report.partitions.len(),
         report.batches.len(),
         report.read_version
@@ -368,10 +367,9 @@ pub(crate) fn revert_plan(run_id: &str, report: &lakefill::PlanReport) -> Vec<St
 /// version.
 pub(crate) fn backfill_plan(report: &lakefill::PlanReport) -> String {
     format!(
-        "backfilling {} {} ..= {}{} with {}@{} ({} partitions in {} batches, read version {})",
+        "backfilling {} {}{} with {}@{} ({} partitions in {} batches, read version {})",
         report.target,
-        report.range.from,
-        report.range.to,
+        super::spaced(&report.range),
         report
             .rows
             .as_deref()

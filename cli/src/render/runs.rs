@@ -28,10 +28,8 @@ pub(crate) fn list(runs: &[lakefill::RunSummary]) -> String {
                 None => format!("{}@{}", run.model, run.model_version),
             },
             match &run.rows {
-                Some(predicate) => {
-                    format!("{}..={} where {predicate}", run.range.from, run.range.to)
-                }
-                None => format!("{}..={}", run.range.from, run.range.to),
+                Some(predicate) => format!("{} where {predicate}", run.range.span()),
+                None => run.range.span(),
             },
             run.read_version,
             run.published_version

@@ -107,6 +107,9 @@ fn refuse_unsupported(plan: &BackfillPlan, engine: &str) -> Result<()> {
     if layout.partition_columns.is_empty() {
         return refuse("an unpartitioned table");
     }
+    if layout.is_timeless() {
+        return refuse("a table with no time column");
+    }
     if plan.report.reads_own_past {
         return refuse(
             "a model that reads its own past (staged one partition at a time, in order)",

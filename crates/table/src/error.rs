@@ -635,6 +635,7 @@ impl Error {
                 "--memory-limit" => "give a size such as `512MiB` or `4GiB`".into(),
                 "--throttle" => "give a rate such as `50MiB/s`".into(),
                 "--where" => "give a SQL condition on the target's columns, quoted for the shell, e.g. `--where \"country = 'DE'\"` or `--where \"customer_id IN (17, 42)\"`; `lakefill sql \"SELECT * FROM <table> LIMIT 5\"` shows the columns".into(),
+                "--from" => "a table with no time column is scoped by `--where` alone, e.g. `lakefill backfill <model> --where \"part IN (1, 2)\"`; without `--where` the run replaces the whole table".into(),
                 "--reason" => "say why, e.g. `--reason \"rows dropped on purpose: test accounts\"`".into(),
                 "MODEL" => "a model is a directory under `sql/` holding version files: `lakefill plan <model> --from A --to B`".into(),
                 "RUN_ID" => "`lakefill runs` lists the runs and their ids".into(),

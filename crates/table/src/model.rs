@@ -36,7 +36,9 @@ pub struct ModelHeader {
     /// The table the model writes, from `lakefill.toml`.
     pub target: String,
     /// The target's partition columns: one name, or a list (`["event_date", "country"]`,
-    /// `["year", "month"]`); `[]` (or absent) for an unpartitioned table with `range_column`.
+    /// `["year", "month"]`); `[]` (or absent) for an unpartitioned table: with `range_column`
+    /// the range selects its rows, without it the table has no time and runs are scoped by
+    /// `--where` alone.
     #[serde(default, deserialize_with = "one_or_many")]
     pub partition_by: Vec<String>,
     /// The grain of the time partition column (`hour`, `day`, `month`, `year`); inferred from
@@ -242,12 +244,6 @@ impl Model {
         })?;
         let used_by = format!("the header of `{}`", path.display());
         project.table(&header.target, &used_by)?;
-        if header.partition_by.is_empty() && header.range_column.is_none() {
-            return Err(model_error(
-                "the header sets no `partition_by` (nor `range_column`)".into(),
-                "set `partition_by` to the target table's partition column (or a list of them), or `range_column` for an unpartitioned table",
-            ));
-        }
         if header.partition_by.iter().any(|c| c.trim().is_empty()) {
             return Err(model_error(
                 "`partition_by` names an empty column".into(),

@@ -60,6 +60,9 @@ pub enum TimeEncoding {
         /// The hour column, if any.
         hour: Option<String>,
     },
+    /// No column holds time: the whole table is one period ([`Grain::Whole`]), and a run is
+    /// scoped by `--where` alone.
+    None,
 }
 
 impl TimeEncoding {
@@ -79,6 +82,7 @@ impl TimeEncoding {
                 .flatten()
                 .map(String::as_str)
                 .collect(),
+            TimeEncoding::None => Vec::new(),
         }
     }
 
@@ -89,6 +93,7 @@ impl TimeEncoding {
             TimeEncoding::Timestamp { column, .. } => format!("{column} (timestamp)"),
             TimeEncoding::Text { column, format } => format!("{column} (string, {format})"),
             TimeEncoding::Parts { .. } => format!("{} (integer parts)", self.columns().join(", ")),
+            TimeEncoding::None => "no time column".to_string(),
         }
     }
 }
@@ -119,7 +124,10 @@ impl TimeColumn {
         else {
             return true;
         };
-        let column = self.encoding.columns()[0];
+        let Some(column) = self.encoding.columns().first().copied() else {
+            // No time: every file is of the whole table.
+            return true;
+        };
         let instant = |value: &serde_json::Value| -> Option<chrono::NaiveDateTime> {
             let text = value.as_str()?;
             match &self.encoding {
@@ -240,6 +248,7 @@ impl TimeColumn {
                     })?;
                 Ok(Period::containing(self.grain, instant))
             }
+            TimeEncoding::None => Ok(Some(Period::whole())),
         }
     }
 
@@ -268,7 +277,7 @@ impl TimeColumn {
                 })?;
                 Ok(Period::containing(self.grain, instant))
             }
-            TimeEncoding::Parts { .. } => self.period_of(values),
+            TimeEncoding::Parts { .. } | TimeEncoding::None => self.period_of(values),
         }
     }
 
@@ -354,6 +363,7 @@ impl TimeColumn {
                 let columns: Vec<Expr> = names.iter().map(|n| column(n)).collect();
                 Ok(tuple_at_least(&columns, &low).and(tuple_at_most(&columns, &high)))
             }
+            TimeEncoding::None => Ok(lit(true)),
         }
     }
 }
@@ -378,6 +388,7 @@ pub fn period_count(from: Period, to: Period) -> i64 {
             i64::from(b.year() - a.year()) * 12 + i64::from(b.month()) - i64::from(a.month()) + 1
         }
         Grain::Year => i64::from(b.year() - a.year()) + 1,
+        Grain::Whole => 1,
     }
 }
 
@@ -520,6 +531,7 @@ pub fn parse_with_format(text: &str, format: &str) -> Option<NaiveDateTime> {
                 .ok()?
                 .and_time(NaiveTime::MIN)
         }
+        Grain::Whole => return None,
     };
     Some(parsed)
 }
@@ -792,6 +804,41 @@ fn infer_date_grain(dates: &[NaiveDate]) -> std::result::Result<(Grain, String),
     })
 }
 
+/// Whether a partition column of this type and these values may hold times (so that failing
+/// to read them as times is an error): a DATE or a TIMESTAMP, or a string column with no values
+/// yet or with a value that reads as a time.
+fn may_hold_time(data_type: &DataType, values: Option<&Vec<String>>) -> bool {
+    match value_type(data_type) {
+        DataType::Date32 | DataType::Date64 | DataType::Timestamp(..) => true,
+        other if is_string(other) => values.is_none_or(|values| {
+            values.is_empty()
+                || values.iter().any(|v| {
+                    parse_instant(v).is_some()
+                        || KNOWN_FORMATS.iter().any(|format| {
+                            parse_with_format(v, format)
+                                .is_some_and(|t| t.format(format).to_string() == *v)
+                        })
+                })
+        }),
+        _ => false,
+    }
+}
+
+/// Why the model's `partition_by` does not describe the table.
+fn mismatch(table: &str, partition_by: &[String], partition_columns: &[String]) -> String {
+    if partition_by.is_empty() {
+        return format!(
+            "the header sets no `partition_by`, but `{table}` is partitioned by [{}]",
+            partition_columns.join(", ")
+        );
+    }
+    format!(
+        "the model says `{table}` is partitioned by [{}], but the table is partitioned by [{}]",
+        partition_by.join(", "),
+        partition_columns.join(", ")
+    )
+}
+
 /// How a target is partitioned: all its partition columns and the time column among them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
@@ -817,9 +864,15 @@ impl Layout {
         grain: Option<Grain>,
         format: Option<&str>,
     ) -> std::result::Result<Self, String> {
-        if partition_columns.is_empty() {
-            return Err(format!(
-                "`{table}` is not partitioned; replacing a range in an unpartitioned table needs `range_column`"
+        if partition_columns.is_empty() && partition_by.is_empty() {
+            if grain.is_some() || format.is_some() {
+                return Err(format!(
+                    "`{table}` is not partitioned, so the model's `grain`/`format` has no column to describe; name the time column with `range_column`"
+                ));
+            }
+            return Ok(Self::timeless(
+                partition_columns,
+                format!("`{table}` is not partitioned and the model names no `range_column`"),
             ));
         }
         let mut declared = partition_by.to_vec();
@@ -827,11 +880,7 @@ impl Layout {
         let mut actual = partition_columns.to_vec();
         actual.sort();
         if declared != actual {
-            return Err(format!(
-                "the model says `{table}` is partitioned by [{}], but the table is partitioned by [{}]",
-                partition_by.join(", "),
-                partition_columns.join(", ")
-            ));
+            return Err(mismatch(table, partition_by, partition_columns));
         }
         let type_of = |column: &str| -> std::result::Result<&DataType, String> {
             schema
@@ -896,8 +945,10 @@ impl Layout {
         }
         // Otherwise one column holds time: the first in `partition_by` that does.
         let mut reasons = Vec::new();
+        let mut timelike = false;
         for column in partition_by {
             let data_type = type_of(column)?;
+            timelike |= may_hold_time(data_type, log_values.get(column));
             let facts = ColumnFacts {
                 column,
                 data_type,
@@ -916,10 +967,35 @@ impl Layout {
                 Err(reason) => reasons.push(reason),
             }
         }
-        Err(format!(
+        let reason = format!(
             "no partition column of `{table}` holds times: {}",
             reasons.join("; ")
-        ))
+        );
+        if timelike || grain.is_some() || format.is_some() {
+            // A column that holds times of no grain, or a model that says there is a time:
+            // that no column holds it is an error, not a table without time.
+            return Err(reason);
+        }
+        Ok(Self::timeless(partition_columns, reason))
+    }
+
+    /// The layout of a table with no time column: the whole table is one period, each file
+    /// rewritten or kept by `--where`. `reason` says why no column holds time.
+    pub fn timeless(partition_columns: &[String], reason: String) -> Self {
+        Self {
+            partition_columns: partition_columns.to_vec(),
+            time: TimeColumn {
+                encoding: TimeEncoding::None,
+                grain: Grain::Whole,
+                grain_reason: reason,
+            },
+            by_rows: false,
+        }
+    }
+
+    /// Whether the table has no time column ([`Layout::timeless`]).
+    pub fn is_timeless(&self) -> bool {
+        self.time.encoding == TimeEncoding::None
     }
 
     /// The layout of a table whose range selects rows by `range_column` (a column that is not a
@@ -938,11 +1014,7 @@ impl Layout {
         let mut actual = partition_columns.to_vec();
         actual.sort();
         if declared != actual {
-            return Err(format!(
-                "the model says `{table}` is partitioned by [{}], but the table is partitioned by [{}]",
-                partition_by.join(", "),
-                partition_columns.join(", ")
-            ));
+            return Err(mismatch(table, partition_by, partition_columns));
         }
         if partition_columns.iter().any(|c| c == range_column) {
             return Err(format!(
@@ -978,7 +1050,7 @@ impl Layout {
 
     /// Whether this is [`Layout::unknown`]: its time names no column.
     pub fn is_unknown(&self) -> bool {
-        self.time.encoding.columns().iter().all(|c| c.is_empty())
+        matches!(&self.time.encoding, TimeEncoding::Date { column } if column.is_empty())
     }
 
     /// A layout with no columns: what a journal without one holds until it is upgraded.
@@ -1040,7 +1112,13 @@ impl Layout {
     /// Rows of the range's partitions (and of the NULL partition when the range includes it), as
     /// a filter on the partition columns that prunes files. `schema` is the table's.
     pub fn range_predicate(&self, range: &PartitionRange, schema: &Schema) -> Result<Expr> {
-        let time_column = self.time.encoding.columns()[0].to_string();
+        let Some(time_column) = self.time.encoding.columns().first().map(|c| c.to_string()) else {
+            // No time: the range is the whole table.
+            return match &range.rows {
+                Some(rows) => rows.expr(schema),
+                None => Ok(lit(true)),
+            };
+        };
         let data_type = schema
             .field_with_name(&time_column)
             .map(|f| f.data_type().clone())
@@ -1216,6 +1294,94 @@ impl PartitionRange {
             },
             from_note.into_iter().chain(to_note).collect(),
         ))
+    }
+
+    /// The range of a table with no time column: the whole table, one period.
+    pub fn whole() -> Self {
+        let label = Period::whole().label();
+        Self {
+            from: label.clone(),
+            to: label,
+            grain: Grain::Whole,
+            include_null: false,
+            rows: None,
+        }
+    }
+
+    /// The range from the first to the last period of `layout` that `files` hold (by their
+    /// partition values, or by the time column's statistics by rows), and the NULL partition
+    /// when a file holds it: every row of the table. `None` when the files show no time.
+    pub fn spanning(
+        layout: &Layout,
+        files: &[crate::scope::FileFacts<'_>],
+    ) -> std::result::Result<Option<Self>, String> {
+        if layout.is_timeless() {
+            return Ok(Some(Self::whole()));
+        }
+        let grain = layout.time.grain;
+        let mut periods: Vec<Period> = Vec::new();
+        let mut include_null = false;
+        for file in files {
+            if layout.by_rows {
+                let column = layout.time.encoding.columns()[0];
+                let Some(stats) = file
+                    .stats
+                    .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+                else {
+                    return Err(format!(
+                        "a file of the table has no statistics for `{column}`, so the span of its times is unknown"
+                    ));
+                };
+                if stats["nullCount"][column].as_u64() != Some(0) {
+                    include_null = true;
+                }
+                for bound in ["minValues", "maxValues"] {
+                    let value = &stats[bound][column];
+                    if value.is_null() {
+                        continue;
+                    }
+                    let text = value
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or(value.to_string());
+                    let instant = match &layout.time.encoding {
+                        TimeEncoding::Text { format, .. } => parse_with_format(&text, format),
+                        _ => parse_instant(&text).map(|(t, _)| t),
+                    };
+                    let period = instant
+                        .and_then(|t| Period::containing(grain, t))
+                        .ok_or_else(|| {
+                            format!(
+                                "the statistics of `{column}` hold `{text}`, which is not a time"
+                            )
+                        })?;
+                    periods.push(period);
+                }
+            } else {
+                match layout.time.period_of(file.values)? {
+                    Some(period) => periods.push(period),
+                    None => include_null = true,
+                }
+            }
+        }
+        let (Some(first), Some(last)) = (periods.iter().min(), periods.iter().max()) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            from: first.label(),
+            to: last.label(),
+            grain,
+            include_null,
+            rows: None,
+        }))
+    }
+
+    /// How plans and lists name the range: `2026-01-01..=2026-01-31`, or `whole table`.
+    pub fn span(&self) -> String {
+        if self.grain == Grain::Whole {
+            return "whole table".into();
+        }
+        format!("{}..={}", self.from, self.to)
     }
 
     /// The first period.
@@ -1414,17 +1580,37 @@ mod tests {
         )
         .expect("hourly");
         assert_eq!(hourly.time.grain, Grain::Hour);
-        let err = detect(
+        // A column that holds no times makes a table without time, saying why.
+        let timeless = detect(
             &[("country", DataType::Utf8)],
             &[("country", &["DE", "FR"])],
             None,
             None,
         )
-        .expect_err("no dates");
+        .expect("no dates: no time column");
+        assert!(timeless.is_timeless(), "{timeless:?}");
+        let reason = &timeless.time.grain_reason;
         assert!(
-            err.contains("holds no dates") && err.contains("`DE`"),
-            "{err}"
+            reason.contains("holds no dates") && reason.contains("`DE`"),
+            "{reason}"
         );
+        // Some values are dates: the others are an error, not a reason to ignore time.
+        let err = detect(
+            &[("ds", DataType::Utf8)],
+            &[("ds", &["2026-01-05", "unknown"])],
+            None,
+            None,
+        )
+        .expect_err("dates among other values");
+        assert!(err.contains("holds no dates"), "{err}");
+        // So is a model that declares a grain.
+        detect(
+            &[("country", DataType::Utf8)],
+            &[("country", &["DE", "FR"])],
+            Some(Grain::Day),
+            None,
+        )
+        .expect_err("a declared grain needs a time column");
         let dictionary = DataType::Dictionary(Box::new(DataType::UInt16), Box::new(DataType::Utf8));
         detect(
             &[("ds", dictionary)],

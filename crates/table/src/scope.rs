@@ -26,6 +26,12 @@ use crate::partition::PartitionValues;
 /// prefix of the true one.
 const STRING_STATS_PREFIX: usize = 32;
 
+/// `--where <predicate>` as a POSIX shell reads it back, for the commands lakefill prints
+/// (resume a run, re-run a cascade): the predicate single-quoted, its own quotes escaped.
+pub fn where_option(predicate: &str) -> String {
+    format!(" --where '{}'", predicate.replace('\'', "'\\''"))
+}
+
 /// A checked `--where` predicate: the text as given, and its canonical form (what the run id
 /// hashes, so spacing and quoting do not make another run).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,6 +21,9 @@ pub enum Grain {
     Month,
     /// One partition per year.
     Year,
+    /// No time at all: the whole table is one period (a table with no time column, scoped by
+    /// `--where` alone). Its one period is labelled [`WHOLE_LABEL`].
+    Whole,
 }
 
 impl Grain {
@@ -42,6 +45,7 @@ impl Grain {
             Grain::Day => "day",
             Grain::Month => "month",
             Grain::Year => "year",
+            Grain::Whole => "whole table",
         }
     }
 
@@ -60,6 +64,9 @@ impl std::fmt::Display for Grain {
 /// How reports name the partition whose time is NULL.
 pub const NULL_LABEL: &str = "(null)";
 
+/// How plans and reports name the one period of a table with no time column.
+pub const WHOLE_LABEL: &str = "(all)";
+
 /// How journals name the rows a by-rows backfill carries over unchanged.
 pub const CARRIED_LABEL: &str = "(carried)";
 
@@ -76,6 +83,9 @@ pub struct Period {
 impl Period {
     /// The period of `grain` that holds `instant`; `None` outside the years 1 to 9999.
     pub fn containing(grain: Grain, instant: NaiveDateTime) -> Option<Self> {
+        if grain == Grain::Whole {
+            return Some(Self::whole());
+        }
         if !YEARS.contains(&instant.year()) {
             return None;
         }
@@ -85,8 +95,19 @@ impl Period {
             Grain::Day => date.and_time(NaiveTime::MIN),
             Grain::Month => date.with_day(1)?.and_time(NaiveTime::MIN),
             Grain::Year => NaiveDate::from_ymd_opt(date.year(), 1, 1)?.and_time(NaiveTime::MIN),
+            Grain::Whole => return Some(Self::whole()),
         };
         Some(Self { start, grain })
+    }
+
+    /// The one period of [`Grain::Whole`]: every row of a table with no time column.
+    pub fn whole() -> Self {
+        Self {
+            start: NaiveDate::from_ymd_opt(*YEARS.start(), 1, 1)
+                .unwrap_or(NaiveDate::MIN)
+                .and_time(NaiveTime::MIN),
+            grain: Grain::Whole,
+        }
     }
 
     /// The period of `grain` that holds `date`.
@@ -112,6 +133,8 @@ impl Period {
     /// The period `n` periods later (earlier for negative `n`), if it exists.
     pub fn offset(&self, n: i64) -> Option<Self> {
         let start = match self.grain {
+            // The whole table has no neighbours.
+            Grain::Whole => return (n == 0).then_some(*self),
             Grain::Hour => self.start.checked_add_signed(TimeDelta::try_hours(n)?)?,
             Grain::Day => self.start.checked_add_signed(TimeDelta::try_days(n)?)?,
             Grain::Month | Grain::Year => {
@@ -150,6 +173,7 @@ impl Period {
                 .start
                 .checked_add_months(Months::new(12))
                 .unwrap_or(NaiveDateTime::MAX),
+            Grain::Whole => NaiveDateTime::MAX,
         }
     }
 
@@ -165,11 +189,15 @@ impl Period {
             Grain::Day => self.start.format("%Y-%m-%d").to_string(),
             Grain::Month => self.start.format("%Y-%m").to_string(),
             Grain::Year => self.start.format("%Y").to_string(),
+            Grain::Whole => WHOLE_LABEL.to_string(),
         }
     }
 
     /// Parses a label of `grain` exactly as [`Period::label`] writes it.
     pub fn from_label(grain: Grain, label: &str) -> Option<Self> {
+        if grain == Grain::Whole {
+            return (label == WHOLE_LABEL).then(Self::whole);
+        }
         let instant = parse_instant(label)?;
         let period = Self::containing(grain, instant.0)?;
         (period.label() == label).then_some(period)

@@ -194,14 +194,10 @@ pub async fn protocol_checks(
         .collect::<Vec<_>>()
         .join(", ");
     let keys = partitions.columns().len();
-    let group_by = (1..=keys)
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let sql = format!(
-        "SELECT {}, {counts} FROM {appended} GROUP BY {group_by}",
-        partitions.select(ident).join(", ")
-    );
+    let group_by = partitions.group_by();
+    let mut select = partitions.select(ident);
+    select.push(counts);
+    let sql = format!("SELECT {} FROM {appended}{group_by}", select.join(", "));
     let mut violations: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); rules.len()];
     let mut stream = run(ctx, &sql, "check the table's constraints").await?;
     while let Some(batch) = stream.next().await {

@@ -650,12 +650,9 @@ async fn side_aggregates(
         let hash = row_hash_sql(columns);
         select.push(format!("SUM(CAST({hash} AS DECIMAL(38, 0))) AS __lf_hash"));
     }
-    let group_by = (1..=keys)
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let group_by = spec.partitions.group_by();
     let sql = format!(
-        "SELECT {} FROM (SELECT {} FROM {table} GROUP BY {group_by}) __lf_groups",
+        "SELECT {} FROM (SELECT {} FROM {table}{group_by}) __lf_groups",
         outer.join(", "),
         select.join(", ")
     );

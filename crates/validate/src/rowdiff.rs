@@ -436,7 +436,8 @@ async fn fetch(
                     Vec::new()
                 }
             };
-            parts.chain(keys).reduce(Expr::and)
+            // No partition columns and a hashed key: the whole table is the one partition.
+            Some(parts.chain(keys).reduce(Expr::and).unwrap_or(lit(true)))
         })
         .reduce(Expr::or)
     else {

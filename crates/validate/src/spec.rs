@@ -68,6 +68,17 @@ impl PartitionKey {
             .collect()
     }
 
+    /// ` GROUP BY 1, …, n` over the key's `n` columns, or nothing when it has none (a table with no
+    /// time column is one partition).
+    pub fn group_by(&self) -> String {
+        let keys = self.columns().len();
+        if keys == 0 {
+            return String::new();
+        }
+        let positions: Vec<String> = (1..=keys).map(|i| i.to_string()).collect();
+        format!(" GROUP BY {}", positions.join(", "))
+    }
+
     /// The partition label of a row, from the text values of the key columns.
     pub fn label(&self, texts: &[Option<String>]) -> String {
         match self {

@@ -49,6 +49,7 @@ pub struct CascadeBuilder {
     reason: Option<String>,
     create_companion: bool,
     allow_edge_moves: Option<String>,
+    rows: Option<String>,
 }
 
 /// A planned cascade: one backfill plan per node, in dependency order.
@@ -138,6 +139,10 @@ pub struct CascadeEdge {
     pub grain: Option<Grain>,
     /// The range of the child this edge reaches (`None` when the child has no partition there).
     pub reaches: Option<(String, String)>,
+    /// With `--where`: whether the predicate passes to the child (its table has the columns),
+    /// or the child takes every row of its range.
+    #[serde(rename = "where_passed")]
+    pub where_passed: Option<bool>,
     /// In words.
     pub explanation: String,
 }
@@ -161,7 +166,18 @@ impl CascadeBuilder {
             reason: None,
             create_companion: false,
             allow_edge_moves: None,
+            rows: None,
         }
+    }
+
+    /// Scopes the root to the rows that match `predicate` (`--where`), and every model
+    /// downstream whose table has the predicate's columns; the others take every row of the
+    /// range the change reaches.
+    ///
+    /// By default, every row of each node's range.
+    pub fn with_where(mut self, predicate: Option<String>) -> Self {
+        self.rows = predicate;
+        self
     }
 
     /// Lets every node publish even when keys cross its range's edges, recording `reason` (see
@@ -223,7 +239,10 @@ impl CascadeBuilder {
         let order = graph.order_from(&self.root)?;
         let root = self
             .plan_node(&self.root, self.from.clone(), self.to.clone())
+            .with_where(self.rows.clone())
             .await?;
+        // The predicate's columns, as the root's table resolved them.
+        let predicate = root.report().range.rows.clone();
         let mut walk = Walk::from_root(&self.root, root)?;
         for child in order.iter().skip(1) {
             let Some(reached) = self.reach_of(&graph, child, &mut walk).await? else {
@@ -232,7 +251,13 @@ impl CascadeBuilder {
             let reached = self.with_own_past(&graph, child, reached, &mut walk);
             check_expansion(child, &reached, &walk, max_expansion)?;
             let (from, to) = labels(reached.grain, reached.rounded.0, reached.rounded.1);
-            let mut plan = self.plan_node(child, from, to).await?;
+            let passes = walk
+                .edges
+                .iter()
+                .filter(|e| e.child == *child)
+                .any(|e| e.where_passed == Some(true));
+            let rows = predicate.as_ref().filter(|_| passes).map(|p| p.sql.clone());
+            let mut plan = self.plan_node(child, from, to).with_where(rows).await?;
             bind_to_parents(&mut plan, &walk.parent_runs(&graph, child)).await?;
             walk.add(child, plan)?;
         }
@@ -296,7 +321,18 @@ impl CascadeBuilder {
                 ),
             }
         })?;
+        if layout.is_timeless() {
+            return Err(Error::Partitioning {
+                message: format!(
+                    "`{child_table}` has no time column, so a cascade cannot tell which of its rows a change reaches"
+                ),
+                hint: format!(
+                    "run the cascade's other models, then `lakefill backfill {child}` (with `--where` for the rows to replace)"
+                ),
+            });
+        }
         let existing = existing_span(&layout, &opened);
+        let passes = self.where_passes(&child_table, &opened)?;
         let mut rounded: Option<Span> = None;
         let mut exact: Option<Span> = None;
         let parents: Vec<String> = graph
@@ -305,9 +341,13 @@ impl CascadeBuilder {
             .cloned()
             .collect();
         for parent in &parents {
-            let (edge, reached) = self
+            let (mut edge, reached) = self
                 .edge(graph, child, parent, &layout, existing, walk)
                 .await?;
+            if let Some((passed, why)) = &passes {
+                edge.where_passed = Some(*passed);
+                edge.explanation.push_str(&format!("; {why}"));
+            }
             walk.why
                 .entry(child.to_string())
                 .or_default()
@@ -327,6 +367,42 @@ impl CascadeBuilder {
             }),
             _ => None,
         })
+    }
+
+    /// With `--where`: whether the predicate passes to the model writing `table` (its table has
+    /// every column the predicate reads), and why, in words.
+    fn where_passes(
+        &self,
+        table: &str,
+        opened: &deltalake::DeltaTable,
+    ) -> Result<Option<(bool, String)>> {
+        let Some(text) = &self.rows else {
+            return Ok(None);
+        };
+        let schema = opened
+            .snapshot()
+            .map_err(|source| Error::Delta {
+                context: format!("cannot read the snapshot of `{table}`"),
+                source: Box::new(source),
+            })?
+            .snapshot()
+            .arrow_schema();
+        Ok(Some(
+            match lakefill_table::scope::RowPredicate::parse(text, &schema, table) {
+                Ok(_) => (
+                    true,
+                    format!(
+                        "`--where {text}` passes to `{table}`, which has its columns: its other rows are kept"
+                    ),
+                ),
+                Err(_) => (
+                    false,
+                    format!(
+                        "`{table}` cannot take `--where {text}` (it lacks a column, or the types differ): every row of the range it reaches is recomputed"
+                    ),
+                ),
+            },
+        ))
     }
 
     /// The edge `parent` → `child`, and where the parent's change reaches the child through it:
@@ -379,6 +455,7 @@ impl CascadeBuilder {
             lookahead: spec.lookahead,
             grain: window.as_ref().map(|w| w.time.grain),
             reaches: labels,
+            where_passed: None,
             explanation,
         };
         Ok((edge, clipped.zip(reached_exact)))
@@ -424,6 +501,9 @@ impl CascadeBuilder {
             "lakefill backfill {} --from {} --to {} --cascade",
             self.root, self.from, self.to
         );
+        if let Some(predicate) = &self.rows {
+            resume.push_str(&lakefill_table::scope::where_option(predicate));
+        }
         for (model, version) in &self.model_versions {
             resume.push_str(&format!(" --model-version {model}={version}"));
         }

@@ -731,7 +731,7 @@ fn spill_error(
     let last = timed().next_back().cloned().unwrap_or_default();
     Error::Spill {
         model: report.model.clone(),
-        range: format!("{}..={}", report.range.from, report.range.to),
+        range: report.range.span(),
         partitions: spill.clone().into_iter().collect(),
         total,
         suggested: Box::new((

@@ -435,7 +435,7 @@ async fn live_files(
         run_id: run.run_id.to_string(),
         table: run.inputs.target.clone(),
         versions,
-        range: format!("{}..={}", run.inputs.range.from, run.inputs.range.to),
+        range: run.inputs.range.span(),
     };
     let later = commits_in_range(
         latest,

@@ -533,13 +533,15 @@ impl Journal {
         if let Some(command) = &self.inputs.resume {
             return command.clone();
         }
-        let mut command = format!(
-            "lakefill backfill {} --from {} --to {} --model-version {}",
-            self.inputs.model,
-            self.inputs.range.from,
-            self.inputs.range.to,
-            self.inputs.model_version
-        );
+        let range = &self.inputs.range;
+        let mut command = format!("lakefill backfill {}", self.inputs.model);
+        if range.grain != lakefill_table::time::Grain::Whole {
+            command.push_str(&format!(" --from {} --to {}", range.from, range.to));
+        }
+        if let Some(rows) = &range.rows {
+            command.push_str(&lakefill_table::scope::where_option(&rows.sql));
+        }
+        command.push_str(&format!(" --model-version {}", self.inputs.model_version));
         for (table, version) in &self.inputs.sources {
             if !self.inputs.self_sources.contains(table) {
                 command.push_str(&format!(" --source-version {table}={version}"));

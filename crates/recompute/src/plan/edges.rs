@@ -55,6 +55,10 @@ pub(crate) fn plan(
     let (Some(first), Some(last)) = (range.first(), range.last()) else {
         return Ok(None);
     };
+    if layout.is_timeless() {
+        // The whole table has no edges in time (the predicate's are checked by `where_edges`).
+        return Ok(None);
+    }
     let time_columns = layout.time.encoding.columns();
     let keyed = !key.is_empty() && !time_columns.iter().all(|c| key.iter().any(|k| k == c));
     // How far each source is read before and after a batch, in partitions of the target.
@@ -150,6 +154,8 @@ fn in_grain(count: u32, grain: Grain, target: Grain) -> u32 {
             Grain::Day => 24,
             Grain::Month => 24 * 31,
             Grain::Year => 24 * 366,
+            // No source window reaches past the whole table.
+            Grain::Whole => u64::MAX / 2,
         }
     };
     let total = u64::from(count) * hours(grain);

@@ -56,8 +56,8 @@ pub use lakefill_table::settings::DEFAULT_BATCH_PARTITIONS;
 pub struct PlanBuilder {
     project: Project,
     model: String,
-    from: String,
-    to: String,
+    /// `--from` and `--to`; `None` for the whole table.
+    range: Option<(String, String)>,
     model_version: Option<String>,
     settings: RunSettings,
     source_versions: BTreeMap<String, u64>,
@@ -79,11 +79,25 @@ impl PlanBuilder {
         from: impl Into<String>,
         to: impl Into<String>,
     ) -> Self {
+        Self::scoped(project, model, Some((from.into(), to.into())))
+    }
+
+    /// Plans model `model` of `project` over the whole table: a table with no time column, or
+    /// (with [`PlanBuilder::with_where`]) the rows of every period that match the predicate.
+    pub fn whole_table(project: &Project, model: impl Into<String>) -> Self {
+        Self::scoped(project, model, None)
+    }
+
+    /// Plans model `model` over `range` (`--from`, `--to`), or the whole table when `None`.
+    pub fn scoped(
+        project: &Project,
+        model: impl Into<String>,
+        range: Option<(String, String)>,
+    ) -> Self {
         Self {
             project: project.clone(),
             model: model.into(),
-            from: from.into(),
-            to: to.into(),
+            range,
             model_version: None,
             settings: RunSettings::built_in(),
             source_versions: BTreeMap::new(),
@@ -244,8 +258,7 @@ impl PlanBuilder {
             &schema,
             &files,
         )?;
-        let (mut range, range_notes) =
-            PartitionRange::parse(&self.from, &self.to, &layout.time, self.include_null)?;
+        let (mut range, range_notes) = self.range(target_config.name(), &layout, &files)?;
         range.rows = self
             .rows
             .as_deref()
@@ -267,6 +280,9 @@ impl PlanBuilder {
             affected.files.clear();
         }
         let (sources, source_plans) = self.plan_sources(&model, &target, read_version).await?;
+        if layout.is_timeless() {
+            check_timeless(&model, target_config.name(), &sources, publish)?;
+        }
         let mut range_notes = range_notes;
         let own_past = recursive::reads_own_past(
             &model,
@@ -431,6 +447,78 @@ impl PlanBuilder {
         Ok(table.map(|table| (config, table)))
     }
 
+    /// The range the run replaces: `--from`/`--to` rounded to whole periods, or, without them,
+    /// the whole table (its one period when it has no time column; from its first to its last
+    /// period when `--where` scopes the rows); with a note for what was rounded or chosen.
+    fn range(
+        &self,
+        target: &str,
+        layout: &Layout,
+        files: &[LogFile],
+    ) -> Result<(PartitionRange, Vec<String>)> {
+        match &self.range {
+            Some((from, _)) if layout.is_timeless() => Err(Error::InvalidOption {
+                option: "--from".into(),
+                value: from.clone(),
+                message: format!(
+                    "`{target}` has no time column, so a range selects nothing ({}): drop `--from`/`--to`",
+                    layout.time.grain_reason
+                ),
+            }),
+            Some((from, to)) => PartitionRange::parse(from, to, &layout.time, self.include_null),
+            None if layout.is_timeless() => Ok((
+                PartitionRange::whole(),
+                vec![format!(
+                    "`{target}` has no time column: the run's scope is the whole table{}",
+                    if self.rows.is_some() {
+                        ", narrowed by `--where`"
+                    } else {
+                        ""
+                    }
+                )],
+            )),
+            None if self.rows.is_none() => Err(Error::InvalidRange {
+                message: format!(
+                    "no range: give `--from` and `--to`, or `--where` to replace the matching rows of the whole of `{target}`"
+                ),
+            }),
+            None => {
+                let facts: Vec<FileFacts<'_>> = files
+                    .iter()
+                    .map(|f| FileFacts {
+                        values: &f.values,
+                        stats: f.stats.as_deref(),
+                    })
+                    .collect();
+                let spanning = PartitionRange::spanning(layout, &facts).map_err(|message| {
+                    Error::Partitioning {
+                        message: format!("cannot scope the whole of `{target}`: {message}"),
+                        hint: "give `--from` and `--to`".into(),
+                    }
+                })?;
+                let Some(mut range) = spanning else {
+                    return Err(Error::InvalidRange {
+                        message: format!(
+                            "`{target}` holds no rows with a time, so there is no whole table to scope: give `--from` and `--to`"
+                        ),
+                    });
+                };
+                range.include_null |= self.include_null;
+                let note = format!(
+                    "no `--from`/`--to`: the whole of `{target}`, {}..={}{}",
+                    range.from,
+                    range.to,
+                    if range.include_null {
+                        " and the partition whose time is NULL"
+                    } else {
+                        ""
+                    }
+                );
+                Ok((range, vec![note]))
+            }
+        }
+    }
+
     /// Checks the options against the model; returns the batch size (see [`lakefill_table::settings`]).
     fn check_options(&self, model: &Model) -> Result<usize> {
         let batch_partitions = self.settings.batch_partitions;
@@ -509,6 +597,39 @@ impl PlanBuilder {
         }
         Ok((sources, source_plans))
     }
+}
+
+/// What a model of a table with no time column cannot do: read a source by a window (there is
+/// no batch time for it to follow), or publish as adjustments (whose ledger is per period).
+fn check_timeless(
+    model: &Model,
+    target: &str,
+    sources: &[PlannedSource],
+    publish: PublishMode,
+) -> Result<()> {
+    if let Some(source) = sources.iter().find(|s| s.window.is_some()) {
+        return Err(Error::Model {
+            path: model.path().to_path_buf(),
+            message: format!(
+                "source `{}` has a `window`, but `{target}` has no time column for it to follow",
+                source.name
+            ),
+            hint: format!(
+                "remove `window` (and `lookback`/`lookahead`) under `[sources.{}]`: the whole source is read, and `--where` narrows it where its columns line up",
+                source.name
+            ),
+        });
+    }
+    if publish == PublishMode::Adjustments {
+        return Err(Error::InvalidOption {
+            option: "--publish-as".into(),
+            value: "adjustments".into(),
+            message: format!(
+                "`{target}` has no time column; adjustments are kept per period, so it publishes as `rewrite`"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// A released model file is never edited: its published fingerprint is on record.
@@ -594,7 +715,7 @@ fn check_partition_count(range: &PartitionRange, layout: &Layout, max: u64) -> R
     let count = range.periods().len() as u64;
     if count > max {
         return Err(Error::TooManyPartitions {
-            range: format!("{}..={}", range.from, range.to),
+            range: range.span(),
             count,
             max,
             grain: layout.time.grain,

@@ -164,6 +164,10 @@ pub fn batch_parameters(
     batch: &BatchPlan,
 ) -> Result<Vec<(&'static str, ScalarValue)>> {
     let (first, last) = batch_periods(plan, batch)?;
+    if first.grain() == lakefill_table::time::Grain::Whole {
+        // A table with no time column: a batch has no bounds.
+        return Ok(Vec::new());
+    }
     if first.grain().is_calendar() {
         let date = |d: chrono::NaiveDate| {
             let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("the epoch is a date");
@@ -227,7 +231,14 @@ pub async fn model_dataframe(
         .map_err(|source| Error::Model {
             path: model.path().to_path_buf(),
             message: format!("cannot bind `$start`/`$end`/`$next`: {source}"),
-            hint: "only `$start`, `$end` and `$next` may be used as parameters".into(),
+            hint: if plan.report.layout.is_timeless() {
+                format!(
+                    "`{}` has no time column, so a batch has no `$start`/`$end`/`$next`: drop them from the SELECT (scope the run with `--where`)",
+                    plan.report.target
+                )
+            } else {
+                "only `$start`, `$end` and `$next` may be used as parameters".into()
+            },
         })?;
     under_predicate(plan, df)
 }
@@ -396,9 +407,16 @@ pub fn overlaid(
     let schema = df.schema().as_arrow().clone();
     let in_range = overlay.layout.range_predicate(&overlay.range, &schema)?;
     let staged = (overlay.staged)(ctx, table, &schema)?;
-    let staged = ctx
+    let mut staged = ctx
         .read_table(staged)
         .query_context(|| format!("cannot read the staged output of `{name}`"))?;
+    if overlay.layout.rewrites_files(&overlay.range) {
+        // The staged files also hold the rewritten files' other rows, carried over: the table
+        // side already has them.
+        staged = staged
+            .filter(in_range.clone())
+            .query_context(|| format!("cannot read the staged output of `{name}`"))?;
+    }
     df.filter(in_range.is_not_true())
         .and_then(|kept| kept.union_by_name(staged))
         .query_context(|| format!("cannot overlay the staged output of `{name}`"))

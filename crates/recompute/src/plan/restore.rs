@@ -225,6 +225,10 @@ fn restoring_sql(
 /// The source as the restoring query reads it: windowed on the table's own time columns, in
 /// its grain and text format.
 fn window_spec(layout: &Layout) -> SourceSpec {
+    if layout.is_timeless() {
+        // No time to window by: the version before is read whole (`--where` narrows it).
+        return SourceSpec::default();
+    }
     SourceSpec {
         window: Some(
             layout
