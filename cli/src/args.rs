@@ -417,6 +417,10 @@ pub(crate) struct DiffArgs {
     /// Sample rows per kind of difference.
     #[arg(long, value_name = "N", default_value_t = lakefill::DEFAULT_SAMPLE)]
     pub(crate) sample: usize,
+    /// Compare only the rows that match this SQL condition on the table's columns, e.g.
+    /// `"country = 'DE'"` [default: every row of the partitions whose files differ].
+    #[arg(long = "where", value_name = "PREDICATE")]
+    pub(crate) rows: Option<String>,
 }
 
 #[derive(Debug, Args)]

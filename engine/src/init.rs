@@ -205,9 +205,9 @@ fn identity_model(
                 window = Some(vec![field.name().clone()]);
             }
             None => {
-                header.push_str("# range_column = \"<a DATE or TIMESTAMP column>\"   # required: the table is not partitioned\n");
+                header.push_str("# no time column: runs replace the rows `--where` selects (or the whole table);\n# range_column = \"<a column holding times>\"   # if one does\n");
                 notes.push(format!(
-                    "`{name}` is not partitioned and has no DATE or TIMESTAMP column: set `range_column` in sql/{name}/identity.sql"
+                    "`{name}` is not partitioned and has no DATE or TIMESTAMP column: back it up with `lakefill backfill {name} --where \"...\"`, or set `range_column` in sql/{name}/identity.sql if a column holds times"
                 ));
             }
         }
@@ -222,6 +222,16 @@ fn identity_model(
             None,
             None,
         ) {
+            Ok(layout) if layout.is_timeless() => {
+                let _ = writeln!(
+                    header,
+                    "# no time column ({}): runs replace the rows `--where` selects, or the whole table",
+                    layout.time.grain_reason
+                );
+                notes.push(format!(
+                    "`{name}` has no time column: backfill it with `lakefill backfill {name} --where \"...\"`"
+                ));
+            }
             Ok(layout) => {
                 let _ = writeln!(
                     header,
@@ -257,6 +267,7 @@ fn identity_model(
         Some(columns) => {
             let _ = writeln!(header, "window = {}", list(columns));
         }
+        None if notes.iter().any(|n| n.contains("no time column")) => {}
         None => header
             .push_str("# window = \"<its time column>\"   # read only each batch's partitions\n"),
     }

@@ -97,6 +97,35 @@ fn one_country_is_fixed_and_every_other_row_is_kept() {
             python(&["expect", dir_arg(path), "DE"]),
             "{layout}: DE's rows are dated by ts, every other row is as it was"
         );
+        // `diff --where` compares only the rows that match: DE's moved dates, none of FR's.
+        let moved = before_rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(python(&["expect", dir_arg(path), "DE"]).as_array().unwrap())
+            .filter(|(old, new)| old != new)
+            .count();
+        for (country, changed) in [("DE", moved), ("FR", 0)] {
+            let predicate = format!("country = '{country}'");
+            let diff = json_ok(&run_in(
+                path,
+                &[
+                    "diff",
+                    "events",
+                    "--from-version",
+                    "0",
+                    "--where",
+                    &predicate,
+                    "--output-format",
+                    "json",
+                ],
+            ));
+            assert_eq!(diff["where"], predicate.as_str(), "{layout}");
+            let totals = &diff["comparison"]["totals"];
+            assert_eq!(totals["changed"], changed, "{layout} {country}: {totals}");
+            assert_eq!(totals["old_rows"], totals["new_rows"], "{layout} {country}");
+            assert_eq!(totals["old_rows"], 120, "{layout} {country}: {totals}");
+        }
         let after_files = files(path);
         let kept = before_files.intersection(&after_files).count() as u64;
         assert_eq!(

@@ -94,6 +94,7 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         DiffTarget::Version(Some(published)),
         None,
         3,
+        None,
     )
     .await?;
     text.push_str(&format!(

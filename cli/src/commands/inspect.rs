@@ -26,6 +26,7 @@ pub(crate) async fn diff(
         target,
         args.key.clone(),
         args.sample,
+        args.rows.as_deref(),
     )
     .await?;
     let text = render::diff::text(&report)?;

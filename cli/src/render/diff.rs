@@ -15,6 +15,9 @@ pub(crate) fn text(report: &lakefill::DiffReport) -> anyhow::Result<String> {
         "diff {}: version {} -> {against} ({} partitions changed, {} unchanged)",
         report.table, report.from_version, report.changed_partitions, report.unchanged_partitions
     );
+    if let Some(rows) = &report.rows {
+        let _ = writeln!(text, "  where {rows}: only the rows that match are compared");
+    }
     let _ = write!(
         text,
         "  {:<14} {:>10} {:>10} {:>9}",

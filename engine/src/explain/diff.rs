@@ -44,6 +44,9 @@ pub struct DiffReport {
     pub run_id: Option<String>,
     /// The partition column.
     pub partition_column: String,
+    /// The rows compared, when not all (`--where`).
+    #[serde(rename = "where")]
+    pub rows: Option<String>,
     /// Partitions whose files differ (only these were scanned).
     pub changed_partitions: usize,
     /// Partitions whose files are identical in both.
@@ -57,6 +60,7 @@ pub struct DiffReport {
 /// Compares `table` at `from_version` with another version or a staged run.
 ///
 /// `key` and `measures` default to the `[validate]` section of the newest model writing `table`.
+/// With `rows` (`--where`), only the rows that match it are compared.
 pub async fn diff(
     project: &Project,
     table: &str,
@@ -64,23 +68,31 @@ pub async fn diff(
     target: DiffTarget,
     key: Option<Vec<String>>,
     sample: usize,
+    rows: Option<&str>,
 ) -> Result<DiffReport> {
     let config = project.table(table, "the command line")?;
     let old = open_table(config, Some(from_version)).await?;
     let old_snapshot = old
         .snapshot()
         .delta_context(|| format!("cannot read `{table}`"))?;
-    let Some(first_column) = old_snapshot.metadata().partition_columns().first().cloned() else {
-        return Err(Error::Partitioning {
-            message: format!("table `{table}` is not partitioned"),
-            hint: "diff compares partitioned tables partition by partition".into(),
-        });
-    };
-    let partitions = match table_layout(project, table, &old) {
-        Some(layout) => PartitionKey::Time(layout),
-        None => PartitionKey::Column(first_column),
+    let first_column = old_snapshot.metadata().partition_columns().first().cloned();
+    let partitions = match (table_layout(project, table, &old), first_column) {
+        // A table with no time column is one partition.
+        (Some(layout), _) if layout.is_timeless() => PartitionKey::Time(layout),
+        (Some(layout), Some(_)) => PartitionKey::Time(layout),
+        (None, Some(column)) => PartitionKey::Column(column),
+        (_, None) => {
+            return Err(Error::Partitioning {
+                message: format!("table `{table}` is not partitioned"),
+                hint: "diff compares partitioned tables partition by partition".into(),
+            });
+        }
     };
     let schema = old_snapshot.snapshot().arrow_schema();
+    let rows = rows
+        .map(|text| lakefill_table::scope::RowPredicate::parse(text, &schema, table))
+        .transpose()?;
+    let filter = rows.as_ref().map(|r| r.expr(&schema)).transpose()?;
     let (model_key, measures) = model_defaults(project, table);
     let key = key.unwrap_or(model_key);
     for k in &key {
@@ -111,11 +123,21 @@ pub async fn diff(
     } = match &target {
         DiffTarget::Version(version) => {
             let new = open_table(config, *version).await?;
-            version_side(&ctx, &new, &partitions, &old_files).await?
+            version_side(&ctx, &new, &partitions, &old_files, filter.as_ref()).await?
         }
-        DiffTarget::Run(run_id) => run_side(&ctx, config, table, run_id, &old_files).await?,
+        DiffTarget::Run(run_id) => {
+            run_side(&ctx, config, table, run_id, &old_files, filter.as_ref()).await?
+        }
     };
-    register_filtered(&ctx, "previous", &old, &partitions, &changed).await?;
+    register_filtered(
+        &ctx,
+        "previous",
+        &old,
+        &partitions,
+        &changed,
+        filter.as_ref(),
+    )
+    .await?;
     // A table corrected by adjustments compares as its net rows (reversals cancel what they
     // reversed), so a fix shows as the change it is, not as appended rows.
     let latest = open_table(config, None).await?;
@@ -153,8 +175,11 @@ pub async fn diff(
         checksum_columns: None,
         edges: None,
     };
-    // The log counts stored rows; net rows are counted by the scan.
-    let known = |counts: BTreeMap<String, u64>| (!netted).then(|| KnownSide::rows(counts));
+    // The log counts stored rows; net rows, and the rows a predicate selects, are counted by
+    // the scan.
+    let known = |counts: BTreeMap<String, u64>| {
+        (!netted && rows.is_none()).then(|| KnownSide::rows(counts))
+    };
     let comparison = compare(&ctx, &spec, known(old_counts), known(new_counts)).await?;
     let all: BTreeSet<&String> = old_files.keys().collect();
     Ok(DiffReport {
@@ -163,6 +188,7 @@ pub async fn diff(
         to_version,
         run_id,
         partition_column: partitions.columns().join(", "),
+        rows: rows.map(|r| r.sql),
         changed_partitions: changed.len(),
         unchanged_partitions: all.iter().filter(|p| !changed.contains(p)).count(),
         measures,
@@ -185,6 +211,7 @@ async fn version_side(
     new: &DeltaTable,
     partitions: &PartitionKey,
     old_files: &BTreeMap<String, (BTreeSet<String>, u64)>,
+    filter: Option<&Expr>,
 ) -> Result<NewSide> {
     let new_files = files_by_partition(new, partitions)?;
     let changed: Vec<String> = old_files
@@ -196,7 +223,7 @@ async fn version_side(
         .into_iter()
         .collect();
     let counts = new_files.iter().map(|(p, f)| (p.clone(), f.1)).collect();
-    register_filtered(ctx, "output", new, partitions, &changed).await?;
+    register_filtered(ctx, "output", new, partitions, &changed, filter).await?;
     Ok(NewSide {
         to_version: Some(loaded_version(new)?),
         run_id: None,
@@ -213,6 +240,7 @@ async fn run_side(
     table: &str,
     run_id: &str,
     old_files: &BTreeMap<String, (BTreeSet<String>, u64)>,
+    filter: Option<&Expr>,
 ) -> Result<NewSide> {
     let latest = open_table(config, None).await?;
     let journal = Journal::load(&latest.object_store(), &RunId::parse(run_id)?)
@@ -235,7 +263,15 @@ async fn run_side(
         &adds,
         run_id,
     )?;
-    ctx.register_table("output", staged)
+    let mut staged = ctx
+        .read_table(staged)
+        .query_context(|| "cannot read the staged files".into())?;
+    if let Some(filter) = filter {
+        staged = staged
+            .filter(filter.clone())
+            .query_context(|| "cannot select the staged rows `--where` names".into())?;
+    }
+    ctx.register_table("output", staged.into_view())
         .query_context(|| "cannot register the staged files".into())?;
     let mut counts = BTreeMap::new();
     for batch in &journal.progress.batches {
@@ -323,12 +359,14 @@ async fn register_filtered(
     table: &DeltaTable,
     partitions: &PartitionKey,
     labels: &[String],
+    filter: Option<&Expr>,
 ) -> Result<()> {
     let provider = table
         .table_provider()
         .await
         .query_context(|| format!("cannot scan `{name}`"))?;
     let predicate = match partitions {
+        PartitionKey::Time(layout) if layout.is_timeless() => lit(!labels.is_empty()),
         PartitionKey::Time(layout) => {
             let schema = table
                 .snapshot()
@@ -378,6 +416,10 @@ async fn register_filtered(
             }
             predicate
         }
+    };
+    let predicate = match filter {
+        Some(filter) => predicate.and(filter.clone()),
+        None => predicate,
     };
     let df = ctx
         .read_table(provider)
