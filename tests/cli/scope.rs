@@ -92,6 +92,10 @@ fn one_country_is_fixed_and_every_other_row_is_kept() {
         let report = json_ok(&out);
         assert_eq!(report["state"], "published", "{layout}: {}", stderr(&out));
         assert_eq!(report["where"], "country = 'DE'", "{layout}");
+        // By date, each day's file holds every country: the other four are carried over. By
+        // date and country, DE's files hold DE's rows only.
+        let carried = if layout == "date" { 4 * 120 } else { 0 };
+        assert_eq!(report["rows_carried"], carried, "{layout}");
         assert_eq!(
             python(&["rows", dir_arg(path)]),
             python(&["expect", dir_arg(path), "DE"]),

@@ -16,7 +16,10 @@ pub(crate) fn text(report: &lakefill::DiffReport) -> anyhow::Result<String> {
         report.table, report.from_version, report.changed_partitions, report.unchanged_partitions
     );
     if let Some(rows) = &report.rows {
-        let _ = writeln!(text, "  where {rows}: only the rows that match are compared");
+        let _ = writeln!(
+            text,
+            "  where {rows}: only the rows that match are compared"
+        );
     }
     let _ = write!(
         text,

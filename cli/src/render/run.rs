@@ -186,9 +186,17 @@ fn footer(report: &RunReport, out: &mut String) {
         );
         return;
     }
+    let carried = if report.rows_carried > 0 {
+        format!(
+            " ({} of their {} rows carried over unchanged)",
+            report.rows_carried, report.rows_written
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "  staged {} files, {} | stage {:.1}s, validate {:.1}s, commit {:.1}s",
+        "  staged {} files, {}{carried} | stage {:.1}s, validate {:.1}s, commit {:.1}s",
         report.files_written,
         bytes(report.bytes_written),
         t.stage_ms as f64 / 1000.0,

@@ -41,8 +41,12 @@ pub struct RunReport {
     pub rows: Option<String>,
     /// Per partition: old and new row counts.
     pub partitions: Vec<PartitionChange>,
-    /// Rows staged.
+    /// Rows staged (new rows and carried rows).
     pub rows_written: u64,
+    /// Of those, the rows of the rewritten files outside the run's scope, carried over
+    /// unchanged (by rows, or with `--where`).
+    #[serde(default)]
+    pub rows_carried: u64,
     /// Files staged.
     pub files_written: u64,
     /// Bytes staged.
@@ -135,6 +139,12 @@ impl RunReport {
                 .iter()
                 .flat_map(|b| b.rows.values())
                 .sum(),
+            rows_carried: journal
+                .progress
+                .batches
+                .iter()
+                .filter_map(|b| b.rows.get(lakefill_table::time::CARRIED_LABEL))
+                .sum(),
             files_written: files().count() as u64,
             bytes_written: files().map(|a| u64::try_from(a.size).unwrap_or(0)).sum(),
             spill_dropped: journal.progress.spill_dropped,
@@ -168,6 +178,7 @@ impl RunReport {
             rows: report.rows.clone(),
             partitions: Vec::new(),
             rows_written: 0,
+            rows_carried: 0,
             files_written: 0,
             bytes_written: 0,
             spill_dropped: 0,
