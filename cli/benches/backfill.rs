@@ -21,6 +21,8 @@
 //! - the full range under `--memory-limit` (`LAKEFILL_BENCH_MEMORY_LIMIT`, default 512 MiB);
 //! - a fix that changes a tenth of the rows, all in a tenth of the partitions, with and without
 //!   validation;
+//! - a fix scoped to one country of eight (`--where country = 'DE'`) over the whole range,
+//!   against the whole fix;
 //! - `plan`: planning on a table with `LAKEFILL_BENCH_COMMITS` commits (default 10,000, checkpointed).
 //!
 //! It prints one table (wall time, rows/s, stage and validation time, peak RSS, the ratio to
@@ -283,6 +285,21 @@ fn orchestrate() {
             outcome,
         });
     }
+    // A fix for one country of eight (`--where`), over the whole range: the bug is put back
+    // everywhere first (not measured).
+    let (from, to) = range(days);
+    let bug = write_model(8, false, false);
+    child(&project, &["novalidate", &from, &to, &bug, "default"]);
+    let fix = write_model(0, false, false);
+    let outcome = child(
+        &project,
+        &["validate", &from, &to, &fix, "default", WHERE_ONE_COUNTRY],
+    );
+    results.push(Measured {
+        name: format!("backfill, --where {WHERE_ONE_COUNTRY}"),
+        partitions: days,
+        outcome,
+    });
     // Planning on a long log.
     let many = dir.path().join("many");
     let plan = child(&many, &["plan", &commits.to_string(), "", "", "0"]);
@@ -293,6 +310,9 @@ fn orchestrate() {
         plan["result"]["plan_s"].as_f64().unwrap_or(f64::NAN)
     );
 }
+
+/// The predicate of the scoped scenario: one of the lake's eight countries.
+const WHERE_ONE_COUNTRY: &str = "country = 'DE'";
 
 /// Whether python's `duckdb` can be imported, installing it from PyPI if not.
 fn duckdb_available() -> bool {
@@ -394,6 +414,19 @@ fn print_table(results: &[Measured], days: u32, limit: u64) {
         100.0 * share(full),
         100.0 * share(find("backfill, 10% of partitions change", days))
     );
+    if let (Some(full), Some(scoped)) = (
+        full,
+        find(&format!("backfill, --where {WHERE_ONE_COUNTRY}"), days),
+    ) {
+        println!(
+            "--where {WHERE_ONE_COUNTRY} (one country of 8) / the whole fix = {:.2} in time, {:.2} in peak RSS, {:.2} in bytes written",
+            wall(scoped) / wall(full),
+            scoped["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN)
+                / full["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN),
+            scoped["result"]["bytes_written"].as_f64().unwrap_or(f64::NAN)
+                / full["result"]["bytes_written"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     let limited = results
         .iter()
         .find(|m| m.name.starts_with("backfill, --memory-limit"))
@@ -484,7 +517,7 @@ fn child(dir: &Path, args: &[&str]) -> Value {
     serde_json::from_str(line).unwrap()
 }
 
-/// `DIR KIND FROM TO VERSION MEMORY_LIMIT`
+/// `DIR KIND FROM TO VERSION MEMORY_LIMIT [WHERE]`
 async fn run_scenario(args: &[String]) -> Value {
     let dir = PathBuf::from(&args[0]);
     let kind = args[1].as_str();
@@ -499,6 +532,7 @@ async fn run_scenario(args: &[String]) -> Value {
             let plan = lakefill::PlanBuilder::new(&project, "events", &args[2], &args[3])
                 .with_model_version(Some(args[4].clone()))
                 .with_allow_edge_moves(Some("the benchmark fixes partial ranges".into()))
+                .with_where(args.get(6).cloned())
                 .await
                 .unwrap();
             let bytes_read = source_bytes(&dir, &args[2], &args[3]).await;
