@@ -423,7 +423,9 @@ fn print_table(results: &[Measured], days: u32, limit: u64) {
             wall(scoped) / wall(full),
             scoped["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN)
                 / full["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN),
-            scoped["result"]["bytes_written"].as_f64().unwrap_or(f64::NAN)
+            scoped["result"]["bytes_written"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
                 / full["result"]["bytes_written"].as_f64().unwrap_or(f64::NAN)
         );
     }

@@ -120,7 +120,9 @@ async fn moved_out(plan: &BackfillPlan, resources: &Resources) -> Result<(u64, V
 }
 
 /// The keys the model writes in the scope that the target still holds in the range where the
-/// predicate does not hold.
+/// predicate does not hold. Only keys the scoped comparison found added can be such keys (one the
+/// scope held before is not new there), so those few are looked up in the kept rows: the kept
+/// rows' keys are streamed past them, never collected.
 async fn moved_in(ctx: &SessionContext, plan: &BackfillPlan) -> Result<(u64, Vec<String>)> {
     let whole = PartitionRange {
         rows: None,
@@ -134,12 +136,25 @@ async fn moved_in(ctx: &SessionContext, plan: &BackfillPlan) -> Result<(u64, Vec
         &whole,
     )
     .await?;
-    let sql = crossing_sql(plan, "output", false, "__lf_scope_range", true);
+    let columns: Vec<String> = plan.rules.key.iter().map(|k| ident(k)).collect();
+    let listed = columns.join(", ");
+    ctx.register_table(
+        "__lf_scope_added",
+        ctx.sql(&format!(
+            "SELECT {listed} FROM output EXCEPT SELECT {listed} FROM previous"
+        ))
+        .await
+        .query_context(|| "cannot find the keys the fix adds to the scope".into())?
+        .into_view(),
+    )
+    .query_context(|| "cannot register the keys the fix adds to the scope".into())?;
+    let sql = crossing_sql(plan, "__lf_scope_added", false, "__lf_scope_range", true);
     crossing_keys(ctx, &sql, "find the keys that move into the predicate").await
 }
 
 /// The distinct keys of `a` (its rows outside the predicate when `a_outside`) that `b` (its rows
-/// outside the predicate when `b_outside`) holds too, as text.
+/// outside the predicate when `b_outside`) holds too, as text. `a` is the smaller side: it is
+/// made distinct and built into the join's table; `b` is streamed past it.
 fn crossing_sql(plan: &BackfillPlan, a: &str, a_outside: bool, b: &str, b_outside: bool) -> String {
     let key = &plan.rules.key;
     let predicate = plan
@@ -150,14 +165,14 @@ fn crossing_sql(plan: &BackfillPlan, a: &str, a_outside: bool, b: &str, b_outsid
         .map(|p| p.sql.as_str())
         .unwrap_or("true");
     let columns: Vec<String> = key.iter().map(|k| ident(k)).collect();
-    let side = |table: &str, outside: bool| {
+    let side = |table: &str, outside: bool, distinct: &str| {
         let filter = if outside {
             format!("({predicate}) IS NOT TRUE")
         } else {
             "true".to_string()
         };
         format!(
-            "SELECT DISTINCT {} FROM {} WHERE {filter}",
+            "SELECT {distinct}{} FROM {} WHERE {filter}",
             columns.join(", "),
             ident(table)
         )
@@ -167,10 +182,10 @@ fn crossing_sql(plan: &BackfillPlan, a: &str, a_outside: bool, b: &str, b_outsid
         .map(|c| format!("CAST(a.{c} AS VARCHAR)"))
         .collect();
     format!(
-        "SELECT concat_ws(', ', {}) FROM ({}) a JOIN ({}) b USING ({})",
+        "SELECT DISTINCT concat_ws(', ', {}) FROM ({}) a JOIN ({}) b USING ({})",
         text.join(", "),
-        side(a, a_outside),
-        side(b, b_outside),
+        side(a, a_outside, "DISTINCT "),
+        side(b, b_outside, ""),
         columns.join(", ")
     )
 }
