@@ -124,7 +124,7 @@ pub use run_id::RunId;
 pub use secrets::{MASK, mask as mask_secrets};
 pub use settings::{RunSettings, SettingFlags, default_memory_limit, parse_rate};
 pub use storage::StorageOption;
-pub use time::{Grain, NULL_LABEL, Period};
+pub use time::{Grain, NULL_LABEL, Period, WHOLE_LABEL};
 pub use validate::{
     CheckResult, Comparison, ComparisonTotals, MeasureChange, PartitionComparison, Samples,
     ValidationReport,

@@ -11,6 +11,10 @@ pub(crate) fn text(entries: &[lakefill::HistoryEntry]) -> String {
             .map(|p| format!(" where {p}"))
             .unwrap_or_default();
         let partitions = match &e.range {
+            // A table with no time column: its one period.
+            Some((from, to)) if from == lakefill::WHOLE_LABEL && to == from => {
+                format!("whole table{scope} ({} partitions)", e.partitions.len())
+            }
             Some((from, to)) => {
                 format!("{from}..={to}{scope} ({} partitions)", e.partitions.len())
             }

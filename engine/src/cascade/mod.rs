@@ -321,16 +321,6 @@ impl CascadeBuilder {
                 ),
             }
         })?;
-        if layout.is_timeless() {
-            return Err(Error::Partitioning {
-                message: format!(
-                    "`{child_table}` has no time column, so a cascade cannot tell which of its rows a change reaches"
-                ),
-                hint: format!(
-                    "run the cascade's other models, then `lakefill backfill {child}` (with `--where` for the rows to replace)"
-                ),
-            });
-        }
         let existing = existing_span(&layout, &opened);
         let passes = self.where_passes(&child_table, &opened)?;
         let mut rounded: Option<Span> = None;

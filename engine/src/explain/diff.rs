@@ -76,9 +76,8 @@ pub async fn diff(
         .snapshot()
         .delta_context(|| format!("cannot read `{table}`"))?;
     let first_column = old_snapshot.metadata().partition_columns().first().cloned();
+    // A table whose partition columns hold no time compares partition value by value.
     let partitions = match (table_layout(project, table, &old), first_column) {
-        // A table with no time column is one partition.
-        (Some(layout), _) if layout.is_timeless() => PartitionKey::Time(layout),
         (Some(layout), Some(_)) => PartitionKey::Time(layout),
         (None, Some(column)) => PartitionKey::Column(column),
         (_, None) => {
@@ -249,6 +248,15 @@ async fn run_side(
             run_id: run_id.to_string(),
             searched: vec![table.to_string()],
         })?;
+    if journal.inputs.layout.is_timeless() {
+        return Err(Error::InvalidOption {
+            option: "--run".into(),
+            value: run_id.to_string(),
+            message: format!(
+                "`{table}` has no time column; a staged run on it cannot be diffed yet: `lakefill report {run_id}` shows its validation, and `diff --from-version` compares it once published"
+            ),
+        });
+    }
     let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let latest_schema = latest
         .snapshot()

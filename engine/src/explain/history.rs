@@ -226,6 +226,7 @@ pub(crate) fn table_layout(project: &Project, name: &str, table: &DeltaTable) ->
             model.grain(),
             model.header().format.as_deref(),
         )
+        && !layout.is_timeless()
     {
         return Some(layout);
     }
@@ -239,4 +240,6 @@ pub(crate) fn table_layout(project: &Project, name: &str, table: &DeltaTable) ->
         None,
     )
     .ok()
+    // A table whose partition columns hold no time is reported by their values.
+    .filter(|layout| !layout.is_timeless())
 }
