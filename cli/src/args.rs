@@ -74,6 +74,11 @@ pub(crate) enum Command {
     History(HistoryArgs),
     /// Show which run, model version, fingerprint and source versions last wrote a partition.
     Blame(BlameArgs),
+    /// List the published partitions whose sources changed where they read them since they were
+    /// written (late data, another team's backfill, a delete), those written by an older model
+    /// version, and those of unknown lineage, with the command that refreshes each range. Reads
+    /// only the Delta logs. Exits 5 when something needs refreshing.
+    Stale(StaleArgs),
     /// Run a read-only query over the project's tables; `"events@12"` reads version 12.
     Sql(SqlArgs),
     /// Delete staged files of failed, discarded and abandoned runs (never a file a version uses).
@@ -430,6 +435,12 @@ pub(crate) struct HistoryArgs {
     /// Versions to show, newest first.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub(crate) limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StaleArgs {
+    /// The tables [default: every table a model of the project writes].
+    pub(crate) tables: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -103,6 +103,7 @@ async fn run(cli: &Cli, printer: Printer) -> anyhow::Result<()> {
         Command::Diff(args) => commands::inspect::diff(&cli.global, args, printer).await,
         Command::History(args) => commands::inspect::history(&cli.global, args, printer).await,
         Command::Blame(args) => commands::inspect::blame(&cli.global, args, printer).await,
+        Command::Stale(args) => commands::inspect::stale(&cli.global, args, printer).await,
         Command::Sql(args) => commands::inspect::sql(&cli.global, args, printer).await,
         Command::Gc(args) => commands::runs::gc(&cli.global, args, printer).await,
         Command::Cluster(args) => commands::cluster::run(args, printer).await,

@@ -88,7 +88,8 @@ pub use error::{Error, Result};
 pub use explain::gc::{GcFile, GcReport, gc, parse_duration};
 pub use explain::sql::sql_in_release;
 pub use explain::{
-    BlameReport, DiffReport, DiffTarget, HistoryEntry, QueryResult, blame, diff, history, sql,
+    BlameReport, DiffReport, DiffTarget, HistoryEntry, OutdatedRange, PartitionSpan, QueryResult,
+    SourceChange, StaleRange, StaleReport, blame, diff, history, sql, stale,
 };
 pub use init::{InitReport, init};
 pub use journal::lifecycle::RunState;

@@ -48,6 +48,7 @@ mod s3;
 mod scope;
 mod secrets;
 mod shapes;
+mod stale;
 mod support;
 mod types;
 mod validation;

@@ -44,6 +44,29 @@ pub(crate) async fn history(
     printer.result(&text, &entries)
 }
 
+pub(crate) async fn stale(
+    global: &GlobalArgs,
+    args: &crate::args::StaleArgs,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let project = settings::project(global)?;
+    let reports = lakefill::stale(&project, &args.tables).await?;
+    let document = serde_json::json!({
+        "stale": reports.iter().any(lakefill::StaleReport::needs_refresh),
+        "tables": reports,
+    });
+    printer.result(&render::stale::text(&reports), &document)?;
+    let stale: Vec<&lakefill::StaleReport> = reports.iter().filter(|r| r.needs_refresh()).collect();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    Err(lakefill::Error::StaleHistory {
+        tables: stale.iter().map(|r| r.table.clone()).collect(),
+        ranges: stale.iter().map(|r| r.stale.len() + r.outdated.len()).sum(),
+    }
+    .into())
+}
+
 pub(crate) async fn blame(
     global: &GlobalArgs,
     args: &BlameArgs,

@@ -8,6 +8,7 @@ pub(crate) mod history;
 pub(crate) mod plan;
 pub(crate) mod run;
 pub(crate) mod runs;
+pub(crate) mod stale;
 
 use serde_json::Value;
 

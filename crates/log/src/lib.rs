@@ -65,6 +65,19 @@ pub struct Commit {
     pub added_stats: Vec<Option<String>>,
     /// The partition values of each file added (as `added_paths`), keyed by logical names.
     pub added_values: Vec<PartitionValues>,
+    /// Files added or removed with `dataChange` (not a compaction's rewrite of the same rows).
+    pub data_changes: u64,
+    /// The partition values of each file added or removed with `dataChange`.
+    pub changed_values: Vec<PartitionValues>,
+    /// The statistics of each file added or removed with `dataChange` (as `changed_values`;
+    /// `None` when the log has none), keyed by logical names.
+    pub changed_stats: Vec<Option<String>>,
+    /// Rows of the files added with `dataChange`, by their statistics (files without are not
+    /// counted).
+    pub rows_added: u64,
+    /// Rows of the files removed with `dataChange`, by their statistics where the remove action
+    /// carries them.
+    pub rows_removed: u64,
 }
 
 impl Commit {
@@ -105,6 +118,11 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
         changes_table: false,
         added_stats: Vec::new(),
         added_values: Vec::new(),
+        data_changes: 0,
+        changed_values: Vec::new(),
+        changed_stats: Vec::new(),
+        rows_added: 0,
+        rows_removed: 0,
     };
     // A column-mapped table keys partition values by physical name; a commit's are read keyed
     // by the logical names the table has now (a rename keeps the physical name).
@@ -150,6 +168,27 @@ pub async fn read_commit(table: &DeltaTable, version: u64) -> Result<Option<Comm
             });
             if kind == "add" && file["path"].is_string() {
                 commit.added_values.push(values.clone().unwrap_or_default());
+            }
+            // The protocol requires `dataChange`; a writer that leaves it out changed data.
+            if file["dataChange"].as_bool() != Some(false) {
+                let stats = file["stats"]
+                    .as_str()
+                    .map(|s| mapping.logical_stats(s.into()));
+                let rows = stats
+                    .as_deref()
+                    .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+                    .and_then(|s| s["numRecords"].as_u64())
+                    .unwrap_or(0);
+                if kind == "add" {
+                    commit.rows_added += rows;
+                } else {
+                    commit.rows_removed += rows;
+                }
+                commit.data_changes += 1;
+                commit
+                    .changed_values
+                    .push(values.clone().unwrap_or_default());
+                commit.changed_stats.push(stats);
             }
             if let Some(values) = values {
                 commit.partitions.push(values);

@@ -492,6 +492,15 @@ pub enum Error {
     /// read it: publishing it would make the two tables disagree.
     #[error("{0}")]
     CascadeParentMoved(Box<ParentMoved>),
+    /// `lakefill stale` found published partitions that no longer match their inputs (exit 5,
+    /// after the report): a scheduler's signal to refresh them.
+    #[error("{ranges} ranges of {} are stale", tables.join(", "))]
+    StaleHistory {
+        /// The tables with stale ranges.
+        tables: Vec<String>,
+        /// How many ranges, over those tables.
+        ranges: usize,
+    },
     /// A run journal could not be read or written.
     #[error("run journal `{path}` is unreadable: {message}")]
     Journal {
@@ -570,6 +579,7 @@ impl Error {
             | Error::LeaseLost { .. }
             | Error::CascadeParentMoved(_)
             | Error::RevertBlocked { .. } => 4,
+            Error::StaleHistory { .. } => 5,
             Error::Interrupted => 130,
             Error::RunStopped { source, .. } => source.exit_code(),
             Error::StagedFilesMissing { .. }
@@ -694,6 +704,9 @@ impl Error {
                 "see them with `lakefill history {table}`: a revert by files would undo them too. Revert those runs first (newest first), or recompute {range} as it was before the run with `lakefill revert {run_id} --logical` (their changes in the range are replaced too; `--stage-only` to review it first)"
             ),
             Error::Cascade { hint, .. } => hint.clone(),
+            Error::StaleHistory { .. } => {
+                "run the `lakefill backfill` command the report gives for each range; `lakefill stale` then exits 0".into()
+            }
             Error::CascadeParentMoved(moved) => format!(
                 "run the cascade again (`{}`): it recomputes the children from their parents as they are now, and publishes them together",
                 moved.rerun
@@ -1091,6 +1104,10 @@ mod tests {
                 run_id: s(),
                 paths: vec![s()],
             },
+            Error::StaleHistory {
+                tables: vec![s()],
+                ranges: 1,
+            },
             Error::CascadeParentMoved(Box::new(ParentMoved {
                 cascade: s(),
                 table: s(),
@@ -1175,12 +1192,13 @@ mod tests {
                 | Error::RevertFilesGone { .. }
                 | Error::Cascade { .. }
                 | Error::CascadeParentMoved(_)
+                | Error::StaleHistory { .. }
                 | Error::Journal { .. }
                 | Error::Internal(_) => true,
             };
             assert!(listed);
             assert!(
-                matches!(error.exit_code(), 1 | 2 | 3 | 4 | 130),
+                matches!(error.exit_code(), 1..=5 | 130),
                 "{error}: {}",
                 error.exit_code()
             );

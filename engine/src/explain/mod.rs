@@ -10,7 +10,9 @@ pub(crate) mod diff;
 pub(crate) mod gc;
 pub(crate) mod history;
 pub(crate) mod sql;
+pub(crate) mod stale;
 
 pub use diff::{DiffReport, DiffTarget, diff};
 pub use history::{BlameReport, HistoryEntry, blame, history};
 pub use sql::{QueryResult, sql};
+pub use stale::{OutdatedRange, PartitionSpan, SourceChange, StaleRange, StaleReport, stale};
