@@ -171,7 +171,7 @@ pub(crate) struct CompletionsArgs {
 }
 
 /// What to backfill: the model and the range.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct ScopeArgs {
     /// The model to run (a directory under `sql/`).
     pub(crate) model: String,
@@ -314,6 +314,12 @@ pub(crate) struct BackfillArgs {
     /// With `--cascade`: the widest a node's range may span, relative to the root's [default: 4].
     #[arg(long, value_name = "FACTOR", requires = "cascade")]
     pub(crate) max_expansion: Option<f64>,
+    /// Recompute exactly what `lakefill stale` lists for the model's table (stale and outdated
+    /// ranges), one run per contiguous range: a run over their span would rewrite the
+    /// up-to-date partitions between them too, and each range stays resumable and revertible
+    /// on its own. Stops at the first range that fails.
+    #[arg(long, conflicts_with_all = ["from", "to", "rows", "cascade", "force_publish", "report"])]
+    pub(crate) stale: bool,
 }
 
 #[derive(Debug, Args)]

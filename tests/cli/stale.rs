@@ -111,4 +111,35 @@ fn late_rows_make_exactly_the_days_that_read_them_stale_until_refreshed() {
     assert_eq!(last[0].0, lake.day(12), "{deleted:#}");
     let removed = &deleted["tables"][0]["stale"][0]["changes"][0];
     assert_eq!(removed["operation"], "DELETE", "{removed:#}");
+
+    // `backfill --stale` runs exactly the stale ranges, one run each; then nothing is stale.
+    let out = lake.run(&[
+        "backfill",
+        "revenue_7d",
+        "--stale",
+        "--output-format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ran: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        ran["ranges"],
+        serde_json::json!([[last[0].0, last[0].1]]),
+        "{ran:#}"
+    );
+    assert_eq!(ran["runs"].as_array().unwrap().len(), 1, "{ran:#}");
+    assert_eq!(ran["runs"][0]["state"], "published", "{ran:#}");
+    let (code, cleared) = stale(&lake);
+    assert_eq!(code, Some(0), "{cleared:#}");
+    // With nothing stale, it does nothing.
+    let idle = lake.run(&[
+        "backfill",
+        "revenue_7d",
+        "--stale",
+        "--output-format",
+        "json",
+    ]);
+    assert!(idle.status.success(), "{}", stderr(&idle));
+    let idle: Value = serde_json::from_slice(&idle.stdout).unwrap();
+    assert_eq!(idle["runs"], serde_json::json!([]), "{idle:#}");
 }

@@ -27,6 +27,9 @@ pub(crate) async fn run(
     if args.cascade {
         return cascade(&project, args, resolved, printer).await;
     }
+    if args.stale {
+        return stale(&project, args, resolved, printer).await;
+    }
     let plan = settings::plan_builder(&project, &args.scope, resolved.clone())?
         .with_create_companion(true)
         .await?;
@@ -51,6 +54,76 @@ pub(crate) async fn run(
         write_report(&project, &run.run_id, None, path, printer).await?;
     }
     finish(printer, &Acted::Run(Box::new(run)))
+}
+
+/// `backfill --stale`: one run per contiguous range that `lakefill stale` lists for the model's
+/// table, in order; stops at the first that does not publish (or stage, with `--stage-only`).
+async fn stale(
+    project: &lakefill::Project,
+    args: &BackfillArgs,
+    resolved: RunSettings,
+    printer: Printer,
+) -> anyhow::Result<()> {
+    let model = lakefill::Model::load(project, &args.scope.model, None)?;
+    let table = model.header().target.clone();
+    let reports = lakefill::stale(project, std::slice::from_ref(&table)).await?;
+    let mut ranges: Vec<(String, String)> = reports
+        .iter()
+        .flat_map(|r| {
+            r.stale
+                .iter()
+                .map(|s| &s.span)
+                .chain(r.outdated.iter().map(|o| &o.span))
+        })
+        .map(|span| (span.from.clone(), span.to.clone()))
+        .collect();
+    // Labels of one grain sort like the periods they name: overlapping ranges become one.
+    ranges.sort();
+    let mut merged: Vec<(String, String)> = Vec::new();
+    for (from, to) in ranges {
+        match merged.last_mut() {
+            Some((_, last)) if from <= *last => *last = to.max(last.clone()),
+            _ => merged.push((from, to)),
+        }
+    }
+    if merged.is_empty() {
+        printer.status(&format!("nothing to do: no partition of {table} is stale"));
+    }
+    let mut runs = Vec::new();
+    let mut failed = None;
+    for (from, to) in &merged {
+        let mut scope = args.scope.clone();
+        scope.from = Some(from.clone());
+        scope.to = Some(to.clone());
+        let plan = settings::plan_builder(project, &scope, resolved.clone())?
+            .with_create_companion(true)
+            .await?;
+        printer.status(&crate::render::run::backfill_plan(plan.report()));
+        let hooks = run_hooks(printer);
+        let run = BackfillBuilder::new(plan)
+            .with_settings(resolved.clone())
+            .with_interrupt(hooks.interrupt)
+            .with_progress(hooks.progress)
+            .with_stage_only(args.stage_only)
+            .with_sample(args.sample)
+            .await?;
+        failed = run.validation_error();
+        runs.push(run);
+        if failed.is_some() {
+            break;
+        }
+    }
+    let text: String = runs.iter().map(crate::render::run::text).collect();
+    let document = serde_json::json!({
+        "table": table,
+        "ranges": merged,
+        "runs": runs,
+    });
+    printer.result(&text, &document)?;
+    match failed {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
+    }
 }
 
 /// What a run borrows from the terminal: Ctrl-C to stop it cleanly, and the printer's progress.
