@@ -447,6 +447,9 @@ pub(crate) struct HistoryArgs {
 pub(crate) struct StaleArgs {
     /// The tables [default: every table a model of the project writes].
     pub(crate) tables: Vec<String>,
+    /// Also every table computed from them, downstream.
+    #[arg(long)]
+    pub(crate) cascade: bool,
 }
 
 #[derive(Debug, Args)]

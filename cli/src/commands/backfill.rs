@@ -66,7 +66,7 @@ async fn stale(
 ) -> anyhow::Result<()> {
     let model = lakefill::Model::load(project, &args.scope.model, None)?;
     let table = model.header().target.clone();
-    let reports = lakefill::stale(project, std::slice::from_ref(&table)).await?;
+    let reports = lakefill::stale(project, std::slice::from_ref(&table), false).await?;
     let mut ranges: Vec<(String, String)> = reports
         .iter()
         .flat_map(|r| {

@@ -50,7 +50,7 @@ pub(crate) async fn stale(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
-    let reports = lakefill::stale(&project, &args.tables).await?;
+    let reports = lakefill::stale(&project, &args.tables, args.cascade).await?;
     let document = serde_json::json!({
         "stale": reports.iter().any(lakefill::StaleReport::needs_refresh),
         "tables": reports,

@@ -146,12 +146,20 @@ struct ReadSource {
     window: Option<SourceWindow>,
 }
 
-/// Reports on each of `tables`; every table a model writes when `tables` is empty.
-pub async fn stale(project: &Project, tables: &[String]) -> Result<Vec<StaleReport>> {
-    let tables: Vec<String> = if tables.is_empty() {
-        list_models(&project.sql_dir())
-            .into_iter()
-            .filter_map(|name| Model::load(project, &name, None).ok())
+/// Reports on each of `tables` (every table a model writes when `tables` is empty) and, with
+/// `cascade`, on every table computed from them, downstream.
+pub async fn stale(
+    project: &Project,
+    tables: &[String],
+    cascade: bool,
+) -> Result<Vec<StaleReport>> {
+    let models: Vec<Model> = list_models(&project.sql_dir())
+        .into_iter()
+        .filter_map(|name| Model::load(project, &name, None).ok())
+        .collect();
+    let mut tables: Vec<String> = if tables.is_empty() {
+        models
+            .iter()
             .map(|m| m.header().target.clone())
             .collect::<BTreeSet<_>>()
             .into_iter()
@@ -159,6 +167,20 @@ pub async fn stale(project: &Project, tables: &[String]) -> Result<Vec<StaleRepo
     } else {
         tables.to_vec()
     };
+    if cascade {
+        // Breadth first, each table once: a table computed from one of the list joins it.
+        let mut next = 0;
+        while next < tables.len() {
+            let table = tables[next].clone();
+            next += 1;
+            for model in &models {
+                let target = &model.header().target;
+                if model.header().sources.contains_key(&table) && !tables.contains(target) {
+                    tables.push(target.clone());
+                }
+            }
+        }
+    }
     let mut changes = ChangeCache::default();
     let mut reports = Vec::new();
     for table in &tables {
