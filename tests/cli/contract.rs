@@ -186,6 +186,10 @@ fn every_json_document_keeps_its_shape() {
         .map(|l| normalized(&serde_json::from_str(l).expect("event"), &dir))
         .collect();
     insta::assert_json_snapshot!("events", events);
+    // `daily_revenue` read `events` before the fix and its revert changed days 1 to 3: stale
+    // there (exit 5, after the document).
+    let (code, stale) = document(&["stale", "daily_revenue"]);
+    insta::assert_json_snapshot!("stale", (code, stale));
 
     // The main failure kinds: the error document on stdout, with its exit code.
     let (code, unknown_model) = document(&["plan", "nope", "--from", &from, "--to", &to]);

@@ -474,6 +474,13 @@ async fn read_changes(project: &Project, source: &ReadSource) -> Result<Vec<Touc
             None => Touched::Anywhere,
             Some(window) => touched(window, &commit),
         };
+        // Remove actions seldom carry statistics; a lakefill commit counts the rows it replaced.
+        let rows_removed = match commit.lakefill() {
+            Some(meta) if commit.rows_removed == 0 => {
+                meta.partitions.iter().filter_map(|p| p.old_rows).sum()
+            }
+            _ => commit.rows_removed,
+        };
         out.push(TouchingChange {
             change: SourceChange {
                 table: source.table.clone(),
@@ -484,7 +491,7 @@ async fn read_changes(project: &Project, source: &ReadSource) -> Result<Vec<Touc
                 }),
                 operation: commit.info["operation"].as_str().map(str::to_string),
                 rows_added: commit.rows_added,
-                rows_removed: commit.rows_removed,
+                rows_removed,
                 files: commit.data_changes,
             },
             touched,
