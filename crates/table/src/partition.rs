@@ -806,14 +806,18 @@ fn infer_date_grain(dates: &[NaiveDate]) -> std::result::Result<(Grain, String),
 
 /// Whether a partition column of this type and these values may hold times (so that failing
 /// to read them as times is an error): a DATE or a TIMESTAMP, or a string column with no values
-/// yet or with a value that reads as a time.
+/// yet or with a value that reads as a time or looks like one in a format lakefill does not
+/// know (`2026/01/05`: digits and separators, starting with a digit). Erring towards "may":
+/// a table taken for one without time would have its range refused, and a run without one
+/// replaces the whole table.
 fn may_hold_time(data_type: &DataType, values: Option<&Vec<String>>) -> bool {
     match value_type(data_type) {
         DataType::Date32 | DataType::Date64 | DataType::Timestamp(..) => true,
         other if is_string(other) => values.is_none_or(|values| {
             values.is_empty()
                 || values.iter().any(|v| {
-                    parse_instant(v).is_some()
+                    looks_like_time(v)
+                        || parse_instant(v).is_some()
                         || KNOWN_FORMATS.iter().any(|format| {
                             parse_with_format(v, format)
                                 .is_some_and(|t| t.format(format).to_string() == *v)
@@ -822,6 +826,19 @@ fn may_hold_time(data_type: &DataType, values: Option<&Vec<String>>) -> bool {
         }),
         _ => false,
     }
+}
+
+/// A value that starts with a digit and holds at least six digits, with separators between them
+/// or eight to ten digits alone (`2026/01/05`, `05.01.2026`, `2026010513`).
+fn looks_like_time(value: &str) -> bool {
+    let digits = value.chars().filter(char::is_ascii_digit).count();
+    let separated = value
+        .chars()
+        .any(|c| matches!(c, '-' | '/' | '.' | ':' | ' ' | 'T'));
+    let all_digits = digits == value.len();
+    value.starts_with(|c: char| c.is_ascii_digit())
+        && digits >= 6
+        && (separated || (all_digits && (8..=10).contains(&digits)))
 }
 
 /// Why the model's `partition_by` does not describe the table.
@@ -1594,6 +1611,22 @@ mod tests {
             reason.contains("holds no dates") && reason.contains("`DE`"),
             "{reason}"
         );
+        // Dates in a format lakefill does not know are an error (declare `format`), not a table
+        // without time.
+        let err = detect(
+            &[("ds", DataType::Utf8)],
+            &[("ds", &["2026/01/05", "2026/01/06"])],
+            None,
+            None,
+        )
+        .expect_err("unknown date format");
+        assert!(err.contains("holds no dates"), "{err}");
+        // Integer-like and code-like values are not times.
+        for values in [&["1", "2", "17"][..], &["A-2024-77", "B-2025-01"][..]] {
+            let layout =
+                detect(&[("p", DataType::Utf8)], &[("p", values)], None, None).expect("no time");
+            assert!(layout.is_timeless(), "{values:?}");
+        }
         // Some values are dates: the others are an error, not a reason to ignore time.
         let err = detect(
             &[("ds", DataType::Utf8)],
