@@ -824,6 +824,8 @@ fn may_hold_time(data_type: &DataType, values: Option<&Vec<String>>) -> bool {
                         })
                 })
         }),
+        // Dates kept as numbers (`20260105`) are times lakefill cannot read yet, not ids.
+        other if is_integer(other) => values.is_some_and(|v| v.iter().any(|v| looks_like_time(v))),
         _ => false,
     }
 }
@@ -1621,6 +1623,14 @@ mod tests {
         )
         .expect_err("unknown date format");
         assert!(err.contains("holds no dates"), "{err}");
+        // Nor are dates kept as integers.
+        detect(
+            &[("dt", DataType::Int32)],
+            &[("dt", &["20260105", "20260106"])],
+            None,
+            None,
+        )
+        .expect_err("dates as integers");
         // Integer-like and code-like values are not times.
         for values in [&["1", "2", "17"][..], &["A-2024-77", "B-2025-01"][..]] {
             let layout =
