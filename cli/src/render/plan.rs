@@ -40,11 +40,7 @@ fn header(plan: &PlanReport, out: &mut String) {
             plan.target,
             plan.read_version,
             plan.target_uri,
-            if layout.partition_columns.is_empty() {
-                "not partitioned".to_string()
-            } else {
-                format!("partitioned by {}", layout.partition_columns.join(", "))
-            },
+            partitioning(layout),
         );
     } else if layout.by_rows {
         let _ = writeln!(
@@ -53,11 +49,7 @@ fn header(plan: &PlanReport, out: &mut String) {
             plan.target,
             plan.read_version,
             plan.target_uri,
-            if layout.partition_columns.is_empty() {
-                "not partitioned".to_string()
-            } else {
-                format!("partitioned by {}", layout.partition_columns.join(", "))
-            },
+            partitioning(layout),
             layout.time.encoding.describe()
         );
     } else {
@@ -97,6 +89,15 @@ fn header(plan: &PlanReport, out: &mut String) {
                 )
             }
         );
+    }
+}
+
+/// `partitioned by a, b`, or `not partitioned`.
+fn partitioning(layout: &lakefill::Layout) -> String {
+    if layout.partition_columns.is_empty() {
+        "not partitioned".to_string()
+    } else {
+        format!("partitioned by {}", layout.partition_columns.join(", "))
     }
 }
 

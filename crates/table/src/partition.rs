@@ -128,13 +128,7 @@ impl TimeColumn {
             // No time: every file is of the whole table.
             return true;
         };
-        let instant = |value: &serde_json::Value| -> Option<chrono::NaiveDateTime> {
-            let text = value.as_str()?;
-            match &self.encoding {
-                TimeEncoding::Text { format, .. } => parse_with_format(text, format),
-                _ => crate::time::parse_instant(text).map(|(t, _)| t),
-            }
-        };
+        let instant = |value: &serde_json::Value| self.instant_of(value.as_str()?);
         if range.include_null && stats["nullCount"][column].as_u64() != Some(0) {
             return true;
         }
@@ -147,6 +141,15 @@ impl TimeColumn {
         // Statistics of timestamps are cut to milliseconds: the true maximum may be a little later.
         let max = max + chrono::TimeDelta::milliseconds(1);
         min < last.end() && max > first.start()
+    }
+
+    /// The instant a value of the column names, as its statistics or partition values write it
+    /// (in its format, for a string column).
+    pub fn instant_of(&self, text: &str) -> Option<NaiveDateTime> {
+        match &self.encoding {
+            TimeEncoding::Text { format, .. } => parse_with_format(text, format),
+            _ => parse_instant(text).map(|(t, _)| t),
+        }
     }
 
     /// The period a file's partition values fall in: `Ok(None)` for NULL, `Err` (with the value)
@@ -1363,11 +1366,9 @@ impl PartitionRange {
                         .as_str()
                         .map(str::to_string)
                         .unwrap_or(value.to_string());
-                    let instant = match &layout.time.encoding {
-                        TimeEncoding::Text { format, .. } => parse_with_format(&text, format),
-                        _ => parse_instant(&text).map(|(t, _)| t),
-                    };
-                    let period = instant
+                    let period = layout
+                        .time
+                        .instant_of(&text)
                         .and_then(|t| Period::containing(grain, t))
                         .ok_or_else(|| {
                             format!(

@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::history::table_layout;
 use lakefill_log::journal::Journal;
-use lakefill_recompute::plan::{SourceWindow, source_window};
+use lakefill_recompute::plan::{SourceWindow, find_downstream, source_window};
 use lakefill_table::config::Project;
 use lakefill_table::error::{DeltaContext, Error, Result};
 use lakefill_table::model::{Model, list_models, list_versions};
@@ -261,7 +261,7 @@ async fn stale_table(
     let model_name = model.as_ref().map(|m| m.name().to_string());
     let cascade = model_name
         .as_deref()
-        .is_some_and(|m| has_downstream(project, m, name));
+        .is_some_and(|m| !find_downstream(project, m, name).is_empty());
     let command = |span: &PartitionSpan, version: Option<&str>| {
         let mut command = format!(
             "lakefill backfill {} --from {} --to {}",
@@ -533,15 +533,7 @@ fn stats_span(
 ) -> Option<(NaiveDateTime, NaiveDateTime)> {
     let stats: serde_json::Value = serde_json::from_str(stats?).ok()?;
     let column = *window.time.encoding.columns().first()?;
-    let instant = |bound: &str| -> Option<NaiveDateTime> {
-        let text = stats[bound][column].as_str()?;
-        match &window.time.encoding {
-            lakefill_table::partition::TimeEncoding::Text { format, .. } => {
-                lakefill_table::partition::parse_with_format(text, format)
-            }
-            _ => lakefill_table::time::parse_instant(text).map(|(t, _)| t),
-        }
-    };
+    let instant = |bound: &str| window.time.instant_of(stats[bound][column].as_str()?);
     let min = Period::containing(window.time.grain, instant("minValues")?)?;
     let max = Period::containing(window.time.grain, instant("maxValues")?)?;
     Some((min.start(), max.end()))
@@ -572,17 +564,6 @@ fn spans(periods: impl IntoIterator<Item = Period>) -> Vec<PartitionSpan> {
 }
 
 fn in_span(period: &Period, span: &PartitionSpan) -> bool {
-    let label = period.label();
     Period::from_label(period.grain(), &span.from).is_some_and(|from| from <= *period)
         && Period::from_label(period.grain(), &span.to).is_some_and(|to| *period <= to)
-        && !label.is_empty()
-}
-
-/// Whether another model reads `table` (so a refresh should cascade).
-fn has_downstream(project: &Project, model: &str, table: &str) -> bool {
-    list_models(&project.sql_dir())
-        .into_iter()
-        .filter(|name| name != model)
-        .filter_map(|name| Model::load(project, &name, None).ok())
-        .any(|m| m.header().sources.contains_key(table) && m.header().target != table)
 }

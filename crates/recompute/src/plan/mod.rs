@@ -1541,7 +1541,7 @@ pub fn run_id(
 
 /// Finds models whose newest version reads `target`. Unreadable models are skipped: they are
 /// reported when someone runs them.
-fn find_downstream(project: &Project, model_name: &str, target: &str) -> Vec<DownstreamModel> {
+pub fn find_downstream(project: &Project, model_name: &str, target: &str) -> Vec<DownstreamModel> {
     list_models(&project.sql_dir())
         .into_iter()
         .filter(|name| name != model_name)
