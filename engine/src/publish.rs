@@ -73,6 +73,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
             .as_ref()
             .and_then(lakefill_validate::ValidationReport::allowed_edge_moves),
         rows: journal.inputs.range.rows.as_ref().map(|r| r.sql.clone()),
+        change_feed: journal.progress.change_feed.as_ref().map(|f| f.counts),
     }
 }
 
@@ -261,6 +262,7 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         return commit_actions(target, journal, actions).await;
     }
     let mapping = mapping_of(snapshot, journal)?;
+    let changes = DataChanges::of(journal);
     // Every file of the range's partitions (all their sub-partitions) at the read version.
     let affected: std::collections::BTreeSet<&str> = journal
         .inputs
@@ -284,12 +286,34 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
                     .is_some()
             }
         })
-        .map(|file| Action::Remove(lakefill_log::writer::remove(&file)))
+        .map(|file| {
+            let mut remove = lakefill_log::writer::remove(&file);
+            remove.data_change =
+                changes.changes(&mapping.logical_values(file.partition_values_map()));
+            Action::Remove(remove)
+        })
         .collect();
+    actions.extend(journal.published_files().map(|add| {
+        let mut add = physical_add(add, &mapping);
+        if let Action::Add(add) = &mut add {
+            add.data_change =
+                changes.changes(&mapping.logical_values(add.partition_values.clone()));
+        }
+        add
+    }));
+    // The change data feed's files: what a feed reader reads of this commit instead of its adds
+    // and removes.
     actions.extend(
         journal
-            .published_files()
-            .map(|add| physical_add(add, &mapping)),
+            .progress
+            .change_feed
+            .iter()
+            .flat_map(|feed| &feed.files)
+            .map(|file| {
+                let mut file = file.clone();
+                file.partition_values = mapping.physical_values(file.partition_values);
+                Action::Cdc(file)
+            }),
     );
     if let Some(metadata) = new_metadata(snapshot, journal)? {
         // The added columns join the schema in the same commit (earlier versions keep theirs),
@@ -297,6 +321,40 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         actions.push(Action::Metadata(metadata));
     }
     commit_actions(target, journal, actions).await
+}
+
+/// Which files of a commit change data (`dataChange`): with a change data feed, only those of
+/// partitions the feed has rows in; the others are rewritten with the same rows, as a compaction
+/// would (readers of the table's changes, and streams, skip them). Without a feed, all.
+struct DataChanges<'a> {
+    layout: &'a lakefill_table::partition::Layout,
+    /// The labels of the partitions the feed has rows in; `None` without a feed.
+    changed: Option<std::collections::BTreeSet<String>>,
+}
+
+impl<'a> DataChanges<'a> {
+    fn of(journal: &'a Journal) -> Self {
+        let layout = &journal.inputs.layout;
+        let changed = journal.progress.change_feed.as_ref().map(|feed| {
+            feed.files
+                .iter()
+                .map(|f| lakefill_table::partition::label_of(layout, &f.partition_values))
+                .collect()
+        });
+        Self { layout, changed }
+    }
+
+    /// Whether a file of the partition `values` (logical names) changes data.
+    fn changes(&self, values: &std::collections::HashMap<String, Option<String>>) -> bool {
+        let Some(changed) = &self.changed else {
+            return true;
+        };
+        if self.layout.by_rows || self.layout.is_timeless() {
+            // Files hold rows of many periods: any change changes them all.
+            return !changed.is_empty();
+        }
+        changed.contains(&lakefill_table::partition::label_of(self.layout, values))
+    }
 }
 
 /// Why `commit`, another writer's since the run's read version, conflicts with the run, if it

@@ -33,6 +33,7 @@ mod edges;
 mod errors;
 mod faults;
 mod features;
+mod feed;
 mod garbage;
 mod hints;
 mod inspect;

@@ -55,6 +55,10 @@ pub struct CommitMetadata {
     /// files it rewrote was carried over unchanged.
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     pub rows: Option<String>,
+    /// With the table's change data feed on: the rows of each change type the commit's change
+    /// data files hold (adds and removes of partitions without changes are `dataChange` false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_feed: Option<lakefill_validate::feed::FeedCounts>,
 }
 
 /// One partition of a commit's metadata.

@@ -20,6 +20,9 @@ pub const RUNS_DIR: &str = "_lakefill/runs";
 pub const LEASES_DIR: &str = "_lakefill/leases";
 
 /// The prefix of a run's staging directory in a partition directory.
+/// The directory of a Delta table holding change data files (the protocol's `_change_data`).
+pub const CHANGE_DATA_DIR: &str = "_change_data";
+
 const STAGING_PREFIX: &str = "lakefill-";
 
 /// The prefix of a run's Delta application id.
@@ -78,6 +81,12 @@ impl RunId {
     /// The name of the run's staging directory inside a partition directory: `lakefill-<id>`.
     pub fn staging_dir(&self) -> String {
         format!("{STAGING_PREFIX}{}", self.0)
+    }
+
+    /// The directory of the table holding the run's change data files (every partition's, under
+    /// it): `_change_data/lakefill-<id>`.
+    pub fn change_data_dir(&self) -> String {
+        format!("{CHANGE_DATA_DIR}/{}", self.staging_dir())
     }
 
     /// The run a staging directory name belongs to, if it is one.

@@ -519,7 +519,7 @@ async fn differing_views(
 
 /// A predicate selecting the rows of the periods `labels` (consecutive periods as one range, the
 /// NULL partition by `IS NULL`); `None` when there are too many ranges to be worth it.
-fn periods_predicate(
+pub fn periods_predicate(
     layout: &Layout,
     labels: &[&String],
     schema: &deltalake::arrow::datatypes::Schema,

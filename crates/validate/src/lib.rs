@@ -16,6 +16,7 @@
 pub mod checks;
 pub mod compare;
 pub mod edges;
+pub mod feed;
 pub mod keymerge;
 pub mod net;
 pub mod report;

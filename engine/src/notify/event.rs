@@ -61,6 +61,10 @@ pub struct Event {
     /// reversals and corrections; the rows and sums above are the table's net rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
+    /// With the table's change data feed on: the rows of each change type its commit's change
+    /// data files hold (what a feed reader of the version reads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_feed: Option<lakefill_validate::feed::FeedCounts>,
     /// Per partition: rows and measure sums before and after.
     pub partitions: Vec<EventPartition>,
     /// Rows before and after, and the difference, over the range.
@@ -297,6 +301,7 @@ impl Event {
                 .then(|| metadata.cascade.clone())
                 .flatten(),
             adjustments: metadata.adjustments,
+            change_feed: metadata.change_feed,
             totals: EventTotals {
                 old_rows,
                 new_rows,

@@ -54,6 +54,18 @@ pub(crate) async fn delete_staging(
             .map(|p| lakefill_table::storage::object_path(p))
             .collect()
     };
+    // The run's change data files, all under one directory of its own.
+    let feed = deltalake::Path::from(journal.run_id.change_data_dir());
+    let feed_files = lakefill_table::storage::list_objects(&store, &feed).await?;
+    candidates.extend(feed_files.into_iter().map(|o| o.location).filter(|p| {
+        !(keep_journaled
+            && journal
+                .progress
+                .change_feed
+                .iter()
+                .flat_map(|f| &f.files)
+                .any(|f| f.path == p.as_ref()))
+    }));
     for prefix in staging_dirs(&store, &root, journal).await? {
         let listing = store
             .list_with_delimiter(Some(&prefix))

@@ -9,6 +9,7 @@
 
 pub(crate) mod cleanup;
 pub(crate) mod edges;
+pub(crate) mod feed;
 pub(crate) mod found;
 pub(crate) mod manage;
 pub(crate) mod publish;
@@ -254,7 +255,9 @@ impl BackfillBuilder {
         self.validate_step(&mut journal, &resources, &spill, lease, capture)
             .await?;
         let validate_ms = elapsed_ms(validate_started);
-        let outcome = self.conclude(&mut journal, &latest, lease).await?;
+        let outcome = self
+            .conclude(&mut journal, &latest, lease, &resources)
+            .await?;
 
         let total_ms = elapsed_ms(started);
         let timings = Timings {
@@ -267,6 +270,11 @@ impl BackfillBuilder {
                 .validation
                 .as_ref()
                 .map_or(0, |v| v.edges_ms),
+            feed_ms: journal
+                .progress
+                .change_feed
+                .as_ref()
+                .map_or(0, |f| f.elapsed_ms),
         };
         Ok(self.finish(&journal, outcome, timings, resumed_batches))
     }
@@ -487,6 +495,8 @@ impl BackfillBuilder {
             phase: "validating".into(),
         });
         journal.transition(RunState::Validating)?;
+        // A feed written before is of the rows validated before.
+        journal.progress.change_feed = None;
         journal.save(&plan.target.object_store(), lease).await?;
         let mut spill_check = CheckResult::new("spill", Vec::new(), Vec::new());
         let spilled: u64 = spill.values().sum();
@@ -547,6 +557,7 @@ impl BackfillBuilder {
         journal: &mut Journal,
         latest: &DeltaTable,
         lease: &RunLease,
+        resources: &Resources,
     ) -> Result<Outcome> {
         let plan = &self.plan;
         let store = plan.target.object_store();
@@ -568,6 +579,24 @@ impl BackfillBuilder {
             journal.transition(RunState::FailedValidation)?;
             journal.save(&store, lease).await?;
             return Ok(Outcome::ValidationFailed);
+        }
+        if journal.progress.change_feed.is_none() && crate::run::feed::records_feed(plan, journal)?
+        {
+            self.emit(ProgressEvent::Phase {
+                run_id: plan.report.run_id.to_string(),
+                phase: "writing the change feed".into(),
+            });
+            let feed = self
+                .interruptible(crate::run::feed::write_change_feed(
+                    plan, journal, resources,
+                ))
+                .await;
+            match feed {
+                Ok(feed) => journal.progress.change_feed = Some(feed),
+                Err(error) => {
+                    return Err(self.stop(journal, lease, "validating", error, false).await);
+                }
+            }
         }
         if passed {
             journal.transition(RunState::Validated)?;

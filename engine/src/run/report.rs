@@ -68,6 +68,10 @@ pub struct RunReport {
     /// appends (`files_written`/`bytes_written` count them, `rows_written` the new rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adjustments: Option<lakefill_table::adjustments::AdjustmentCounts>,
+    /// With the target's change data feed on: the rows of each change type written to its
+    /// change data files (what a feed reader of the published version reads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_feed: Option<lakefill_validate::feed::FeedCounts>,
     /// What each notification sink of the table was told (absent without sinks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notify::Delivery>,
@@ -114,6 +118,9 @@ pub struct Timings {
     /// (part of `validate_ms`).
     #[serde(default)]
     pub edges_ms: u64,
+    /// Computing and writing the change data feed (part of `publish_ms`).
+    #[serde(default)]
+    pub feed_ms: u64,
 }
 
 impl RunReport {
@@ -154,6 +161,7 @@ impl RunReport {
             timings,
             revert_of: journal.inputs.kind.revert_of().map(ToString::to_string),
             adjustments: journal.progress.adjustment_counts,
+            change_feed: journal.progress.change_feed.as_ref().map(|f| f.counts),
             notifications: Vec::new(),
             notes: Vec::new(),
         }
@@ -188,6 +196,7 @@ impl RunReport {
             timings: Timings::default(),
             revert_of: plan.kind.revert_of().map(ToString::to_string),
             adjustments: None,
+            change_feed: None,
             notifications: Vec::new(),
             notes: Vec::new(),
         }

@@ -325,7 +325,6 @@ async fn register_sides(
     target_schema: &deltalake::arrow::datatypes::Schema,
     adjustments: bool,
 ) -> Result<()> {
-    let layout = &journal.inputs.layout;
     if adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
         // of the table and the companion together).
@@ -339,6 +338,19 @@ async fn register_sides(
         )
         .await?;
     }
+    register_output(ctx, plan, journal, write_schema, target_schema).await?;
+    register_cascade_staged(ctx, plan).await
+}
+
+/// Registers `output`: the staged rows of the range (by rows also `staged`, every staged row).
+pub(crate) async fn register_output(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    write_schema: &deltalake::arrow::datatypes::SchemaRef,
+    target_schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<()> {
+    let layout = &journal.inputs.layout;
     let adds: Vec<_> = journal.new_row_files().cloned().collect();
     let staged = StagedTable::register_store(
         ctx,
@@ -365,7 +377,7 @@ async fn register_sides(
         ctx.register_table("output", staged)
             .query_context(|| "cannot register the staged files".into())?;
     }
-    register_cascade_staged(ctx, plan).await
+    Ok(())
 }
 
 /// The proof that the old net rows plus the adjustments give the new rows, per partition and
@@ -412,15 +424,7 @@ fn new_side(
     plan: &BackfillPlan,
 ) -> (KnownSide, Option<RowChecksum>) {
     let (layout, rules) = (&journal.inputs.layout, &plan.rules);
-    let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
-    for batch in &journal.progress.batches {
-        for (partition, checksum) in &batch.checksums {
-            checksums
-                .entry(partition.clone())
-                .or_default()
-                .merge(checksum);
-        }
-    }
+    let mut checksums = staged_checksums(journal);
     let carried = checksums.remove(CARRIED_LABEL);
     let mut new_side = KnownSide {
         rows: counts_from(
@@ -470,6 +474,21 @@ fn new_side(
         new_side.sums = None;
     }
     (new_side, carried)
+}
+
+/// The checksum of the staged rows of each partition (by rows, of the rows carried over under
+/// [`CARRIED_LABEL`]), as the run's writers hashed them.
+pub(crate) fn staged_checksums(journal: &Journal) -> BTreeMap<String, RowChecksum> {
+    let mut checksums: BTreeMap<String, RowChecksum> = BTreeMap::new();
+    for batch in &journal.progress.batches {
+        for (partition, checksum) in &batch.checksums {
+            checksums
+                .entry(partition.clone())
+                .or_default()
+                .merge(checksum);
+        }
+    }
+    checksums
 }
 
 /// Whether most partitions' row counts changed (the log's against staging's): a fix that moves
@@ -535,7 +554,7 @@ fn float_noise(
 /// of it carries its own, as lakefill writes them into the `add` action of a staged file
 /// ([`lakefill_table::rowhash::FileDigest`]: of that file, of these `columns` with the types they have
 /// now, no deletion vector). Such a partition's old rows need not be read to be compared.
-fn logged_checksums(
+pub(crate) fn logged_checksums(
     plan: &BackfillPlan,
     layout: &Layout,
     range: &PartitionRange,
@@ -743,7 +762,7 @@ pub(crate) fn partition_changes(
 }
 
 /// The target's schema at the read version, as Arrow.
-fn table_schema(plan: &BackfillPlan) -> Result<deltalake::arrow::datatypes::SchemaRef> {
+pub(crate) fn table_schema(plan: &BackfillPlan) -> Result<deltalake::arrow::datatypes::SchemaRef> {
     Ok(plan
         .target
         .snapshot()

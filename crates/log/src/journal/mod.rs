@@ -146,6 +146,9 @@ pub struct RunProgress {
     /// With adjustments: how many of each kind, once staged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adjustment_counts: Option<AdjustmentCounts>,
+    /// With the target's change data feed on: the feed's files and counts, once written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_feed: Option<ChangeFeed>,
     /// When the journal was last written (RFC 3339).
     pub updated_at: String,
 }
@@ -163,8 +166,38 @@ impl RunProgress {
             validated_stamps: BTreeMap::new(),
             adjustments: Vec::new(),
             adjustment_counts: None,
+            change_feed: None,
             updated_at: now,
         }
+    }
+}
+
+/// A run's change data feed: the rows that differ between the old and new sides, in change data
+/// files of the run's own directory under `_change_data/`, which its commit adds as `cdc` actions.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChangeFeed {
+    /// The files, with partition values keyed by logical name.
+    pub files: Vec<deltalake::kernel::AddCDCFile>,
+    /// Rows of each change type.
+    pub counts: lakefill_validate::feed::FeedCounts,
+    /// How long computing and writing it took.
+    #[serde(default)]
+    pub elapsed_ms: u64,
+}
+
+impl ChangeFeed {
+    /// Whether a file of the partition with `values` (logical names) holds rows of the feed:
+    /// files of other partitions are rewritten with the same rows.
+    pub fn changes_partition(
+        &self,
+        values: &std::collections::HashMap<String, Option<String>>,
+    ) -> bool {
+        self.counts.rows() > 0
+            && self.files.iter().any(|f| {
+                f.partition_values
+                    .iter()
+                    .all(|(k, v)| values.get(k) == Some(v))
+            })
     }
 }
 
@@ -413,6 +446,21 @@ impl Journal {
         }
         for add in self.staged_files() {
             check_staged_path(add, &self.inputs.layout, &self.inputs.range, run_id)?;
+        }
+        let feed_dir = format!("{}/", run_id.change_data_dir());
+        for file in self.progress.change_feed.iter().flat_map(|f| &f.files) {
+            let path = file.path.as_str();
+            if !path.starts_with(&feed_dir)
+                || path.contains("://")
+                || path
+                    .split('/')
+                    .any(|s| s.is_empty() || s == "." || s == "..")
+                || !path.ends_with(".parquet")
+            {
+                return Err(format!(
+                    "change data file `{path}` is not a Parquet file of the run's `{feed_dir}`"
+                ));
+            }
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! [`check_model`](crate::plan::query::check_model) plans the model once when the plan is made, so what `plan` accepts,
 //! `backfill` runs.
 
+pub mod feed;
 mod hasher;
 pub mod throttle;
 

@@ -1,0 +1,275 @@
+//! Writing a run's change data feed: the rows of [`lakefill_validate::feed::change_rows`] into
+//! change data files under `_change_data/lakefill-<run_id>/<partition dir>/`, as the Delta
+//! protocol's `cdc` actions describe them (partition columns in the path and the action, not in
+//! the file; `_change_type` a column of the file). Like staged files, they are invisible until
+//! the run's commit names them, and all of a run's are under one directory of its own.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use delta_kernel::expressions::Scalar;
+use delta_kernel::table_properties::DataSkippingNumIndexedCols;
+use deltalake::Path;
+use deltalake::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
+use deltalake::arrow::compute::take;
+use deltalake::arrow::datatypes::{Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
+use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::kernel::AddCDCFile;
+use deltalake::kernel::scalars::ScalarExt as _;
+use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::properties::WriterProperties;
+use futures::StreamExt;
+use indexmap::IndexMap;
+
+use lakefill_table::error::{DeltaContext, Error, QueryContext, Result};
+use lakefill_table::mapping::ColumnMapping;
+use lakefill_table::partition::{Layout, PartitionValues};
+use lakefill_table::run_id::RunId;
+use lakefill_validate::feed::{CHANGE_TYPE, FeedCounts};
+
+/// Partition writers open at once; the least recently written is closed beyond it (a partition
+/// may then get more than one file), which bounds memory whatever the order of the rows.
+const OPEN_WRITERS: usize = 16;
+
+/// What writing a feed produced: its files (partition values keyed by logical name) and the
+/// rows of each change type.
+#[derive(Debug, Default)]
+pub struct FeedWritten {
+    /// The change data files.
+    pub files: Vec<AddCDCFile>,
+    /// Rows of each change type.
+    pub counts: FeedCounts,
+}
+
+/// Writes `stream` (every column of the table, then [`CHANGE_TYPE`]) into change data files of
+/// `table` (`layout` and `mapping` the table's).
+pub async fn write_feed(
+    mut stream: SendableRecordBatchStream,
+    table: &str,
+    layout: &Layout,
+    mapping: &ColumnMapping,
+    run_id: &RunId,
+    store: Arc<dyn deltalake::ObjectStore>,
+) -> Result<FeedWritten> {
+    let schema = stream.schema();
+    let partition: Vec<usize> = layout
+        .partition_columns
+        .iter()
+        .map(|c| {
+            schema.index_of(c).map_err(|_| {
+                Error::Internal(format!("partition column `{c}` is not in the change feed"))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let change_type = schema
+        .index_of(CHANGE_TYPE)
+        .map_err(|_| Error::Internal("the change feed has no `_change_type`".into()))?;
+    let file: Vec<usize> = (0..schema.fields().len())
+        .filter(|i| !partition.contains(i))
+        .collect();
+    let file_schema: SchemaRef = Arc::new(Schema::new(
+        file.iter()
+            .map(|i| Arc::new(schema.field(*i).clone().with_nullable(true)))
+            .collect::<Vec<_>>(),
+    ));
+    let physical_schema = mapping.physical_schema(&file_schema);
+    let converter = RowConverter::new(
+        partition
+            .iter()
+            .map(|i| SortField::new(schema.field(*i).data_type().clone()))
+            .collect(),
+    )
+    .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+    let mut feed = Feed {
+        table,
+        layout,
+        run_id,
+        store,
+        physical_schema: Arc::clone(&physical_schema),
+        open: BTreeMap::new(),
+        tick: 0,
+        written: FeedWritten::default(),
+    };
+    while let Some(batch) = stream.next().await {
+        let batch = batch.query_context(|| "cannot compute the change feed".into())?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let types = batch.column(change_type);
+        let types =
+            deltalake::arrow::compute::cast(types, &deltalake::arrow::datatypes::DataType::Utf8)
+                .map_err(|e| Error::Internal(format!("cannot read `_change_type`: {e}")))?;
+        for row in 0..types.len() {
+            let name = types.as_string::<i32>().value(row);
+            if !feed.written.counts.count(name, 1) {
+                return Err(Error::Internal(format!("unknown change type `{name}`")));
+            }
+        }
+        let arrays: Vec<_> = partition
+            .iter()
+            .map(|i| Arc::clone(batch.column(*i)))
+            .collect();
+        let mut groups: BTreeMap<Vec<u8>, Vec<u32>> = BTreeMap::new();
+        if arrays.is_empty() {
+            groups.insert(Vec::new(), (0..batch.num_rows() as u32).collect());
+        } else {
+            let rows = converter
+                .convert_columns(&arrays)
+                .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+            for row in 0..batch.num_rows() {
+                groups
+                    .entry(rows.row(row).as_ref().to_vec())
+                    .or_default()
+                    .push(row as u32);
+            }
+        }
+        for (key, indices) in groups {
+            let first = indices[0] as usize;
+            let scalars: Vec<Scalar> = arrays
+                .iter()
+                .map(|array| {
+                    Scalar::from_array(array.as_ref(), first).ok_or_else(|| {
+                        Error::Internal(format!(
+                            "cannot read a partition value of type {}",
+                            array.data_type()
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let indices = UInt32Array::from(indices);
+            let columns = file
+                .iter()
+                .map(|i| take(batch.column(*i).as_ref(), &indices, None))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::Internal(format!("cannot split the change feed: {e}")))?;
+            let part = RecordBatch::try_new(Arc::clone(&file_schema), columns)
+                .map_err(|e| Error::Internal(format!("the change feed's rows: {e}")))?;
+            let part = mapping.to_physical(&part, &physical_schema)?;
+            feed.write(key, &scalars, &part).await?;
+        }
+    }
+    feed.finish().await
+}
+
+/// The feed's writers while it is written.
+struct Feed<'a> {
+    table: &'a str,
+    layout: &'a Layout,
+    run_id: &'a RunId,
+    store: Arc<dyn deltalake::ObjectStore>,
+    physical_schema: SchemaRef,
+    /// Per partition (its values as Arrow rows): its writer, its values and when it last wrote.
+    open: BTreeMap<Vec<u8>, (PartitionWriter, PartitionValues, u64)>,
+    tick: u64,
+    written: FeedWritten,
+}
+
+impl Feed<'_> {
+    async fn write(&mut self, key: Vec<u8>, scalars: &[Scalar], part: &RecordBatch) -> Result<()> {
+        self.tick += 1;
+        if !self.open.contains_key(&key) {
+            if self.open.len() >= OPEN_WRITERS {
+                let oldest = self
+                    .open
+                    .iter()
+                    .min_by_key(|(_, (_, _, tick))| *tick)
+                    .map(|(key, _)| key.clone());
+                if let Some(oldest) = oldest {
+                    self.close(&oldest).await?;
+                }
+            }
+            let writer = self.writer(scalars)?;
+            self.open.insert(key.clone(), writer);
+        }
+        let Some((writer, values, tick)) = self.open.get_mut(&key) else {
+            return Err(Error::Internal("a change feed writer went missing".into()));
+        };
+        *tick = self.tick;
+        writer
+            .write(part)
+            .await
+            .map_err(|source| Error::StagingWrite {
+                table: self.table.to_string(),
+                partition: self.layout.hive_path(values),
+                source: Box::new(source),
+            })
+    }
+
+    fn writer(&self, scalars: &[Scalar]) -> Result<(PartitionWriter, PartitionValues, u64)> {
+        let columns = &self.layout.partition_columns;
+        let values: PartitionValues = columns
+            .iter()
+            .zip(scalars)
+            .map(|(c, s)| (c.clone(), (!s.is_null()).then(|| s.serialize())))
+            .collect();
+        let prefix = if columns.is_empty() {
+            self.run_id.change_data_dir()
+        } else {
+            format!(
+                "{}/{}",
+                self.run_id.change_data_dir(),
+                self.layout.hive_path(&values)
+            )
+        };
+        let prefix = Path::parse(&prefix)
+            .map_err(|e| Error::Internal(format!("invalid change data path `{prefix}`: {e}")))?;
+        let properties = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let partition_values: IndexMap<String, Scalar> = columns
+            .iter()
+            .cloned()
+            .zip(scalars.iter().cloned())
+            .collect();
+        let config = PartitionWriterConfig::try_new(
+            Arc::clone(&self.physical_schema),
+            partition_values,
+            Some(properties),
+            None,
+            None,
+            None,
+            Some(prefix),
+        )
+        .delta_context(|| "cannot configure the change data writer".into())?;
+        let writer = PartitionWriter::try_with_config(
+            Arc::clone(&self.store),
+            config,
+            DataSkippingNumIndexedCols::NumColumns(0),
+            None,
+        )
+        .delta_context(|| "cannot create the change data writer".into())?;
+        Ok((writer, values, self.tick))
+    }
+
+    async fn close(&mut self, key: &[u8]) -> Result<()> {
+        let Some((writer, values, _)) = self.open.remove(key) else {
+            return Ok(());
+        };
+        let adds = writer.close().await.map_err(|source| Error::StagingWrite {
+            table: self.table.to_string(),
+            partition: self.layout.hive_path(&values),
+            source: Box::new(source),
+        })?;
+        self.written
+            .files
+            .extend(adds.into_iter().map(|add| AddCDCFile {
+                path: add.path,
+                size: add.size,
+                partition_values: values.clone(),
+                data_change: false,
+                tags: None,
+            }));
+        Ok(())
+    }
+
+    async fn finish(mut self) -> Result<FeedWritten> {
+        let keys: Vec<Vec<u8>> = self.open.keys().cloned().collect();
+        for key in keys {
+            self.close(&key).await?;
+        }
+        self.written.files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(self.written)
+    }
+}

@@ -1,0 +1,230 @@
+//! The exact change data feed of a run: the rows that differ between the old and new sides, each
+//! with the `_change_type` the Delta protocol's change data feed gives it.
+//!
+//! With a key, the sides are compared key by key: a key whose rows came back identical is not in
+//! the feed; a key on both sides whose rows differ gives its old rows as `update_preimage` and its
+//! new ones as `update_postimage`; a key on one side only gives `delete` or `insert` rows. Rows
+//! with a NULL in a key column (they match nothing by key), and every row of a run without a key,
+//! are compared as whole rows: identical rows pair off one for one (a multiset difference), and
+//! the rest are `delete` (old) or `insert` (new).
+//!
+//! Rows are compared by a 64-bit hash of every column (partition columns included: a row that
+//! moved to another partition changed). DataFusion has every piece (hash aggregation, joins,
+//! window functions, all of which spill or stream), so this is SQL; only the changed keys are
+//! held in memory, as a table the two scans of whole rows join with.
+
+use deltalake::arrow::datatypes::Schema;
+use deltalake::datafusion::dataframe::DataFrame;
+use deltalake::datafusion::prelude::SessionContext;
+use serde::{Deserialize, Serialize};
+
+use lakefill_table::error::{QueryContext, Result};
+use lakefill_table::rowhash::row_hash_sql;
+use lakefill_table::sqltext::ident;
+
+/// The column of a change data file naming the kind of change, as the Delta protocol names it.
+pub const CHANGE_TYPE: &str = "_change_type";
+
+/// How many rows of each `_change_type` a feed holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedCounts {
+    /// New rows of keys the old side did not have (or new whole rows).
+    pub insert: u64,
+    /// Old rows of keys the new side does not have (or old whole rows).
+    pub delete: u64,
+    /// Old rows of keys whose rows changed.
+    pub update_preimage: u64,
+    /// New rows of keys whose rows changed.
+    pub update_postimage: u64,
+}
+
+impl FeedCounts {
+    /// Every row of the feed.
+    pub fn rows(&self) -> u64 {
+        self.insert + self.delete + self.update_preimage + self.update_postimage
+    }
+
+    /// Counts one more row of `change_type`; `false` for a name the protocol does not have.
+    pub fn count(&mut self, change_type: &str, rows: u64) -> bool {
+        let slot = match change_type {
+            "insert" => &mut self.insert,
+            "delete" => &mut self.delete,
+            "update_preimage" => &mut self.update_preimage,
+            "update_postimage" => &mut self.update_postimage,
+            _ => return false,
+        };
+        *slot += rows;
+        true
+    }
+}
+
+/// The rows of `new` (a registered table: every column of the table after the change, in its
+/// order) that differ from those of `old` (the same columns, or fewer: a column the change adds
+/// is NULL on the old side), and the old rows that differ, each with its [`CHANGE_TYPE`].
+/// `key`: the columns identifying a row (none: whole rows). The session must have the hash
+/// functions registered.
+pub async fn change_rows(
+    ctx: &SessionContext,
+    old: &str,
+    new: &str,
+    key: &[String],
+) -> Result<DataFrame> {
+    let schema = |table: &str| {
+        let table = table.to_string();
+        async move {
+            Ok::<Schema, lakefill_table::error::Error>(
+                ctx.table(table.as_str())
+                    .await
+                    .query_context(|| format!("table `{table}` is not registered"))?
+                    .schema()
+                    .as_arrow()
+                    .clone(),
+            )
+        }
+    };
+    let (old_schema, new_schema) = (schema(old).await?, schema(new).await?);
+    let columns: Vec<String> = new_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    // The old side in the new side's columns and types.
+    let old_columns: Vec<String> = new_schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let cast = format!(
+                "arrow_cast({{}}, '{}')",
+                field.data_type().to_string().replace('\'', "''")
+            );
+            match old_schema.field_with_name(field.name()) {
+                Ok(f) if f.data_type() == field.data_type() => ident(field.name()),
+                Ok(_) => format!(
+                    "{} AS {}",
+                    cast.replace("{}", &ident(field.name())),
+                    ident(field.name())
+                ),
+                Err(_) => format!("{} AS {}", cast.replace("{}", "NULL"), ident(field.name())),
+            }
+        })
+        .collect();
+    let hash = row_hash_sql(&columns);
+    let register = |name: &str, sql: String| {
+        let name = name.to_string();
+        async move {
+            let rows = ctx
+                .sql(&sql)
+                .await
+                .query_context(|| format!("cannot prepare the change feed's `{name}`"))?;
+            ctx.register_table(name.as_str(), rows.into_view())
+                .query_context(|| format!("cannot register the change feed's `{name}`"))?;
+            Ok::<(), lakefill_table::error::Error>(())
+        }
+    };
+    register(
+        "__lf_feed_old",
+        format!(
+            "SELECT *, {hash} AS __lf_h FROM (SELECT {} FROM {})",
+            old_columns.join(", "),
+            ident(old)
+        ),
+    )
+    .await?;
+    register(
+        "__lf_feed_new",
+        format!("SELECT *, {hash} AS __lf_h FROM {}", ident(new)),
+    )
+    .await?;
+    let select = |alias: &str| {
+        columns
+            .iter()
+            .map(|c| format!("{alias}.{}", ident(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let keys: Vec<String> = key.iter().map(|k| ident(k)).collect();
+    let no_null_key = keys
+        .iter()
+        .map(|k| format!("{k} IS NOT NULL"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let mut parts = Vec::new();
+    let whole_rows = if keys.is_empty() {
+        "TRUE".to_string()
+    } else {
+        // The keys whose rows differ, and how: held in memory, joined by both scans.
+        let per_key = |table: &str| {
+            format!(
+                "SELECT {keys}, COUNT(*) AS __lf_c, MIN(__lf_h) AS __lf_min, MAX(__lf_h) AS __lf_max, BIT_XOR(__lf_h) AS __lf_x \
+                 FROM {table} WHERE {no_null_key} GROUP BY {keys}",
+                keys = keys.join(", ")
+            )
+        };
+        let on = |left: &str, right: &str| {
+            keys.iter()
+                .map(|k| format!("{left}.{k} = {right}.{k}"))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        };
+        let changed = format!(
+            "SELECT {coalesced}, CASE WHEN o.__lf_c IS NULL THEN 'insert' WHEN n.__lf_c IS NULL THEN 'delete' ELSE 'update' END AS __lf_kind \
+             FROM ({old}) o FULL OUTER JOIN ({new}) n ON {on} \
+             WHERE o.__lf_c IS NULL OR n.__lf_c IS NULL OR o.__lf_c <> n.__lf_c OR o.__lf_min <> n.__lf_min \
+             OR o.__lf_max <> n.__lf_max OR o.__lf_x <> n.__lf_x",
+            coalesced = keys
+                .iter()
+                .map(|k| format!("COALESCE(o.{k}, n.{k}) AS {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            old = per_key("__lf_feed_old"),
+            new = per_key("__lf_feed_new"),
+            on = on("o", "n"),
+        );
+        let changed = ctx
+            .sql(&changed)
+            .await
+            .query_context(|| "cannot find the keys whose rows changed".into())?
+            .cache()
+            .await
+            .query_context(|| "cannot find the keys whose rows changed".into())?;
+        ctx.register_table("__lf_feed_keys", changed.into_view())
+            .query_context(|| "cannot register the changed keys".into())?;
+        parts.push(format!(
+            "SELECT {cols}, CASE WHEN c.__lf_kind = 'delete' THEN 'delete' ELSE 'update_preimage' END AS {ct} \
+             FROM __lf_feed_old o JOIN __lf_feed_keys c ON {on}",
+            cols = select("o"),
+            ct = ident(CHANGE_TYPE),
+            on = on("o", "c"),
+        ));
+        parts.push(format!(
+            "SELECT {cols}, CASE WHEN c.__lf_kind = 'insert' THEN 'insert' ELSE 'update_postimage' END AS {ct} \
+             FROM __lf_feed_new n JOIN __lf_feed_keys c ON {on}",
+            cols = select("n"),
+            ct = ident(CHANGE_TYPE),
+            on = on("n", "c"),
+        ));
+        format!("NOT ({no_null_key})")
+    };
+    // Whole rows: the n-th copy of a row on one side pairs with the n-th copy on the other.
+    let numbered = |table: &str, columns: &str| {
+        format!(
+            "SELECT {columns}, ROW_NUMBER() OVER (PARTITION BY __lf_h) AS __lf_n FROM {table} WHERE {whole_rows}"
+        )
+    };
+    for (from, other, change) in [
+        ("__lf_feed_old", "__lf_feed_new", "delete"),
+        ("__lf_feed_new", "__lf_feed_old", "insert"),
+    ] {
+        parts.push(format!(
+            "SELECT {cols}, '{change}' AS {ct} FROM ({rows}) r LEFT ANTI JOIN ({others}) x \
+             ON r.__lf_h = x.__lf_h AND r.__lf_n = x.__lf_n",
+            cols = select("r"),
+            ct = ident(CHANGE_TYPE),
+            rows = numbered(from, "*"),
+            others = numbered(other, "__lf_h"),
+        ));
+    }
+    ctx.sql(&parts.join(" UNION ALL "))
+        .await
+        .query_context(|| "cannot compute the change feed".into())
+}

@@ -1,0 +1,158 @@
+//! The change data feed phase of a run: when the target records a change data feed
+//! (`delta.enableChangeDataFeed`), the rows the run really changes are written as change data
+//! files before the run is published, so that its commit shows a feed reader those rows and
+//! nothing else, instead of the whole replaced range deleted and inserted again.
+//!
+//! The old side is the target's rows of the range at the read version, the new side the staged
+//! rows of the range, as validation registers them; rows carried over unchanged (by rows,
+//! `--where`) are on neither side. Partitions whose checksums agree (the log's for files an
+//! earlier run wrote, the run's writers' for the staged ones) hold the same rows and are not read.
+//! Computing the rows is `lakefill_validate::feed`, writing them `lakefill_recompute::stage::feed`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use deltalake::datafusion::prelude::SessionContext;
+
+use lakefill_log::journal::{ChangeFeed, Journal};
+use lakefill_recompute::plan::BackfillPlan;
+use lakefill_table::adjustments::PublishMode;
+use lakefill_table::error::{Error, QueryContext, Result};
+use lakefill_table::resources::Resources;
+
+use crate::run::validation::{
+    comparison_session, logged_checksums, register_output, staged_checksums, table_schema,
+};
+
+/// The table property that turns the change data feed on.
+const FEED_PROPERTY: &str = "delta.enableChangeDataFeed";
+
+/// Whether a run of `plan` writes a change data feed: its target records one and the run
+/// replaces rows (adjustments only append, which a feed reader reads as inserts already).
+pub(crate) fn records_feed(plan: &BackfillPlan, journal: &Journal) -> Result<bool> {
+    if journal.inputs.publish_as != PublishMode::Rewrite {
+        return Ok(false);
+    }
+    let snapshot = plan.target.snapshot().map_err(|source| Error::Delta {
+        context: "cannot read the target's snapshot".into(),
+        source: Box::new(source),
+    })?;
+    Ok(snapshot
+        .metadata()
+        .configuration()
+        .get(FEED_PROPERTY)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true")))
+}
+
+/// Computes the run's change data feed and writes its files (after deleting any an interrupted
+/// attempt left in the run's feed directory).
+pub(crate) async fn write_change_feed(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    resources: &Resources,
+) -> Result<ChangeFeed> {
+    let started = Instant::now();
+    let store = plan.target.object_store();
+    // What an interrupted attempt left (the journal lists no feed while validating).
+    crate::run::cleanup::delete_unjournaled(&plan.target, journal).await?;
+    let layout = &journal.inputs.layout;
+    let range = &journal.inputs.range;
+    let ctx = comparison_session(resources.session(), &plan.target, layout, range).await?;
+    lakefill_table::rowhash::register_hash_functions(&ctx);
+    let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
+    let target_schema = table_schema(plan)?;
+    register_output(&ctx, plan, journal, &write_schema, &target_schema).await?;
+    let (old, new) = differing_sides(&ctx, plan, journal, &target_schema).await?;
+    let rows = lakefill_validate::feed::change_rows(&ctx, &old, &new, &plan.rules.key).await?;
+    let stream = rows
+        .execute_stream()
+        .await
+        .query_context(|| "cannot compute the change feed".into())?;
+    let mapping = match &plan.write_schema {
+        Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
+        None => plan.report.protocol.mapping.clone(),
+    };
+    let written = lakefill_recompute::stage::feed::write_feed(
+        stream,
+        &journal.inputs.target,
+        layout,
+        &mapping,
+        &journal.run_id,
+        store,
+    )
+    .await?;
+    Ok(ChangeFeed {
+        files: written.files,
+        counts: written.counts,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The old and new sides to compare: `previous` and `output`, or only their partitions whose
+/// checksums differ when both sides' are known.
+async fn differing_sides(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    target_schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<(String, String)> {
+    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
+    let whole = || Ok(("previous".to_string(), "output".to_string()));
+    if layout.rewrites_files(range) || layout.is_timeless() {
+        return whole();
+    }
+    let columns: Vec<String> = target_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| !layout.partition_columns.contains(name))
+        .collect();
+    let Some(old) = logged_checksums(plan, layout, range, target_schema, &columns)? else {
+        return whole();
+    };
+    let new = staged_checksums(journal);
+    let labels: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let differing: Vec<&String> = labels
+        .iter()
+        .copied()
+        .filter(
+            |label| match (old.get(*label).copied().flatten(), new.get(*label)) {
+                (Some(old), Some(new)) => old != *new,
+                (Some(old), None) => old.rows > 0,
+                (None, Some(new)) if !old.contains_key(*label) => new.rows > 0,
+                _ => true,
+            },
+        )
+        .collect();
+    if differing.len() == labels.len() {
+        return whole();
+    }
+    let schema = ctx
+        .table("previous")
+        .await
+        .query_context(|| "table `previous` is not registered".into())?
+        .schema()
+        .as_arrow()
+        .clone();
+    let predicate = if differing.is_empty() {
+        Some(deltalake::datafusion::prelude::lit(false))
+    } else {
+        lakefill_validate::compare::periods_predicate(layout, &differing, &schema)?
+    };
+    let Some(predicate) = predicate else {
+        return whole();
+    };
+    let mut names = Vec::new();
+    for table in ["previous", "output"] {
+        let view = format!("__lf_feed_differing_{table}");
+        let rows = ctx
+            .table(table)
+            .await
+            .and_then(|df| df.filter(predicate.clone()))
+            .query_context(|| format!("cannot select the differing partitions of `{table}`"))?;
+        ctx.register_table(view.as_str(), rows.into_view())
+            .query_context(|| "cannot register the differing partitions".into())?;
+        names.push(view);
+    }
+    Ok((names[0].clone(), names[1].clone()))
+}

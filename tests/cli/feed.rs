@@ -1,0 +1,223 @@
+//! The change data feed (#37): a table with `delta.enableChangeDataFeed` gets, with each fix, a
+//! feed of exactly the rows that changed. It is read back by python `deltalake`'s `load_cdf` and
+//! checked row for row against a diff DuckDB computes from the two versions' rows (`feed.py`),
+//! never against lakefill's own output.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::support::{json_ok, run_in};
+
+fn python(args: &[&str]) -> Value {
+    crate::support::python_json("feed.py", args)
+}
+
+/// A lake of `layout` whose `events` records a change feed, its model keyed or not; returns it
+/// with the range of every partition.
+fn lake(layout: &str, keyed: &str) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let range = python(&["make", dir.path().to_str().unwrap(), layout, keyed]);
+    let (from, to) = (
+        range["from"].as_str().unwrap().to_string(),
+        range["to"].as_str().unwrap().to_string(),
+    );
+    (dir, from, to)
+}
+
+/// The feed of `version` as `load_cdf` reads it, and as the independent diff says it must be.
+fn feed_and_expected(dir: &Path, version: u64, keyed: &str) -> (Vec<Value>, Vec<Value>) {
+    let path = dir.to_str().unwrap();
+    let version = version.to_string();
+    let got = python(&["feed", path, &version]);
+    let expected = python(&["expect", path, &version, keyed]);
+    (
+        got.as_array().unwrap().clone(),
+        expected.as_array().unwrap().clone(),
+    )
+}
+
+/// Rows of each change type in `rows` (the change type last in each).
+fn counts(rows: &[Value]) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for row in rows {
+        let kind = row.as_array().unwrap().last().unwrap().as_str().unwrap();
+        *counts.entry(kind.to_string()).or_default() += 1;
+    }
+    counts
+}
+
+/// The report's `change_feed`, without the types it has no rows of.
+fn reported(report: &Value) -> BTreeMap<String, u64> {
+    report["change_feed"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no change_feed in {report}"))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+fn backfill(dir: &Path, args: &[&str]) -> Value {
+    json_ok(&run_in(
+        dir,
+        &[
+            &["backfill", "events"][..],
+            args,
+            &["--output-format", "json"],
+        ]
+        .concat(),
+    ))
+}
+
+#[test]
+fn a_fix_feeds_exactly_the_rows_it_changes_and_nothing_for_partitions_it_leaves_alike() {
+    for keyed in ["key", "nokey"] {
+        let (dir, from, to) = lake("date", keyed);
+        let path = dir.path();
+        let range = ["--from", from.as_str(), "--to", to.as_str()];
+        // The timezone fix moves every event before 08:00 UTC to its day.
+        let report = backfill(path, &range);
+        assert_eq!(report["published_version"], 1, "{keyed}");
+        let (got, expected) = feed_and_expected(path, 1, keyed);
+        assert!(!got.is_empty(), "{keyed}");
+        assert_eq!(
+            got, expected,
+            "{keyed}: the feed is the diff of versions 0 and 1"
+        );
+        assert_eq!(
+            reported(&report),
+            counts(&got),
+            "{keyed}: the report counts the feed"
+        );
+        if keyed == "key" {
+            // A moved event is an update of its key: its old and its new row.
+            assert_eq!(
+                counts(&got).keys().collect::<Vec<_>>(),
+                ["update_postimage", "update_preimage"]
+            );
+        } else {
+            assert_eq!(
+                counts(&got).keys().collect::<Vec<_>>(),
+                ["delete", "insert"]
+            );
+        }
+
+        // v2 changes the amounts of one day only: the feed holds that day's rows, and the
+        // other days' files, rewritten with the same rows, do not change data.
+        python(&["bump", path.to_str().unwrap(), "2024-03-03"]);
+        let report = backfill(path, &[&range[..], &["--model-version", "v2"]].concat());
+        assert_eq!(report["published_version"], 2, "{keyed}");
+        let (got, expected) = feed_and_expected(path, 2, keyed);
+        assert_eq!(
+            got, expected,
+            "{keyed}: the feed is the diff of versions 1 and 2"
+        );
+        assert_eq!(reported(&report), counts(&got), "{keyed}");
+        assert_eq!(
+            got.len(),
+            2 * 5 * 15,
+            "{keyed}: 75 events of 2024-03-03, old and new"
+        );
+        assert!(got.iter().all(|row| row[3] == "2024-03-03"), "{keyed}");
+        let actions = python(&["actions", path.to_str().unwrap(), "2"]);
+        for kind in ["add", "remove"] {
+            for action in actions[kind].as_array().unwrap() {
+                let changed = action[2] == "2024-03-03";
+                assert_eq!(action[1], changed, "{keyed}: {kind} {action}");
+            }
+        }
+        for cdc in actions["cdc"].as_array().unwrap() {
+            assert_eq!(cdc[1], false, "{keyed}: a cdc file changes no data itself");
+            assert_eq!(cdc[2], "2024-03-03", "{keyed}");
+            assert!(
+                cdc[0]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("_change_data/lakefill-events-v2-"),
+                "{keyed}: {cdc}"
+            );
+        }
+
+        // The same rows again, from a v3 that only adds a comment, are up to date: nothing is
+        // published, no feed is written.
+        let models = path.join("sql/events");
+        let v2 = std::fs::read_to_string(models.join("v2.sql")).unwrap();
+        std::fs::write(models.join("v3.sql"), format!("{v2}\n-- the same rows\n")).unwrap();
+        let report = backfill(path, &[&range[..], &["--model-version", "v3"]].concat());
+        assert_eq!(report["outcome"], "up_to_date", "{keyed}: {report}");
+        assert!(report["published_version"].is_null(), "{keyed}");
+        assert!(
+            !path
+                .join("lake/events/_delta_log/00000000000000000003.json")
+                .exists(),
+            "{keyed}"
+        );
+    }
+}
+
+#[test]
+fn a_fix_of_one_country_feeds_only_that_countrys_rows() {
+    let (dir, from, to) = lake("date_country", "key");
+    let path = dir.path();
+    let report = backfill(
+        path,
+        &["--from", &from, "--to", &to, "--where", "country = 'DE'"],
+    );
+    let (got, expected) = feed_and_expected(path, 1, "key");
+    assert!(!got.is_empty());
+    assert_eq!(got, expected);
+    assert!(got.iter().all(|row| row[1] == "DE"), "{got:?}");
+    assert_eq!(reported(&report), counts(&got));
+}
+
+#[test]
+fn a_staged_run_publishes_its_feed_and_a_discarded_one_leaves_none() {
+    let (dir, from, to) = lake("date", "key");
+    let path = dir.path();
+    let range = ["--from", from.as_str(), "--to", to.as_str()];
+    let staged = backfill(path, &[&range[..], &["--stage-only"]].concat());
+    let run_id = staged["run_id"].as_str().unwrap().to_string();
+    let feed_dir = path
+        .join("lake/events/_change_data")
+        .join(format!("lakefill-{run_id}"));
+    assert!(feed_dir.is_dir(), "the staged run's feed is written");
+    // Discarded, its feed goes with its staged files.
+    json_ok(&run_in(
+        path,
+        &["discard", &run_id, "--output-format", "json"],
+    ));
+    assert!(
+        !feed_dir.exists() || walk(&feed_dir).is_empty(),
+        "discard deletes the feed: {:?}",
+        walk(&feed_dir)
+    );
+
+    let staged = backfill(path, &[&range[..], &["--stage-only"]].concat());
+    let run_id = staged["run_id"].as_str().unwrap().to_string();
+    let published = json_ok(&run_in(
+        path,
+        &["publish", &run_id, "--output-format", "json"],
+    ));
+    let version = published["published_version"].as_u64().unwrap();
+    let (got, expected) = feed_and_expected(path, version, "key");
+    assert!(!got.is_empty());
+    assert_eq!(got, expected);
+    assert_eq!(reported(&published), counts(&got));
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files.extend(walk(&path));
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
