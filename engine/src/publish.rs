@@ -262,7 +262,6 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         return commit_actions(target, journal, actions).await;
     }
     let mapping = mapping_of(snapshot, journal)?;
-    let changes = DataChanges::of(journal);
     // Every file of the range's partitions (all their sub-partitions) at the read version.
     let affected: std::collections::BTreeSet<&str> = journal
         .inputs
@@ -286,41 +285,54 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
                     .is_some()
             }
         })
-        .map(|file| {
-            let mut remove = lakefill_log::writer::remove(&file);
-            remove.data_change =
-                changes.changes(&mapping.logical_values(file.partition_values_map()));
-            Action::Remove(remove)
-        })
+        .map(|file| Action::Remove(lakefill_log::writer::remove(&file)))
         .collect();
-    actions.extend(journal.published_files().map(|add| {
-        let mut add = physical_add(add, &mapping);
-        if let Action::Add(add) = &mut add {
-            add.data_change =
-                changes.changes(&mapping.logical_values(add.partition_values.clone()));
-        }
-        add
-    }));
-    // The change data feed's files: what a feed reader reads of this commit instead of its adds
-    // and removes.
     actions.extend(
         journal
-            .progress
-            .change_feed
-            .iter()
-            .flat_map(|feed| &feed.files)
-            .map(|file| {
-                let mut file = file.clone();
-                file.partition_values = mapping.physical_values(file.partition_values);
-                Action::Cdc(file)
-            }),
+            .published_files()
+            .map(|add| physical_add(add, &mapping)),
     );
+    let mut actions = with_change_feed(actions, journal, &mapping);
     if let Some(metadata) = new_metadata(snapshot, journal)? {
         // The added columns join the schema in the same commit (earlier versions keep theirs),
         // and identity columns' high-water marks pass the values written.
         actions.push(Action::Metadata(metadata));
     }
     commit_actions(target, journal, actions).await
+}
+
+/// `actions` (adds and removes, partition values by physical name) with the run's change data
+/// feed, when it has one: its files as `cdc` actions (what a feed reader reads of the commit
+/// instead of its adds and removes), and `dataChange` false on the files of partitions it has no
+/// rows in.
+pub(crate) fn with_change_feed(
+    mut actions: Vec<Action>,
+    journal: &Journal,
+    mapping: &ColumnMapping,
+) -> Vec<Action> {
+    let Some(feed) = &journal.progress.change_feed else {
+        return actions;
+    };
+    let changes = DataChanges::of(journal);
+    for action in &mut actions {
+        match action {
+            Action::Add(add) => {
+                add.data_change =
+                    changes.changes(&mapping.logical_values(add.partition_values.clone()));
+            }
+            Action::Remove(remove) => {
+                let values = remove.partition_values.clone().unwrap_or_default();
+                remove.data_change = changes.changes(&mapping.logical_values(values));
+            }
+            _ => {}
+        }
+    }
+    actions.extend(feed.files.iter().map(|file| {
+        let mut file = file.clone();
+        file.partition_values = mapping.physical_values(file.partition_values);
+        Action::Cdc(file)
+    }));
+    actions
 }
 
 /// Which files of a commit change data (`dataChange`): with a change data feed, only those of

@@ -205,6 +205,35 @@ fn a_staged_run_publishes_its_feed_and_a_discarded_one_leaves_none() {
     assert!(!got.is_empty());
     assert_eq!(got, expected);
     assert_eq!(reported(&published), counts(&got));
+
+    // Reverted, the feed is the fix's the other way round: each pre-image a post-image.
+    let reverted = json_ok(&run_in(
+        path,
+        &["revert", &run_id, "--output-format", "json"],
+    ));
+    let revert_version = reverted["published_version"].as_u64().unwrap();
+    let (back, expected) = feed_and_expected(path, revert_version, "key");
+    assert_eq!(back, expected);
+    assert_eq!(reported(&reverted), counts(&back));
+    let mut inverted: Vec<Value> = got
+        .iter()
+        .map(|row| {
+            let mut row = row.as_array().unwrap().clone();
+            let kind = row.pop().unwrap();
+            row.push(Value::from(match kind.as_str().unwrap() {
+                "update_preimage" => "update_postimage",
+                "update_postimage" => "update_preimage",
+                "insert" => "delete",
+                "delete" => "insert",
+                other => panic!("{other}"),
+            }));
+            Value::Array(row)
+        })
+        .collect();
+    inverted.sort_by_key(|row| row.to_string());
+    let mut back = back;
+    back.sort_by_key(|row| row.to_string());
+    assert_eq!(back, inverted);
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

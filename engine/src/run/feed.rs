@@ -33,8 +33,13 @@ pub(crate) fn records_feed(plan: &BackfillPlan, journal: &Journal) -> Result<boo
     if journal.inputs.publish_as != PublishMode::Rewrite {
         return Ok(false);
     }
-    let snapshot = plan.target.snapshot().map_err(|source| Error::Delta {
-        context: "cannot read the target's snapshot".into(),
+    table_records_feed(&plan.target)
+}
+
+/// Whether `table` (at the version it is loaded at) records a change data feed.
+pub(crate) fn table_records_feed(table: &deltalake::DeltaTable) -> Result<bool> {
+    let snapshot = table.snapshot().map_err(|source| Error::Delta {
+        context: "cannot read the table's snapshot".into(),
         source: Box::new(source),
     })?;
     Ok(snapshot
@@ -63,20 +68,44 @@ pub(crate) async fn write_change_feed(
     let target_schema = table_schema(plan)?;
     register_output(&ctx, plan, journal, &write_schema, &target_schema).await?;
     let (old, new) = differing_sides(&ctx, plan, journal, &target_schema).await?;
-    let rows = lakefill_validate::feed::change_rows(&ctx, &old, &new, &plan.rules.key).await?;
-    let stream = rows
-        .execute_stream()
-        .await
-        .query_context(|| "cannot compute the change feed".into())?;
     let mapping = match &plan.write_schema {
         Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
         None => plan.report.protocol.mapping.clone(),
     };
+    let mut feed = write_feed_between(
+        &ctx,
+        (&old, &new),
+        &plan.rules.key,
+        journal,
+        &mapping,
+        store,
+    )
+    .await?;
+    feed.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(feed)
+}
+
+/// Writes the change data feed from the rows of `old` to those of `new` (tables registered in
+/// `ctx`, which has the hash functions) into the change data directory of `journal`'s run.
+pub(crate) async fn write_feed_between(
+    ctx: &SessionContext,
+    (old, new): (&str, &str),
+    key: &[String],
+    journal: &Journal,
+    mapping: &lakefill_table::mapping::ColumnMapping,
+    store: Arc<dyn deltalake::ObjectStore>,
+) -> Result<ChangeFeed> {
+    let started = Instant::now();
+    let rows = lakefill_validate::feed::change_rows(ctx, old, new, key).await?;
+    let stream = rows
+        .execute_stream()
+        .await
+        .query_context(|| "cannot compute the change feed".into())?;
     let written = lakefill_recompute::stage::feed::write_feed(
         stream,
         &journal.inputs.target,
-        layout,
-        &mapping,
+        &journal.inputs.layout,
+        mapping,
         &journal.run_id,
         store,
     )

@@ -378,7 +378,7 @@ async fn revert_held(
 
     let mapping = lakefill_table::mapping::ColumnMapping::of_table(latest)?;
     revert.progress.partitions = partition_changes(run, &mapping, &current, &restored);
-    let validation = compare_versions(project, latest, run, version).await?;
+    let (validation, sides, key) = compare_versions(project, latest, run, version).await?;
     let passed = validation.passed;
     revert.progress.validation = Some(validation);
     if !passed || stage_only {
@@ -397,7 +397,23 @@ async fn revert_held(
         return Ok(RunReport::from_journal(&revert, outcome, timings));
     }
     crate::notify::prepare(config, latest).await;
-    let actions = swap(&current, &restored);
+    let mut actions = swap(&current, &restored);
+    if crate::run::feed::table_records_feed(latest)? {
+        // The feed of the revert: the rows it takes out and puts back, from the same sides.
+        crate::run::cleanup::delete_unjournaled(latest, &revert).await?;
+        lakefill_table::rowhash::register_hash_functions(&sides);
+        let feed = crate::run::feed::write_feed_between(
+            &sides,
+            ("previous", "output"),
+            &key,
+            &revert,
+            &mapping,
+            store.clone(),
+        )
+        .await?;
+        revert.progress.change_feed = Some(feed);
+        actions = crate::publish::with_change_feed(actions, &revert, &mapping);
+    }
     tracing::info!(
         run_id = %run.run_id,
         revert = %revert_id,
@@ -579,13 +595,18 @@ fn partition_changes(
 
 /// The range now (old) against the range as the version before the run's commit held it (new):
 /// rows and the model's measures per partition, and keys added, removed and changed, for the
-/// revert's report. It decides nothing: the files put back are the log's own.
+/// revert's report. It decides nothing: the files put back are the log's own. Also returns the
+/// session with both sides registered (`previous`, `output`) and the key they were compared by.
 async fn compare_versions(
     project: &Project,
     latest: &DeltaTable,
     run: &Journal,
     version: u64,
-) -> Result<ValidationReport> {
+) -> Result<(
+    ValidationReport,
+    deltalake::datafusion::prelude::SessionContext,
+    Vec<String>,
+)> {
     let started = std::time::Instant::now();
     let config = project.table(&run.inputs.target, "the run")?;
     let before = open_table(config, Some(version - 1)).await?;
@@ -651,12 +672,13 @@ async fn compare_versions(
         )
         .await?,
     );
-    Ok(ValidationReport {
+    let report = ValidationReport {
         passed: checks.iter().all(|c| c.passed),
         checks,
         comparison,
         elapsed_ms: started.elapsed().as_millis() as u64,
         edges_ms: 0,
         notes: Vec::new(),
-    })
+    };
+    Ok((report, ctx, rules.key))
 }
