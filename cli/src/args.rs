@@ -414,8 +414,8 @@ pub(crate) struct DiffArgs {
     /// The table.
     pub(crate) table: String,
     /// The old version.
-    #[arg(long, value_name = "VERSION")]
-    pub(crate) from_version: u64,
+    #[arg(long, value_name = "VERSION", required_unless_present = "cdf")]
+    pub(crate) from_version: Option<u64>,
     /// The new version [default: the latest].
     #[arg(long, value_name = "VERSION", conflicts_with = "run")]
     pub(crate) to_version: Option<u64>,
@@ -432,6 +432,14 @@ pub(crate) struct DiffArgs {
     /// `"country = 'DE'"` [default: every row of the partitions whose files differ].
     #[arg(long = "where", value_name = "PREDICATE")]
     pub(crate) rows: Option<String>,
+    /// Instead of comparing versions, print the change data feed of this version as a feed
+    /// reader reads it: rows per change type and partition, and `--sample` rows of each type.
+    #[arg(
+        long,
+        value_name = "VERSION",
+        conflicts_with_all = ["from_version", "to_version", "run", "key", "rows"]
+    )]
+    pub(crate) cdf: Option<u64>,
 }
 
 #[derive(Debug, Args)]

@@ -88,8 +88,9 @@ pub use error::{Error, Result};
 pub use explain::gc::{GcFile, GcReport, gc, parse_duration};
 pub use explain::sql::sql_in_release;
 pub use explain::{
-    BlameReport, DiffReport, DiffTarget, HistoryEntry, OutdatedRange, PartitionSpan, QueryResult,
-    SourceChange, StaleRange, StaleReport, blame, diff, history, sql, stale,
+    BlameReport, DiffReport, DiffTarget, FeedPartition, FeedReport, HistoryEntry, OutdatedRange,
+    PartitionSpan, QueryResult, SourceChange, StaleRange, StaleReport, blame, change_feed, diff,
+    history, sql, stale,
 };
 pub use init::{InitReport, init};
 pub use journal::lifecycle::RunState;
@@ -101,6 +102,7 @@ pub use lakefill_table::adjustments::{
     REVERSAL, RUN_ID_COLUMN,
 };
 pub use lakefill_table::failpoint::{CrashPhase, CrashPoint};
+pub use lakefill_validate::feed::FeedCounts;
 pub use metadata::{
     CheckSummary, CommitMetadata, CommittedPartition, EdgeMoves, ValidationSummary,
 };

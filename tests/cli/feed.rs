@@ -120,6 +120,34 @@ fn a_fix_feeds_exactly_the_rows_it_changes_and_nothing_for_partitions_it_leaves_
             2 * 5 * 15,
             "{keyed}: 75 events of 2024-03-03, old and new"
         );
+        // `diff --cdf` shows the same feed: the counts, one partition, a sample of each type.
+        let shown = json_ok(&run_in(
+            path,
+            &[
+                "diff",
+                "events",
+                "--cdf",
+                "2",
+                "--sample",
+                "3",
+                "--output-format",
+                "json",
+            ],
+        ));
+        assert_eq!(shown["recorded"], true, "{keyed}");
+        let shown_counts = serde_json::json!({"change_feed": shown["counts"]});
+        assert_eq!(reported(&shown_counts), counts(&got), "{keyed}");
+        assert_eq!(
+            shown["partitions"].as_array().unwrap().len(),
+            1,
+            "{keyed}: {shown}"
+        );
+        assert_eq!(shown["partitions"][0]["partition"], "event_date=2024-03-03");
+        assert_eq!(
+            shown["rows"].as_array().unwrap().len(),
+            3 * counts(&got).len(),
+            "{keyed}: {shown}"
+        );
         assert!(got.iter().all(|row| row[3] == "2024-03-03"), "{keyed}");
         let actions = python(&["actions", path.to_str().unwrap(), "2"]);
         for kind in ["add", "remove"] {
@@ -249,4 +277,20 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     files
+}
+
+#[test]
+fn the_feed_of_a_table_that_records_none_is_refused_with_what_to_do_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::support::python_json("scope.py", &["make", dir.path().to_str().unwrap(), "date"]);
+    let out = run_in(dir.path(), &["diff", "events", "--cdf", "0"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    let message = crate::support::stderr(&out);
+    assert!(message.contains("delta.enableChangeDataFeed"), "{message}");
+    assert!(message.contains("--from-version"), "{message}");
 }

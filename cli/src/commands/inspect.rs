@@ -15,6 +15,10 @@ pub(crate) async fn diff(
     printer: Printer,
 ) -> anyhow::Result<()> {
     let project = settings::project(global)?;
+    if let Some(version) = args.cdf {
+        let report = lakefill::change_feed(&project, &args.table, version, args.sample).await?;
+        return printer.result(&render::diff::feed_text(&report), &report);
+    }
     let target = match &args.run {
         Some(run) => DiffTarget::Run(run.clone()),
         None => DiffTarget::Version(args.to_version),
@@ -22,7 +26,7 @@ pub(crate) async fn diff(
     let report = lakefill::diff(
         &project,
         &args.table,
-        args.from_version,
+        args.from_version.unwrap_or_default(),
         target,
         args.key.clone(),
         args.sample,

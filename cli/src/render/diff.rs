@@ -64,3 +64,47 @@ pub(crate) fn text(report: &lakefill::DiffReport) -> anyhow::Result<String> {
     text.push_str(&super::run::comparison(&report.comparison));
     Ok(text)
 }
+
+/// Renders the change data feed of a version for people.
+pub(crate) fn feed_text(report: &lakefill::FeedReport) -> String {
+    let counts = |c: &lakefill::FeedCounts| {
+        format!(
+            "{:>9} {:>9} {:>9} {:>9}",
+            c.insert, c.delete, c.update_preimage, c.update_postimage
+        )
+    };
+    let mut text = String::new();
+    let source = if report.recorded {
+        "its change data files"
+    } else {
+        "no change data files: its adds and removes, as inserts and deletes"
+    };
+    let _ = writeln!(
+        text,
+        "change feed of {} version {} ({source}): {} rows",
+        report.table,
+        report.version,
+        report.counts.rows()
+    );
+    let _ = writeln!(
+        text,
+        "  {:<30} {:>9} {:>9} {:>9} {:>9}",
+        "partition", "insert", "delete", "pre", "post"
+    );
+    for partition in &report.partitions {
+        let name = if partition.partition.is_empty() {
+            "(table)"
+        } else {
+            partition.partition.as_str()
+        };
+        let _ = writeln!(text, "  {name:<30} {}", counts(&partition.counts));
+    }
+    let _ = writeln!(text, "  {:<30} {}", "total", counts(&report.counts));
+    if !report.rows.is_empty() {
+        let _ = writeln!(text, "  sample:");
+        for row in &report.rows {
+            let _ = writeln!(text, "    {}", super::compact(row));
+        }
+    }
+    text
+}

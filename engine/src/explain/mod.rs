@@ -7,12 +7,14 @@
 //! engine of `lakefill-validate`, scanning only the partitions whose files differ.
 
 pub(crate) mod diff;
+pub(crate) mod feed;
 pub(crate) mod gc;
 pub(crate) mod history;
 pub(crate) mod sql;
 pub(crate) mod stale;
 
 pub use diff::{DiffReport, DiffTarget, diff};
+pub use feed::{FeedPartition, FeedReport, change_feed};
 pub use history::{BlameReport, HistoryEntry, blame, history};
 pub use sql::{QueryResult, sql};
 pub use stale::{OutdatedRange, PartitionSpan, SourceChange, StaleRange, StaleReport, stale};
