@@ -408,7 +408,7 @@ async fn revert_held(
             &key,
             &revert,
             &mapping,
-            store.clone(),
+            std::sync::Arc::clone(&store),
         )
         .await?;
         revert.progress.change_feed = Some(feed);
