@@ -11,12 +11,17 @@
     python3 feed.py expect DIR VERSION KEYED  # the same rows from an independent diff: DuckDB
                                             # over the rows of VERSION - 1 and VERSION (read by
                                             # python `deltalake`), by key or as whole rows
+    python3 feed.py downstream DIR          # `scope.py downstream`, `daily` and `totals` with the
+                                            # feed on
+    python3 feed.py gfeed DIR TABLE VERSION # `feed` of any table: every column as text
+    python3 feed.py gexpect DIR TABLE VERSION KEY  # `expect` of any table, by the columns KEY
     python3 feed.py actions DIR VERSION     # the commit's actions: {"add": [[path, dataChange,
                                             # event_date]], "remove": [...], "cdc": [[path, ...]]}
 """
 
 import json
 import os
+import shutil
 import sys
 
 import duckdb
@@ -33,14 +38,10 @@ def events_path(directory):
     return os.path.join(directory, "lake", "events")
 
 
-def make(directory, layout, keyed):
-    scope.make(directory, layout)
-    # The same rows, written again with the feed on (a new table: the feed is on from version 0).
-    path = events_path(directory)
+def with_feed(path):
+    """The table at `path` written again with the feed on (a new table: on from version 0)."""
     rows = DeltaTable(path).to_pyarrow_table()
     partition_by = DeltaTable(path).metadata().partition_columns
-    import shutil
-
     shutil.rmtree(path)
     write_deltalake(
         path,
@@ -48,6 +49,11 @@ def make(directory, layout, keyed):
         partition_by=partition_by,
         configuration={"delta.enableChangeDataFeed": "true"},
     )
+
+
+def make(directory, layout, keyed):
+    scope.make(directory, layout)
+    with_feed(events_path(directory))
     if keyed == "nokey":
         model = os.path.join(directory, "sql", "events", "v1.sql")
         text = open(model).read().replace('key = ["event_id"]\n', "")
@@ -107,6 +113,58 @@ def expect(directory, version, keyed):
     return sorted([list(r) for r in got])
 
 
+def downstream(directory):
+    scope.downstream(directory)
+    for table in scope.DOWNSTREAM:
+        with_feed(os.path.join(directory, "lake", table))
+
+
+def text_rows(relation_sql, **tables):
+    """Every column of the rows `relation_sql` selects over `tables` (the change type last) as
+    text, sorted."""
+    con = duckdb.connect()
+    for name, table in tables.items():
+        con.register(name, table)
+    return sorted([[None if v is None else str(v) for v in r] for r in con.sql(relation_sql).fetchall()])
+
+
+def generic_feed(directory, table, version):
+    dt = DeltaTable(os.path.join(directory, "lake", table))
+    changes = pa.table(dt.load_cdf(starting_version=version, ending_version=version).read_all())
+    columns = ", ".join(f'"{c}"' for c in DeltaTable(os.path.join(directory, "lake", table)).schema().to_arrow().names)
+    return text_rows(f"SELECT {columns}, _change_type FROM changes", changes=changes)
+
+
+def generic_expect(directory, table, version, key):
+    """The feed of `version` by an independent diff of its rows and the version before's, by the
+    columns `key` (comma-separated)."""
+    path = os.path.join(directory, "lake", table)
+    old = DeltaTable(path, version=version - 1).to_pyarrow_table()
+    new = DeltaTable(path, version=version).to_pyarrow_table()
+    names = DeltaTable(path).schema().to_arrow().names
+    columns = ", ".join(f'"{c}"' for c in names)
+    keys = key.split(",")
+    on = " AND ".join(f'o."{k}" = n."{k}"' for k in keys)
+    whole = lambda a: "(" + ", ".join(f'{a}."{c}"' for c in names) + ")"
+    return text_rows(
+        f"""
+        WITH changed AS (
+            SELECT DISTINCT {", ".join(f'COALESCE(o."{k}", n."{k}") AS "{k}"' for k in keys)},
+                   CASE WHEN o."{keys[0]}" IS NULL THEN 'insert'
+                        WHEN n."{keys[0]}" IS NULL THEN 'delete' ELSE 'update' END AS kind
+            FROM old o FULL OUTER JOIN new n ON {on}
+            WHERE o."{keys[0]}" IS NULL OR n."{keys[0]}" IS NULL OR {whole("o")} IS DISTINCT FROM {whole("n")})
+        SELECT {columns}, CASE kind WHEN 'delete' THEN 'delete' ELSE 'update_preimage' END
+        FROM old JOIN changed USING ({", ".join(f'"{k}"' for k in keys)}) WHERE kind <> 'insert'
+        UNION ALL
+        SELECT {columns}, CASE kind WHEN 'insert' THEN 'insert' ELSE 'update_postimage' END
+        FROM new JOIN changed USING ({", ".join(f'"{k}"' for k in keys)}) WHERE kind <> 'delete'
+        """,
+        old=old,
+        new=new,
+    )
+
+
 def actions(directory, version):
     name = os.path.join(events_path(directory), "_delta_log", f"{version:020}.json")
     out = {"add": [], "remove": [], "cdc": []}
@@ -131,6 +189,12 @@ def main():
         print(json.dumps(feed(directory, int(sys.argv[3]))))
     elif command == "expect":
         print(json.dumps(expect(directory, int(sys.argv[3]), sys.argv[4])))
+    elif command == "downstream":
+        downstream(directory)
+    elif command == "gfeed":
+        print(json.dumps(generic_feed(directory, sys.argv[3], int(sys.argv[4]))))
+    elif command == "gexpect":
+        print(json.dumps(generic_expect(directory, sys.argv[3], int(sys.argv[4]), sys.argv[5])))
     elif command == "actions":
         print(json.dumps(actions(directory, int(sys.argv[3]))))
     else:

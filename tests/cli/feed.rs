@@ -294,3 +294,41 @@ fn the_feed_of_a_table_that_records_none_is_refused_with_what_to_do_instead() {
     assert!(message.contains("delta.enableChangeDataFeed"), "{message}");
     assert!(message.contains("--from-version"), "{message}");
 }
+
+#[test]
+fn every_table_of_a_cascade_feeds_its_own_changes() {
+    let (dir, from, to) = lake("date", "key");
+    let path = dir.path();
+    let dir_arg = path.to_str().unwrap();
+    python(&["downstream", dir_arg]);
+    let cascade = json_ok(&run_in(
+        path,
+        &[
+            "backfill",
+            "events",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--cascade",
+            "--output-format",
+            "json",
+        ],
+    ));
+    let nodes = cascade["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3, "{cascade}");
+    for (table, key) in [
+        ("events", "event_id"),
+        ("daily", "event_date,country"),
+        ("totals", "event_date"),
+    ] {
+        let node = nodes.iter().find(|n| n["table"] == table).unwrap();
+        let version = node["published_version"].as_u64().unwrap().to_string();
+        let got = python(&["gfeed", dir_arg, table, &version]);
+        let expected = python(&["gexpect", dir_arg, table, &version, key]);
+        let got = got.as_array().unwrap();
+        assert!(!got.is_empty(), "{table}");
+        assert_eq!(got, expected.as_array().unwrap(), "{table}");
+        assert_eq!(reported(node), counts(got), "{table}: {node}");
+    }
+}
