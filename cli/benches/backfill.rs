@@ -270,6 +270,19 @@ fn orchestrate() {
         partitions: days,
         outcome,
     });
+    // The same 10% fix with the table's change data feed on: what writing the feed costs. The
+    // fix before it is put back first (not measured); the feed is turned off again after.
+    let fix_back = write_model(0, false, false);
+    child(&project, &["novalidate", &from, &to, &fix_back, "default"]);
+    child(&project, &["feed", "on"]);
+    let tweak_feed = write_model(0, true, false);
+    let outcome = child(&project, &["validate", &from, &to, &tweak_feed, "default"]);
+    results.push(Measured {
+        name: FEED_SCENARIO.into(),
+        partitions: days,
+        outcome,
+    });
+    child(&project, &["feed", "off"]);
     // A fix for one country of eight (`--where`), over the whole range: the bug is put back
     // everywhere first (not measured).
     let bug = write_model(8, false, false);
@@ -309,6 +322,9 @@ fn orchestrate() {
         plan["result"]["plan_s"].as_f64().unwrap_or(f64::NAN)
     );
 }
+
+/// The scenario of the 10% fix with the change data feed on.
+const FEED_SCENARIO: &str = "same fix, change data feed on";
 
 /// The predicate of the scoped scenario: one of the lake's eight countries.
 const WHERE_ONE_COUNTRY: &str = "country = 'DE'";
@@ -413,6 +429,20 @@ fn print_table(results: &[Measured], days: u32, limit: u64) {
         100.0 * share(full),
         100.0 * share(find("backfill, 10% of partitions change", days))
     );
+    if let (Some(plain), Some(fed)) = (
+        find("backfill, 10% of partitions change", days),
+        find(FEED_SCENARIO, days),
+    ) {
+        let feed_s = fed["result"]["timings"]["feed_ms"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / 1000.0;
+        println!(
+            "change data feed of the 10% fix: {feed_s:.2}s, {:.1}% of its run (target <= 10%); the run {:.2}x the same fix without a feed",
+            100.0 * feed_s / wall(fed),
+            wall(fed) / wall(plain)
+        );
+    }
     if let (Some(full), Some(scoped)) = (
         full,
         find(&format!("backfill, --where {WHERE_ONE_COUNTRY}"), days),
@@ -564,6 +594,26 @@ async fn run_scenario(args: &[String]) -> Value {
             })
         }
         "floor" => floor(&dir, &args[2], &args[3]).await,
+        "feed" => {
+            // `DIR feed on|off`: the target's `delta.enableChangeDataFeed`.
+            let table = deltalake::open_table(
+                url::Url::from_directory_path(dir.join("lake/events")).unwrap(),
+            )
+            .await
+            .unwrap();
+            table
+                .set_tbl_properties()
+                .with_properties(
+                    [(
+                        "delta.enableChangeDataFeed".to_string(),
+                        (args[2] == "on").to_string(),
+                    )]
+                    .into(),
+                )
+                .await
+                .unwrap();
+            json!({})
+        }
         "plan" => plan_on_long_log(&dir, args[2].parse().unwrap()).await,
         other => panic!("unknown scenario {other}"),
     }

@@ -332,3 +332,46 @@ fn every_table_of_a_cascade_feeds_its_own_changes() {
         assert_eq!(reported(node), counts(got), "{table}: {node}");
     }
 }
+
+#[test]
+fn gc_deletes_the_feed_of_an_abandoned_run_and_keeps_a_published_ones() {
+    let (dir, from, to) = lake("date", "key");
+    let path = dir.path();
+    let range = ["--from", from.as_str(), "--to", to.as_str()];
+    let published = backfill(path, &range);
+    let published_feed = path.join("lake/events/_change_data").join(format!(
+        "lakefill-{}",
+        published["run_id"].as_str().unwrap()
+    ));
+    python(&["bump", path.to_str().unwrap(), "2024-03-03"]);
+    let staged = backfill(
+        path,
+        &[&range[..], &["--model-version", "v2", "--stage-only"]].concat(),
+    );
+    let staged_feed = path
+        .join("lake/events/_change_data")
+        .join(format!("lakefill-{}", staged["run_id"].as_str().unwrap()));
+    assert!(!walk(&staged_feed).is_empty());
+    let kept = walk(&published_feed);
+    assert!(!kept.is_empty());
+    let gc = json_ok(&run_in(
+        path,
+        &[
+            "gc",
+            "events",
+            "--older-than",
+            "0s",
+            "--output-format",
+            "json",
+        ],
+    ));
+    assert!(walk(&staged_feed).is_empty(), "{gc}");
+    assert_eq!(
+        walk(&published_feed),
+        kept,
+        "a published run's feed is referenced: {gc}"
+    );
+    // The published version's feed still reads.
+    let (got, expected) = feed_and_expected(path, 1, "key");
+    assert_eq!(got, expected);
+}

@@ -182,7 +182,9 @@ fn supported(name: &str) -> Option<&'static str> {
         "invariants" => "enforced on staged rows",
         "checkConstraints" => "enforced on staged rows",
         "generatedColumns" => "verified on staged rows",
-        "changeDataFeed" => "supported: changes are read from the commit's add and remove actions",
+        "changeDataFeed" => {
+            "supported: each run's commit carries change data files of exactly the rows that changed"
+        }
         "deletionVectors" => {
             "supported: deleted rows are never read, files with them are removed whole"
         }

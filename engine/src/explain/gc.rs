@@ -89,8 +89,9 @@ struct Staged {
     path: Path,
     size: u64,
     run_id: RunId,
-    /// The partition values of the directories above it, decoded.
-    partition: PartitionValues,
+    /// The partition values of the directories above it, decoded; `None` for a change data
+    /// file (its run's directory under `_change_data/` holds only the run's).
+    partition: Option<PartitionValues>,
 }
 
 /// Deletes (or with `dry_run` lists) the garbage staged files of `table`.
@@ -220,10 +221,12 @@ fn why_garbage(
     let Some(journal) = journal else {
         return Some("no journal".to_string());
     };
-    journal
-        .inputs
-        .layout
-        .label_in(&journal.inputs.range, &file.partition)?;
+    if let Some(partition) = &file.partition {
+        journal
+            .inputs
+            .layout
+            .label_in(&journal.inputs.range, partition)?;
+    }
     match journal.progress.state {
         RunState::Failed => Some("run failed".into()),
         RunState::Discarded => Some("run discarded".into()),
@@ -337,9 +340,30 @@ async fn staged_files(
                     path: object.location,
                     size: object.size,
                     run_id: run_id.clone(),
-                    partition: partition.clone(),
+                    partition: Some(partition.clone()),
                 });
             }
+        }
+    }
+    // Runs' change data files: `_change_data/lakefill-<run_id>/…`.
+    let feeds = list(store, &Path::from(lakefill_table::run_id::CHANGE_DATA_DIR)).await?;
+    for dir in feeds.common_prefixes {
+        let Some(run_id) = dir.filename().and_then(RunId::from_staging_dir) else {
+            continue;
+        };
+        if is_local_symlink(root, dir.as_ref()) {
+            continue;
+        }
+        for object in lakefill_table::storage::list_objects(store, &dir).await? {
+            if is_local_symlink(root, object.location.as_ref()) {
+                continue;
+            }
+            out.push(Staged {
+                path: object.location,
+                size: object.size,
+                run_id: run_id.clone(),
+                partition: None,
+            });
         }
     }
     Ok(out)

@@ -36,6 +36,27 @@ pub(crate) async fn delete_unjournaled(table: &DeltaTable, journal: &Journal) ->
     delete_staging(table, journal, true, None).await
 }
 
+/// Deletes the run's change data files that its journal does not list (what an interrupted
+/// attempt at writing its feed left), except files a retained version of the target references.
+pub(crate) async fn delete_unjournaled_feed(table: &DeltaTable, journal: &Journal) -> Result<u64> {
+    let store = table.object_store();
+    let listed: std::collections::BTreeSet<&str> = journal
+        .progress
+        .change_feed
+        .iter()
+        .flat_map(|f| &f.files)
+        .map(|f| f.path.as_str())
+        .collect();
+    let prefix = deltalake::Path::from(journal.run_id.change_data_dir());
+    let candidates: Vec<deltalake::Path> = lakefill_table::storage::list_objects(&store, &prefix)
+        .await?
+        .into_iter()
+        .map(|o| o.location)
+        .filter(|p| !listed.contains(p.as_ref()))
+        .collect();
+    delete_unless_referenced(table, candidates, None).await
+}
+
 pub(crate) async fn delete_staging(
     table: &DeltaTable,
     journal: &Journal,
@@ -86,6 +107,18 @@ pub(crate) async fn delete_staging(
                 .filter(|p| !(keep_journaled && journaled.contains(p.as_ref()))),
         );
     }
+    delete_unless_referenced(table, candidates, project).await
+}
+
+/// Deletes `candidates` (paths under the table's root), except files any retained version of the
+/// table (with `project`, of any of its tables) references and paths through symbolic links.
+async fn delete_unless_referenced(
+    table: &DeltaTable,
+    mut candidates: Vec<deltalake::Path>,
+    project: Option<&Project>,
+) -> Result<u64> {
+    let store = table.object_store();
+    let root = table.table_url().clone();
     candidates.sort();
     candidates.dedup();
     if candidates.is_empty() {

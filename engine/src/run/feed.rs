@@ -59,7 +59,7 @@ pub(crate) async fn write_change_feed(
     let started = Instant::now();
     let store = plan.target.object_store();
     // What an interrupted attempt left (the journal lists no feed while validating).
-    crate::run::cleanup::delete_unjournaled(&plan.target, journal).await?;
+    crate::run::cleanup::delete_unjournaled_feed(&plan.target, journal).await?;
     let layout = &journal.inputs.layout;
     let range = &journal.inputs.range;
     let ctx = comparison_session(resources.session(), &plan.target, layout, range).await?;

@@ -400,7 +400,7 @@ async fn revert_held(
     let mut actions = swap(&current, &restored);
     if crate::run::feed::table_records_feed(latest)? {
         // The feed of the revert: the rows it takes out and puts back, from the same sides.
-        crate::run::cleanup::delete_unjournaled(latest, &revert).await?;
+        crate::run::cleanup::delete_unjournaled_feed(latest, &revert).await?;
         lakefill_table::rowhash::register_hash_functions(&sides);
         let feed = crate::run::feed::write_feed_between(
             &sides,
