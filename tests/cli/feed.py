@@ -11,6 +11,7 @@
     python3 feed.py expect DIR VERSION KEYED  # the same rows from an independent diff: DuckDB
                                             # over the rows of VERSION - 1 and VERSION (read by
                                             # python `deltalake`), by key or as whole rows
+    python3 feed.py timeless DIR LAYOUT     # `scope.py timeless`, `accounts` with the feed on
     python3 feed.py downstream DIR          # `scope.py downstream`, `daily` and `totals` with the
                                             # feed on
     python3 feed.py gfeed DIR TABLE VERSION # `feed` of any table: every column as text
@@ -113,6 +114,15 @@ def expect(directory, version, keyed):
     return sorted([list(r) for r in got])
 
 
+def timeless(directory, layout):
+    """`scope.py timeless`, then the feed turned on for `accounts` (a metadata-only commit, so
+    that its files stay as they are)."""
+    scope.timeless(directory, layout)
+    DeltaTable(os.path.join(directory, "lake", "accounts")).alter.set_table_properties(
+        {"delta.enableChangeDataFeed": "true"}
+    )
+
+
 def downstream(directory):
     scope.downstream(directory)
     for table in scope.DOWNSTREAM:
@@ -189,6 +199,8 @@ def main():
         print(json.dumps(feed(directory, int(sys.argv[3]))))
     elif command == "expect":
         print(json.dumps(expect(directory, int(sys.argv[3]), sys.argv[4])))
+    elif command == "timeless":
+        timeless(directory, sys.argv[3])
     elif command == "downstream":
         downstream(directory)
     elif command == "gfeed":

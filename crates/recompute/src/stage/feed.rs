@@ -111,18 +111,27 @@ pub async fn write_feed(
             .iter()
             .map(|i| Arc::clone(batch.column(*i)))
             .collect();
-        let mut groups: BTreeMap<Vec<u8>, Vec<u32>> = BTreeMap::new();
+        // Rows come in runs of one partition (each side is scanned file by file): a row like
+        // the one before goes where it went, without building and looking up its key.
+        let mut groups: Vec<(Vec<u8>, Vec<u32>)> = Vec::new();
         if arrays.is_empty() {
-            groups.insert(Vec::new(), (0..batch.num_rows() as u32).collect());
+            groups.push((Vec::new(), (0..batch.num_rows() as u32).collect()));
         } else {
             let rows = converter
                 .convert_columns(&arrays)
                 .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+            let mut group_of: std::collections::HashMap<&[u8], usize> =
+                std::collections::HashMap::new();
+            let mut current = 0;
             for row in 0..batch.num_rows() {
-                groups
-                    .entry(rows.row(row).as_ref().to_vec())
-                    .or_default()
-                    .push(row as u32);
+                if row == 0 || rows.row(row) != rows.row(row - 1) {
+                    let key = rows.row(row).data();
+                    current = *group_of.entry(key).or_insert_with(|| {
+                        groups.push((key.to_vec(), Vec::new()));
+                        groups.len() - 1
+                    });
+                }
+                groups[current].1.push(row as u32);
             }
         }
         for (key, indices) in groups {
