@@ -61,15 +61,16 @@ fn main() {
         return;
     }
     if let Some(position) = args.iter().position(|a| a == "--build-lake") {
-        // For profiling: build the lake in DIR with the fix (`vfix`) and the bug (`vbug`) as
-        // models, and stop.
+        // For profiling: build the lake in DIR with the fix (`vfix`), the bug (`vbug`) and a fix
+        // that changes a tenth of the rows (`vtweak`) as models, and stop.
         let project = PathBuf::from(&args[position + 1]);
         let lake = bench_lake();
         runtime().block_on(lake.create(&project)).unwrap();
-        for (version, shift) in [("vfix", 0), ("vbug", 8)] {
+        for (version, shift, tweak) in [("vfix", 0, false), ("vbug", 8, false), ("vtweak", 0, true)]
+        {
             std::fs::write(
                 project.join(format!("sql/events/{version}.sql")),
-                model(version, shift, false, false),
+                model(version, shift, tweak, false),
             )
             .unwrap();
         }

@@ -44,6 +44,14 @@ impl FeedCounts {
         self.insert + self.delete + self.update_preimage + self.update_postimage
     }
 
+    /// Adds `other`'s rows.
+    pub fn merge(&mut self, other: &FeedCounts) {
+        self.insert += other.insert;
+        self.delete += other.delete;
+        self.update_preimage += other.update_preimage;
+        self.update_postimage += other.update_postimage;
+    }
+
     /// Counts one more row of `change_type`; `false` for a name the protocol does not have.
     pub fn count(&mut self, change_type: &str, rows: u64) -> bool {
         let slot = match change_type {

@@ -97,12 +97,12 @@ pub(crate) async fn write_feed_between(
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
     let rows = lakefill_validate::feed::change_rows(ctx, old, new, key).await?;
-    let stream = rows
-        .execute_stream()
+    let streams = rows
+        .execute_stream_partitioned()
         .await
         .query_context(|| "cannot compute the change feed".into())?;
-    let written = lakefill_recompute::stage::feed::write_feed(
-        stream,
+    let written = lakefill_recompute::stage::feed::write_feed_parallel(
+        streams,
         &journal.inputs.target,
         &journal.inputs.layout,
         mapping,

@@ -43,6 +43,40 @@ pub struct FeedWritten {
     pub counts: FeedCounts,
 }
 
+/// [`write_feed`] of each of `streams` (the partitions of one plan's output) at once, each on a
+/// task of its own, so that encoding the feed uses every core.
+pub async fn write_feed_parallel(
+    streams: Vec<SendableRecordBatchStream>,
+    table: &str,
+    layout: &Layout,
+    mapping: &ColumnMapping,
+    run_id: &RunId,
+    store: Arc<dyn deltalake::ObjectStore>,
+) -> Result<FeedWritten> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for stream in streams {
+        let (table, layout, mapping, run_id, store) = (
+            table.to_string(),
+            layout.clone(),
+            mapping.clone(),
+            run_id.clone(),
+            Arc::clone(&store),
+        );
+        tasks.spawn(
+            async move { write_feed(stream, &table, &layout, &mapping, &run_id, store).await },
+        );
+    }
+    let mut all = FeedWritten::default();
+    while let Some(joined) = tasks.join_next().await {
+        let written =
+            joined.map_err(|e| Error::Internal(format!("a change feed writer stopped: {e}")))??;
+        all.files.extend(written.files);
+        all.counts.merge(&written.counts);
+    }
+    all.files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(all)
+}
+
 /// Writes `stream` (every column of the table, then [`CHANGE_TYPE`]) into change data files of
 /// `table` (`layout` and `mapping` the table's).
 pub async fn write_feed(
