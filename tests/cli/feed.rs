@@ -77,6 +77,13 @@ fn a_fix_feeds_exactly_the_rows_it_changes_and_nothing_for_partitions_it_leaves_
         let (dir, from, to) = lake("date", keyed);
         let path = dir.path();
         let range = ["--from", from.as_str(), "--to", to.as_str()];
+        // The change event carries the feed's counts too.
+        let toml = std::fs::read_to_string(path.join("lakefill.toml")).unwrap();
+        let toml = toml.replace(
+            "[tables.events]\n",
+            "[tables.events]\nnotify = [\"file:events.jsonl\"]\n",
+        );
+        std::fs::write(path.join("lakefill.toml"), toml).unwrap();
         // The timezone fix moves every event before 08:00 UTC to its day.
         let report = backfill(path, &range);
         assert_eq!(report["published_version"], 1, "{keyed}");
@@ -90,6 +97,15 @@ fn a_fix_feeds_exactly_the_rows_it_changes_and_nothing_for_partitions_it_leaves_
             reported(&report),
             counts(&got),
             "{keyed}: the report counts the feed"
+        );
+        let events = std::fs::read_to_string(path.join("events.jsonl")).unwrap();
+        let event = events.lines().last().unwrap();
+        crate::notify::assert_valid_event(event);
+        let event: Value = serde_json::from_str(event).unwrap();
+        assert_eq!(
+            reported(&event),
+            counts(&got),
+            "{keyed}: the event counts the feed"
         );
         if keyed == "key" {
             // A moved event is an update of its key: its old and its new row.
