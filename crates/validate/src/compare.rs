@@ -491,9 +491,9 @@ fn side_from_totals(spec: &CompareSpec, totals: &BTreeMap<String, LabelTotals>) 
         .collect()
 }
 
-/// The old and new rows of `differing` (or the whole sides), as views registered for the row
-/// diff.
-async fn differing_views(
+/// The old and new rows of `differing` (or the whole sides: `previous` and `output`), as views
+/// registered for the row diff; returns their names.
+pub async fn differing_views(
     ctx: &SessionContext,
     differing: Option<Expr>,
 ) -> Result<(String, String)> {

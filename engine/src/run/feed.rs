@@ -171,17 +171,5 @@ async fn differing_sides(
     let Some(predicate) = predicate else {
         return whole();
     };
-    let mut names = Vec::new();
-    for table in ["previous", "output"] {
-        let view = format!("__lf_feed_differing_{table}");
-        let rows = ctx
-            .table(table)
-            .await
-            .and_then(|df| df.filter(predicate.clone()))
-            .query_context(|| format!("cannot select the differing partitions of `{table}`"))?;
-        ctx.register_table(view.as_str(), rows.into_view())
-            .query_context(|| "cannot register the differing partitions".into())?;
-        names.push(view);
-    }
-    Ok((names[0].clone(), names[1].clone()))
+    lakefill_validate::compare::differing_views(ctx, Some(predicate)).await
 }

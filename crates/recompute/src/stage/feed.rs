@@ -169,18 +169,7 @@ pub async fn write_feed(
             }
         }
         for (key, indices) in groups {
-            let first = indices[0] as usize;
-            let scalars: Vec<Scalar> = arrays
-                .iter()
-                .map(|array| {
-                    Scalar::from_array(array.as_ref(), first).ok_or_else(|| {
-                        Error::Internal(format!(
-                            "cannot read a partition value of type {}",
-                            array.data_type()
-                        ))
-                    })
-                })
-                .collect::<Result<_>>()?;
+            let scalars = super::partition_scalars(&arrays, indices[0] as usize)?;
             let indices = UInt32Array::from(indices);
             let columns = file
                 .iter()

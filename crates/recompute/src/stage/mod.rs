@@ -717,17 +717,7 @@ impl<'a> Staging<'a> {
         } = Groups::of(self.spec, &self.columns, record_batch)?;
         for indices in groups {
             let first_row = indices[0] as usize;
-            let scalars: Vec<Scalar> = partition_arrays
-                .iter()
-                .map(|array| {
-                    Scalar::from_array(array.as_ref(), first_row).ok_or_else(|| {
-                        Error::Internal(format!(
-                            "cannot read a partition value of type {}",
-                            array.data_type()
-                        ))
-                    })
-                })
-                .collect::<Result<_>>()?;
+            let scalars = partition_scalars(&partition_arrays, first_row)?;
             let values: PartitionValues = self
                 .spec
                 .layout
@@ -1057,6 +1047,24 @@ fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
             let hashes = lakefill_table::rowhash::hash_rows(&[column.slice(0, rows)], rows).ok()?;
             let distinct: std::collections::HashSet<u64> = hashes.into_iter().collect();
             (distinct.len() * 100 >= rows * 95).then(|| field.name().clone())
+        })
+        .collect()
+}
+
+/// The partition values of row `row` of `arrays` (the partition columns of a batch).
+pub(crate) fn partition_scalars(
+    arrays: &[deltalake::arrow::array::ArrayRef],
+    row: usize,
+) -> Result<Vec<Scalar>> {
+    arrays
+        .iter()
+        .map(|array| {
+            Scalar::from_array(array.as_ref(), row).ok_or_else(|| {
+                Error::Internal(format!(
+                    "cannot read a partition value of type {}",
+                    array.data_type()
+                ))
+            })
         })
         .collect()
 }
