@@ -233,9 +233,16 @@ fn orchestrate() {
             outcome,
         });
         if duckdb {
-            let outcome = duckdb_copy(&project, &from, &to);
+            let outcome = duckdb_copy(&project, &from, &to, false);
             results.push(Measured {
                 name: "DuckDB COPY".into(),
+                partitions: *n,
+                outcome,
+            });
+            // The honest peer: the same fix and the same validation, by DuckDB.
+            let outcome = duckdb_copy(&project, &from, &to, true);
+            results.push(Measured {
+                name: DUCKDB_VALIDATED.into(),
                 partitions: *n,
                 outcome,
             });
@@ -324,6 +331,9 @@ fn orchestrate() {
     );
 }
 
+/// DuckDB's `COPY` followed by lakefill's validation, done by DuckDB.
+const DUCKDB_VALIDATED: &str = "DuckDB COPY + the same validation";
+
 /// The scenario of the 10% fix with the change data feed on.
 const FEED_SCENARIO: &str = "same fix, change data feed on";
 
@@ -334,7 +344,7 @@ const WHERE_ONE_COUNTRY: &str = "country = 'DE'";
 fn duckdb_available() -> bool {
     let import = || {
         Command::new("python3")
-            .args(["-c", "import duckdb"])
+            .args(["-c", "import duckdb, deltalake"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -342,17 +352,20 @@ fn duckdb_available() -> bool {
         return true;
     }
     let _ = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", "duckdb"])
+        .args(["-m", "pip", "install", "--quiet", "duckdb", "deltalake"])
         .status();
     let available = import();
     if !available {
-        println!("(python3 with duckdb is not available: the DuckDB comparison is left out)");
+        println!(
+            "(python3 with duckdb and deltalake is not available: the DuckDB comparison is left out)"
+        );
     }
     available
 }
 
-/// The DuckDB script of the same fix over the same range, in its own process.
-fn duckdb_copy(project: &Path, from: &str, to: &str) -> Value {
+/// The DuckDB script of the same fix over the same range, in its own process: DuckDB's `COPY` of the fix over `from..=to`; with `validate`, followed by the validation
+/// lakefill does (`scripts/bench_duckdb.py --validate`).
+fn duckdb_copy(project: &Path, from: &str, to: &str, validate: bool) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench_duckdb.py");
     let out = tempfile::tempdir_in(project).unwrap();
     let output = Command::new("python3")
@@ -360,6 +373,7 @@ fn duckdb_copy(project: &Path, from: &str, to: &str) -> Value {
         .arg(project.join("lake"))
         .arg(out.path().join("events"))
         .args([from, to])
+        .args(validate.then_some("--validate"))
         .output()
         .unwrap();
     assert!(
@@ -430,6 +444,14 @@ fn print_table(results: &[Measured], days: u32, limit: u64) {
         100.0 * share(full),
         100.0 * share(find("backfill, 10% of partitions change", days))
     );
+    if let (Some(full), Some(peer)) = (full, find(DUCKDB_VALIDATED, days)) {
+        println!(
+            "full range with validation / DuckDB COPY + the same validation = {:.2} in time (target <= 0.5), {:.2} in peak RSS (target <= 0.33)",
+            wall(full) / wall(peer),
+            full["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN)
+                / peer["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     if let (Some(plain), Some(fed)) = (
         find("backfill, 10% of partitions change", days),
         find(FEED_SCENARIO, days),

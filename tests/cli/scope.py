@@ -17,6 +17,7 @@
                                           # (part IN (1, 2)), `DE` (country = 'DE') or `all`
     python3 scope.py trows DIR [VERSION]  # the rows of `accounts` now (or at VERSION), by DuckDB
     python3 scope.py tfiles DIR           # the live files of `accounts`
+    python3 scope.py others DIR TABLE C   # every row of TABLE whose country is not C (text)
 
 `raw` holds every event with its true time `ts`, partitioned by its UTC date (`ingest_date`).
 `events` was written by a buggy pipeline with python `deltalake`: `event_date` is the date of
@@ -34,6 +35,7 @@ import sys
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 from deltalake import DeltaTable, write_deltalake
 
 DAYS = 8
@@ -333,6 +335,13 @@ def rows(directory, version=None):
     return sorted([list(r) for r in got])
 
 
+def others(directory, table, country):
+    """Every row of `table` whose country is not `country`, every column as text, sorted."""
+    rows = DeltaTable(os.path.join(directory, "lake", table)).to_pyarrow_table()
+    kept = rows.filter(pa.compute.not_equal(rows["country"], country)).to_pylist()
+    return sorted([[str(v) for v in row.values()] for row in kept])
+
+
 def main():
     command, directory = sys.argv[1], sys.argv[2]
     if command == "make":
@@ -362,6 +371,8 @@ def main():
     elif command == "tfiles":
         actions = pa.table(DeltaTable(os.path.join(directory, "lake", "accounts")).get_add_actions(flatten=True))
         print(json.dumps(sorted(actions["path"].to_pylist())))
+    elif command == "others":
+        print(json.dumps(others(directory, sys.argv[3], sys.argv[4])))
     elif command == "files":
         actions = pa.table(DeltaTable(os.path.join(directory, "lake", "events")).get_add_actions(flatten=True))
         print(json.dumps(sorted(actions["path"].to_pylist())))

@@ -676,3 +676,39 @@ fn a_scoped_cascade_passes_the_predicate_where_the_columns_are() {
         python(&["dexpect", dir_arg(path), "DE"]),
     );
 }
+
+#[test]
+fn a_scoped_fix_over_more_partitions_than_open_writers_carries_every_other_row() {
+    // 80 days: the batch that carries the other countries' rows writes 80 partitions, more than
+    // a batch keeps writers open for, so some are closed before it ends.
+    let lake = crate::support::TestLake::with(
+        crate::support::Store::Local,
+        lakefill_fixtures::DemoLake {
+            days: 80,
+            events_per_day: 40,
+            ..lakefill_fixtures::DemoLake::default()
+        },
+    );
+    let path = lake.path();
+    let others = || python(&["others", dir_arg(path), "events", "DE"]);
+    let before = others();
+    assert!(before.as_array().unwrap().len() > 2_000);
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "events",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-03-21",
+        "--where",
+        "country = 'DE'",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(
+        others(),
+        before,
+        "every row of another country is kept, value for value"
+    );
+}

@@ -188,7 +188,15 @@ struct OpenPartition {
     label: String,
     writer: PartitionWriter,
     checksum: RowChecksum,
+    /// When it last took rows (the batch's count of groups written then).
+    used: u64,
 }
+
+/// Partition writers a batch keeps open at once (each holds up to a row group in memory). A
+/// batch of periods opens at most `batch_partitions` × the sub-partitions of each; the batch that
+/// carries rows over (by rows, `--where`) may reach every partition of the range, so beyond this
+/// the least recently written is closed (its partition may then get one more file).
+const OPEN_WRITERS: usize = 64;
 
 /// Runs one batch and writes its partitions; returns what it staged.
 async fn stage_batch(
@@ -670,6 +678,12 @@ struct Staging<'a> {
     off_grain: BTreeMap<String, u64>,
     sums: BTreeMap<String, BTreeMap<String, f64>>,
     hasher: Hasher,
+    /// Groups of rows written so far (what [`OpenPartition::used`] counts in).
+    groups_written: u64,
+    /// Files of writers closed before the batch ended, and the partitions they were of (whose
+    /// files then carry no checksum tag: their writers' checksums cover more than one file).
+    closed: Vec<Add>,
+    rolled: BTreeSet<Vec<Option<String>>>,
 }
 
 impl<'a> Staging<'a> {
@@ -704,7 +718,37 @@ impl<'a> Staging<'a> {
             off_grain: BTreeMap::new(),
             sums: BTreeMap::new(),
             hasher,
+            groups_written: 0,
+            closed: Vec::new(),
+            rolled: BTreeSet::new(),
         })
+    }
+
+    /// Closes the writer that took rows least recently, keeping its files for the batch's record.
+    async fn close_least_recent(&mut self) -> Result<()> {
+        let Some(key) = self
+            .writers
+            .iter()
+            .min_by_key(|(_, open)| open.used)
+            .map(|(key, _)| key.clone())
+        else {
+            return Ok(());
+        };
+        let Some(open) = self.writers.remove(&key) else {
+            return Ok(());
+        };
+        let adds = open
+            .writer
+            .close()
+            .await
+            .map_err(|source| Error::StagingWrite {
+                table: self.spec.target.clone(),
+                partition: open.label.clone(),
+                source: Box::new(source),
+            })?;
+        self.closed.extend(adds);
+        self.rolled.insert(key);
+        Ok(())
     }
 
     /// Writes the rows of `record_batch` that this batch owns, each group to its partition's
@@ -804,11 +848,21 @@ impl<'a> Staging<'a> {
             _ => NULL_LABEL.to_string(),
         };
         let writer_key = key.clone();
+        if !self.writers.contains_key(&key) && self.writers.len() >= OPEN_WRITERS {
+            self.close_least_recent().await?;
+        }
+        self.groups_written += 1;
+        let used = self.groups_written;
         let open = match self.writers.entry(key) {
-            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Occupied(entry) => {
+                let open = entry.into_mut();
+                open.used = used;
+                open
+            }
             std::collections::btree_map::Entry::Vacant(entry) => entry.insert(OpenPartition {
                 label: label.clone(),
                 checksum: RowChecksum::default(),
+                used,
                 writer: partition_writer(
                     spec,
                     scalars,
@@ -866,7 +920,7 @@ impl<'a> Staging<'a> {
             mut by_writer,
             capture,
         } = self.hasher.finish().await?;
-        let mut files: Vec<Add> = Vec::new();
+        let mut files: Vec<Add> = self.closed;
         for (key, mut open) in self.writers {
             open.checksum = by_writer.remove(&key).unwrap_or_default();
             let mut adds = open
@@ -879,8 +933,11 @@ impl<'a> Staging<'a> {
                     source: Box::new(source),
                 })?;
             // A writer that never rolls (no target size) writes one file: its rows' checksum goes
-            // into its `add`, for whoever compares with these rows once they are published.
-            if let [add] = adds.as_mut_slice() {
+            // into its `add`, for whoever compares with these rows once they are published
+            // (unless an earlier writer of its partition was closed: the checksum covers both).
+            if let [add] = adds.as_mut_slice()
+                && !self.rolled.contains(&key)
+            {
                 let tag =
                     FileDigest::tag(&open.checksum, self.columns.file_schema.fields(), &add.path);
                 add.tags
