@@ -7,7 +7,9 @@
 //! one Parquet writer per partition (every partition column of the target) under
 //! `<partition dir>/lakefill-<run_id>/`. Those files are not in the Delta log until
 //! the runner's `publish` commits them. Nothing is collected in memory: a writer holds at most one
-//! row group per open partition, and a batch has at most `batch_partitions` periods.
+//! row group per open partition, a batch has at most `batch_partitions` periods, and at most
+//! `OPEN_WRITERS` (64) writers are open at once (the batch carrying rows over may reach every
+//! partition of the range).
 //!
 //! [`check_model`](crate::plan::query::check_model) plans the model once when the plan is made, so what `plan` accepts,
 //! `backfill` runs.
