@@ -11,6 +11,7 @@
     python3 feed.py expect DIR VERSION KEYED  # the same rows from an independent diff: DuckDB
                                             # over the rows of VERSION - 1 and VERSION (read by
                                             # python `deltalake`), by key or as whole rows
+    python3 feed.py enable DIR TABLE        # turns the feed on for `lake/TABLE`
     python3 feed.py timeless DIR LAYOUT     # `scope.py timeless`, `accounts` with the feed on
     python3 feed.py downstream DIR          # `scope.py downstream`, `daily` and `totals` with the
                                             # feed on
@@ -199,6 +200,10 @@ def main():
         print(json.dumps(feed(directory, int(sys.argv[3]))))
     elif command == "expect":
         print(json.dumps(expect(directory, int(sys.argv[3]), sys.argv[4])))
+    elif command == "enable":
+        DeltaTable(os.path.join(directory, "lake", sys.argv[3])).alter.set_table_properties(
+            {"delta.enableChangeDataFeed": "true"}
+        )
     elif command == "timeless":
         timeless(directory, sys.argv[3])
     elif command == "downstream":

@@ -448,3 +448,48 @@ fn a_logical_revert_feeds_the_rows_it_puts_back() {
     assert_eq!(got, expected);
     assert_eq!(reported(&reverted), counts(&got));
 }
+
+#[test]
+fn a_fix_by_rows_feeds_the_rows_of_its_range_only() {
+    // An unpartitioned table replaced by rows (`range_column`): files are rewritten whole, and
+    // the rows outside the range they hold are carried over, not fed.
+    let mut lake = crate::support::PythonLake::new(crate::support::Store::Local);
+    lake.table("flat", "flat");
+    let dir_arg = lake.path().to_str().unwrap().to_string();
+    python(&["enable", &dir_arg, "flat"]);
+    lake.model(
+        "fix",
+        "target = \"flat\"\nrange_column = \"event_date\"\n[sources.flat]\nwindow = \"event_date\"\n[validate]\nkey = [\"id\"]",
+        "SELECT id, amount * 2 AS amount, event_date FROM flat",
+    );
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "fix",
+        "--from",
+        "2026-01-05",
+        "--to",
+        "2026-01-09",
+        "--output-format",
+        "json",
+    ]));
+    let version = report["published_version"].as_u64().unwrap().to_string();
+    let got = python(&["gfeed", &dir_arg, "flat", &version]);
+    let expected = python(&["gexpect", &dir_arg, "flat", &version, "id"]);
+    let got = got.as_array().unwrap();
+    assert!(!got.is_empty());
+    assert_eq!(got, expected.as_array().unwrap());
+    let names = [
+        "2026-01-05",
+        "2026-01-06",
+        "2026-01-07",
+        "2026-01-08",
+        "2026-01-09",
+    ];
+    // Every column as text, in the table's order: `id`, `amount`, `event_date`.
+    assert!(
+        got.iter()
+            .all(|row| names.contains(&row[2].as_str().unwrap_or_default())),
+        "only rows of the range: {got:?}"
+    );
+    assert_eq!(reported(&report), counts(got));
+}
