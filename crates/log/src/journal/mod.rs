@@ -185,22 +185,6 @@ pub struct ChangeFeed {
     pub elapsed_ms: u64,
 }
 
-impl ChangeFeed {
-    /// Whether a file of the partition with `values` (logical names) holds rows of the feed:
-    /// files of other partitions are rewritten with the same rows.
-    pub fn changes_partition(
-        &self,
-        values: &std::collections::HashMap<String, Option<String>>,
-    ) -> bool {
-        self.counts.rows() > 0
-            && self.files.iter().any(|f| {
-                f.partition_values
-                    .iter()
-                    .all(|(k, v)| values.get(k) == Some(v))
-            })
-    }
-}
-
 /// How a run ended (or, while it runs, what it will publish as).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunOutcome {

@@ -12,8 +12,7 @@ use delta_kernel::table_properties::DataSkippingNumIndexedCols;
 use deltalake::Path;
 use deltalake::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use deltalake::arrow::compute::take;
-use deltalake::arrow::datatypes::{Schema, SchemaRef};
-use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::kernel::AddCDCFile;
@@ -88,34 +87,17 @@ pub async fn write_feed(
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<FeedWritten> {
     let schema = stream.schema();
-    let partition: Vec<usize> = layout
-        .partition_columns
-        .iter()
-        .map(|c| {
-            schema.index_of(c).map_err(|_| {
-                Error::Internal(format!("partition column `{c}` is not in the change feed"))
-            })
-        })
-        .collect::<Result<_>>()?;
     let change_type = schema
         .index_of(CHANGE_TYPE)
         .map_err(|_| Error::Internal("the change feed has no `_change_type`".into()))?;
-    let file: Vec<usize> = (0..schema.fields().len())
-        .filter(|i| !partition.contains(i))
-        .collect();
-    let file_schema: SchemaRef = Arc::new(Schema::new(
-        file.iter()
-            .map(|i| Arc::new(schema.field(*i).clone().with_nullable(true)))
-            .collect::<Vec<_>>(),
-    ));
-    let physical_schema = mapping.physical_schema(&file_schema);
-    let converter = RowConverter::new(
-        partition
-            .iter()
-            .map(|i| SortField::new(schema.field(*i).data_type().clone()))
-            .collect(),
-    )
-    .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
+    let super::Columns {
+        partition,
+        file,
+        file_schema,
+        physical_schema,
+        converter,
+        ..
+    } = super::Columns::split(layout, mapping, &schema)?;
     let mut feed = Feed {
         table,
         layout,

@@ -52,7 +52,7 @@ use lakefill_table::mapping::ColumnMapping;
 use lakefill_table::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
 use lakefill_table::protocol::IdentityColumn;
 use lakefill_table::resources::Resources;
-use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
+use lakefill_table::rowhash::{DIGEST_TAG, FileDigest};
 use lakefill_table::time::Period;
 use lakefill_validate::keymerge::Capture;
 
@@ -189,9 +189,22 @@ enum Placement {
 struct OpenPartition {
     label: String,
     writer: PartitionWriter,
-    checksum: RowChecksum,
     /// When it last took rows (the batch's count of groups written then).
     used: u64,
+}
+
+impl OpenPartition {
+    /// Closes the writer of `target`: its files.
+    async fn close(self, target: &str) -> Result<Vec<Add>> {
+        self.writer
+            .close()
+            .await
+            .map_err(|source| Error::StagingWrite {
+                table: target.to_string(),
+                partition: self.label,
+                source: Box::new(source),
+            })
+    }
 }
 
 /// Partition writers a batch keeps open at once (each holds up to a row group in memory). A
@@ -508,19 +521,42 @@ impl WriteSpec {
 
 /// The columns of the target as a batch writes them: the partition columns (and how their values
 /// compare), the columns that go into the files, and, by rows, the one holding a row's time.
-struct Columns {
-    partition: Vec<usize>,
-    file: Vec<usize>,
-    file_schema: SchemaRef,
+pub(crate) struct Columns {
+    pub(crate) partition: Vec<usize>,
+    pub(crate) file: Vec<usize>,
+    pub(crate) file_schema: SchemaRef,
     /// The file columns as the files name them (column mapping).
-    physical_schema: SchemaRef,
-    converter: RowConverter,
+    pub(crate) physical_schema: SchemaRef,
+    pub(crate) converter: RowConverter,
     time: Option<usize>,
 }
 
 impl Columns {
     fn of(spec: &WriteSpec, target_schema: &Schema) -> Result<Self> {
         let layout = &spec.layout;
+        let mut columns = Self::split(layout, &spec.mapping, target_schema)?;
+        // By rows, a row's period comes from its time column, which is not a partition column.
+        columns.time = match (layout.by_rows, spec.batch.carry) {
+            (true, false) => {
+                let column = layout.time.encoding.columns()[0];
+                Some(target_schema.index_of(column).map_err(|_| {
+                    Error::Internal(format!(
+                        "range column `{column}` is not in the target schema"
+                    ))
+                })?)
+            }
+            _ => None,
+        };
+        Ok(columns)
+    }
+
+    /// The partition columns of `layout` and the file columns of `target_schema` (also what the
+    /// change feed's files are written by), without a time column.
+    pub(crate) fn split(
+        layout: &lakefill_table::partition::Layout,
+        mapping: &ColumnMapping,
+        target_schema: &Schema,
+    ) -> Result<Self> {
         let partition: Vec<usize> = layout
             .partition_columns
             .iter()
@@ -542,7 +578,7 @@ impl Columns {
                 .map(|i| Arc::new(target_schema.field(*i).clone().with_nullable(true)))
                 .collect::<Vec<_>>(),
         ));
-        let physical_schema = spec.mapping.physical_schema(&file_schema);
+        let physical_schema = mapping.physical_schema(&file_schema);
         let converter = RowConverter::new(
             partition
                 .iter()
@@ -550,25 +586,13 @@ impl Columns {
                 .collect(),
         )
         .map_err(|e| Error::Internal(format!("cannot compare partition values: {e}")))?;
-        // By rows, a row's period comes from its time column, which is not a partition column.
-        let time = match (layout.by_rows, spec.batch.carry) {
-            (true, false) => {
-                let column = layout.time.encoding.columns()[0];
-                Some(target_schema.index_of(column).map_err(|_| {
-                    Error::Internal(format!(
-                        "range column `{column}` is not in the target schema"
-                    ))
-                })?)
-            }
-            _ => None,
-        };
         Ok(Self {
             partition,
             file,
             file_schema,
             physical_schema,
             converter,
-            time,
+            time: None,
         })
     }
 }
@@ -739,15 +763,7 @@ impl<'a> Staging<'a> {
         let Some(open) = self.writers.remove(&key) else {
             return Ok(());
         };
-        let adds = open
-            .writer
-            .close()
-            .await
-            .map_err(|source| Error::StagingWrite {
-                table: self.spec.target.clone(),
-                partition: open.label.clone(),
-                source: Box::new(source),
-            })?;
+        let adds = open.close(&self.spec.target).await?;
         self.closed.extend(adds);
         self.rolled.insert(key);
         Ok(())
@@ -863,7 +879,6 @@ impl<'a> Staging<'a> {
             }
             std::collections::btree_map::Entry::Vacant(entry) => entry.insert(OpenPartition {
                 label: label.clone(),
-                checksum: RowChecksum::default(),
                 used,
                 writer: partition_writer(
                     spec,
@@ -923,25 +938,16 @@ impl<'a> Staging<'a> {
             capture,
         } = self.hasher.finish().await?;
         let mut files: Vec<Add> = self.closed;
-        for (key, mut open) in self.writers {
-            open.checksum = by_writer.remove(&key).unwrap_or_default();
-            let mut adds = open
-                .writer
-                .close()
-                .await
-                .map_err(|source| Error::StagingWrite {
-                    table: self.spec.target.clone(),
-                    partition: open.label.clone(),
-                    source: Box::new(source),
-                })?;
+        for (key, open) in self.writers {
+            let checksum = by_writer.remove(&key).unwrap_or_default();
+            let mut adds = open.close(&self.spec.target).await?;
             // A writer that never rolls (no target size) writes one file: its rows' checksum goes
             // into its `add`, for whoever compares with these rows once they are published
             // (unless an earlier writer of its partition was closed: the checksum covers both).
             if let [add] = adds.as_mut_slice()
                 && !self.rolled.contains(&key)
             {
-                let tag =
-                    FileDigest::tag(&open.checksum, self.columns.file_schema.fields(), &add.path);
+                let tag = FileDigest::tag(&checksum, self.columns.file_schema.fields(), &add.path);
                 add.tags
                     .get_or_insert_with(Default::default)
                     .insert(DIGEST_TAG.to_string(), Some(tag));
