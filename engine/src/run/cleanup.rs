@@ -54,7 +54,9 @@ pub(crate) async fn delete_unjournaled_feed(table: &DeltaTable, journal: &Journa
         .map(|o| o.location)
         .filter(|p| !listed.contains(p.as_ref()))
         .collect();
-    delete_unless_referenced(table, candidates, None).await
+    // A run published again (its range moved since) finds its earlier publishes' feeds here:
+    // versions reference them, and they are kept without a word.
+    delete_unless_referenced(table, candidates, None, false).await
 }
 
 pub(crate) async fn delete_staging(
@@ -107,7 +109,7 @@ pub(crate) async fn delete_staging(
                 .filter(|p| !(keep_journaled && journaled.contains(p.as_ref()))),
         );
     }
-    delete_unless_referenced(table, candidates, project).await
+    delete_unless_referenced(table, candidates, project, true).await
 }
 
 /// Deletes `candidates` (paths under the table's root), except files any retained version of the
@@ -116,6 +118,7 @@ async fn delete_unless_referenced(
     table: &DeltaTable,
     mut candidates: Vec<deltalake::Path>,
     project: Option<&Project>,
+    warn_kept: bool,
 ) -> Result<u64> {
     let store = table.object_store();
     let root = table.table_url().clone();
@@ -135,7 +138,9 @@ async fn delete_unless_referenced(
             continue;
         }
         if referenced.contains(&root, path.as_ref()) {
-            tracing::warn!(path = %path, "kept a staged file that a table version references");
+            if warn_kept {
+                tracing::warn!(path = %path, "kept a staged file that a table version references");
+            }
             continue;
         }
         match store.delete(&path).await {
