@@ -327,3 +327,52 @@ fn issue_33_a_full_disk_stops_the_run_cleanly() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(lake.version("events"), version + 1);
 }
+
+/// A run published, its range then moved by another run, and its command run again (a second
+/// publish of the same run id) but stopped before the commit: the next run of the command
+/// publishes it, never "already published" over the other run's rows (#37 review).
+#[test]
+fn an_interrupted_second_publish_of_a_run_is_finished_by_the_next() {
+    let lake = TestLake::on(Store::Local);
+    let fix = backfill_args(&lake);
+    let out = lakefill(&lake, &fix, None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let fixed = rows(&lake);
+    // The bug again over the same range: the fix's range moved.
+    let mut bug = fix.clone();
+    bug.extend(["--model-version".into(), "v1".into()]);
+    let out = lakefill(&lake, &bug, None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(rows(&lake) != fixed);
+    let before = lake.version("events");
+    for point in [
+        CrashPoint::MidStage,
+        CrashPoint::MidValidate,
+        CrashPoint::BeforeCommit,
+    ] {
+        let crashed = lakefill(&lake, &fix, Some(&point.to_string()));
+        assert!(!crashed.status.success(), "{point}: the process must die");
+        assert_eq!(lake.version("events"), before, "{point}");
+    }
+    let mut args = fix.clone();
+    args.extend(["--output-format".into(), "json".into()]);
+    let report = run_report(&lakefill(&lake, &args, None));
+    assert_eq!(report.outcome, Outcome::Published, "not already published");
+    assert_eq!(lake.version("events"), before + 1);
+    assert!(
+        rows(&lake) == fixed,
+        "the fix's rows, as when first published"
+    );
+    let runs = run_list(&lakefill(
+        &lake,
+        &[
+            "runs".into(),
+            "events".into(),
+            "--output-format".into(),
+            "json".into(),
+        ],
+        None,
+    ));
+    let run = runs.iter().find(|r| r.run_id == report.run_id).unwrap();
+    assert_eq!(run.state, RunState::Published);
+}

@@ -993,12 +993,20 @@ pub async fn publish_state(
     let Some(sequence) = published_sequence(target, run_id).await? else {
         return Ok((false, 1));
     };
-    let published_at = Journal::load(&target.object_store(), run_id)
+    let journaled = Journal::load(&target.object_store(), run_id)
         .await?
         .and_then(|j| j.outcome.published_version);
+    // An attempt to publish the run again (its range moved since) starts a fresh journal: when
+    // it was interrupted, the log says where the run last committed.
+    let published_at = match journaled {
+        Some(version) => Some(version),
+        None => lakefill_log::find_run_commit(target, run_id.as_str()).await?,
+    };
     let touched = match published_at {
         Some(version) => range_touched_after(target, version, layout, range, read_version).await?,
-        None => false,
+        // The log has the run's transaction but no longer its commit: publishing again is safe
+        // (an output equal to the table is up to date), claiming it published may not be.
+        None => true,
     };
     Ok(if touched {
         (false, sequence + 1)
