@@ -23,30 +23,244 @@
 
 use std::sync::Arc;
 
+use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::datatypes::Schema;
+use deltalake::arrow::datatypes::{DataType, Decimal128Type, Int64Type};
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
 use lakefill_recompute::plan::adjust::register_net_rows;
 use lakefill_table::adjustments::{AdjustmentCounts, KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
+use lakefill_table::rowhash::check_hash_sql;
 use lakefill_table::sqltext::ident;
 use lakefill_table::staged::StagedTable;
 use lakefill_validate::CheckResult;
-use lakefill_validate::net::{adjustments_sql, counts};
+use lakefill_validate::net::adjustment_rows;
 
-/// Proves the adjustments: per partition and key, the old net rows plus the adjustments give
-/// the new rows, in rows (a reversal counts -1) and in every measure (exactly for integers and
-/// decimals, to a relative 1e-9 for floats). `previous`, `adjustments` and `output` are
-/// registered views.
+/// The name of the check that proves the adjustments.
+const CONSERVE: &str = "adjustments conserve";
+
+/// Proves the adjustments: per partition, the old net rows less the rows the reversals take
+/// back (their measures negated again) plus the corrections are the new rows, as multisets of
+/// whole rows. Then, per key, the old rows plus the adjustments give the new rows in rows (a
+/// reversal counts -1) and in every measure, and the net rows after the publish are the new
+/// rows. `previous`, `adjustments` and `output` are registered views; `schema` is the staged
+/// files'.
+///
+/// The multisets are compared by the count and the exact sum of a row hash independent of the
+/// one the adjustments were found with (`lakefill_check_hash`), in one streaming pass over each
+/// side with a group per partition. Only when a partition differs are the sums per key
+/// computed (a grouping of every row), to show which keys.
 pub(crate) async fn conservation_check(
+    ctx: &SessionContext,
+    schema: &Schema,
+    partition_columns: &[String],
+    key: &[String],
+    measures: &[String],
+    sample: usize,
+) -> Result<CheckResult> {
+    let differing = differing_partitions(ctx, schema, partition_columns, measures, sample).await?;
+    if differing.is_empty() {
+        return Ok(CheckResult::new(CONSERVE, Vec::new(), Vec::new()));
+    }
+    let mut group = partition_columns.to_vec();
+    for column in key {
+        if !group.contains(column) {
+            group.push(column.clone());
+        }
+    }
+    let by_key = conservation_by_key(ctx, schema, &group, measures, sample).await?;
+    Ok(if by_key.passed {
+        // Every key adds up, yet the rows are not the same: reversals that are not copies of
+        // old rows (the net rows after the publish would not be the new rows).
+        CheckResult::new(CONSERVE, differing, Vec::new())
+    } else {
+        by_key
+    })
+}
+
+/// The partitions where the old net rows less the reversed rows plus the corrections are not
+/// the new rows (see [`conservation_check`]), at most `sample` of them and a count of the rest.
+async fn differing_partitions(
+    ctx: &SessionContext,
+    schema: &Schema,
+    partition_columns: &[String],
+    measures: &[String],
+    sample: usize,
+) -> Result<Vec<serde_json::Value>> {
+    let typed = |field: &deltalake::arrow::datatypes::Field, value: String| {
+        let data_type = lakefill_table::types::without_metadata(field.data_type())
+            .to_string()
+            .replace('\'', "''");
+        format!("arrow_cast({value}, '{data_type}')")
+    };
+    let values: Vec<_> = schema
+        .fields()
+        .iter()
+        .filter(|f| !lakefill_table::adjustments::is_lineage(f.name()))
+        .collect();
+    // Every side's rows in the staged files' types, hashed: the reversals with their measures
+    // negated back (the old rows they take back).
+    let side = |table: &str, filter: &str, unnegate: bool| {
+        let row: Vec<String> = values
+            .iter()
+            .map(|field| {
+                let column = ident(field.name());
+                let value = if unnegate && measures.contains(field.name()) {
+                    format!("-({column})")
+                } else {
+                    column
+                };
+                format!("{} AS {}", typed(field, value), ident(field.name()))
+            })
+            .collect();
+        let names: Vec<String> = values.iter().map(|f| f.name().clone()).collect();
+        let mut select: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
+        select.push(format!("{} AS __lf_h", check_hash_sql(&names)));
+        format!(
+            "SELECT {} FROM (SELECT {} FROM {table}{filter})",
+            select.join(", "),
+            row.join(", ")
+        )
+    };
+    let kind = ident(KIND_COLUMN);
+    let partition: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
+    // Each side apart (a union of sides would mix the columns' metadata, which a column-mapped
+    // table's rows carry on one side only): per partition, rows and the exact sum of hashes.
+    let mut balance: std::collections::BTreeMap<Vec<Option<String>>, (i64, i128)> =
+        std::collections::BTreeMap::new();
+    for (table, weight, filter, unnegate) in [
+        ("previous", 1, String::new(), false),
+        (
+            "adjustments",
+            -1,
+            format!(" WHERE {kind} = '{REVERSAL}'"),
+            true,
+        ),
+        (
+            "adjustments",
+            1,
+            format!(" WHERE {kind} <> '{REVERSAL}'"),
+            false,
+        ),
+        ("output", -1, String::new(), false),
+    ] {
+        let shown: Vec<String> = partition
+            .iter()
+            .map(|c| format!("CAST({c} AS VARCHAR) AS {c}"))
+            .chain([
+                "COUNT(*) AS __lf_rows".to_string(),
+                "SUM(CAST(__lf_h AS DECIMAL(38, 0))) AS __lf_sum".to_string(),
+            ])
+            .collect();
+        let group_by = if partition.is_empty() {
+            String::new()
+        } else {
+            format!(" GROUP BY {}", partition.join(", "))
+        };
+        let sql = format!(
+            "SELECT {} FROM ({}){group_by}",
+            shown.join(", "),
+            side(table, &filter, unnegate)
+        );
+        tracing::debug!(%sql, "summing a side of the adjustments' proof");
+        let context = || "cannot check that the adjustments conserve the new rows".to_string();
+        let batches = ctx
+            .sql(&sql)
+            .await
+            .query_context(context)?
+            .collect()
+            .await
+            .query_context(context)?;
+        for batch in &batches {
+            let rows = batch.column(partition.len()).as_primitive::<Int64Type>();
+            let sums = batch
+                .column(partition.len() + 1)
+                .as_primitive::<Decimal128Type>();
+            let texts = (0..partition.len())
+                .map(|i| deltalake::arrow::compute::cast(batch.column(i), &DataType::Utf8))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| lakefill_table::error::Error::Internal(e.to_string()))?;
+            for row in 0..batch.num_rows() {
+                let values = texts
+                    .iter()
+                    .map(|column| {
+                        let column = column.as_string::<i32>();
+                        column.is_valid(row).then(|| column.value(row).to_string())
+                    })
+                    .collect();
+                let entry = balance.entry(values).or_default();
+                entry.0 += weight * rows.value(row);
+                entry.1 += i128::from(weight)
+                    * if sums.is_valid(row) {
+                        sums.value(row)
+                    } else {
+                        0
+                    };
+            }
+        }
+    }
+    let mut differing = Vec::new();
+    let mut more = 0;
+    for (values, (rows, sum)) in balance {
+        if rows == 0 && sum == 0 {
+            continue;
+        }
+        if differing.len() >= sample.max(1) {
+            more += 1;
+            continue;
+        }
+        let mut object = serde_json::Map::new();
+        for (column, value) in partition_columns.iter().zip(values) {
+            object.insert(column.clone(), json!(value));
+        }
+        object.insert("rows_not_accounted_for".into(), json!(rows));
+        object.insert("values_differ".into(), json!(sum != 0));
+        differing.push(serde_json::Value::Object(object));
+    }
+    if more > 0 {
+        differing.push(json!({"more_partitions": more}));
+    }
+    Ok(differing)
+}
+
+/// The rows of `batches` as JSON objects of their values as text: at most `sample` (at least
+/// one), then a count of the rest.
+fn sampled(batches: &[RecordBatch], sample: usize) -> Vec<serde_json::Value> {
+    let mut failures = Vec::new();
+    for batch in batches {
+        for row in 0..batch.num_rows() {
+            if failures.len() >= sample.max(1) {
+                break;
+            }
+            let mut object = serde_json::Map::new();
+            for (i, field) in batch.schema().fields().iter().enumerate() {
+                let value =
+                    deltalake::arrow::util::display::array_value_to_string(batch.column(i), row)
+                        .unwrap_or_default();
+                object.insert(field.name().clone(), json!(value));
+            }
+            failures.push(serde_json::Value::Object(object));
+        }
+    }
+    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
+    if total > failures.len() {
+        failures.push(json!({"more": total - failures.len()}));
+    }
+    failures
+}
+
+/// Per partition and key, the old net rows plus the adjustments against the new rows, in rows
+/// (a reversal counts -1) and in every measure (exactly for integers and decimals, to a relative
+/// 1e-9 for floats).
+async fn conservation_by_key(
     ctx: &SessionContext,
     schema: &Schema,
     group: &[String],
     measures: &[String],
     sample: usize,
 ) -> Result<CheckResult> {
-    let name = "adjustments conserve";
     let group_list: Vec<String> = group.iter().map(|c| ident(c)).collect();
     let group_list = group_list.join(", ");
     let float = |m: &String| {
@@ -126,27 +340,13 @@ pub(crate) async fn conservation_check(
         .collect()
         .await
         .query_context(|| "cannot check that the adjustments conserve the new rows".into())?;
-    let mut failures = Vec::new();
-    for batch in &batches {
-        for row in 0..batch.num_rows() {
-            if failures.len() >= sample.max(1) {
-                break;
-            }
-            let mut object = serde_json::Map::new();
-            for (i, field) in batch.schema().fields().iter().enumerate() {
-                let value =
-                    deltalake::arrow::util::display::array_value_to_string(batch.column(i), row)
-                        .unwrap_or_default();
-                object.insert(field.name().clone(), json!(value));
-            }
-            failures.push(serde_json::Value::Object(object));
-        }
+    let mut failures = sampled(&batches, sample);
+    if let Some(serde_json::Value::Object(more)) = failures.last_mut()
+        && let Some(count) = more.remove("more")
+    {
+        more.insert("more_keys".into(), count);
     }
-    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-    if total > failures.len() {
-        failures.push(json!({"more_keys": total - failures.len()}));
-    }
-    Ok(CheckResult::new(name, failures, Vec::new()))
+    Ok(CheckResult::new(CONSERVE, failures, Vec::new()))
 }
 
 /// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
@@ -188,38 +388,32 @@ pub(crate) async fn stage(
             &new_rows.files,
             report.run_id.as_str(),
         )?;
-        let sql = adjustments_sql(
+        let adjustments = adjustment_rows(
+            &ctx,
             "__lf_old",
             "__lf_new",
             &write_schema,
             &measures,
             report.run_id.as_str(),
             report.reason.as_deref(),
-        );
-        let df = ctx
-            .sql(&sql)
-            .await
-            .query_context(|| "cannot plan the adjustment rows".into())?;
-        let record = lakefill_recompute::stage::write_batch(
+        )
+        .await?;
+        let produced: Vec<String> = write_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let record = lakefill_recompute::stage::write_stream(
             plan,
             batch,
-            df,
+            adjustments.rows,
+            &produced,
             Arc::clone(&write_schema),
             Arc::clone(&store),
             None,
         )
         .await?;
-        // Count them from what was written.
-        StagedTable::register_as(
-            &ctx,
-            "__lf_adjustments",
-            &plan.target,
-            &write_schema,
-            &layout.partition_columns,
-            &record.files,
-            &format!("{}-adjustments", report.run_id),
-        )?;
-        let batch_counts = counts(&ctx, "__lf_adjustments").await?;
+        let batch_counts = adjustments.counts.counts();
         counted.reversals += batch_counts.reversals;
         counted.corrections += batch_counts.corrections;
         tracing::debug!(
@@ -268,4 +462,115 @@ pub(crate) async fn check_adjusted_unchanged(
                 .join(", ")
         ))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{ArrayRef, Int64Array, StringArray};
+    use deltalake::arrow::datatypes::Field;
+    use deltalake::datafusion::datasource::MemTable;
+
+    /// (day, id, country, amount, kind)
+    type Row = (&'static str, i64, &'static str, i64, Option<&'static str>);
+
+    fn schema() -> Arc<Schema> {
+        Arc::new(Schema::new(vec![
+            Field::new("day", DataType::Utf8, false),
+            Field::new("id", DataType::Int64, false),
+            Field::new("country", DataType::Utf8, true),
+            Field::new("amount", DataType::Int64, true),
+            Field::new("_lakefill_run_id", DataType::Utf8, true),
+            Field::new("_lakefill_kind", DataType::Utf8, true),
+            Field::new("_lakefill_reason", DataType::Utf8, true),
+        ]))
+    }
+
+    fn register(ctx: &SessionContext, name: &str, rows: &[Row]) {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.3).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(vec![Some("run"); rows.len()])),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.4).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(vec![None::<&str>; rows.len()])),
+        ];
+        let batch = RecordBatch::try_new(schema(), columns).expect("batch");
+        let table = MemTable::try_new(schema(), vec![vec![batch]]).expect("table");
+        ctx.register_table(name, Arc::new(table)).expect("register");
+    }
+
+    async fn check(adjustments: &[Row]) -> CheckResult {
+        let ctx = SessionContext::new();
+        lakefill_table::rowhash::register_hash_functions(&ctx);
+        let old: [Row; 3] = [
+            ("d1", 1, "DE", 10, None),
+            ("d1", 2, "FR", 20, None),
+            ("d2", 3, "DE", 30, None),
+        ];
+        // The fix: id 2 is 25, id 3 moves to d1.
+        let new: [Row; 3] = [
+            ("d1", 1, "DE", 10, None),
+            ("d1", 2, "FR", 25, None),
+            ("d1", 3, "DE", 30, None),
+        ];
+        register(&ctx, "previous", &old);
+        register(&ctx, "output", &new);
+        register(&ctx, "adjustments", adjustments);
+        conservation_check(
+            &ctx,
+            &schema(),
+            &["day".to_string()],
+            &["id".to_string()],
+            &["amount".to_string()],
+            5,
+        )
+        .await
+        .expect("check")
+    }
+
+    #[tokio::test]
+    async fn the_proof_fails_for_adjustments_that_do_not_take_the_old_rows_to_the_new() {
+        let right: [Row; 4] = [
+            ("d1", 2, "FR", -20, Some(REVERSAL)),
+            ("d1", 2, "FR", 25, Some("correction")),
+            ("d2", 3, "DE", -30, Some(REVERSAL)),
+            ("d1", 3, "DE", 30, Some("correction")),
+        ];
+        let passed = check(&right).await;
+        assert!(passed.passed, "{:?}", passed.failures);
+        // A correction left out: key 3 is missing on d1.
+        let missing = check(&right[..3]).await;
+        assert!(!missing.passed);
+        assert_eq!(missing.failures.len(), 1, "{:?}", missing.failures);
+        assert_eq!(missing.failures[0]["id"], "3");
+        assert_eq!(missing.failures[0]["old_plus_adjustment_rows"], "0");
+        // Every key adds up, but the reversal is of a row that was never there (another
+        // country): the net rows after the publish would not be the new rows.
+        let mut wrong = right;
+        wrong[0].2 = "DE";
+        let reported = check(&wrong).await;
+        assert!(!reported.passed);
+        assert_eq!(
+            reported.failures,
+            vec![json!({"day": "d1", "rows_not_accounted_for": 0, "values_differ": true})]
+        );
+        // A measure not negated: sums differ per key.
+        let mut unnegated = right;
+        unnegated[0].3 = 20;
+        let reported = check(&unnegated).await;
+        assert!(!reported.passed);
+        assert_eq!(reported.failures[0]["id"], "2");
+    }
 }

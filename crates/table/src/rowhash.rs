@@ -293,6 +293,13 @@ fn rounded(columns: &[ArrayRef], places: u32) -> Result<Vec<ArrayRef>> {
         .collect()
 }
 
+/// The SQL name of the check hash function: a row hash independent of [`hash_rows`], for
+/// proofs about what was built with it.
+const CHECK_HASH_FUNCTION: &str = "lakefill_check_hash";
+
+/// The value hashes of the check hash, seeded apart from [`STATE`] and the key hashes'.
+const CHECK_STATE: RandomState = RandomState::with_seed(0x6368_6563_6b5f_6873);
+
 /// The SQL name of the key hash functions, before `_0` or `_1`.
 const KEY_HASH_FUNCTION: &str = "lakefill_key_hash";
 
@@ -354,10 +361,13 @@ enum HashKind {
     Row,
     /// One half (0 or 1) of [`key_hashes`] of the arguments, NULL when any is NULL.
     KeyHalf(usize),
+    /// The check hash of the arguments ([`check_hash_sql`]).
+    Check,
 }
 
-/// `lakefill_row_hash(col, ...)`, `lakefill_key_hash_0(col, ...)` and `lakefill_key_hash_1(col,
-/// ...)`: the row hash and the two halves of the key hash, as `UInt64`s.
+/// `lakefill_row_hash(col, ...)`, `lakefill_key_hash_0(col, ...)`, `lakefill_key_hash_1(col,
+/// ...)` and `lakefill_check_hash(col, ...)`: the row hash, the two halves of the key hash and
+/// the check hash, as `UInt64`s.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct HashUdf {
     kind: HashKind,
@@ -391,6 +401,7 @@ pub fn register_hash_functions_rounding(
         (HashKind::Row, ROW_HASH_FUNCTION.to_string()),
         (HashKind::KeyHalf(0), format!("{KEY_HASH_FUNCTION}_0")),
         (HashKind::KeyHalf(1), format!("{KEY_HASH_FUNCTION}_1")),
+        (HashKind::Check, CHECK_HASH_FUNCTION.to_string()),
     ] {
         ctx.register_udf(ScalarUDF::from(HashUdf {
             kind,
@@ -424,6 +435,8 @@ impl ScalarUDFImpl for HashUdf {
             }
             .map(UInt64Array::from),
             HashKind::KeyHalf(half) => key_hashes(half, &columns, rows),
+            // Never rounded: a proof compares values as they are.
+            HashKind::Check => hash_rows_with(&CHECK_STATE, &columns, rows).map(UInt64Array::from),
         }
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
         Ok(ColumnarValue::Array(Arc::new(hashes)))
@@ -439,6 +452,17 @@ pub fn key_hash_sql(half: usize, columns: &[String]) -> String {
         half.min(1),
         columns.join(", ")
     )
+}
+
+/// The SQL expression of the check hash of a row's `columns`: like [`row_hash_sql`]'s, but
+/// independent of it and never rounding floats. The session must have the
+/// [hash functions](register_hash_functions) registered.
+pub fn check_hash_sql(columns: &[String]) -> String {
+    if columns.is_empty() {
+        return format!("arrow_cast({EMPTY_ROW_HASH}, 'UInt64')");
+    }
+    let columns: Vec<String> = columns.iter().map(|c| crate::sqltext::ident(c)).collect();
+    format!("{CHECK_HASH_FUNCTION}({})", columns.join(", "))
 }
 
 /// The SQL expression of the hash of a row's `columns` (the empty row's hash when there are

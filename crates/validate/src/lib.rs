@@ -18,6 +18,7 @@ pub mod compare;
 pub mod edges;
 pub mod feed;
 pub mod keymerge;
+pub mod multiset;
 pub mod net;
 pub mod report;
 pub mod rowdiff;

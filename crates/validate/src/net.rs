@@ -2,13 +2,24 @@
 //! row it reversed), the adjustment rows that take old net rows to new rows, and their counts.
 //! Used where the rows are read: a model's sources, validation, publishing.
 
-use deltalake::arrow::datatypes::Schema;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use deltalake::arrow::array::{ArrayRef, RecordBatch, StringArray};
+use deltalake::arrow::compute::cast;
+use deltalake::arrow::compute::kernels::numeric::neg;
+use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::datafusion::error::{DataFusionError, Result as DfResult};
+use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::datafusion::prelude::SessionContext;
+
+use crate::multiset::{Change, Shape, difference};
 
 use lakefill_table::adjustments::{
     AdjustmentCounts, CORRECTION, KIND_COLUMN, REASON_COLUMN, REVERSAL, RUN_ID_COLUMN, is_lineage,
 };
 use lakefill_table::error::{QueryContext, Result};
+use lakefill_table::rowhash::{register_hash_functions, row_hash_sql};
 use lakefill_table::sqltext::ident;
 
 /// The net rows of `rows` (a view of the table): every column of `schema` in order, the
@@ -54,97 +65,177 @@ pub fn net_sql(rows: &str, schema: &Schema, measures: &[String]) -> String {
         "CASE WHEN {} = '{REVERSAL}' THEN -1 ELSE 1 END",
         ident(KIND_COLUMN)
     );
-    let group_by = if grouped.is_empty() {
-        String::new()
-    } else {
-        format!(" GROUP BY {}", grouped.join(", "))
-    };
-    format!(
-        "SELECT {} FROM {rows}{group_by} HAVING SUM({weight}) > 0",
-        select.join(", ")
-    )
-}
-
-/// The adjustment rows that take the net rows `old` to the rows `new` (both views with every
-/// column of `schema`): reversals of the old rows that are not new rows, corrections for the new
-/// rows that are not old rows, each with the lineage columns.
-pub fn adjustments_sql(
-    old: &str,
-    new: &str,
-    schema: &Schema,
-    measures: &[String],
-    run_id: &str,
-    reason: Option<&str>,
-) -> String {
-    let values: Vec<String> = schema
+    if grouped.is_empty() {
+        return format!(
+            "SELECT {} FROM {rows} HAVING SUM({weight}) > 0",
+            select.join(", ")
+        );
+    }
+    // Only the rows an adjustment may net with are grouped: those alike but for the measures
+    // and the lineage with an adjustment row, found by a hash of those columns (a hash two
+    // groups share only sends a few more rows to the grouping). The others are their own net
+    // rows, as in a table no adjustment ever touched.
+    let kind = ident(KIND_COLUMN);
+    let plain: Vec<String> = schema
         .fields()
         .iter()
-        .map(|f| f.name().clone())
-        .filter(|name| !is_lineage(name))
-        .map(|name| ident(&name))
-        .collect();
-    let text = |value: &str| format!("'{}'", value.replace('\'', "''"));
-    let side = |kind: &str, negate: bool| -> String {
-        schema
-            .fields()
-            .iter()
-            .map(|field| {
-                let name = field.name();
+        .map(|field| {
+            let name = field.name();
+            if is_lineage(name) {
                 let data_type = lakefill_table::types::without_metadata(field.data_type())
                     .to_string()
                     .replace('\'', "''");
-                let value = match name.as_str() {
-                    RUN_ID_COLUMN => text(run_id),
-                    KIND_COLUMN => text(kind),
-                    REASON_COLUMN => reason.map_or_else(|| "NULL".to_string(), text),
-                    _ if negate && measures.contains(name) => format!("-({})", ident(name)),
-                    _ => ident(name),
-                };
-                format!("arrow_cast({value}, '{data_type}') AS {}", ident(name))
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let values = values.join(", ");
+                format!("arrow_cast(NULL, '{data_type}') AS {}", ident(name))
+            } else {
+                ident(name)
+            }
+        })
+        .collect();
+    let hash = row_hash_sql(
+        &schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|name| !is_lineage(name) && !measures.contains(name))
+            .collect::<Vec<_>>(),
+    );
     format!(
-        "SELECT {} FROM (SELECT {values} FROM {old} EXCEPT ALL SELECT {values} FROM {new}) \
+        "WITH __lf_rows AS (SELECT *, {hash} AS __lf_g FROM {rows}), \
+         __lf_adjusted AS (SELECT DISTINCT __lf_g FROM __lf_rows WHERE {kind} IS NOT NULL) \
+         SELECT {plain} FROM __lf_rows LEFT ANTI JOIN __lf_adjusted \
+         ON __lf_rows.__lf_g = __lf_adjusted.__lf_g WHERE {kind} IS NULL \
          UNION ALL \
-         SELECT {} FROM (SELECT {values} FROM {new} EXCEPT ALL SELECT {values} FROM {old})",
-        side(REVERSAL, true),
-        side(CORRECTION, false)
+         SELECT {select} FROM __lf_rows LEFT SEMI JOIN __lf_adjusted \
+         ON __lf_rows.__lf_g = __lf_adjusted.__lf_g GROUP BY {group_by} HAVING SUM({weight}) > 0",
+        plain = plain.join(", "),
+        select = select.join(", "),
+        group_by = grouped.join(", "),
     )
 }
 
-/// Counts the reversals and corrections of `adjustments` (a registered view).
-pub async fn counts(ctx: &SessionContext, adjustments: &str) -> Result<AdjustmentCounts> {
-    let batches = ctx
-        .sql(&format!(
-            "SELECT CAST(COALESCE(SUM(CASE WHEN {0} = '{REVERSAL}' THEN 1 ELSE 0 END), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(CASE WHEN {0} = '{CORRECTION}' THEN 1 ELSE 0 END), 0) AS BIGINT) \
-             FROM {adjustments}",
-            ident(KIND_COLUMN)
-        ))
-        .await
-        .query_context(|| "cannot count the adjustments".into())?
-        .collect()
-        .await
-        .query_context(|| "cannot count the adjustments".into())?;
-    let value = |column: usize| -> u64 {
-        batches
+/// The adjustment rows that take the net rows `old` to the rows `new` (both registered views
+/// with every column of `schema` but the lineage columns), in `schema`: a reversal (the measures
+/// negated) of each old row that is not among the new rows, a correction for each new row that
+/// is not among the old rows (a [`multiset`](crate::multiset) difference of whole rows), each
+/// with the lineage columns. `counts` holds how many of each kind once the stream has ended.
+pub async fn adjustment_rows(
+    ctx: &SessionContext,
+    old: &str,
+    new: &str,
+    schema: &SchemaRef,
+    measures: &[String],
+    run_id: &str,
+    reason: Option<&str>,
+) -> Result<Adjustments> {
+    // Both sides in the schema's columns and types.
+    let values: Vec<&Field> = schema
+        .fields()
+        .iter()
+        .filter(|f| !is_lineage(f.name()))
+        .map(AsRef::as_ref)
+        .collect();
+    let side = |table: &str| {
+        let table = table.to_string();
+        let select: Vec<String> = values
             .iter()
-            .find(|b| b.num_rows() > 0)
-            .and_then(|b| {
-                b.column(column)
-                    .as_any()
-                    .downcast_ref::<deltalake::arrow::array::Int64Array>()
-                    .map(|a| u64::try_from(a.value(0)).unwrap_or(0))
+            .map(|field| {
+                let data_type = lakefill_table::types::without_metadata(field.data_type())
+                    .to_string()
+                    .replace('\'', "''");
+                format!("arrow_cast({0}, '{data_type}') AS {0}", ident(field.name()))
             })
-            .unwrap_or(0)
+            .collect();
+        async move {
+            ctx.sql(&format!(
+                "SELECT {} FROM {}",
+                select.join(", "),
+                ident(&table)
+            ))
+            .await
+            .query_context(|| format!("cannot read the {table} rows of the adjustments"))
+        }
     };
-    Ok(AdjustmentCounts {
-        reversals: value(0),
-        corrections: value(1),
+    let (old, new) = (side(old).await?, side(new).await?);
+    let counts = Arc::new(AdjustmentTally::default());
+    let tally = Arc::clone(&counts);
+    let out = Arc::clone(schema);
+    let measures = measures.to_vec();
+    let (run_id, reason) = (run_id.to_string(), reason.map(str::to_string));
+    let shape: Shape = Arc::new(move |change, rows: RecordBatch| {
+        let (kind, negate) = match change {
+            Change::Removed => {
+                tally
+                    .reversals
+                    .fetch_add(rows.num_rows() as u64, Ordering::Relaxed);
+                (REVERSAL, true)
+            }
+            Change::Added => {
+                tally
+                    .corrections
+                    .fetch_add(rows.num_rows() as u64, Ordering::Relaxed);
+                (CORRECTION, false)
+            }
+        };
+        let text = |value: Option<&str>| -> ArrayRef {
+            Arc::new(StringArray::from(vec![value; rows.num_rows()]))
+        };
+        let columns = out
+            .fields()
+            .iter()
+            .map(|field| {
+                let column = match field.name().as_str() {
+                    RUN_ID_COLUMN => text(Some(&run_id)),
+                    KIND_COLUMN => text(Some(kind)),
+                    REASON_COLUMN => text(reason.as_deref()),
+                    name => {
+                        let column = rows.column_by_name(name).ok_or_else(|| {
+                            DataFusionError::Internal(format!("no column `{name}` in the rows"))
+                        })?;
+                        if negate && measures.iter().any(|m| m == name) {
+                            neg(column)?
+                        } else {
+                            Arc::clone(column)
+                        }
+                    }
+                };
+                Ok(if column.data_type() == field.data_type() {
+                    column
+                } else {
+                    cast(&column, field.data_type())?
+                })
+            })
+            .collect::<DfResult<Vec<ArrayRef>>>()?;
+        Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+    });
+    Ok(Adjustments {
+        rows: difference(old, new, Arc::clone(schema), shape),
+        counts,
     })
+}
+
+/// The adjustment rows of a run, as they stream.
+pub struct Adjustments {
+    /// Reversals, then corrections.
+    pub rows: SendableRecordBatchStream,
+    /// How many of each kind the stream gave.
+    pub counts: Arc<AdjustmentTally>,
+}
+
+/// Reversals and corrections counted as they stream.
+#[derive(Debug, Default)]
+pub struct AdjustmentTally {
+    reversals: AtomicU64,
+    corrections: AtomicU64,
+}
+
+impl AdjustmentTally {
+    /// The counts so far.
+    pub fn counts(&self) -> AdjustmentCounts {
+        AdjustmentCounts {
+            reversals: self.reversals.load(Ordering::Relaxed),
+            corrections: self.corrections.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Registers `name` in `ctx` as the net rows of the view `rows`.
@@ -155,6 +246,7 @@ pub async fn register_net(
     schema: &Schema,
     measures: &[String],
 ) -> Result<()> {
+    register_hash_functions(ctx);
     let df = ctx
         .sql(&net_sql(rows, schema, measures))
         .await

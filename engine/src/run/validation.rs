@@ -405,14 +405,15 @@ async fn adjustments_conserved(
         &adds,
         &journal.run_id,
     )?;
-    let mut group = layout.partition_columns.clone();
-    for key in &rules.key {
-        if !group.contains(key) {
-            group.push(key.clone());
-        }
-    }
-    crate::adjust::conservation_check(ctx, write_schema, &group, &rules.summed_measures(), sample)
-        .await
+    crate::adjust::conservation_check(
+        ctx,
+        write_schema,
+        &layout.partition_columns,
+        &rules.key,
+        &rules.summed_measures(),
+        sample,
+    )
+    .await
 }
 
 /// What staging knows of the new rows without reading them: per partition their counts, measure

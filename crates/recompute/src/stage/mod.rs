@@ -253,7 +253,31 @@ pub async fn write_batch(
             batch.end
         )
     })?;
-    let spec = WriteSpec::of(plan, batch).assigning_identity(plan, &produced);
+    write_stream(
+        plan,
+        batch,
+        stream,
+        &produced,
+        target_schema,
+        store,
+        capture,
+    )
+    .await
+}
+
+/// Stages the rows of `stream` (of `target_schema`) for `batch`, like [`write_batch`] does the
+/// rows of a query; `produced`: the columns the rows came with (an identity column left out is
+/// assigned).
+pub async fn write_stream(
+    plan: &BackfillPlan,
+    batch: &BatchPlan,
+    stream: SendableRecordBatchStream,
+    produced: &[String],
+    target_schema: SchemaRef,
+    store: Arc<dyn deltalake::ObjectStore>,
+    capture: Option<&Arc<Capture>>,
+) -> Result<BatchRecord> {
+    let spec = WriteSpec::of(plan, batch).assigning_identity(plan, produced);
     // The rows are routed, encoded and written on a task of their own: batches staged side by
     // side then encode on every core, where polled from the run's own task they took turns on
     // one thread (the runtime's other threads waiting on them).

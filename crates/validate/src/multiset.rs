@@ -1,0 +1,309 @@
+//! The multiset difference of two sets of whole rows, streamed: the old rows that are not among
+//! the new rows (removed) and the new rows that are not among the old (added), each row counted
+//! as often as it occurs. Adjustments are built on it (a reversal per removed row, a correction
+//! per added one).
+//!
+//! Rows are matched by a 64-bit hash of every column ([`lakefill_table::rowhash::hash_rows`],
+//! which hashes a value alike in every Arrow flavour of it). Three passes, with no join and no
+//! sort:
+//!
+//! 1. the new rows are counted by hash;
+//! 2. the old rows stream through: one whose hash has a count left uses one up (it is among the
+//!    new rows), the others are removed;
+//! 3. the new rows stream again: one whose hash still has a count left uses one up and is added.
+//!
+//! Memory holds one entry per distinct new row (a hash and a count), never the rows. Two
+//! different rows with one hash would be taken for the same row, a chance of about 2⁻⁶⁴ per
+//! pair; callers prove what they build on the difference independently (adjustments: the
+//! conservation check of validation, with other hashes).
+//!
+//! Written by hand because DataFusion's `EXCEPT ALL` is an anti join: an old row that occurs
+//! twice, and once among the new rows, is matched by it both times (so it is not removed once),
+//! and every column of every row is hashed and compared in the join's table.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex};
+
+use deltalake::arrow::array::{BooleanArray, RecordBatch};
+use deltalake::arrow::compute::filter_record_batch;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::error::{DataFusionError, Result as DfResult};
+use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use deltalake::datafusion::prelude::DataFrame;
+use futures::{StreamExt, TryStreamExt};
+
+use lakefill_table::rowhash::hash_rows;
+
+/// Which side a row of the difference comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// An old row that is not among the new rows.
+    Removed,
+    /// A new row that is not among the old rows.
+    Added,
+}
+
+/// Turns the rows of a [`Change`] (in the sides' columns) into the output's rows.
+pub type Shape = Arc<dyn Fn(Change, RecordBatch) -> DfResult<RecordBatch> + Send + Sync>;
+
+/// The removed rows of `old`, then the added rows of `new`, each batch passed through `shape`
+/// into a stream of `schema`. `old` and `new` have the same columns in the same order (their
+/// Arrow flavours may differ); `new` is executed twice.
+pub fn difference(
+    old: DataFrame,
+    new: DataFrame,
+    schema: SchemaRef,
+    shape: Shape,
+) -> SendableRecordBatchStream {
+    let rows = futures::stream::once(async move {
+        let counts = Arc::new(Mutex::new(count(new.clone()).await?));
+        let removed = {
+            let (counts, shape) = (Arc::clone(&counts), Arc::clone(&shape));
+            pass(old, move |hash| {
+                let mut counts = counts.lock().expect("the counts are never poisoned");
+                // Among the new rows: it uses one of them up.
+                !take(&mut counts, hash)
+            })
+            .and_then(move |batch| {
+                let shape = Arc::clone(&shape);
+                async move { shape(Change::Removed, batch) }
+            })
+        };
+        let added = pass(new, move |hash| {
+            let mut counts = counts.lock().expect("the counts are never poisoned");
+            take(&mut counts, hash)
+        })
+        .and_then(move |batch| {
+            let shape = Arc::clone(&shape);
+            async move { shape(Change::Added, batch) }
+        });
+        Ok::<_, DataFusionError>(removed.chain(added))
+    })
+    .try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
+}
+
+/// The rows of each hash's new rows not yet used up.
+type Counts = HashMap<u64, u32, BuildHasherDefault<Prehashed>>;
+
+/// Uses up one row of `hash`; whether there was one.
+fn take(counts: &mut Counts, hash: u64) -> bool {
+    match counts.get_mut(&hash) {
+        Some(left) if *left > 0 => {
+            *left -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The rows of `rows` counted by hash.
+async fn count(rows: DataFrame) -> DfResult<Counts> {
+    let mut counts = Counts::default();
+    let mut stream = rows.execute_stream().await?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        for hash in hashes(&batch)? {
+            *counts.entry(hash).or_insert(0) += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// The rows of `rows` for which `keep` (called with each row's hash, in order) says so; empty
+/// batches left out. The rows are read when the stream is first polled.
+fn pass(
+    rows: DataFrame,
+    mut keep: impl FnMut(u64) -> bool + Send + 'static,
+) -> impl futures::Stream<Item = DfResult<RecordBatch>> + Send {
+    futures::stream::once(async move { rows.execute_stream().await })
+        .try_flatten()
+        .and_then(move |batch| {
+            let kept = hashes(&batch).map(|hashes| {
+                BooleanArray::from(hashes.into_iter().map(&mut keep).collect::<Vec<bool>>())
+            });
+            async move { Ok(filter_record_batch(&batch, &kept?)?) }
+        })
+        .try_filter(|batch| futures::future::ready(batch.num_rows() > 0))
+}
+
+fn hashes(batch: &RecordBatch) -> DfResult<Vec<u64>> {
+    hash_rows(batch.columns(), batch.num_rows()).map_err(|e| DataFusionError::External(e.into()))
+}
+
+/// The hasher of keys that are hashes already: the key is its own hash.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed (`write_u64`); any other use folds its bytes in.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Array, AsArray, Int64Array, StringArray, StringViewArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use deltalake::datafusion::datasource::MemTable;
+    use deltalake::datafusion::prelude::SessionContext;
+
+    fn frame(ctx: &SessionContext, rows: &[(Option<i64>, &str)], view: bool) -> DataFrame {
+        let text = if view {
+            DataType::Utf8View
+        } else {
+            DataType::Utf8
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("v", text, true),
+        ]));
+        let values: Vec<&str> = rows.iter().map(|r| r.1).collect();
+        let strings: deltalake::arrow::array::ArrayRef = if view {
+            Arc::new(StringViewArray::from(values))
+        } else {
+            Arc::new(StringArray::from(values))
+        };
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(
+                    rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+                )),
+                strings,
+            ],
+        )
+        .expect("batch");
+        // Two partitions: the passes read more than one stream of batches.
+        let half = batch.num_rows() / 2;
+        let parts = vec![
+            vec![batch.slice(0, half)],
+            vec![batch.slice(half, batch.num_rows() - half)],
+        ];
+        let provider = MemTable::try_new(schema, parts).expect("table");
+        ctx.read_table(Arc::new(provider)).expect("frame")
+    }
+
+    async fn diff(
+        old: &[(Option<i64>, &str)],
+        new: &[(Option<i64>, &str)],
+    ) -> Vec<(String, Option<i64>, String)> {
+        let ctx = SessionContext::new();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("change", DataType::Utf8, false),
+            Field::new("id", DataType::Int64, true),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        let out = Arc::clone(&schema);
+        let shape: Shape = Arc::new(move |change, batch: RecordBatch| {
+            let label = format!("{change:?}");
+            let v = deltalake::arrow::compute::cast(batch.column(1), &DataType::Utf8)?;
+            Ok(RecordBatch::try_new(
+                Arc::clone(&out),
+                vec![
+                    Arc::new(StringArray::from(vec![label; batch.num_rows()])),
+                    Arc::clone(batch.column(0)),
+                    v,
+                ],
+            )?)
+        });
+        let batches: Vec<RecordBatch> = difference(
+            frame(&ctx, old, false),
+            frame(&ctx, new, true),
+            schema,
+            shape,
+        )
+        .try_collect()
+        .await
+        .expect("difference");
+        let mut rows = Vec::new();
+        for batch in &batches {
+            let ids = batch.column(1).as_primitive::<Int64Type>();
+            for row in 0..batch.num_rows() {
+                rows.push((
+                    batch.column(0).as_string::<i32>().value(row).to_string(),
+                    ids.is_valid(row).then(|| ids.value(row)),
+                    batch.column(2).as_string::<i32>().value(row).to_string(),
+                ));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    fn row(change: &str, id: Option<i64>, v: &str) -> (String, Option<i64>, String) {
+        (change.to_string(), id, v.to_string())
+    }
+
+    #[tokio::test]
+    async fn rows_are_counted_as_often_as_they_occur() {
+        // The same rows in another order (and another string flavour): no difference.
+        let rows = [(Some(1), "a"), (Some(2), "b"), (None, "c"), (Some(2), "b")];
+        let reordered = [(Some(2), "b"), (None, "c"), (Some(2), "b"), (Some(1), "a")];
+        assert!(diff(&rows, &reordered).await.is_empty());
+        // A row twice on the old side and once on the new one is removed once; EXCEPT ALL as
+        // DataFusion plans it (an anti join) would remove it never.
+        assert_eq!(
+            diff(
+                &[(Some(1), "a"), (Some(1), "a"), (Some(2), "b")],
+                &[(Some(1), "a"), (Some(2), "b")]
+            )
+            .await,
+            vec![row("Removed", Some(1), "a")]
+        );
+        // And the other way round: added once.
+        assert_eq!(
+            diff(&[(Some(1), "a")], &[(Some(1), "a"), (Some(1), "a")]).await,
+            vec![row("Added", Some(1), "a")]
+        );
+        // A changed value, a NULL key, a row only on each side.
+        assert_eq!(
+            diff(
+                &[
+                    (Some(1), "a"),
+                    (None, "x"),
+                    (Some(3), "gone"),
+                    (Some(4), "same")
+                ],
+                &[
+                    (Some(1), "A"),
+                    (None, "y"),
+                    (Some(5), "new"),
+                    (Some(4), "same")
+                ],
+            )
+            .await,
+            vec![
+                row("Added", None, "y"),
+                row("Added", Some(1), "A"),
+                row("Added", Some(5), "new"),
+                row("Removed", None, "x"),
+                row("Removed", Some(1), "a"),
+                row("Removed", Some(3), "gone"),
+            ]
+        );
+        // One side empty.
+        assert_eq!(
+            diff(&[], &[(Some(1), "a"), (Some(1), "a")]).await,
+            vec![row("Added", Some(1), "a"), row("Added", Some(1), "a")]
+        );
+        assert_eq!(
+            diff(&[(Some(7), "z")], &[]).await,
+            vec![row("Removed", Some(7), "z")]
+        );
+    }
+}
