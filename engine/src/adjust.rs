@@ -356,75 +356,106 @@ pub(crate) async fn stage(
     batches: &[lakefill_log::journal::BatchRecord],
     resources: &lakefill_table::resources::Resources,
     store: Arc<dyn deltalake::ObjectStore>,
+    max_parallel: usize,
 ) -> Result<(Vec<lakefill_log::journal::BatchRecord>, AdjustmentCounts)> {
-    let report = &plan.report;
-    let layout = &report.layout;
+    use futures::{StreamExt as _, TryStreamExt as _};
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
-    let measures = plan.rules.summed_measures();
-    let mut records = Vec::with_capacity(batches.len());
+    // Batches side by side, as staging runs them: each difference is one thread's work.
+    // (Futures made first, then buffered: a stream holding the closure is not `Send` for
+    // every lifetime the runner's future needs.)
+    let batch_futures: Vec<_> = batches
+        .iter()
+        .map(|new_rows| {
+            Box::pin(stage_batch(
+                plan,
+                new_rows,
+                resources,
+                &store,
+                &write_schema,
+            ))
+        })
+        .collect();
+    let staged: Vec<_> = futures::stream::iter(batch_futures)
+        .buffered(max_parallel.max(1))
+        .try_collect()
+        .await?;
     let mut counted = AdjustmentCounts::default();
-    for new_rows in batches {
-        let Some(batch) = report.batches.iter().find(|b| b.index == new_rows.index) else {
-            return Err(lakefill_table::error::Error::Internal(format!(
-                "staged batch {} is not in the plan",
-                new_rows.index
-            )));
-        };
-        let ctx = resources.session();
-        let periods = lakefill_table::partition::PartitionRange {
-            from: batch.start.clone(),
-            to: batch.end.clone(),
-            grain: report.range.grain,
-            include_null: false,
-            rows: None,
-        };
-        register_net_rows(&ctx, "__lf_old", plan, &periods).await?;
-        StagedTable::register_as(
-            &ctx,
-            "__lf_new",
-            &plan.target,
-            &write_schema,
-            &layout.partition_columns,
-            &new_rows.files,
-            report.run_id.as_str(),
-        )?;
-        let adjustments = adjustment_rows(
-            &ctx,
-            "__lf_old",
-            "__lf_new",
-            &write_schema,
-            &measures,
-            report.run_id.as_str(),
-            report.reason.as_deref(),
-        )
-        .await?;
-        let produced: Vec<String> = write_schema
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        let record = lakefill_recompute::stage::write_stream(
-            plan,
-            batch,
-            adjustments.rows,
-            &produced,
-            Arc::clone(&write_schema),
-            Arc::clone(&store),
-            None,
-        )
-        .await?;
-        let batch_counts = adjustments.counts.counts();
-        counted.reversals += batch_counts.reversals;
-        counted.corrections += batch_counts.corrections;
-        tracing::debug!(
-            batch = batch.index,
-            reversals = batch_counts.reversals,
-            corrections = batch_counts.corrections,
-            "staged adjustments"
-        );
+    let mut records = Vec::with_capacity(staged.len());
+    for (record, counts) in staged {
+        counted.reversals += counts.reversals;
+        counted.corrections += counts.corrections;
         records.push(record);
     }
     Ok((records, counted))
+}
+
+/// Stages the adjustment rows of one batch of new rows.
+async fn stage_batch(
+    plan: &lakefill_recompute::plan::BackfillPlan,
+    new_rows: &lakefill_log::journal::BatchRecord,
+    resources: &lakefill_table::resources::Resources,
+    store: &Arc<dyn deltalake::ObjectStore>,
+    write_schema: &Arc<Schema>,
+) -> Result<(lakefill_log::journal::BatchRecord, AdjustmentCounts)> {
+    let report = &plan.report;
+    let layout = &report.layout;
+    let Some(batch) = report.batches.iter().find(|b| b.index == new_rows.index) else {
+        return Err(lakefill_table::error::Error::Internal(format!(
+            "staged batch {} is not in the plan",
+            new_rows.index
+        )));
+    };
+    let ctx = resources.session();
+    let periods = lakefill_table::partition::PartitionRange {
+        from: batch.start.clone(),
+        to: batch.end.clone(),
+        grain: report.range.grain,
+        include_null: false,
+        rows: None,
+    };
+    register_net_rows(&ctx, "__lf_old", plan, &periods).await?;
+    StagedTable::register_as(
+        &ctx,
+        "__lf_new",
+        &plan.target,
+        write_schema,
+        &layout.partition_columns,
+        &new_rows.files,
+        report.run_id.as_str(),
+    )?;
+    let adjustments = adjustment_rows(
+        &ctx,
+        "__lf_old",
+        "__lf_new",
+        write_schema,
+        &plan.rules.summed_measures(),
+        report.run_id.as_str(),
+        report.reason.as_deref(),
+    )
+    .await?;
+    let produced: Vec<String> = write_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let record = lakefill_recompute::stage::write_stream(
+        plan,
+        batch,
+        adjustments.rows,
+        &produced,
+        Arc::clone(write_schema),
+        Arc::clone(store),
+        None,
+    )
+    .await?;
+    let counts = adjustments.counts.counts();
+    tracing::debug!(
+        batch = batch.index,
+        reversals = counts.reversals,
+        corrections = counts.corrections,
+        "staged adjustments"
+    );
+    Ok((record, counts))
 }
 
 /// With a companion: refuses to publish when a commit after the version the run read changed

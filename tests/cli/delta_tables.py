@@ -252,6 +252,16 @@ def append_ledger(uri):
     write_deltalake(uri, table, mode="append", storage_options=storage_options())
 
 
+def double_row(uri, event_id):
+    """Appends a second copy of the row of EVENT_ID: a row loaded twice."""
+    table = DeltaTable(uri, storage_options=storage_options()).to_pyarrow_table()
+    import pyarrow.compute as pc
+
+    copy = table.filter(pc.equal(table["event_id"], int(event_id)))
+    assert copy.num_rows == 1, copy
+    write_deltalake(uri, copy, mode="append", storage_options=storage_options())
+
+
 def added(uri, version):
     """Reads only the files that commit VERSION added (as a reader following appends would)."""
     import pyarrow.dataset as ds
@@ -314,6 +324,8 @@ if __name__ == "__main__":
         add_constraint(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "append_ledger":
         append_ledger(sys.argv[2])
+    elif command == "double_row":
+        double_row(sys.argv[2], sys.argv[3])
     elif command == "added":
         added(sys.argv[2], sys.argv[3])
     elif command == "rows":

@@ -135,7 +135,7 @@ fn hashes(batch: &RecordBatch) -> DfResult<Vec<u64>> {
 
 /// The hasher of keys that are hashes already: the key is its own hash.
 #[derive(Default)]
-struct Prehashed(u64);
+pub(crate) struct Prehashed(u64);
 
 impl Hasher for Prehashed {
     fn finish(&self) -> u64 {

@@ -5,15 +5,21 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use deltalake::arrow::array::{ArrayRef, RecordBatch, StringArray};
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
+
+use deltalake::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::compute::kernels::numeric::neg;
-use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use deltalake::datafusion::error::{DataFusionError, Result as DfResult};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
 use deltalake::datafusion::prelude::SessionContext;
 
-use crate::multiset::{Change, Shape, difference};
+use crate::multiset::{Change, Prehashed, Shape, difference};
 
 use lakefill_table::adjustments::{
     AdjustmentCounts, CORRECTION, KIND_COLUMN, REASON_COLUMN, REVERSAL, RUN_ID_COLUMN, is_lineage,
@@ -25,92 +31,113 @@ use lakefill_table::sqltext::ident;
 /// The net rows of `rows` (a view of the table): every column of `schema` in order, the
 /// measures summed over the rows that are the same but for them and the lineage, kept while the
 /// rows outnumber their reversals; the lineage columns NULL.
-pub fn net_sql(rows: &str, schema: &Schema, measures: &[String]) -> String {
-    let has_kind = schema.field_with_name(KIND_COLUMN).is_ok();
-    let grouped: Vec<String> = schema
-        .fields()
+///
+/// Only the rows an adjustment may net with are grouped: those alike (but for the measures and
+/// the lineage) with an adjustment row. `adjusted` names a registered function telling the hashes
+/// ([`group_hash_sql`]) of the adjustment rows' groups; `None` when there are none (or the table
+/// has no lineage columns): the rows are then their own net rows, and grouping would only cost.
+/// A hash two groups share only sends a few more rows to the grouping.
+fn net_sql(
+    rows: &str,
+    schema: &Schema,
+    measures: &[String],
+    key: &[String],
+    adjusted: Option<&str>,
+) -> String {
+    let typed_null = |field: &Field| {
+        let data_type = lakefill_table::types::without_metadata(field.data_type())
+            .to_string()
+            .replace('\'', "''");
+        format!("arrow_cast(NULL, '{data_type}') AS {}", ident(field.name()))
+    };
+    let Some(adjusted) = adjusted else {
+        let plain: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|field| {
+                if is_lineage(field.name()) {
+                    typed_null(field)
+                } else {
+                    ident(field.name())
+                }
+            })
+            .collect();
+        let only_rows = if schema.field_with_name(KIND_COLUMN).is_ok() {
+            format!(" WHERE {} IS NULL", ident(KIND_COLUMN))
+        } else {
+            String::new()
+        };
+        return format!("SELECT {} FROM {rows}{only_rows}", plain.join(", "));
+    };
+    let grouped: Vec<String> = group_columns(schema, measures)
         .iter()
-        .map(|f| f.name().clone())
-        .filter(|name| !is_lineage(name) && !measures.contains(name))
-        .map(|name| ident(&name))
+        .map(|name| ident(name))
         .collect();
     let select: Vec<String> = schema
         .fields()
         .iter()
         .map(|field| {
             let name = field.name();
-            let data_type = lakefill_table::types::without_metadata(field.data_type())
-                .to_string()
-                .replace('\'', "''");
             if is_lineage(name) {
-                format!("arrow_cast(NULL, '{data_type}') AS {}", ident(name))
+                typed_null(field)
             } else if measures.contains(name) {
+                let data_type = lakefill_table::types::without_metadata(field.data_type())
+                    .to_string()
+                    .replace('\'', "''");
                 format!("arrow_cast(SUM({0}), '{data_type}') AS {0}", ident(name))
             } else {
                 ident(name)
             }
         })
         .collect();
-    if !has_kind {
-        // No adjustment was ever appended (the table has no lineage columns): its rows are its
-        // net rows, and grouping them would only cost.
-        let select: Vec<String> = schema
-            .fields()
-            .iter()
-            .map(|field| ident(field.name()))
-            .collect();
-        return format!("SELECT {} FROM {rows}", select.join(", "));
-    }
-    let weight = format!(
-        "CASE WHEN {} = '{REVERSAL}' THEN -1 ELSE 1 END",
-        ident(KIND_COLUMN)
-    );
-    if grouped.is_empty() {
-        return format!(
-            "SELECT {} FROM {rows} HAVING SUM({weight}) > 0",
-            select.join(", ")
-        );
-    }
-    // Only the rows an adjustment may net with are grouped: those alike but for the measures
-    // and the lineage with an adjustment row, found by a hash of those columns (a hash two
-    // groups share only sends a few more rows to the grouping). The others are their own net
-    // rows, as in a table no adjustment ever touched.
-    let kind = ident(KIND_COLUMN);
     let plain: Vec<String> = schema
         .fields()
         .iter()
         .map(|field| {
-            let name = field.name();
-            if is_lineage(name) {
-                let data_type = lakefill_table::types::without_metadata(field.data_type())
-                    .to_string()
-                    .replace('\'', "''");
-                format!("arrow_cast(NULL, '{data_type}') AS {}", ident(name))
+            if is_lineage(field.name()) {
+                typed_null(field)
             } else {
-                ident(name)
+                ident(field.name())
             }
         })
         .collect();
-    let hash = row_hash_sql(
-        &schema
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|name| !is_lineage(name) && !measures.contains(name))
-            .collect::<Vec<_>>(),
+    let weight = format!(
+        "CASE WHEN {} = '{REVERSAL}' THEN -1 ELSE 1 END",
+        ident(KIND_COLUMN)
     );
+    let kind = ident(KIND_COLUMN);
+    let hash = group_hash_sql(schema, measures, key);
+    let group_by = if grouped.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", grouped.join(", "))
+    };
     format!(
-        "WITH __lf_rows AS (SELECT *, {hash} AS __lf_g FROM {rows}), \
-         __lf_adjusted AS (SELECT DISTINCT __lf_g FROM __lf_rows WHERE {kind} IS NOT NULL) \
-         SELECT {plain} FROM __lf_rows LEFT ANTI JOIN __lf_adjusted \
-         ON __lf_rows.__lf_g = __lf_adjusted.__lf_g WHERE {kind} IS NULL \
+        "SELECT {plain} FROM {rows} WHERE {kind} IS NULL AND NOT {adjusted}({hash}) \
          UNION ALL \
-         SELECT {select} FROM __lf_rows LEFT SEMI JOIN __lf_adjusted \
-         ON __lf_rows.__lf_g = __lf_adjusted.__lf_g GROUP BY {group_by} HAVING SUM({weight}) > 0",
+         SELECT {select} FROM {rows} WHERE {adjusted}({hash}){group_by} HAVING SUM({weight}) > 0",
         plain = plain.join(", "),
         select = select.join(", "),
-        group_by = grouped.join(", "),
     )
+}
+
+/// The columns whose values make rows the same for netting: all but the measures and the
+/// lineage.
+fn group_columns(schema: &Schema, measures: &[String]) -> Vec<String> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| !is_lineage(name) && !measures.contains(name))
+        .collect()
+}
+
+/// The hash a row's group is found by: of the key columns among the [`group_columns`] (rows
+/// alike in all of these are alike in those), else of all of them.
+fn group_hash_sql(schema: &Schema, measures: &[String], key: &[String]) -> String {
+    let group = group_columns(schema, measures);
+    let by_key: Vec<String> = key.iter().filter(|k| group.contains(k)).cloned().collect();
+    row_hash_sql(if by_key.is_empty() { &group } else { &by_key })
 }
 
 /// The adjustment rows that take the net rows `old` to the rows `new` (both registered views
@@ -238,22 +265,110 @@ impl AdjustmentTally {
     }
 }
 
-/// Registers `name` in `ctx` as the net rows of the view `rows`.
+/// Registers `name` in `ctx` as the net rows of the view `rows`. `key`: the columns that
+/// identify a row, if known (rows are found for the grouping by them, which is cheaper than by
+/// every column).
 pub async fn register_net(
     ctx: &SessionContext,
     name: &str,
     rows: &str,
     schema: &Schema,
     measures: &[String],
+    key: &[String],
 ) -> Result<()> {
     register_hash_functions(ctx);
+    let context = || "cannot net the table's rows (reversals against what they reverse)".into();
+    // The groups adjustment rows touch, collected (one hash each) into a function that tells
+    // whether a row is in one: a filter on each scan of the rows. (Joined instead, DataFusion
+    // repartitions every row of the ledger to meet the few adjusted groups.)
+    let adjusted = if schema.field_with_name(KIND_COLUMN).is_ok() {
+        let batches = ctx
+            .sql(&format!(
+                "SELECT DISTINCT {} AS __lf_g FROM {rows} WHERE {} IS NOT NULL",
+                group_hash_sql(schema, measures, key),
+                ident(KIND_COLUMN)
+            ))
+            .await
+            .query_context(context)?
+            .collect()
+            .await
+            .query_context(context)?;
+        let mut hashes = HashSet::default();
+        for batch in &batches {
+            let column = batch.column(0).as_primitive::<UInt64Type>();
+            hashes.extend(column.iter().flatten());
+        }
+        if hashes.is_empty() {
+            None
+        } else {
+            let function = format!(
+                "__lf_adjusted_group_of_{}",
+                name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            );
+            ctx.register_udf(ScalarUDF::from(AdjustedGroup {
+                name: function.clone(),
+                signature: Signature::exact(vec![DataType::UInt64], Volatility::Immutable),
+                hashes: Arc::new(hashes),
+            }));
+            Some(function)
+        }
+    } else {
+        None
+    };
     let df = ctx
-        .sql(&net_sql(rows, schema, measures))
+        .sql(&net_sql(rows, schema, measures, key, adjusted.as_deref()))
         .await
-        .query_context(|| {
-            "cannot net the table's rows (reversals against what they reverse)".into()
-        })?;
+        .query_context(context)?;
     ctx.register_table(name, df.into_view())
         .query_context(|| format!("cannot register the net rows as `{name}`"))?;
     Ok(())
+}
+
+/// The hashes of the groups adjustment rows touch.
+type GroupHashes = HashSet<u64, BuildHasherDefault<Prehashed>>;
+
+/// `name(hash)`: whether a group's hash is one of `hashes`.
+#[derive(Debug)]
+struct AdjustedGroup {
+    name: String,
+    signature: Signature,
+    hashes: Arc<GroupHashes>,
+}
+
+impl PartialEq for AdjustedGroup {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && Arc::ptr_eq(&self.hashes, &other.hashes)
+    }
+}
+
+impl Eq for AdjustedGroup {}
+
+impl std::hash::Hash for AdjustedGroup {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for AdjustedGroup {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let hashes = ColumnarValue::values_to_arrays(&args.args)?;
+        let column = hashes[0].as_primitive::<UInt64Type>();
+        let found: BooleanArray = column
+            .iter()
+            .map(|hash| Some(hash.is_some_and(|h| self.hashes.contains(&h))))
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(found)))
+    }
 }

@@ -155,7 +155,7 @@ pub async fn diff(
             // A run's staged new rows are net rows already.
             DiffTarget::Run(_) => &["previous"],
         };
-        register_net_sides(&ctx, sides, &measures).await?;
+        register_net_sides(&ctx, sides, &measures, &key).await?;
     }
     let old_counts: BTreeMap<String, u64> = old_files
         .iter()
@@ -313,6 +313,7 @@ async fn register_net_sides(
     ctx: &SessionContext,
     sides: &[&str],
     measures: &[String],
+    key: &[String],
 ) -> Result<()> {
     for side in sides {
         let rows = ctx
@@ -328,7 +329,7 @@ async fn register_net_sides(
             .clone();
         ctx.register_table(raw.as_str(), rows)
             .query_context(|| format!("cannot register `{side}`"))?;
-        lakefill_validate::net::register_net(ctx, side, &raw, &raw_schema, measures).await?;
+        lakefill_validate::net::register_net(ctx, side, &raw, &raw_schema, measures, key).await?;
     }
     Ok(())
 }

@@ -464,6 +464,7 @@ impl BackfillBuilder {
                 &journal.progress.batches,
                 resources,
                 Arc::clone(&store),
+                self.settings.max_parallel,
             ))
             .await;
         match staged {

@@ -189,7 +189,15 @@ pub async fn register_net_rows(
         .schema()
         .as_arrow()
         .clone();
-    register_net(ctx, name, &rows, &schema, &plan.rules.summed_measures()).await
+    register_net(
+        ctx,
+        name,
+        &rows,
+        &schema,
+        &plan.rules.summed_measures(),
+        &plan.rules.key,
+    )
+    .await
 }
 
 /// Registers as `name` the rows of the table a run corrects in `range`, at the versions the run

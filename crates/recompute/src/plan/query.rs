@@ -387,6 +387,7 @@ pub async fn register_source_with(
             &lakefill_table::sqltext::ident(&rows),
             &schema,
             &plan.rules.summed_measures(),
+            &plan.rules.key,
         )
         .await;
     }
