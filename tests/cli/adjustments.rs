@@ -405,7 +405,11 @@ fn a_row_loaded_twice_is_reversed_once() {
     );
     let rows = lake.rows("ledger");
     assert_eq!(copies(&rows, Some("reversal")), 1, "one copy taken back");
-    assert_eq!(copies(&rows, Some("correction")), 0, "event 201 is unchanged");
+    assert_eq!(
+        copies(&rows, Some("correction")),
+        0,
+        "event 201 is unchanged"
+    );
     assert_eq!(net(&rows), fixed(5), "the ledger nets to the fixed history");
 
     write_fix(&lake, "v2", 6);
