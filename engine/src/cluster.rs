@@ -6,11 +6,50 @@ use std::net::SocketAddr;
 
 use lakefill_table::error::Result;
 
-/// Starts a Ballista scheduler listening on `bind` (port 0 picks a free one), with lakefill's
-/// codec registered; it runs until the process exits. Returns where it listens.
-pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
+/// A running scheduler (see [`start_scheduler`]).
+pub struct Scheduler {
     #[cfg(feature = "distributed")]
-    return lakefill_ballista::cluster::start_scheduler(bind).await;
+    inner: lakefill_ballista::cluster::Scheduler,
+}
+
+impl Scheduler {
+    /// Where it listens.
+    pub fn address(&self) -> SocketAddr {
+        #[cfg(feature = "distributed")]
+        return self.inner.address;
+        #[cfg(not(feature = "distributed"))]
+        unreachable!("no scheduler starts without distributed staging")
+    }
+
+    /// Waits (at most `timeout`) until `count` executors have registered with it; returns how
+    /// many have.
+    pub async fn await_executors(&self, count: usize, timeout: std::time::Duration) -> usize {
+        #[cfg(feature = "distributed")]
+        {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let registered = self.inner.registered_executors().await;
+                if registered >= count || tokio::time::Instant::now() >= deadline {
+                    return registered;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        #[cfg(not(feature = "distributed"))]
+        {
+            let _ = (count, timeout);
+            0
+        }
+    }
+}
+
+/// Starts a Ballista scheduler listening on `bind` (port 0 picks a free one), with lakefill's
+/// codec registered; it runs until the process exits.
+pub async fn start_scheduler(bind: SocketAddr) -> Result<Scheduler> {
+    #[cfg(feature = "distributed")]
+    return Ok(Scheduler {
+        inner: lakefill_ballista::cluster::start_scheduler(bind).await?,
+    });
     #[cfg(not(feature = "distributed"))]
     Err(not_built(&bind.to_string()))
 }

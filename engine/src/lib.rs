@@ -82,7 +82,7 @@ pub use cascade::run::{CascadeRunReport, CascadeRunner};
 pub use cascade::{
     CascadeBuilder, CascadeEdge, CascadeNode, CascadePlan, CascadeReport, DEFAULT_MAX_EXPANSION,
 };
-pub use cluster::{run_executor, start_scheduler};
+pub use cluster::{Scheduler, run_executor, start_scheduler};
 pub use config::{Defaults, EngineConfig, PROJECT_FILE, Project, TableConfig, is_secret_option};
 pub use error::{Error, Result};
 pub use explain::gc::{GcFile, GcReport, gc, parse_duration};

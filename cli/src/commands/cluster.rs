@@ -78,7 +78,8 @@ async fn up(
 ) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let vcores = vcores.unwrap_or_else(|| (cores / executors).max(1));
-    let address = lakefill::start_scheduler(std::net::SocketAddr::new(bind, port)).await?;
+    let started = lakefill::start_scheduler(std::net::SocketAddr::new(bind, port)).await?;
+    let address = started.address();
     let scheduler = format!("http://{address}");
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
@@ -104,6 +105,16 @@ async fn up(
         let mut child = child;
         pipes.push(child.stdin.take());
         children.push(child);
+    }
+    // Up once every executor has registered: a backfill sent sooner would find fewer task
+    // slots than the message says (and run all its tasks on the first executor up).
+    let registered = started
+        .await_executors(executors, std::time::Duration::from_secs(60))
+        .await;
+    if registered < executors {
+        anyhow::bail!(
+            "only {registered} of {executors} executors registered with the scheduler within a minute; see their errors above"
+        );
     }
     let up = Up {
         engine: format!("df://{address}"),

@@ -47,8 +47,26 @@ fn config_producer() -> ballista_core::ConfigProducer {
     })
 }
 
+/// A running scheduler: where it listens, and what it knows of its executors.
+pub struct Scheduler {
+    /// Where it listens.
+    pub address: SocketAddr,
+    state: Arc<ballista_scheduler::state::SchedulerState<LogicalPlanNode, PhysicalPlanNode>>,
+}
+
+impl Scheduler {
+    /// How many executors have registered with it.
+    pub async fn registered_executors(&self) -> usize {
+        self.state
+            .executor_manager
+            .get_executors_state()
+            .await
+            .map_or(0, |executors| executors.len())
+    }
+}
+
 /// See `lakefill::start_scheduler`.
-pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
+pub async fn start_scheduler(bind: SocketAddr) -> Result<Scheduler> {
     // Bound first: the scheduler names itself by this address to the executors, which send
     // their task updates there (with port 0, the port the system picked).
     let listener = tokio::net::TcpListener::bind(bind)
@@ -85,6 +103,7 @@ pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
         metrics,
     );
     server.init().await.map_err(|e| failed("scheduler", e))?;
+    let state = Arc::clone(&server.state);
     let size = config_producer().ballista_grpc_client_max_message_size();
     let service = SchedulerGrpcServer::new(server)
         .max_decoding_message_size(size)
@@ -96,7 +115,7 @@ pub async fn start_scheduler(bind: SocketAddr) -> Result<SocketAddr> {
                 listener,
             )),
     );
-    Ok(address)
+    Ok(Scheduler { address, state })
 }
 
 /// See `lakefill::run_executor`.
