@@ -141,7 +141,7 @@ async fn differing_partitions(
         (
             "adjustments",
             1,
-            format!(" WHERE {kind} <> '{REVERSAL}'"),
+            format!(" WHERE {kind} IS DISTINCT FROM '{REVERSAL}'"),
             false,
         ),
         ("output", -1, String::new(), false),
@@ -597,6 +597,12 @@ mod tests {
             reported.failures,
             vec![json!({"day": "d1", "rows_not_accounted_for": 0, "values_differ": true})]
         );
+        // An appended row without a kind counts too (as a correction nobody asked for).
+        let mut unkinded = right.to_vec();
+        unkinded.push(("d1", 9, "XX", 1, None));
+        let reported = check(&unkinded).await;
+        assert!(!reported.passed);
+        assert_eq!(reported.failures[0]["id"], "9", "{:?}", reported.failures);
         // A measure not negated: sums differ per key.
         let mut unnegated = right;
         unnegated[0].3 = 20;

@@ -61,19 +61,22 @@ pub fn difference(
         let counts = Arc::new(Mutex::new(count(new.clone()).await?));
         let removed = {
             let (counts, shape) = (Arc::clone(&counts), Arc::clone(&shape));
-            pass(old, move |hash| {
+            pass(old, move |hashes| {
                 let mut counts = counts.lock().expect("the counts are never poisoned");
                 // Among the new rows: it uses one of them up.
-                !take(&mut counts, hash)
+                hashes
+                    .iter()
+                    .map(|hash| !take(&mut counts, *hash))
+                    .collect()
             })
             .and_then(move |batch| {
                 let shape = Arc::clone(&shape);
                 async move { shape(Change::Removed, batch) }
             })
         };
-        let added = pass(new, move |hash| {
+        let added = pass(new, move |hashes| {
             let mut counts = counts.lock().expect("the counts are never poisoned");
-            take(&mut counts, hash)
+            hashes.iter().map(|hash| take(&mut counts, *hash)).collect()
         })
         .and_then(move |batch| {
             let shape = Arc::clone(&shape);
@@ -112,18 +115,16 @@ async fn count(rows: DataFrame) -> DfResult<Counts> {
     Ok(counts)
 }
 
-/// The rows of `rows` for which `keep` (called with each row's hash, in order) says so; empty
+/// The rows of `rows` that `keep` (called with a batch's row hashes, in order) keeps; empty
 /// batches left out. The rows are read when the stream is first polled.
 fn pass(
     rows: DataFrame,
-    mut keep: impl FnMut(u64) -> bool + Send + 'static,
+    mut keep: impl FnMut(&[u64]) -> Vec<bool> + Send + 'static,
 ) -> impl futures::Stream<Item = DfResult<RecordBatch>> + Send {
     futures::stream::once(async move { rows.execute_stream().await })
         .try_flatten()
         .and_then(move |batch| {
-            let kept = hashes(&batch).map(|hashes| {
-                BooleanArray::from(hashes.into_iter().map(&mut keep).collect::<Vec<bool>>())
-            });
+            let kept = hashes(&batch).map(|hashes| BooleanArray::from(keep(&hashes)));
             async move { Ok(filter_record_batch(&batch, &kept?)?) }
         })
         .try_filter(|batch| futures::future::ready(batch.num_rows() > 0))
