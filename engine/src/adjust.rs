@@ -33,7 +33,7 @@ use lakefill_recompute::plan::adjust::register_net_rows;
 use lakefill_table::adjustments::{AdjustmentCounts, KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::check_hash_sql;
-use lakefill_table::sqltext::ident;
+use lakefill_table::sqltext::{cast_sql, ident};
 use lakefill_table::staged::StagedTable;
 use lakefill_validate::CheckResult;
 use lakefill_validate::net::adjustment_rows;
@@ -89,12 +89,6 @@ async fn differing_partitions(
     measures: &[String],
     sample: usize,
 ) -> Result<Vec<serde_json::Value>> {
-    let typed = |field: &deltalake::arrow::datatypes::Field, value: String| {
-        let data_type = lakefill_table::types::without_metadata(field.data_type())
-            .to_string()
-            .replace('\'', "''");
-        format!("arrow_cast({value}, '{data_type}')")
-    };
     let values: Vec<_> = schema
         .fields()
         .iter()
@@ -112,7 +106,11 @@ async fn differing_partitions(
                 } else {
                     column
                 };
-                format!("{} AS {}", typed(field, value), ident(field.name()))
+                format!(
+                    "{} AS {}",
+                    cast_sql(&value, field.data_type()),
+                    ident(field.name())
+                )
             })
             .collect();
         let names: Vec<String> = values.iter().map(|f| f.name().clone()).collect();

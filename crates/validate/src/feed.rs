@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::row_hash_sql;
-use lakefill_table::sqltext::ident;
+use lakefill_table::sqltext::{cast_sql, ident};
 
 /// The column of a change data file naming the kind of change, as the Delta protocol names it.
 pub const CHANGE_TYPE: &str = "_change_type";
@@ -101,18 +101,11 @@ pub async fn change_rows(
         .fields()
         .iter()
         .map(|field| {
-            let cast = format!(
-                "arrow_cast({{}}, '{}')",
-                field.data_type().to_string().replace('\'', "''")
-            );
+            let column = ident(field.name());
             match old_schema.field_with_name(field.name()) {
-                Ok(f) if f.data_type() == field.data_type() => ident(field.name()),
-                Ok(_) => format!(
-                    "{} AS {}",
-                    cast.replace("{}", &ident(field.name())),
-                    ident(field.name())
-                ),
-                Err(_) => format!("{} AS {}", cast.replace("{}", "NULL"), ident(field.name())),
+                Ok(f) if f.data_type() == field.data_type() => column,
+                Ok(_) => format!("{} AS {column}", cast_sql(&column, field.data_type())),
+                Err(_) => format!("{} AS {column}", cast_sql("NULL", field.data_type())),
             }
         })
         .collect();

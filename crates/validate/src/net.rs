@@ -26,7 +26,7 @@ use lakefill_table::adjustments::{
 };
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::{register_hash_functions, row_hash_sql};
-use lakefill_table::sqltext::ident;
+use lakefill_table::sqltext::{cast_sql, ident};
 
 /// The net rows of `rows` (a view of the table): every column of `schema` in order, the
 /// measures summed over the rows that are the same but for them and the lineage, kept while the
@@ -45,23 +45,25 @@ fn net_sql(
     adjusted: Option<&str>,
 ) -> String {
     let typed_null = |field: &Field| {
-        let data_type = lakefill_table::types::without_metadata(field.data_type())
-            .to_string()
-            .replace('\'', "''");
-        format!("arrow_cast(NULL, '{data_type}') AS {}", ident(field.name()))
+        format!(
+            "{} AS {}",
+            cast_sql("NULL", field.data_type()),
+            ident(field.name())
+        )
     };
+    // Every column as it is, the lineage NULL.
+    let plain: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            if is_lineage(field.name()) {
+                typed_null(field)
+            } else {
+                ident(field.name())
+            }
+        })
+        .collect();
     let Some(adjusted) = adjusted else {
-        let plain: Vec<String> = schema
-            .fields()
-            .iter()
-            .map(|field| {
-                if is_lineage(field.name()) {
-                    typed_null(field)
-                } else {
-                    ident(field.name())
-                }
-            })
-            .collect();
         let only_rows = if schema.field_with_name(KIND_COLUMN).is_ok() {
             format!(" WHERE {} IS NULL", ident(KIND_COLUMN))
         } else {
@@ -81,23 +83,10 @@ fn net_sql(
             if is_lineage(name) {
                 typed_null(field)
             } else if measures.contains(name) {
-                let data_type = lakefill_table::types::without_metadata(field.data_type())
-                    .to_string()
-                    .replace('\'', "''");
-                format!("arrow_cast(SUM({0}), '{data_type}') AS {0}", ident(name))
+                let sum = format!("SUM({})", ident(name));
+                format!("{} AS {}", cast_sql(&sum, field.data_type()), ident(name))
             } else {
                 ident(name)
-            }
-        })
-        .collect();
-    let plain: Vec<String> = schema
-        .fields()
-        .iter()
-        .map(|field| {
-            if is_lineage(field.name()) {
-                typed_null(field)
-            } else {
-                ident(field.name())
             }
         })
         .collect();
@@ -166,10 +155,8 @@ pub async fn adjustment_rows(
         let select: Vec<String> = values
             .iter()
             .map(|field| {
-                let data_type = lakefill_table::types::without_metadata(field.data_type())
-                    .to_string()
-                    .replace('\'', "''");
-                format!("arrow_cast({0}, '{data_type}') AS {0}", ident(field.name()))
+                let column = ident(field.name());
+                format!("{} AS {column}", cast_sql(&column, field.data_type()))
             })
             .collect();
         async move {

@@ -211,10 +211,8 @@ fn restoring_sql(
                 name
             } else {
                 format!(
-                    "arrow_cast(NULL, '{}') AS {name}",
-                    lakefill_table::types::without_metadata(field.data_type())
-                        .to_string()
-                        .replace('\'', "''")
+                    "{} AS {name}",
+                    lakefill_table::sqltext::cast_sql("NULL", field.data_type())
                 )
             }
         })
