@@ -80,7 +80,7 @@ impl ReferencedFiles {
             .snapshot()
             .delta_context(|| format!("cannot read the snapshot of `{root}`"))?;
         for file in snapshot.log_data().iter() {
-            self.insert(&root, &file.path());
+            self.insert_file(&root, &file);
         }
         for file in latest
             .snapshot()
@@ -88,9 +88,20 @@ impl ReferencedFiles {
             .log_data()
             .iter()
         {
-            self.insert(&root, &file.path());
+            self.insert_file(&root, &file);
         }
         Ok(())
+    }
+
+    /// A live file, and the file of its deletion vector, if it has one in a file.
+    fn insert_file(&mut self, root: &Url, file: &deltalake::kernel::LogicalFileView) {
+        self.insert(root, &file.path());
+        if let Some(vector) = file
+            .deletion_vector_descriptor()
+            .and_then(|d| lakefill_table::vectors::file_of(root, &d))
+        {
+            self.insert(root, &vector);
+        }
     }
 
     fn insert(&mut self, root: &Url, path: &str) {

@@ -12,6 +12,7 @@
 //!  scope                                  the rows a `--where` predicate selects, and the files
 //!                                         that may hold them
 //!  mapping                                the names and ids a column-mapped table's files use
+//!  vectors                                deletion vectors: reading, writing, giving one to a file
 //!  rowhash  resources  types  fastcast    row checksums, a session's memory and threads, Arrow
 //!                                         types as Delta keeps them, fast timestamp casts
 //!  error  run_id  secrets  time  sqltext  spill  failpoint   (foundation)
@@ -39,3 +40,4 @@ pub mod staged;
 pub mod storage;
 pub mod time;
 pub mod types;
+pub mod vectors;

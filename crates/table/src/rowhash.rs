@@ -170,6 +170,12 @@ pub fn hash_rows(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
     hash_rows_with(&STATE, columns, rows)
 }
 
+/// Hashes every row of `columns` (all of length `rows`) with the independent seed of
+/// [`check_hash_sql`]: a proof of what was matched by [`hash_rows`].
+pub fn check_hashes(columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
+    hash_rows_with(&CHECK_STATE, columns, rows)
+}
+
 /// [`hash_rows`] with the value hashes of `state`.
 fn hash_rows_with(state: &RandomState, columns: &[ArrayRef], rows: usize) -> Result<Vec<u64>> {
     let values = columns

@@ -51,6 +51,17 @@ pub struct StagedTable {
     files: Vec<PartitionedFile>,
     /// File groups (tasks) a scan spreads the files over; `None`: the session's partitions.
     groups: Option<usize>,
+    /// Where files with a deletion vector have it (the table's store and root), if any has.
+    vectors: Option<(Arc<dyn ObjectStore>, url::Url)>,
+}
+
+/// A file's deletion vector, attached to it until a scan reads it (the rows it deletes are
+/// skipped by a row selection): a file the table keeps, cut by a run.
+#[derive(Debug, Clone)]
+struct Cut {
+    descriptor: deltalake::kernel::DeletionVectorDescriptor,
+    /// The file's rows (all of them, deleted or not).
+    rows: u64,
 }
 
 impl StagedTable {
@@ -197,7 +208,7 @@ impl StagedTable {
         let store_url = ObjectStoreUrl::parse(&url)
             .map_err(|e| Error::Internal(format!("store url `{url}`: {e}")))?;
         let store: Arc<dyn ObjectStore> = target.object_store();
-        ctx.register_object_store(store_url.as_ref(), store);
+        ctx.register_object_store(store_url.as_ref(), Arc::clone(&store));
 
         let mut files = Vec::with_capacity(adds.len());
         for add in adds {
@@ -219,8 +230,32 @@ impl StagedTable {
                 e_tag: None,
                 version: None,
             };
-            files.push(PartitionedFile::new_from_meta(meta).with_partition_values(values));
+            let file = PartitionedFile::new_from_meta(meta).with_partition_values(values);
+            files.push(match &add.deletion_vector {
+                None => file,
+                Some(descriptor) => {
+                    let rows = add
+                        .get_stats()
+                        .ok()
+                        .flatten()
+                        .and_then(|stats| u64::try_from(stats.num_records).ok())
+                        .ok_or_else(|| {
+                            Error::Internal(format!(
+                                "`{}` has a deletion vector but no row count in its statistics",
+                                add.path
+                            ))
+                        })?;
+                    file.with_extension(Cut {
+                        descriptor: descriptor.clone(),
+                        rows,
+                    })
+                }
+            });
         }
+        let vectors = adds
+            .iter()
+            .any(|a| a.deletion_vector.is_some())
+            .then(|| (Arc::clone(&store), target.table_url().clone()));
         Ok(Self {
             schema,
             file_schema,
@@ -229,6 +264,7 @@ impl StagedTable {
             files,
             // Two groups let two cores decode at once; order does not matter to any reader.
             groups: Some(2),
+            vectors,
         })
     }
 
@@ -300,7 +336,37 @@ impl StagedTable {
             store_url,
             files,
             groups: None,
+            vectors: None,
         })
+    }
+
+    /// `file` reading only the rows its deletion vector keeps, if it has one.
+    async fn without_deleted(&self, file: PartitionedFile) -> DfResult<PartitionedFile> {
+        use deltalake::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+        let (Some(cut), Some((store, root))) = (file.extension::<Cut>(), &self.vectors) else {
+            return Ok(file);
+        };
+        let deleted = crate::vectors::deleted_rows(store.as_ref(), root, Some(&cut.descriptor))
+            .await
+            .map_err(|e| deltalake::datafusion::error::DataFusionError::External(e.into()))?;
+        let mut selectors = Vec::new();
+        let mut next = 0u64;
+        for row in deleted.iter().filter(|row| *row < cut.rows) {
+            if row > next {
+                selectors.push(RowSelector::select((row - next) as usize));
+            }
+            selectors.push(RowSelector::skip(1));
+            next = row + 1;
+        }
+        if cut.rows > next {
+            selectors.push(RowSelector::select((cut.rows - next) as usize));
+        }
+        let selection = RowSelection::from(selectors);
+        Ok(file.with_extension(
+            deltalake::datafusion::datasource::physical_plan::parquet::ParquetRowSelection::new(
+                selection,
+            ),
+        ))
     }
 }
 
@@ -498,7 +564,14 @@ impl TableProvider for StagedTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let files = self.pruned(state, filters)?;
+        let mut files = self.pruned(state, filters)?;
+        if self.vectors.is_some() {
+            let mut cut = Vec::with_capacity(files.len());
+            for file in files {
+                cut.push(self.without_deleted(file).await?);
+            }
+            files = cut;
+        }
         if files.is_empty() {
             let schema = match projection {
                 Some(indices) => Arc::new(self.schema.project(indices)?),

@@ -134,6 +134,84 @@ fn hashes(batch: &RecordBatch) -> DfResult<Vec<u64>> {
     hash_rows(batch.columns(), batch.num_rows()).map_err(|e| DataFusionError::External(e.into()))
 }
 
+/// The old rows of a partition by row hash, each with where it is (a file and a row position in
+/// it), matched against new rows one by one: the rows a file can keep when the partition's fix
+/// is published by deletion vectors. A new row matching an old one uses it up (the old row stays
+/// in its file, the new one need not be written); what no new row used up is deleted.
+///
+/// Memory holds one entry per old row (its hash, file, position and a link: 24 bytes), never the
+/// rows. As in [`difference`], two rows with one hash are taken for the same row (about 2⁻⁶⁴ per
+/// pair): the caller proves the result with another hash.
+#[derive(Debug, Default)]
+pub struct Located {
+    /// The first not yet used-up entry of each hash.
+    heads: HashMap<u64, u32, BuildHasherDefault<Prehashed>>,
+    /// (file, position, next entry of the same hash or `u32::MAX`).
+    entries: Vec<(u32, u64, u32)>,
+    used: u64,
+}
+
+impl Located {
+    /// Adds the old rows of `file` whose hashes are `hashes`, at positions `first..`, skipping
+    /// those `deleted` says the file no longer holds.
+    pub fn add(
+        &mut self,
+        file: u32,
+        first: u64,
+        hashes: &[u64],
+        deleted: impl Fn(u64) -> bool,
+    ) -> DfResult<()> {
+        for (offset, hash) in hashes.iter().enumerate() {
+            let position = first + offset as u64;
+            if deleted(position) {
+                continue;
+            }
+            let index = u32::try_from(self.entries.len()).map_err(|_| {
+                DataFusionError::ResourcesExhausted(
+                    "more than 2^32 old rows in one batch of deletion vectors".into(),
+                )
+            })?;
+            let next = self.heads.insert(*hash, index).unwrap_or(u32::MAX);
+            self.entries.push((file, position, next));
+        }
+        Ok(())
+    }
+
+    /// Old rows not yet used up.
+    pub fn left(&self) -> u64 {
+        self.entries.len() as u64 - self.used
+    }
+
+    /// Uses up an old row of each hash that has one left; whether each new row did (is kept).
+    pub fn take(&mut self, hashes: &[u64]) -> Vec<bool> {
+        hashes
+            .iter()
+            .map(|hash| match self.heads.get_mut(hash) {
+                Some(head) if *head != u32::MAX => {
+                    *head = self.entries[*head as usize].2;
+                    self.used += 1;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// The (file, position) of every old row no new row used up.
+    pub fn unused(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.heads.values().flat_map(move |head| {
+            std::iter::successors((*head != u32::MAX).then_some(*head), move |index| {
+                let next = self.entries[*index as usize].2;
+                (next != u32::MAX).then_some(next)
+            })
+            .map(move |index| {
+                let (file, position, _) = self.entries[index as usize];
+                (file, position)
+            })
+        })
+    }
+}
+
 /// The hasher of keys that are hashes already: the key is its own hash.
 #[derive(Default)]
 pub(crate) struct Prehashed(u64);
@@ -244,6 +322,27 @@ mod tests {
         }
         rows.sort();
         rows
+    }
+
+    #[test]
+    fn located_rows_are_used_up_once_each() {
+        let mut old = Located::default();
+        // File 0: hashes 7, 8, 7, 9 at positions 10..14, position 13 already deleted.
+        old.add(0, 10, &[7, 8, 7, 9], |p| p == 13).expect("add");
+        // File 1: hash 8 at position 0.
+        old.add(1, 0, &[8], |_| false).expect("add");
+        assert_eq!(old.left(), 4);
+        // New rows: 7 twice (both old 7s kept), 9 (deleted before: new), 5 (new), 8 once.
+        assert_eq!(
+            old.take(&[7, 9, 7, 5, 8]),
+            vec![true, false, true, false, true]
+        );
+        assert_eq!(old.take(&[7]), vec![false], "no third 7");
+        assert_eq!(old.left(), 1);
+        // One of the two 8s is left to delete.
+        let unused: Vec<(u32, u64)> = old.unused().collect();
+        assert_eq!(unused.len(), 1);
+        assert!(unused == [(0, 11)] || unused == [(1, 0)], "{unused:?}");
     }
 
     fn row(change: &str, id: Option<i64>, v: &str) -> (String, Option<i64>, String) {
