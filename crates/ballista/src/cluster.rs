@@ -97,8 +97,13 @@ pub async fn start_scheduler(bind: SocketAddr) -> Result<Scheduler> {
         cluster,
         codec(),
         Arc::new(
+            // Round robin: a job's tasks (a run's batches) go one per executor in turn, where
+            // Ballista's default fills the first executor's slots before the next gets any.
             SchedulerConfig::default()
-                .with_scheduler_policy(ballista_core::config::TaskSchedulingPolicy::PushStaged),
+                .with_scheduler_policy(ballista_core::config::TaskSchedulingPolicy::PushStaged)
+                .with_task_distribution(
+                    ballista_scheduler::config::TaskDistributionPolicy::RoundRobin,
+                ),
         ),
         metrics,
     );
