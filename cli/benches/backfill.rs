@@ -305,6 +305,31 @@ fn orchestrate() {
         partitions: days,
         outcome,
     });
+    // A fix that changes 1% of the rows, spread over every partition: rewritten, then (the table
+    // put back first, not measured) published by deletion vectors. Vectors are turned off again
+    // after, and the fix put back once more so that no file keeps a vector.
+    let fix = write_model(0, false, false);
+    child(&project, &["novalidate", &from, &to, &fix, "default"]);
+    let sparse = write_sparse_model(&project, 1);
+    let outcome = child(&project, &["validate", &from, &to, &sparse, "default"]);
+    results.push(Measured {
+        name: SPARSE_REWRITE.into(),
+        partitions: days,
+        outcome,
+    });
+    let fix = write_model(0, false, false);
+    child(&project, &["novalidate", &from, &to, &fix, "default"]);
+    child(&project, &["vectors", "on"]);
+    let sparse = write_sparse_model(&project, 2);
+    let outcome = child(&project, &["validate", &from, &to, &sparse, "default"]);
+    results.push(Measured {
+        name: SPARSE_VECTORS.into(),
+        partitions: days,
+        outcome,
+    });
+    child(&project, &["vectors", "off"]);
+    let fix = write_model(0, false, false);
+    child(&project, &["novalidate", &from, &to, &fix, "default"]);
     // Publishing as adjustment rows (an append-only ledger) over a month: the bug appended as
     // adjustments to rows that never had any, then the fix netted against them.
     let (from, to) = range(30.min(days));
@@ -327,6 +352,24 @@ fn orchestrate() {
         plan["result"]["plan_s"].as_f64().unwrap_or(f64::NAN)
     );
 }
+
+/// The fix (model [`model`] with no shift) with a cent more on every 100th event: 1% of the rows
+/// change, in every partition. Written as the next benchmark model version; its name.
+fn write_sparse_model(project: &Path, n: u32) -> String {
+    let version = format!("vsparse{n}");
+    let text = model(&version, 0, false, false).replace(
+        "amount_cents AS amount_cents",
+        "CASE WHEN event_id % 100 = 0 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents",
+    );
+    std::fs::write(project.join(format!("sql/events/{version}.sql")), text).unwrap();
+    version
+}
+
+/// The 1% fix, rewritten.
+const SPARSE_REWRITE: &str = "backfill, 1% of rows change (rewrite)";
+
+/// The 1% fix, published by deletion vectors.
+const SPARSE_VECTORS: &str = "same, by deletion vectors";
 
 /// DuckDB's `COPY` followed by lakefill's validation, done by DuckDB.
 const DUCKDB_VALIDATED: &str = "DuckDB COPY + the same validation";
@@ -516,6 +559,17 @@ fn print_table(results: &[Measured], days: u32, limit: u64) {
             "edge check of the {n}-partition fix: {seconds:.2}s, {share:.1}% of the run (target < 5% on the full range)"
         );
     }
+    if let (Some(rewrite), Some(vectors)) = (find(SPARSE_REWRITE, days), find(SPARSE_VECTORS, days))
+    {
+        let bytes = |r: &Value| r["result"]["bytes_written"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "1% of rows changed, by deletion vectors / rewritten: {:.3} in bytes written (target <= 0.05), {:.2} in time (target <= 0.6), {:.2} in peak RSS",
+            bytes(vectors) / bytes(rewrite),
+            wall(vectors) / wall(rewrite),
+            vectors["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN)
+                / rewrite["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     let month = 30.min(days);
     if let (Some(rewrite), Some(first), Some(netted)) = (
         find("backfill", month),
@@ -646,6 +700,27 @@ async fn run_scenario(args: &[String]) -> Value {
                 .with_properties(
                     [(
                         "delta.enableChangeDataFeed".to_string(),
+                        (args[2] == "on").to_string(),
+                    )]
+                    .into(),
+                )
+                .await
+                .unwrap();
+            json!({})
+        }
+        "vectors" => {
+            // `DIR vectors on|off`: the target's `delta.enableDeletionVectors` (on, the table's
+            // protocol takes the feature).
+            let table = deltalake::open_table(
+                url::Url::from_directory_path(dir.join("lake/events")).unwrap(),
+            )
+            .await
+            .unwrap();
+            table
+                .set_tbl_properties()
+                .with_properties(
+                    [(
+                        "delta.enableDeletionVectors".to_string(),
                         (args[2] == "on").to_string(),
                     )]
                     .into(),

@@ -95,7 +95,8 @@ pub use explain::{
 pub use init::{InitReport, init};
 pub use journal::lifecycle::RunState;
 pub use journal::{
-    BatchBounds, BatchRecord, Journal, PartitionChange, RunInputs, RunKind, RunOutcome, RunProgress,
+    BatchBounds, BatchRecord, BatchVectors, Journal, PartitionChange, RunInputs, RunKind,
+    RunOutcome, RunProgress, VectorCounts, VectorSummary,
 };
 pub use lakefill_table::adjustments::{
     AdjustmentCounts, CORRECTION, KIND_COLUMN, LINEAGE_COLUMNS, PublishMode, REASON_COLUMN,

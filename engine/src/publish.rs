@@ -74,6 +74,7 @@ pub(crate) fn commit_metadata(journal: &Journal) -> CommitMetadata {
             .and_then(lakefill_validate::ValidationReport::allowed_edge_moves),
         rows: journal.inputs.range.rows.as_ref().map(|r| r.sql.clone()),
         change_feed: journal.progress.change_feed.as_ref().map(|f| f.counts),
+        deletion_vectors: journal.vector_summary(),
     }
 }
 
@@ -269,6 +270,11 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
         .iter()
         .map(String::as_str)
         .collect();
+    // Files of partitions published by deletion vectors stay (some with a new vector).
+    let kept: std::collections::BTreeSet<&str> = journal
+        .vectors()
+        .flat_map(|v| v.kept.iter().map(|a| a.path.as_str()))
+        .collect();
     let mut actions: Vec<Action> = snapshot
         .log_data()
         .iter()
@@ -285,8 +291,31 @@ pub(crate) async fn commit(target: &DeltaTable, journal: &Journal) -> Result<u64
                     .is_some()
             }
         })
+        .filter(|file| !kept.contains(file.path().as_ref() as &str))
         .map(|file| Action::Remove(lakefill_log::writer::remove(&file)))
         .collect();
+    // Kept files the fix deleted rows of: their `remove` (with the vector they had) and their
+    // `add` with the new one; the others stay as they are.
+    for vectors in journal.vectors() {
+        for add in vectors
+            .kept
+            .iter()
+            .filter(|a| vectors.cut.contains(&a.path))
+        {
+            let file = snapshot
+                .log_data()
+                .iter()
+                .find(|f| f.path().as_ref() as &str == add.path.as_str())
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "`{}`, a file the run deletes rows of, is not in the table at its read version",
+                        add.path
+                    ))
+                })?;
+            actions.push(Action::Remove(lakefill_log::writer::remove(&file)));
+            actions.push(physical_add(add, &mapping));
+        }
+    }
     actions.extend(
         journal
             .published_files()

@@ -53,3 +53,4 @@ mod stale;
 mod support;
 mod types;
 mod validation;
+mod vectors;

@@ -614,15 +614,22 @@ impl PythonLake {
     }
 
     pub(crate) fn python(&self, args: &[&str]) -> String {
+        self.script(&python_helper(), args)
+    }
+
+    /// Runs the python helper `script` (a path) with `args` and the lake's storage environment;
+    /// its stdout.
+    pub(crate) fn script(&self, script: &Path, args: &[&str]) -> String {
         let out = Command::new("python3")
-            .arg(python_helper())
+            .arg(script)
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "delta_tables.py {args:?}: {}",
+            "{} {args:?}: {}",
+            script.display(),
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()

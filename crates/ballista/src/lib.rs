@@ -456,6 +456,7 @@ mod tests {
             },
             mapping: lakefill_table::mapping::ColumnMapping::default(),
             identity: Vec::new(),
+            vectors: None,
         }
     }
 

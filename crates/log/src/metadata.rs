@@ -59,6 +59,10 @@ pub struct CommitMetadata {
     /// data files hold (adds and removes of partitions without changes are `dataChange` false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_feed: Option<lakefill_validate::feed::FeedCounts>,
+    /// With deletion vectors on the table: the partitions the commit cut by vectors (their old
+    /// rows deleted in place, the new ones added), and those it rewrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_vectors: Option<crate::journal::VectorSummary>,
 }
 
 /// One partition of a commit's metadata.

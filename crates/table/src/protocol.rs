@@ -186,7 +186,7 @@ fn supported(name: &str) -> Option<&'static str> {
             "supported: each run's commit carries change data files of exactly the rows that changed"
         }
         "deletionVectors" => {
-            "supported: deleted rows are never read, files with them are removed whole"
+            "supported: deleted rows are never read; with delta.enableDeletionVectors, a partition a fix changes little of is published by vectors (old rows deleted in place, only new ones written), else rewritten"
         }
         "timestampNtz" | "timestampWithoutTimezone" => "supported",
         "v2Checkpoint" => {

@@ -75,6 +75,12 @@ pub(crate) async fn delete_staging(
         journaled
             .iter()
             .map(|p| lakefill_table::storage::object_path(p))
+            .chain(
+                journal
+                    .vectors()
+                    .flat_map(|v| &v.vector_files)
+                    .map(|p| deltalake::Path::from(p.as_str())),
+            )
             .collect()
     };
     // The run's change data files, all under one directory of its own.

@@ -884,14 +884,23 @@ async fn reusable_batches(
             .batches
             .iter()
             .any(|b| b.index == batch.index && b.start == batch.start && b.end == batch.end);
-        let mut complete = compatible && same_batch;
+        // Deletion vectors are of the files at the read version.
+        let mut complete = compatible
+            && same_batch
+            && (batch.vectors.is_none() || previous.inputs.read_version == report.read_version);
+        let vector_files = batch
+            .vectors
+            .iter()
+            .flat_map(|v| &v.vector_files)
+            .map(|p| deltalake::Path::from(p.as_str()));
         if complete {
-            for add in &batch.files {
-                if store
-                    .head(&lakefill_table::storage::object_path(&add.path))
-                    .await
-                    .is_err()
-                {
+            for path in batch
+                .files
+                .iter()
+                .map(|add| lakefill_table::storage::object_path(&add.path))
+                .chain(vector_files)
+            {
+                if store.head(&path).await.is_err() {
                     complete = false;
                     break;
                 }

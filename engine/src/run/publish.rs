@@ -26,7 +26,15 @@ pub(crate) async fn stamps(
 ) -> Result<std::collections::BTreeMap<String, Option<String>>> {
     use futures::{StreamExt as _, TryStreamExt as _};
     // Owned: borrowed items in the stream would trip the future's `Send` bound.
-    let paths: Vec<String> = journal.staged_files().map(|a| a.path.clone()).collect();
+    let paths: Vec<String> = journal
+        .staged_files()
+        .map(|a| a.path.clone())
+        .chain(
+            journal
+                .vectors()
+                .flat_map(|v| v.vector_files.iter().cloned()),
+        )
+        .collect();
     futures::stream::iter(paths)
         .map(|path| {
             let store = Arc::clone(store);
@@ -51,17 +59,24 @@ pub(crate) async fn stamps(
 /// a staged file replaced on disk after `--stage-only` was published and broke every read).
 pub(crate) async fn verify_staged(store: &Arc<dyn ObjectStore>, journal: &Journal) -> Result<()> {
     use futures::StreamExt as _;
-    let files: Vec<(String, i64, Option<String>)> = journal
+    let stamp = |path: &str| {
+        journal
+            .progress
+            .validated_stamps
+            .get(path)
+            .cloned()
+            .flatten()
+    };
+    // Staged files with their sizes; deletion vector files (whose size no action gives) too.
+    let files: Vec<(String, Option<i64>, Option<String>)> = journal
         .staged_files()
-        .map(|add| {
-            let stamp = journal
-                .progress
-                .validated_stamps
-                .get(&add.path)
-                .cloned()
-                .flatten();
-            (add.path.clone(), add.size, stamp)
-        })
+        .map(|add| (add.path.clone(), Some(add.size), stamp(&add.path)))
+        .chain(
+            journal
+                .vectors()
+                .flat_map(|v| &v.vector_files)
+                .map(|path| (path.clone(), None, stamp(path))),
+        )
         .collect();
     let checked: Vec<(String, Option<bool>)> = futures::stream::iter(files)
         .map(|(path, size, stamp)| {
@@ -73,7 +88,7 @@ pub(crate) async fn verify_staged(store: &Arc<dyn ObjectStore>, journal: &Journa
                 {
                     Err(_) => None,
                     Ok(meta) => Some(
-                        i64::try_from(meta.size).ok() == Some(size)
+                        size.is_none_or(|size| i64::try_from(meta.size).ok() == Some(size))
                             && (stamp.is_none() || stamp == meta.e_tag),
                     ),
                 };

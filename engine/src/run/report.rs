@@ -72,6 +72,10 @@ pub struct RunReport {
     /// change data files (what a feed reader of the published version reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_feed: Option<lakefill_validate::feed::FeedCounts>,
+    /// With deletion vectors on the table: the partitions published by vectors and those
+    /// rewritten (see the commit metadata's `deletion_vectors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_vectors: Option<lakefill_log::journal::VectorSummary>,
     /// What each notification sink of the table was told (absent without sinks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notifications: Vec<crate::notify::Delivery>,
@@ -162,6 +166,7 @@ impl RunReport {
             revert_of: journal.inputs.kind.revert_of().map(ToString::to_string),
             adjustments: journal.progress.adjustment_counts,
             change_feed: journal.progress.change_feed.as_ref().map(|f| f.counts),
+            deletion_vectors: journal.vector_summary(),
             notifications: Vec::new(),
             notes: Vec::new(),
         }
@@ -197,6 +202,7 @@ impl RunReport {
             revert_of: plan.kind.revert_of().map(ToString::to_string),
             adjustments: None,
             change_feed: None,
+            deletion_vectors: None,
             notifications: Vec::new(),
             notes: Vec::new(),
         }

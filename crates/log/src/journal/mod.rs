@@ -14,7 +14,7 @@ pub mod cascade;
 pub mod lease;
 pub mod lifecycle;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use deltalake::ObjectStore;
@@ -333,6 +333,54 @@ pub struct BatchRecord {
     /// Staged on a cluster: the files each writer process wrote (`pid N@HOST`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub writers: BTreeMap<String, u64>,
+    /// The batch's partitions whose fix is published by deletion vectors, if the target takes
+    /// them: their `files` hold only the rows the old files lack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vectors: Option<BatchVectors>,
+}
+
+/// How a batch publishes its fix by deletion vectors: the old rows the fix removes are marked
+/// deleted in their files, the rows it adds are staged as new files, the rest stay where they
+/// are.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchVectors {
+    /// Every file of the partitions published by vectors, as the table keeps it once published
+    /// (partition values by logical name): with its new deletion vector when the fix deletes
+    /// rows of it (its path is in `cut`), else as the log has it.
+    pub kept: Vec<Add>,
+    /// The paths of the kept files the fix deletes rows of.
+    pub cut: BTreeSet<String>,
+    /// The deletion vector files written, relative to the table's root.
+    pub vector_files: Vec<String>,
+    /// Per partition published by vectors: its rows deleted and added.
+    pub partitions: BTreeMap<String, VectorCounts>,
+    /// Per partition the target would take by vectors but whose fix changes too many of its
+    /// rows: rewritten, with the counts that decided it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rewritten: BTreeMap<String, VectorCounts>,
+}
+
+/// How a run published by deletion vectors, as its report and commit metadata say.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VectorSummary {
+    /// The partitions published by vectors: rows deleted in their old files, rows added.
+    pub partitions: BTreeMap<String, VectorCounts>,
+    /// The partitions rewritten because the fix changes too much of them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rewritten: BTreeMap<String, VectorCounts>,
+    /// Old files given a deletion vector (not rewritten).
+    pub files_cut: usize,
+}
+
+/// What a fix changes in one partition, as deletion vectors count it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VectorCounts {
+    /// Old rows deleted (not among the new rows).
+    pub deleted: u64,
+    /// New rows added (not among the old rows).
+    pub added: u64,
+    /// New rows in all.
+    pub rows: u64,
 }
 
 impl Journal {
@@ -498,9 +546,35 @@ impl Journal {
             .flat_map(|b| b.files.iter())
     }
 
-    /// Returns the staged files of the run's new rows (what validation compares with the old).
+    /// Returns the files of the run's new rows (what validation compares with the old): the
+    /// staged files, and the old files kept in partitions published by deletion vectors (with
+    /// their new vectors).
     pub fn new_row_files(&self) -> impl Iterator<Item = &Add> {
-        self.progress.batches.iter().flat_map(|b| b.files.iter())
+        self.progress.batches.iter().flat_map(|b| {
+            b.files
+                .iter()
+                .chain(b.vectors.iter().flat_map(|v| v.kept.iter()))
+        })
+    }
+
+    /// How the run publishes by deletion vectors, if its target takes them.
+    pub fn vector_summary(&self) -> Option<VectorSummary> {
+        let mut summary: Option<VectorSummary> = None;
+        for vectors in self.vectors() {
+            let summary = summary.get_or_insert_with(VectorSummary::default);
+            summary.partitions.extend(vectors.partitions.clone());
+            summary.rewritten.extend(vectors.rewritten.clone());
+            summary.files_cut += vectors.cut.len();
+        }
+        summary
+    }
+
+    /// The deletion vectors of the run's batches, of those published by them.
+    pub fn vectors(&self) -> impl Iterator<Item = &BatchVectors> {
+        self.progress
+            .batches
+            .iter()
+            .filter_map(|b| b.vectors.as_ref())
     }
 
     /// Returns the files the publish commits: the new rows, or with adjustments the adjustment

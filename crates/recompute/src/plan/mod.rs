@@ -377,6 +377,7 @@ impl PlanBuilder {
             kind: RunKind::Backfill,
             cascade_staged: Vec::new(),
             adjusted: None,
+            vectors: None,
         };
         if let Some((config, table)) = companion {
             plan.write_to_companion(config, table).await?;
@@ -404,6 +405,7 @@ impl PlanBuilder {
         query::check_checks(&plan, &self.project, &write_schema).await?;
         plan.write_schema = Some(write_schema);
         plan.report.added_columns = added_columns;
+        plan.vectors = crate::stage::vectors::VectorPlan::of(&plan)?;
         Ok(plan)
     }
 
@@ -1070,6 +1072,9 @@ pub struct BackfillPlan {
     /// In a cascade, every node staged before this one, by table: its next version, for the
     /// checks' `staged.<table>`.
     pub cascade_staged: Vec<(String, DeltaTable, Overlay)>,
+    /// The old files the run may publish its fix into by deletion vectors, when the target
+    /// takes them ([`crate::stage::vectors`]).
+    pub vectors: Option<Arc<crate::stage::vectors::VectorPlan>>,
     /// When adjustments go to a companion table (then [`Self::target`]): the table they correct.
     pub adjusted: Option<Adjusted>,
 }
@@ -1497,6 +1502,7 @@ impl BatchPlan {
             sums: Default::default(),
             checksums: Default::default(),
             writers: Default::default(),
+            vectors: None,
         }
     }
 }

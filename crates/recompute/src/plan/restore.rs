@@ -186,6 +186,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
                 table: source.clone(),
                 companion_rows: before.clone(),
             }),
+        vectors: None,
     };
     let (write_schema, added_columns, identity_kept) = super::query::check_model(&plan).await?;
     plan.rules.identity_kept = identity_kept;

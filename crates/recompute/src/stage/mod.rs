@@ -17,6 +17,7 @@
 pub mod feed;
 mod hasher;
 pub mod throttle;
+pub mod vectors;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafile::writer::{PartitionWriter, PartitionWriterConfig};
 use deltalake::datafusion::common::Column;
+use deltalake::datafusion::common::ScalarValue;
 use deltalake::datafusion::execution::SendableRecordBatchStream;
 use deltalake::datafusion::logical_expr::{Expr, cast};
 use deltalake::datafusion::prelude::{DataFrame, SessionContext};
@@ -395,6 +397,10 @@ pub struct WriteSpec {
     /// and those that take explicit values too).
     #[serde(default)]
     pub identity: Vec<IdentityColumn>,
+    /// The old files the batch may publish its fix into by deletion vectors, if any (a cluster's
+    /// writers rewrite).
+    #[serde(skip)]
+    pub vectors: Option<Arc<vectors::VectorPlan>>,
 }
 
 /// What one writer staged: the batch's record, and the rows whose time is not a value of the
@@ -425,6 +431,11 @@ impl WriteSpec {
                 None => plan.report.protocol.mapping.clone(),
             },
             identity: Vec::new(),
+            // A cascade's nodes and reverts rewrite (their kind is set after the plan is made).
+            vectors: plan
+                .vectors
+                .clone()
+                .filter(|_| !batch.carry && plan.kind == lakefill_log::journal::RunKind::Backfill),
         }
     }
 
@@ -734,6 +745,9 @@ struct Staging<'a> {
     /// files then carry no checksum tag: their writers' checksums cover more than one file).
     closed: Vec<Add>,
     rolled: BTreeSet<Vec<Option<String>>>,
+    /// With deletion vectors, each partition's old rows (`None`: it cannot be cut, and is
+    /// rewritten).
+    old: BTreeMap<Vec<Option<String>>, Option<vectors::OldPartition>>,
 }
 
 impl<'a> Staging<'a> {
@@ -771,7 +785,53 @@ impl<'a> Staging<'a> {
             groups_written: 0,
             closed: Vec::new(),
             rolled: BTreeSet::new(),
+            old: BTreeMap::new(),
         })
+    }
+
+    /// The rows of `part` (new rows of the partition `key`, whose values are those of
+    /// `record_batch`'s row `first_row`) to write: with deletion vectors, those its old files
+    /// lack (its old rows are read on its first rows).
+    async fn rows_to_write(
+        &mut self,
+        key: &[Option<String>],
+        label: &str,
+        (record_batch, first_row): (&RecordBatch, usize),
+        (scalars, values): (&[Scalar], &PartitionValues),
+        part: &RecordBatch,
+    ) -> Result<RecordBatch> {
+        let Some(plan) = &self.spec.vectors else {
+            return Ok(part.clone());
+        };
+        if !self.old.contains_key(key) {
+            let typed = self
+                .columns
+                .partition
+                .iter()
+                .map(|i| ScalarValue::try_from_array(record_batch.column(*i), first_row))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::Internal(format!("cannot read a partition value: {e}")))?;
+            let candidates = plan.files.get(label).map_or(&[][..], Vec::as_slice);
+            let old = vectors::OldPartition::load(
+                &self.store,
+                &plan.root,
+                label.to_string(),
+                candidates,
+                &self.spec.layout.partition_columns,
+                &typed,
+                &self.columns.file_schema,
+            )
+            .await?
+            .map(|mut old| {
+                old.at = Some((scalars.to_vec(), values.clone()));
+                old
+            });
+            self.old.insert(key.to_vec(), old);
+        }
+        match self.old.get_mut(key) {
+            Some(Some(old)) => old.added(part),
+            _ => Ok(part.clone()),
+        }
     }
 
     /// Closes the writer that took rows least recently, keeping its files for the batch's record.
@@ -889,7 +949,50 @@ impl<'a> Staging<'a> {
             Ok(Some(period)) => period.label(),
             _ => NULL_LABEL.to_string(),
         };
-        let writer_key = key.clone();
+        let written = self
+            .rows_to_write(
+                &key,
+                &label,
+                (record_batch, first_row),
+                (scalars, values),
+                &part,
+            )
+            .await?;
+        *self.rows.entry(label.clone()).or_default() += part.num_rows() as u64;
+        if !self.measures.is_empty() {
+            let partition_sums = self.sums.entry(label.clone()).or_default();
+            for (measure, index) in &self.measures {
+                *partition_sums.entry(measure.clone()).or_default() +=
+                    column_sum(part.column(*index))?;
+            }
+        }
+        self.hasher
+            .hash(Job {
+                writer: key.clone(),
+                label: label.clone(),
+                part: part.clone(),
+                batch: record_batch.clone(),
+                indices,
+                first_row,
+            })
+            .await?;
+        if written.num_rows() == 0 {
+            return Ok(());
+        }
+        self.write_rows(key, label, scalars, values, &written).await
+    }
+
+    /// Writes `part` (file columns) to the writer of the partition `key` (opened on its first
+    /// rows).
+    async fn write_rows(
+        &mut self,
+        key: Vec<Option<String>>,
+        label: String,
+        scalars: &[Scalar],
+        values: &PartitionValues,
+        part: &RecordBatch,
+    ) -> Result<()> {
+        let spec = self.spec;
         if !self.writers.contains_key(&key) && self.writers.len() >= OPEN_WRITERS {
             self.close_least_recent().await?;
         }
@@ -908,35 +1011,17 @@ impl<'a> Staging<'a> {
                     spec,
                     scalars,
                     values,
-                    &near_unique_columns(&part),
+                    &near_unique_columns(part),
                     Arc::clone(&self.columns.physical_schema),
                     Arc::clone(&self.store),
                 )?,
             }),
         };
-        *self.rows.entry(label.clone()).or_default() += part.num_rows() as u64;
-        if !self.measures.is_empty() {
-            let partition_sums = self.sums.entry(label.clone()).or_default();
-            for (measure, index) in &self.measures {
-                *partition_sums.entry(measure.clone()).or_default() +=
-                    column_sum(part.column(*index))?;
-            }
-        }
-        self.hasher
-            .hash(Job {
-                writer: writer_key,
-                label: label.clone(),
-                part: part.clone(),
-                batch: record_batch.clone(),
-                indices,
-                first_row,
-            })
-            .await?;
         open.writer
             .write(
                 &spec
                     .mapping
-                    .to_physical(&part, &self.columns.physical_schema)?,
+                    .to_physical(part, &self.columns.physical_schema)?,
             )
             .await
             .map_err(|source| Error::StagingWrite {
@@ -946,9 +1031,93 @@ impl<'a> Staging<'a> {
             })
     }
 
+    /// With deletion vectors, decides each partition's publish: by vectors (its old files with
+    /// the rows the fix deletes, in a vector file written now), or, when the fix changes too much
+    /// of it, rewritten (its old rows that stay written after its new ones). Returns the
+    /// batch's vectors, and the partitions whose files hold not just their new rows (their
+    /// writers' checksums do not describe them).
+    async fn settle_vectors(
+        &mut self,
+    ) -> Result<(
+        Option<lakefill_log::journal::BatchVectors>,
+        BTreeSet<Vec<Option<String>>>,
+    )> {
+        let mut untagged = BTreeSet::new();
+        let Some(plan) = self.spec.vectors.clone() else {
+            return Ok((None, untagged));
+        };
+        let mut record = lakefill_log::journal::BatchVectors::default();
+        let mut cuts = Vec::new();
+        let add = |counts: &mut lakefill_log::journal::VectorCounts,
+                   more: lakefill_log::journal::VectorCounts| {
+            counts.deleted += more.deleted;
+            counts.added += more.added;
+            counts.rows += more.rows;
+        };
+        for (key, old) in std::mem::take(&mut self.old) {
+            let Some(old) = old else { continue };
+            untagged.insert(key.clone());
+            old.prove()?;
+            let counts = old.counts();
+            if old.over(plan.threshold) {
+                add(
+                    record.rewritten.entry(old.label.clone()).or_default(),
+                    counts,
+                );
+                let (scalars, values) = old.at.clone().ok_or_else(|| {
+                    Error::Internal("a partition's old rows without its values".into())
+                })?;
+                let label = old.label.clone();
+                let (store, schema) = (
+                    Arc::clone(&self.store),
+                    Arc::clone(&self.columns.file_schema),
+                );
+                for (file, deleted) in old.rewritten() {
+                    let mut rows =
+                        std::pin::pin!(vectors::kept_rows(&store, &file, deleted, &schema).await?);
+                    while let Some(rows) = rows.next().await {
+                        let rows = rows?;
+                        if rows.num_rows() > 0 {
+                            self.write_rows(key.clone(), label.clone(), &scalars, &values, &rows)
+                                .await?;
+                        }
+                    }
+                }
+            } else {
+                add(
+                    record.partitions.entry(old.label.clone()).or_default(),
+                    counts,
+                );
+                for (file, deleted, cut) in old.cut() {
+                    if cut {
+                        cuts.push((file, deleted));
+                    } else {
+                        record.kept.push(file);
+                    }
+                }
+            }
+        }
+        if !cuts.is_empty() {
+            let written = lakefill_table::vectors::write(
+                self.store.as_ref(),
+                cuts.iter().map(|(_, deleted)| deleted.clone()).collect(),
+            )
+            .await?;
+            record.vector_files.push(written.path);
+            for ((file, _), descriptor) in cuts.into_iter().zip(written.descriptors) {
+                record.cut.insert(file.path.clone());
+                record
+                    .kept
+                    .push(lakefill_table::vectors::cut_add(&file, descriptor));
+            }
+        }
+        let any = !record.partitions.is_empty() || !record.rewritten.is_empty();
+        Ok((any.then_some(record), untagged))
+    }
+
     /// Closes every writer: the batch's files, each tagged with its rows' checksum, and its
     /// record. Nothing of a batch that produced rows off the grain is kept.
-    async fn finish(self) -> Result<Written> {
+    async fn finish(mut self) -> Result<Written> {
         if !self.off_grain.is_empty() {
             // The writers are dropped unclosed.
             return Ok(Written {
@@ -956,6 +1125,7 @@ impl<'a> Staging<'a> {
                 off_grain: self.off_grain,
             });
         }
+        let (vectors, untagged) = self.settle_vectors().await?;
         let Hashed {
             checksums,
             mut by_writer,
@@ -970,6 +1140,7 @@ impl<'a> Staging<'a> {
             // (unless an earlier writer of its partition was closed: the checksum covers both).
             if let [add] = adds.as_mut_slice()
                 && !self.rolled.contains(&key)
+                && !untagged.contains(&key)
             {
                 let tag = FileDigest::tag(&checksum, self.columns.file_schema.fields(), &add.path);
                 add.tags
@@ -988,6 +1159,7 @@ impl<'a> Staging<'a> {
                 spill: self.spill,
                 sums: self.sums,
                 checksums,
+                vectors,
                 ..self.spec.batch.empty_record()
             }),
             off_grain: self.off_grain,

@@ -1,0 +1,463 @@
+//! Publishing a fix by deletion vectors: a partition's old rows that are among its new rows stay
+//! in their files, the old rows the fix removes are marked deleted there (a deletion vector), and
+//! only the new rows the old files lack are written. This is how Delta's own MERGE and UPDATE
+//! change a table with `delta.enableDeletionVectors`: a fix that changes 1% of the rows encodes
+//! and writes 1% of them.
+//!
+//! A partition's old files are read when its first new rows arrive: each row's hash, with its
+//! file and position ([`Located`]). Each new row then uses up an old row of its hash, if one is
+//! left (it is not written), or is written. When the batch ends, the old rows no new row used up
+//! are what the fix deletes. A partition whose share of changed rows is above the plan's
+//! threshold is rewritten instead: its old rows that stay are written after its new ones, and
+//! its old files are removed whole, as in any rewrite.
+//!
+//! What the table then holds is what a rewrite gives, as a multiset of rows: validation reads it
+//! so (the kept files with their new vectors, and the staged files), and compares it with the old
+//! rows and with what staging counted of the model's output.
+//!
+//! A partition is rewritten, never cut, when an old file's column is not of the table's type (a
+//! row is matched by its values as the table's types hold them, and a reader reads the kept rows
+//! by the file's types).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deltalake::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, new_null_array};
+use deltalake::arrow::compute::{cast, filter_record_batch};
+use deltalake::arrow::datatypes::{DataType, SchemaRef};
+use deltalake::datafusion::common::ScalarValue;
+use deltalake::kernel::Add;
+use deltalake::parquet::arrow::async_reader::{
+    ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder,
+};
+use futures::{Stream, StreamExt, TryStreamExt};
+use roaring::RoaringTreemap;
+
+use lakefill_log::journal::VectorCounts;
+use lakefill_table::error::{Error, Result};
+use lakefill_validate::multiset::Located;
+
+/// The share of a partition's rows a fix may change (deleted plus added, over old plus new) and
+/// still be published by deletion vectors; above it the partition is rewritten.
+pub const DEFAULT_THRESHOLD: f64 = 0.3;
+
+/// The old files a run may publish its fix into by deletion vectors.
+#[derive(Debug, Clone)]
+pub struct VectorPlan {
+    /// See [`DEFAULT_THRESHOLD`].
+    pub threshold: f64,
+    /// The table's root (where its vectors' files are named from).
+    pub root: url::Url,
+    /// Every file of each partition of the range at the read version (partition values by
+    /// logical name, as the journal keeps them), by partition label.
+    pub files: BTreeMap<String, Vec<Add>>,
+}
+
+impl VectorPlan {
+    /// The plan of `plan`'s run, if its target takes deletion vectors
+    /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill of its own
+    /// (not a cascade's node, a revert or adjustments), of a table partitioned by time, without
+    /// a `--where`, column mapping, a change data feed, a model reading its own past, or a
+    /// feature whose commits lakefill writes itself. Otherwise it rewrites, as it always has.
+    pub fn of(plan: &crate::plan::BackfillPlan) -> Result<Option<Arc<Self>>> {
+        let report = &plan.report;
+        let (layout, range) = (&report.layout, &report.range);
+        let snapshot = match plan.target.snapshot() {
+            Ok(snapshot) => snapshot,
+            Err(_) => return Ok(None),
+        };
+        let configuration = snapshot.metadata().configuration();
+        let on = |key: &str| {
+            configuration
+                .get(key)
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        };
+        let eligible = on("delta.enableDeletionVectors")
+            && !on("delta.enableChangeDataFeed")
+            && snapshot
+                .protocol()
+                .writer_features()
+                .is_some_and(|features| features.iter().any(|f| f.as_ref() == "deletionVectors"))
+            && report.publish == lakefill_table::adjustments::PublishMode::Rewrite
+            && plan.adjusted.is_none()
+            && plan.kind.cascade().is_none()
+            && plan.kind.revert_of().is_none()
+            && !layout.partition_columns.is_empty()
+            && !layout.by_rows
+            && !layout.rewrites_files(range)
+            && report.protocol.mapping.is_none()
+            && !report.reads_own_past
+            && lakefill_log::writer::delta_rs_commits(&plan.target);
+        if !eligible {
+            return Ok(None);
+        }
+        let mut files: BTreeMap<String, Vec<Add>> = BTreeMap::new();
+        for file in snapshot.log_data().iter() {
+            if let Some(label) = layout.label_in(range, &file.partition_values_map()) {
+                #[expect(
+                    deprecated,
+                    reason = "a kept file is published with the log's own add entry"
+                )]
+                files.entry(label).or_default().push(file.add_action());
+            }
+        }
+        Ok(Some(Arc::new(Self {
+            threshold: DEFAULT_THRESHOLD,
+            root: plan.target.table_url().clone(),
+            files,
+        })))
+    }
+}
+
+/// Whether `file_type` (an old file's column) holds the values of `table_type` as they are: the
+/// same type, up to the flavour of strings and binaries, a dictionary's encoding, and the
+/// spelling of a UTC time zone.
+fn same_values(file_type: &DataType, table_type: &DataType) -> bool {
+    use DataType::*;
+    fn utc(tz: &Option<Arc<str>>) -> Option<&str> {
+        tz.as_deref().map(|tz| {
+            if matches!(tz, "UTC" | "+00:00" | "Z" | "Etc/UTC") {
+                "UTC"
+            } else {
+                tz
+            }
+        })
+    }
+    match (file_type, table_type) {
+        (Dictionary(_, value), table) => same_values(value, table),
+        (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
+        (Binary | LargeBinary | BinaryView, Binary | LargeBinary | BinaryView) => true,
+        (Timestamp(a, tz_a), Timestamp(b, tz_b)) => a == b && utc(tz_a) == utc(tz_b),
+        (a, b) => a == b,
+    }
+}
+
+/// One old file's rows, batch by batch in file order, as the table's `file_schema` types them.
+/// `Ok(None)`: a column of the file is not of the table's type (see [`same_values`]).
+#[expect(
+    deprecated,
+    reason = "parquet's object store reader is what DataFusion 55 reads with too; its successor is \
+              not in parquet 59's API yet"
+)]
+async fn read_old(
+    store: &Arc<dyn deltalake::ObjectStore>,
+    file: &Add,
+    file_schema: &SchemaRef,
+) -> Result<
+    Option<ParquetRecordBatchStream<deltalake::parquet::arrow::async_reader::ParquetObjectReader>>,
+> {
+    let fail = |e: &dyn std::fmt::Display| {
+        Error::Internal(format!("cannot read the old file `{}`: {e}", file.path))
+    };
+    let reader = deltalake::parquet::arrow::async_reader::ParquetObjectReader::new(
+        Arc::clone(store),
+        lakefill_table::storage::object_path(&file.path),
+    )
+    .with_file_size(u64::try_from(file.size).unwrap_or(0));
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| fail(&e))?;
+    let schema = Arc::clone(builder.schema());
+    for field in file_schema.fields() {
+        if let Ok(column) = schema.field_with_name(field.name())
+            && !same_values(column.data_type(), field.data_type())
+        {
+            tracing::debug!(file = %file.path, column = %field.name(), file_type = %column.data_type(),
+                table_type = %field.data_type(), "an old file's column is not of the table's type: rewritten");
+            return Ok(None);
+        }
+    }
+    let stream = builder
+        .with_batch_size(8192)
+        .build()
+        .map_err(|e| fail(&e))?;
+    Ok(Some(stream))
+}
+
+/// `batch` (rows of an old file) with the table's file columns in the table's types; a column
+/// the file lacks (added later) is NULL, as a reader reads it.
+fn as_table(batch: &RecordBatch, file_schema: &SchemaRef) -> Result<RecordBatch> {
+    let columns = file_schema
+        .fields()
+        .iter()
+        .map(|field| match batch.column_by_name(field.name()) {
+            Some(column) if column.data_type() == field.data_type() => Ok(Arc::clone(column)),
+            Some(column) => cast(column, field.data_type()),
+            None => Ok(new_null_array(field.data_type(), batch.num_rows())),
+        })
+        .collect::<std::result::Result<Vec<ArrayRef>, _>>()
+        .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}")))?;
+    RecordBatch::try_new(Arc::clone(file_schema), columns)
+        .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}")))
+}
+
+fn hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
+    lakefill_table::rowhash::hash_rows(batch.columns(), batch.num_rows())
+}
+
+fn check_hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
+    lakefill_table::rowhash::check_hashes(batch.columns(), batch.num_rows())
+}
+
+/// The old rows of one partition, matched against its new rows as they are written.
+pub(crate) struct OldPartition {
+    /// The partition's label (its period).
+    pub(crate) label: String,
+    /// Its old files, and for each the rows deleted before and its rows in all.
+    files: Vec<Add>,
+    before: Vec<RoaringTreemap>,
+    rows: Vec<u64>,
+    located: Located,
+    /// Old rows live before the fix.
+    live: u64,
+    /// New rows seen, and those written (not among the old).
+    new_rows: u64,
+    added: u64,
+    /// The proof ([`Self::prove`]): each old row's check hash (by file and position), and the
+    /// sums of the check hashes of the live old rows, the new rows and those written.
+    checks: Vec<Vec<u64>>,
+    live_check: u64,
+    new_check: u64,
+    added_check: u64,
+    /// The partition's values, as its writer takes them.
+    pub(crate) at: Option<(
+        Vec<delta_kernel::expressions::Scalar>,
+        lakefill_table::partition::PartitionValues,
+    )>,
+}
+
+/// Whether `file`'s partition values are `values` (a group's, typed as its arrays are).
+fn of_partition(file: &Add, columns: &[String], values: &[ScalarValue]) -> bool {
+    columns.iter().zip(values).all(|(column, value)| {
+        match file.partition_values.get(column).cloned().flatten() {
+            None => value.is_null(),
+            Some(text) => ScalarValue::Utf8(Some(text))
+                .cast_to(&value.data_type())
+                .is_ok_and(|parsed| parsed == *value),
+        }
+    })
+}
+
+impl OldPartition {
+    /// Reads the old files of the partition whose values are `values` (of `columns`) among
+    /// `candidates` (the files of its label); `None` when they cannot be cut (a column of
+    /// another type).
+    pub(crate) async fn load(
+        store: &Arc<dyn deltalake::ObjectStore>,
+        root: &url::Url,
+        label: String,
+        candidates: &[Add],
+        columns: &[String],
+        values: &[ScalarValue],
+        file_schema: &SchemaRef,
+    ) -> Result<Option<Self>> {
+        let mut old = Self {
+            label,
+            files: Vec::new(),
+            before: Vec::new(),
+            rows: Vec::new(),
+            located: Located::default(),
+            live: 0,
+            new_rows: 0,
+            added: 0,
+            checks: Vec::new(),
+            live_check: 0,
+            new_check: 0,
+            added_check: 0,
+            at: None,
+        };
+        for file in candidates
+            .iter()
+            .filter(|f| of_partition(f, columns, values))
+        {
+            let before = lakefill_table::vectors::deleted_rows(
+                store.as_ref(),
+                root,
+                file.deletion_vector.as_ref(),
+            )
+            .await?;
+            let Some(mut stream) = read_old(store, file, file_schema).await? else {
+                return Ok(None);
+            };
+            let index = u32::try_from(old.files.len()).unwrap_or(u32::MAX);
+            let mut position = 0u64;
+            let mut checks = Vec::new();
+            while let Some(batch) = stream.next().await {
+                let batch = batch.map_err(|e| {
+                    Error::Internal(format!("cannot read the old file `{}`: {e}", file.path))
+                })?;
+                let batch = as_table(&batch, file_schema)?;
+                old.located
+                    .add(index, position, &hashes(&batch)?, |p| before.contains(p))
+                    .map_err(|e| Error::Internal(e.to_string()))?;
+                let batch_checks = check_hashes(&batch)?;
+                for (offset, check) in batch_checks.iter().enumerate() {
+                    if !before.contains(position + offset as u64) {
+                        old.live_check = old.live_check.wrapping_add(*check);
+                    }
+                }
+                checks.extend(batch_checks);
+                position += batch.num_rows() as u64;
+            }
+            old.checks.push(checks);
+            old.live += position - before.iter().filter(|p| *p < position).count() as u64;
+            old.files.push(file.clone());
+            old.before.push(before);
+            old.rows.push(position);
+        }
+        Ok(Some(old))
+    }
+
+    /// The rows of `part` (new rows of the partition) to write: those not among the old rows
+    /// left.
+    pub(crate) fn added(&mut self, part: &RecordBatch) -> Result<RecordBatch> {
+        let kept = self.located.take(&hashes(part)?);
+        let write: BooleanArray = kept.iter().map(|k| Some(!k)).collect();
+        let written = filter_record_batch(part, &write)
+            .map_err(|e| Error::Internal(format!("cannot select the rows to write: {e}")))?;
+        self.new_rows += part.num_rows() as u64;
+        self.added += written.num_rows() as u64;
+        let sum = |checks: Vec<u64>| checks.into_iter().fold(0u64, u64::wrapping_add);
+        self.new_check = self.new_check.wrapping_add(sum(check_hashes(part)?));
+        self.added_check = self.added_check.wrapping_add(sum(check_hashes(&written)?));
+        Ok(written)
+    }
+
+    /// Proves, with a hash independent of the one rows were matched by, that the old rows kept
+    /// and the rows written are the new rows: their counts and the sums of their check hashes.
+    pub(crate) fn prove(&self) -> Result<()> {
+        let unused = self
+            .located
+            .unused()
+            .map(|(file, position)| self.checks[file as usize][position as usize])
+            .fold(0u64, u64::wrapping_add);
+        let kept = self.live_check.wrapping_sub(unused);
+        let counts = self.counts();
+        if self.live - counts.deleted + counts.added != self.new_rows
+            || kept.wrapping_add(self.added_check) != self.new_check
+        {
+            return Err(Error::Internal(format!(
+                "partition {}: the old rows kept by deletion vectors and the rows written are not \
+                 the model's rows ({} live old rows, {} deleted, {} written, {} new); nothing was \
+                 published",
+                self.label, self.live, counts.deleted, counts.added, self.new_rows
+            )));
+        }
+        Ok(())
+    }
+
+    /// What the fix changes in the partition.
+    pub(crate) fn counts(&self) -> VectorCounts {
+        VectorCounts {
+            deleted: self.located.left(),
+            added: self.added,
+            rows: self.new_rows,
+        }
+    }
+
+    /// Whether the fix changes more of the partition than `threshold` (of its old and new rows).
+    pub(crate) fn over(&self, threshold: f64) -> bool {
+        let counts = self.counts();
+        let all = self.live + self.new_rows;
+        all > 0 && (counts.deleted + counts.added) as f64 / all as f64 > threshold
+    }
+
+    /// Each old file with the rows it no longer holds once the fix is published (those deleted
+    /// before, and those the fix deletes), and whether the fix deletes any of its rows; with its
+    /// rows in all, which its statistics then say.
+    pub(crate) fn cut(self) -> Vec<(Add, RoaringTreemap, bool)> {
+        let mut deleted: Vec<RoaringTreemap> = vec![RoaringTreemap::new(); self.files.len()];
+        for (file, position) in self.located.unused() {
+            deleted[file as usize].insert(position);
+        }
+        self.files
+            .into_iter()
+            .zip(self.before)
+            .zip(self.rows)
+            .zip(deleted)
+            .map(|(((file, before), rows), deleted)| {
+                let cut = !deleted.is_empty();
+                (with_row_count(file, rows), before | deleted, cut)
+            })
+            .collect()
+    }
+
+    /// Each old file with the rows it does not keep (deleted before, or by the fix): for a
+    /// partition rewritten after all, whose old rows that stay are written again
+    /// ([`kept_rows`]).
+    pub(crate) fn rewritten(self) -> Vec<(Add, RoaringTreemap)> {
+        let mut deleted: Vec<RoaringTreemap> = self.before;
+        for (file, position) in self.located.unused() {
+            deleted[file as usize].insert(position);
+        }
+        self.files.into_iter().zip(deleted).collect()
+    }
+}
+
+/// The rows of the old `file` not in `deleted`, as the table's `file_schema` types them.
+pub(crate) async fn kept_rows(
+    store: &Arc<dyn deltalake::ObjectStore>,
+    file: &Add,
+    deleted: RoaringTreemap,
+    file_schema: &SchemaRef,
+) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + use<>> {
+    let Some(stream) = read_old(store, file, file_schema).await? else {
+        return Err(Error::Internal(format!(
+            "the old file `{}` changed types while it was read",
+            file.path
+        )));
+    };
+    let (path, schema) = (file.path.clone(), Arc::clone(file_schema));
+    let mut position = 0u64;
+    Ok(stream
+        .map_err(move |e| Error::Internal(format!("cannot read the old file `{path}`: {e}")))
+        .and_then(move |batch| {
+            let keep: BooleanArray = (position..position + batch.num_rows() as u64)
+                .map(|p| Some(!deleted.contains(p)))
+                .collect();
+            position += batch.num_rows() as u64;
+            let kept = as_table(&batch, &schema).and_then(|batch| {
+                filter_record_batch(&batch, &keep)
+                    .map_err(|e| Error::Internal(format!("cannot select the rows kept: {e}")))
+            });
+            futures::future::ready(kept)
+        }))
+}
+
+/// `file` with statistics that give its rows in all (`rows`), which a reader of its deletion
+/// vector needs: the log's, or, where it has none, just the count.
+fn with_row_count(mut file: Add, rows: u64) -> Add {
+    if file
+        .get_stats()
+        .ok()
+        .flatten()
+        .is_none_or(|stats| u64::try_from(stats.num_records).ok() != Some(rows))
+    {
+        file.stats =
+            Some(serde_json::json!({"numRecords": rows, "tightBounds": false}).to_string());
+    }
+    file
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_alike_only_in_the_same_type() {
+        use deltalake::arrow::datatypes::TimeUnit;
+        let utc = |tz: &str| DataType::Timestamp(TimeUnit::Microsecond, Some(tz.into()));
+        assert!(same_values(&utc("+00:00"), &utc("UTC")));
+        assert!(!same_values(
+            &DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            &utc("UTC")
+        ));
+        assert!(!same_values(&utc("Europe/Paris"), &utc("UTC")));
+        assert!(same_values(&DataType::Utf8View, &DataType::Utf8));
+        assert!(same_values(
+            &DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            &DataType::LargeUtf8
+        ));
+        assert!(!same_values(&DataType::Int32, &DataType::Int64));
+    }
+}

@@ -1,0 +1,120 @@
+"""A table with deletion vectors, as python `deltalake` writes one, and two independent readers of
+it that apply deletion vectors (python `deltalake`'s own engine and polars).
+
+    python3 vectors.py make URI               # the table (see `make`)
+    python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
+    python3 vectors.py polars URI             # its rows by polars, sorted
+    python3 vectors.py expected URI VERSION   # the rows at VERSION with the fix of `FIX` applied
+
+Rows are [event_id, amount_cents, country, event_date]. S3 options come from the environment, as
+in delta_tables.py.
+"""
+
+import datetime
+import json
+import os
+import sys
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
+
+DAYS = [datetime.date(2026, 1, 1) + datetime.timedelta(days=d) for d in range(4)]
+PER_WRITE = 1000
+
+
+def storage_options():
+    keys = ["AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    options = {k: os.environ[k] for k in keys if k in os.environ}
+    if "AWS_ENDPOINT_URL" in options:
+        options["conditional_put"] = "etag"
+    return options or None
+
+
+def make(uri):
+    """4 days, each in two files (two writes) of 1,000 rows; event 100005 is loaded twice (in
+    both files of 2026-01-01). Deletion vectors on."""
+    for write in range(2):
+        ids, amounts, countries, dates = [], [], [], []
+        for d, day in enumerate(DAYS):
+            for i in range(PER_WRITE):
+                event = 100000 * (d + 1) + write * PER_WRITE + i
+                if write == 1 and d == 0 and i == 0:
+                    event = 100005  # the same row as write 0's event 100005
+                ids.append(event)
+                amounts.append(1000 + event % 1000)
+                countries.append(["DE", "FR", "US"][event % 3])
+                dates.append(day)
+        table = pa.table(
+            {
+                "event_id": pa.array(ids, pa.int64()),
+                "amount_cents": pa.array(amounts, pa.int64()),
+                "country": pa.array(countries, pa.string()),
+                "event_date": pa.array(dates, pa.date32()),
+            }
+        )
+        write_deltalake(
+            uri,
+            table,
+            mode="append",
+            partition_by=["event_date"],
+            configuration={"delta.enableDeletionVectors": "true"},
+            storage_options=storage_options(),
+        )
+
+
+def as_rows(rows):
+    out = [[r["event_id"], r["amount_cents"], r["country"], r["event_date"].isoformat()] for r in rows]
+    out.sort()
+    return out
+
+
+def read(uri, version=None):
+    table = DeltaTable(uri, version=version, storage_options=storage_options())
+    batches = QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()
+    return as_rows(pa.table(batches).to_pylist())
+
+
+def polars_rows(uri):
+    import polars as pl
+
+    return as_rows(pl.read_delta(uri, storage_options=storage_options()).to_dicts())
+
+
+def expected(uri, version):
+    """The fix of the tests' model, on 2026-01-01 ..= 2026-01-03: rows whose event_id ends in 3
+    (mod 1,000) go, every 100th row (and 60% of 2026-01-03's) gets a cent more, a copy of each
+    row ending in 11 (mod 1,000) is added as event + 5,000,000, and rows loaded twice are kept
+    once (SELECT DISTINCT)."""
+    out = []
+    in_range = set()
+    for event, amount, country, day in read(uri, version):
+        if day > "2026-01-03":
+            out.append([event, amount, country, day])
+            continue
+        if event % 1000 == 3:
+            continue
+        if event % 100 == 7 or (day == "2026-01-03" and event % 10 < 6):
+            amount += 1
+        in_range.add((event, amount, country, day))
+    for event, amount, country, day in read(uri, version):
+        if day <= "2026-01-03" and event % 1000 == 11:
+            in_range.add((event + 5000000, amount, country, day))
+    out.extend([list(r) for r in in_range])
+    out.sort()
+    return out
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command == "make":
+        make(sys.argv[2])
+    elif command == "rows":
+        print(json.dumps(read(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
+    elif command == "polars":
+        print(json.dumps(polars_rows(sys.argv[2])))
+    elif command == "expected":
+        print(json.dumps(expected(sys.argv[2], int(sys.argv[3]))))
+    else:
+        sys.exit(f"unknown command {command}")
+    sys.stdout.flush()
+    os._exit(0)

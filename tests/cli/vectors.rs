@@ -1,0 +1,195 @@
+//! Publishing a fix by deletion vectors, on a table python `deltalake` made with
+//! `delta.enableDeletionVectors`: the old rows the fix removes are deleted in place, only the rows
+//! it adds are written, and two independent readers that apply deletion vectors (python
+//! `deltalake`'s own engine, polars) read exactly the fix, computed by python from the old rows.
+//! A partition the fix changes too much of is rewritten; revert, discard and resume work as for a
+//! rewrite.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::support::{PythonLake, Store, json_ok, stderr};
+
+fn helper() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/vectors.py")
+}
+
+/// The fix `tests/cli/vectors.py expected` applies: on 2026-01-01 and -02 about 1% of the rows
+/// change (every 100th gets a cent more, every 1,000th goes, a copy of every 1,000th is added,
+/// a row loaded twice is kept once); on 2026-01-03 also 60% of the rows change.
+const FIX: &str = "SELECT DISTINCT event_id,\n\
+  CASE WHEN event_id % 100 = 7 OR (event_date = DATE '2026-01-03' AND event_id % 10 < 6) THEN amount_cents + 1 ELSE amount_cents END AS amount_cents,\n\
+  country, event_date\n\
+FROM t WHERE event_date BETWEEN $start AND $end AND event_id % 1000 <> 3\n\
+UNION ALL\n\
+SELECT event_id + 5000000, amount_cents, country, event_date FROM t WHERE event_date BETWEEN $start AND $end AND event_id % 1000 = 11";
+
+fn lake(store: Store) -> PythonLake {
+    let mut lake = PythonLake::new(store);
+    lake.script(&helper(), &["make", &lake.uri("t")]);
+    lake.declare("t");
+    lake.model(
+        "fix",
+        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
+        FIX,
+    );
+    lake
+}
+
+fn read(lake: &PythonLake, what: &[&str]) -> Value {
+    let uri = lake.uri("t");
+    let mut args = vec![what[0], uri.as_str()];
+    args.extend_from_slice(&what[1..]);
+    serde_json::from_str(&lake.script(&helper(), &args)).unwrap()
+}
+
+const BACKFILL: [&str; 8] = [
+    "backfill",
+    "fix",
+    "--from",
+    "2026-01-01",
+    "--to",
+    "2026-01-03",
+    "--output-format",
+    "json",
+];
+
+/// Each live file of `t`: its size and, if it has a deletion vector, its cardinality.
+fn live_files(lake: &PythonLake) -> BTreeMap<String, (i64, Option<i64>)> {
+    let table = lake.open("t");
+    let snapshot = table.snapshot().unwrap();
+    snapshot
+        .log_data()
+        .iter()
+        .map(|f| {
+            (
+                f.path().to_string(),
+                (
+                    f.size(),
+                    f.deletion_vector_descriptor().map(|d| d.cardinality),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn a_small_fix_is_published_by_deletion_vectors(store: Store) {
+    let lake = lake(store);
+    let before = live_files(&lake);
+    assert_eq!(before.len(), 8, "4 days in 2 files each: {before:?}");
+    let report = json_ok(&lake.run(&BACKFILL));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
+    assert_eq!(rewritten, ["2026-01-03"], "60% changed: {vectors}");
+    assert_eq!(vectors["files_cut"], 4, "{vectors}");
+    // 2026-01-01: 2 rows go (ending in 003), 1 of a row loaded twice, 20 change; 2 are added.
+    assert_eq!(
+        vectors["partitions"]["2026-01-01"],
+        serde_json::json!({"deleted": 23, "added": 22, "rows": 1999}),
+        "{vectors}"
+    );
+    let published = report["published_version"].as_u64().unwrap();
+
+    // What two readers that apply deletion vectors read is the fix, as python computes it.
+    let expected = read(&lake, &["expected", &(published - 1).to_string()]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    if store == Store::Local {
+        assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    }
+
+    // The old files of the cut days stay, with vectors; those of the rewritten day and of the
+    // day outside the range are gone and untouched; the rows written are few.
+    let after = live_files(&lake);
+    let old_cut_bytes: i64 = before
+        .iter()
+        .filter(|(p, _)| p.contains("2026-01-01") || p.contains("2026-01-02"))
+        .map(|(p, (size, _))| {
+            assert_eq!(after[p].0, *size, "{p} stays");
+            assert!(after[p].1.is_some(), "{p} has a vector");
+            *size
+        })
+        .sum();
+    let deleted: i64 = after.values().filter_map(|(_, dv)| *dv).sum();
+    assert_eq!(deleted, 23 + 22, "{after:?}");
+    for (path, _) in before.iter().filter(|(p, _)| p.contains("2026-01-03")) {
+        assert!(!after.contains_key(path), "{path} rewritten");
+    }
+    for (path, entry) in before.iter().filter(|(p, _)| p.contains("2026-01-04")) {
+        assert_eq!(after.get(path), Some(entry), "{path} outside the range");
+    }
+    let written_cut_bytes: i64 = after
+        .iter()
+        .filter(|(p, _)| {
+            p.contains("lakefill-") && (p.contains("2026-01-01") || p.contains("2026-01-02"))
+        })
+        .map(|(_, (size, _))| *size)
+        .sum();
+    assert!(
+        written_cut_bytes * 10 < old_cut_bytes,
+        "{written_cut_bytes} bytes written for {old_cut_bytes} bytes of old files"
+    );
+
+    // Reverted, the old files are whole again.
+    let run_id = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(live_files(&lake), before);
+    let original = read(&lake, &["rows", &(published - 1).to_string()]);
+    assert_eq!(read(&lake, &["rows"]), original, "python deltalake");
+    if store == Store::Local {
+        assert_eq!(read(&lake, &["polars"]), original, "polars");
+    }
+}
+
+both_stores!(a_small_fix_is_published_by_deletion_vectors);
+
+/// Staged only, a fix by vectors leaves the table as it was and its vector file is discarded with
+/// its staged files; stopped after staging, the same command publishes it.
+#[test]
+fn a_fix_by_vectors_is_discarded_whole_or_resumed() {
+    let lake = lake(Store::Local);
+    let root = lake.path().join("lake/t");
+    let vector_files = || -> Vec<String> {
+        std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|name| name.starts_with("deletion_vector_"))
+            .collect()
+    };
+    let original = read(&lake, &["rows"]);
+    let mut staged_args = BACKFILL.to_vec();
+    staged_args.push("--stage-only");
+    let staged = json_ok(&lake.run(&staged_args));
+    assert_eq!(staged["outcome"], "staged", "{staged}");
+    assert_eq!(vector_files().len(), 1);
+    assert_eq!(read(&lake, &["rows"]), original, "nothing published");
+    let out = lake.run(&["discard", staged["run_id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(vector_files().is_empty(), "the vector file is discarded");
+    assert!(
+        crate::support::files_under(&root)
+            .iter()
+            .all(|f| !f.contains("lakefill-")),
+        "staged files discarded"
+    );
+
+    let version = lake.open("t").version().unwrap();
+    let out = crate::support::lakefill_command(lake.path())
+        .args(BACKFILL)
+        .env("LAKEFILL_FAILPOINTS", "after-stage")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "stopped after staging");
+    let report = json_ok(&lake.run(&BACKFILL));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert!(report["resumed_batches"].as_u64() >= Some(1), "{report}");
+    let expected = read(&lake, &["expected", &version.to_string()]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    assert_eq!(vector_files().len(), 1, "the resumed run's vector file");
+}
