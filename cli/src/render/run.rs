@@ -160,13 +160,17 @@ fn details(report: &RunReport, out: &mut String) {
     if let Some(reason) = &report.forced {
         let _ = writeln!(out, "  validation overridden: {reason}");
     }
-    if let Some(vectors) = &report.deletion_vectors {
+    if let Some(vectors) = report
+        .deletion_vectors
+        .as_ref()
+        .filter(|v| v.files_cut > 0 || !v.rewritten.is_empty())
+    {
         let sum = |f: fn(&lakefill::VectorCounts) -> u64| -> u64 {
             vectors.partitions.values().map(f).sum()
         };
         let _ = writeln!(
             out,
-            "  deletion vectors: {} partitions cut in place ({} old rows deleted in {} files, {} rows added), {} rewritten (the fix changes too much of them)",
+            "  deletion vectors: {} partitions by vectors ({} old rows deleted in place in {} files, {} rows added), {} rewritten (the fix changes too much of them)",
             vectors.partitions.len(),
             sum(|c| c.deleted),
             vectors.files_cut,
