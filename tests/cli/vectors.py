@@ -4,7 +4,8 @@ it that apply deletion vectors (python `deltalake`'s own engine and polars).
     python3 vectors.py make URI               # the table (see `make`)
     python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
     python3 vectors.py polars URI             # its rows by polars, sorted
-    python3 vectors.py expected URI VERSION   # the rows at VERSION with the fix of `FIX` applied
+    python3 vectors.py expected URI VERSION   # the rows at VERSION with the tests' fix applied
+    python3 vectors.py second URI VERSION     # the rows at VERSION with the second fix applied
 
 Rows are [event_id, amount_cents, country, event_date]. S3 options come from the environment, as
 in delta_tables.py.
@@ -104,6 +105,18 @@ def expected(uri, version):
     return out
 
 
+def second(uri, version):
+    """The tests' second fix, on 2026-01-01 ..= 2026-01-03: every row whose event_id ends in 08
+    (mod 100) gets a cent more."""
+    out = []
+    for event, amount, country, day in read(uri, version):
+        if day <= "2026-01-03" and event % 100 == 8:
+            amount += 1
+        out.append([event, amount, country, day])
+    out.sort()
+    return out
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
@@ -114,6 +127,8 @@ if __name__ == "__main__":
         print(json.dumps(polars_rows(sys.argv[2])))
     elif command == "expected":
         print(json.dumps(expected(sys.argv[2], int(sys.argv[3]))))
+    elif command == "second":
+        print(json.dumps(second(sys.argv[2], int(sys.argv[3]))))
     else:
         sys.exit(f"unknown command {command}")
     sys.stdout.flush()

@@ -193,3 +193,85 @@ fn a_fix_by_vectors_is_discarded_whole_or_resumed() {
     assert_eq!(read(&lake, &["polars"]), expected, "polars");
     assert_eq!(vector_files().len(), 1, "the resumed run's vector file");
 }
+
+/// A second fix cuts files a first one cut: their new vectors hold the rows the first deleted too,
+/// and the rows read are the second fix's.
+#[test]
+fn a_second_fix_cuts_files_the_first_one_cut() {
+    let lake = lake(Store::Local);
+    let first = json_ok(&lake.run(&BACKFILL));
+    assert_eq!(first["outcome"], "published", "{first}");
+    let cut_before = live_files(&lake);
+    lake.model_version(
+        "fix",
+        "v2",
+        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"",
+        "SELECT event_id, CASE WHEN event_id % 100 = 8 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
+         FROM t WHERE event_date BETWEEN $start AND $end",
+    );
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--model-version", "v2"]);
+    let second = json_ok(&lake.run(&args));
+    assert_eq!(second["outcome"], "published", "{second}");
+    let version = second["published_version"].as_u64().unwrap();
+    // Each old file of 2026-01-01 and -02 had a vector; it now deletes 10 rows more.
+    let after = live_files(&lake);
+    for (path, (_, vector)) in cut_before.iter().filter(|(p, _)| {
+        !p.contains("lakefill-") && !p.contains("2026-01-03") && !p.contains("2026-01-04")
+    }) {
+        assert_eq!(
+            after[path].1,
+            Some(vector.unwrap() + 10),
+            "{path}: {vector:?} then {:?}",
+            after[path].1
+        );
+    }
+    let expected = read(&lake, &["second", &(version - 1).to_string()]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+}
+
+/// A fix that only adds a row to a partition whose file another writer cut by an inline vector:
+/// the file stays as it is (its vector read to count its live rows), the row is appended.
+#[test]
+fn a_file_with_an_inline_vector_of_another_writer_is_kept() {
+    let table = crate::features::FeatureTable::make("none+dv");
+    let before = table.rows(None);
+    table.model(
+        "grow",
+        "event_id, amount_cents, point, event_date FROM t WHERE event_date BETWEEN $start AND $end\n\
+         UNION ALL SELECT 9999, 1, named_struct('x', CAST(1 AS BIGINT), 'tag', 'new'), DATE '2026-01-03'\n\
+         -- ",
+        "",
+    );
+    let report = json_ok(&table.run(&[
+        "backfill",
+        "grow",
+        "--from",
+        "2026-01-03",
+        "--to",
+        "2026-01-03",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(
+        report["deletion_vectors"]["partitions"]["2026-01-03"],
+        serde_json::json!({"deleted": 0, "added": 1, "rows": 3}),
+        "{report}"
+    );
+    assert_eq!(report["partitions"][0]["old_rows"], 2, "{report}");
+    let mut expected = before.as_array().unwrap().clone();
+    expected.push(serde_json::json!({"event_id": 9999, "amount_cents": 1, "point": {"x": 1, "tag": "new"}, "event_date": "2026-01-03"}));
+    let rows = table.rows(None);
+    assert_eq!(rows.as_array().unwrap().len(), expected.len(), "{rows}");
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .contains(&expected[expected.len() - 1]),
+        "{rows}"
+    );
+    for row in before.as_array().unwrap() {
+        assert!(rows.as_array().unwrap().contains(row), "{row} kept");
+    }
+}
