@@ -282,7 +282,10 @@ fn orchestrate() {
     // fix before it is put back first (not measured); the feed is turned off again after.
     let fix_back = write_model(0, false, false);
     child(&project, &["novalidate", &from, &to, &fix_back, "default"]);
-    child(&project, &["feed", "on"]);
+    child(
+        &project,
+        &["property", "delta.enableChangeDataFeed", "true"],
+    );
     let tweak_feed = write_model(0, true, false);
     let outcome = child(&project, &["validate", &from, &to, &tweak_feed, "default"]);
     results.push(Measured {
@@ -290,7 +293,10 @@ fn orchestrate() {
         partitions: days,
         outcome,
     });
-    child(&project, &["feed", "off"]);
+    child(
+        &project,
+        &["property", "delta.enableChangeDataFeed", "false"],
+    );
     // A fix for one country of eight (`--where`), over the whole range: the bug is put back
     // everywhere first (not measured).
     let bug = write_model(8, false, false);
@@ -309,7 +315,7 @@ fn orchestrate() {
     // put back first, not measured) published by deletion vectors. On a copy of the lake, so that
     // the scenarios after these read a table without the deletion vectors feature, as before.
     let copy = dir.path().join("vectors");
-    copy_dir(&project, &copy);
+    lakefill_fixtures::copy_dir(&project, &copy).unwrap();
     let fix = write_model(0, false, false);
     std::fs::copy(
         project.join(format!("sql/events/{fix}.sql")),
@@ -325,7 +331,7 @@ fn orchestrate() {
         outcome,
     });
     child(&copy, &["novalidate", &from, &to, &fix, "default"]);
-    child(&copy, &["vectors", "on"]);
+    child(&copy, &["property", "delta.enableDeletionVectors", "true"]);
     let sparse = write_sparse_model(&copy, 2);
     let outcome = child(&copy, &["validate", &from, &to, &sparse, "default"]);
     results.push(Measured {
@@ -692,8 +698,9 @@ async fn run_scenario(args: &[String]) -> Value {
             })
         }
         "floor" => floor(&dir, &args[2], &args[3]).await,
-        "feed" => {
-            // `DIR feed on|off`: the target's `delta.enableChangeDataFeed`.
+        "property" => {
+            // `DIR property KEY VALUE`: a table property of the target (`delta.enableChangeDataFeed`;
+            // `delta.enableDeletionVectors`, whose `true` makes the protocol take the feature).
             let table = deltalake::open_table(
                 url::Url::from_directory_path(dir.join("lake/events")).unwrap(),
             )
@@ -701,34 +708,7 @@ async fn run_scenario(args: &[String]) -> Value {
             .unwrap();
             table
                 .set_tbl_properties()
-                .with_properties(
-                    [(
-                        "delta.enableChangeDataFeed".to_string(),
-                        (args[2] == "on").to_string(),
-                    )]
-                    .into(),
-                )
-                .await
-                .unwrap();
-            json!({})
-        }
-        "vectors" => {
-            // `DIR vectors on|off`: the target's `delta.enableDeletionVectors` (on, the table's
-            // protocol takes the feature).
-            let table = deltalake::open_table(
-                url::Url::from_directory_path(dir.join("lake/events")).unwrap(),
-            )
-            .await
-            .unwrap();
-            table
-                .set_tbl_properties()
-                .with_properties(
-                    [(
-                        "delta.enableDeletionVectors".to_string(),
-                        (args[2] == "on").to_string(),
-                    )]
-                    .into(),
-                )
+                .with_properties([(args[2].clone(), args[3].clone())].into())
                 .await
                 .unwrap();
             json!({})
@@ -807,20 +787,6 @@ async fn floor(dir: &Path, from: &str, to: &str) -> Value {
         "bytes_read": source_bytes(dir, from, to).await,
         "bytes_written": bytes_written,
     })
-}
-
-/// Copies the directory `from` (files and directories, recursively) to `to`.
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 fn walk_size(dir: &Path) -> u64 {

@@ -396,10 +396,11 @@ fn faulty_inputs_are_refused_and_change_nothing() {
                 let toml = std::fs::read_to_string(lake.path().join("lakefill.toml")).unwrap();
                 // raw_events now points at a table without `amount_cents` (a copy: two tables
                 // never share a location).
-                copy_dir(
+                lakefill_fixtures::copy_dir(
                     &lake.path().join("lake/daily_revenue"),
                     &lake.path().join("lake/revenue_copy"),
-                );
+                )
+                .unwrap();
                 std::fs::write(
                     lake.path().join("lakefill.toml"),
                     toml.replace("lake/raw_events", "lake/revenue_copy"),
@@ -507,17 +508,4 @@ fn faulty_inputs_are_refused_and_change_nothing() {
 fn json_ok_quiet(lake: &TestLake, args: &[&str]) {
     let out = lake.run(args);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }

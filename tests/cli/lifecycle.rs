@@ -562,7 +562,7 @@ fn gc_and_discard_never_touch_another_tables_files() {
         events.join(format!("event_date={}", "2099-01-01")),
     ];
     for dir in &nested {
-        copy_dir(&revenue, dir);
+        lakefill_fixtures::copy_dir(&revenue, dir).unwrap();
     }
     // Links from events into daily_revenue: a partition directory and a staging directory.
     let revenue_partition = std::fs::read_dir(&revenue)
@@ -699,19 +699,6 @@ fn gc_and_discard_never_touch_another_tables_files() {
             .any(|p| p.contains(&format!("lakefill-{run_id}/"))),
         "the discarded run's own files are gone"
     );
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// Two tables may not share or nest locations: the project is refused, naming both.

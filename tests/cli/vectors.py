@@ -7,8 +7,8 @@ it that apply deletion vectors (python `deltalake`'s own engine and polars).
     python3 vectors.py expected URI VERSION   # the rows at VERSION with the tests' fix applied
     python3 vectors.py second URI VERSION     # the rows at VERSION with the second fix applied
 
-Rows are [event_id, amount_cents, country, event_date]. S3 options come from the environment, as
-in delta_tables.py.
+Rows are [event_id, amount_cents, country, event_date]. S3 options come from the environment
+(delta_tables.py's `storage_options`).
 """
 
 import datetime
@@ -19,16 +19,11 @@ import sys
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from delta_tables import storage_options  # noqa: E402  (the S3 options of every helper)
+
 DAYS = [datetime.date(2026, 1, 1) + datetime.timedelta(days=d) for d in range(4)]
 PER_WRITE = 1000
-
-
-def storage_options():
-    keys = ["AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
-    options = {k: os.environ[k] for k in keys if k in os.environ}
-    if "AWS_ENDPOINT_URL" in options:
-        options["conditional_put"] = "etag"
-    return options or None
 
 
 def make(uri):

@@ -9,7 +9,7 @@
 //! Writing uses the kernel's `StreamingDeletionVectorWriter` (the format, its magic and CRC).
 //! Reading is written here: the kernel's reader is synchronous, over a storage handler of its own
 //! engine, where lakefill reads through the table's async object store; what it does is the few
-//! lines of [`parse`].
+//! lines of `parse`.
 //!
 //! A file gets a new vector by two actions of one commit: its `remove` (with the vector it had)
 //! and its `add` again with the new vector, which holds the old one's rows too
