@@ -148,8 +148,13 @@ pub(crate) struct DemoArgs {
     pub(crate) events_per_day: u32,
     /// Put the tables on S3 under this location (`s3://bucket/prefix`; the bucket must exist),
     /// reached with the `AWS_*` variables of the environment (endpoint, region, keys).
-    #[arg(long, value_name = "S3_URI")]
+    #[arg(long, value_name = "S3_URI", conflicts_with = "azure")]
     pub(crate) s3: Option<String>,
+    /// Put the tables on Azure Blob Storage under this location (`az://container/prefix`; the
+    /// container must exist), reached with the `AZURE_*` variables of the environment (account,
+    /// key or SAS token, endpoint; `AZURE_STORAGE_USE_EMULATOR=true` for a local Azurite).
+    #[arg(long, value_name = "AZURE_URI")]
+    pub(crate) azure: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -103,6 +103,7 @@ pub use lakefill_table::adjustments::{
     REVERSAL, RUN_ID_COLUMN,
 };
 pub use lakefill_table::failpoint::{CrashPhase, CrashPoint};
+pub use lakefill_table::store::Store;
 pub use lakefill_validate::feed::FeedCounts;
 pub use metadata::{
     CheckSummary, CommitMetadata, CommittedPartition, EdgeMoves, ValidationSummary,

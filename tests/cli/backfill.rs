@@ -559,7 +559,7 @@ fn a_published_run_reapplies_only_after_its_range_changed(store: Store) {
     assert_eq!(lake.version("events"), v1 + 2);
 }
 
-both_stores!(
+every_store!(
     plan_reads_the_log_and_writes_nothing,
     events_v2_backfill_replaces_exactly_the_range,
     downstream_backfill_follows_corrected_events,

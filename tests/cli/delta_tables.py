@@ -76,7 +76,10 @@ def create(kind, path):
 
 
 def storage_options():
-    keys = ["AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    """The options of the test lake's store, from the environment the tests pass: moto's S3 or
+    Azurite's Azure, or none for local disk."""
+    keys = ["AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+            "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT", "AZURE_ALLOW_HTTP"]
     options = {k: os.environ[k] for k in keys if k in os.environ}
     if "AWS_ENDPOINT_URL" in options:
         options["conditional_put"] = "etag"

@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    PARTIAL_FIX, Store, TestLake, assert_refused, json_ok, lakefill_command, run_in, s3_server,
-    stderr,
+    PARTIAL_FIX, Store, TestLake, assert_refused, json_ok, lakefill_command, run_in, stderr,
 };
 
 /// A cluster started with `lakefill cluster up`; stopped (with its executors) when dropped.
@@ -44,9 +43,7 @@ impl Cluster {
             STARTED.fetch_add(1, Ordering::SeqCst)
         ));
         let mut command = lakefill_command(dir);
-        if lake.store == Store::S3 {
-            command.envs(s3_server().project_storage());
-        }
+        command.envs(lake.store.project_storage());
         command
             .args([
                 "cluster",
@@ -176,7 +173,7 @@ fn committed_from(lake: &TestLake, run_id: &str) -> BTreeSet<String> {
         .collect()
 }
 
-both_stores!(
+every_store!(
     a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run,
     a_writer_task_that_fails_leaves_no_commit_and_a_run_that_resumes,
 );

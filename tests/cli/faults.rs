@@ -285,7 +285,7 @@ fn overlapping_runs_one_publishes_the_other_conflicts(store: Store) {
     assert_eq!(lake.version("events"), before + 2);
 }
 
-both_stores!(
+every_store!(
     a_crash_at_any_phase_leaves_old_or_new_and_a_rerun_converges,
     overlapping_runs_one_publishes_the_other_conflicts,
 );

@@ -526,7 +526,7 @@ fn a_rerun_inside_a_published_range_is_up_to_date(store: Store) {
     assert_eq!(sums[0][0], sums[0][1], "each row gained one cent");
 }
 
-both_stores!(
+every_store!(
     every_stop_then_publish,
     every_stop_then_discard,
     every_stop_then_gc,

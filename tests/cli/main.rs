@@ -1,13 +1,15 @@
-//! Integration tests: the real `lakefill` binary against real Delta tables, on local disk and on
-//! a real S3-compatible server (moto) that the tests start on loopback.
+//! Integration tests: the real `lakefill` binary against real Delta tables, on local disk, on a
+//! real S3-compatible server (moto) and on Microsoft's Azure Storage emulator (Azurite), which
+//! the tests start on loopback.
 
 #![expect(
     clippy::unwrap_used,
     reason = "a test fails loudly on any unexpected error"
 )]
 
-/// Runs each named test function, `fn name(store: Store)`, once on local disk and once on S3.
-macro_rules! both_stores {
+/// Runs each named test function, `fn name(store: Store)`, once on local disk, once on S3 (moto)
+/// and once on Azure (Azurite).
+macro_rules! every_store {
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {
@@ -19,12 +21,36 @@ macro_rules! both_stores {
                 fn s3() {
                     super::$name(crate::support::Store::S3);
                 }
+                #[test]
+                fn azure() {
+                    super::$name(crate::support::Store::Azure);
+                }
+            }
+        )*
+    };
+}
+
+/// Runs each named test function, `fn name(store: Store)`, once on S3 (moto) and once on Azure
+/// (Azurite): what only object stores have (racing writers, credentials, endpoints).
+macro_rules! object_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn s3() {
+                    super::$name(crate::support::Store::S3);
+                }
+                #[test]
+                fn azure() {
+                    super::$name(crate::support::Store::Azure);
+                }
             }
         )*
     };
 }
 
 mod adjustments;
+mod azure;
 mod backfill;
 mod cascade;
 mod contract;

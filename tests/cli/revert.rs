@@ -202,7 +202,7 @@ fn a_revert_puts_back_exactly_what_the_run_replaced(store: Store) {
     );
 }
 
-both_stores!(a_revert_puts_back_exactly_what_the_run_replaced);
+every_store!(a_revert_puts_back_exactly_what_the_run_replaced);
 
 #[test]
 fn a_revert_after_a_later_commit_in_its_range_is_refused() {
@@ -373,7 +373,7 @@ fn a_stopped_revert_converges(store: Store) {
     }
 }
 
-both_stores!(a_stopped_revert_converges);
+every_store!(a_stopped_revert_converges);
 
 /// Rows of `events` per day of `from..=to` at `version` (latest when `None`), counted with
 /// plain DataFusion: day -> rows.
@@ -520,7 +520,7 @@ fn a_logical_revert_restores_the_range_despite_later_commits(store: Store) {
     );
 }
 
-both_stores!(a_logical_revert_restores_the_range_despite_later_commits);
+every_store!(a_logical_revert_restores_the_range_despite_later_commits);
 
 /// A logical revert stopped at each point converges: the same command finishes it with one
 /// commit and the range as the run found it.

@@ -417,7 +417,7 @@ fn staged_objects(lake: &TestLake, marker: &str) -> Vec<String> {
         .collect()
 }
 
-both_stores!(
+every_store!(
     force_publish_records_the_override,
     stage_only_then_publish_equals_a_direct_backfill,
     discard_removes_every_staged_file,

@@ -146,7 +146,7 @@ fn a_small_fix_is_published_by_deletion_vectors(store: Store) {
     }
 }
 
-both_stores!(a_small_fix_is_published_by_deletion_vectors);
+every_store!(a_small_fix_is_published_by_deletion_vectors);
 
 /// Staged only, a fix by vectors leaves the table as it was and its vector file is discarded with
 /// its staged files; stopped after staging, the same command publishes it.

@@ -31,9 +31,10 @@ pub(crate) async fn run(args: &DemoArgs, printer: Printer) -> anyhow::Result<()>
         "building the demo lake in {shown}: {} days x {} events, history written by events@v1 (a UTC-8 timezone bug)",
         lake.days, lake.events_per_day
     ));
-    let location = match &args.s3 {
-        None => LakeLocation::local(),
-        Some(uri) => s3_location(uri)?,
+    let location = match (&args.s3, &args.azure) {
+        (Some(uri), _) => object_store_location(uri, "--s3", &S3)?,
+        (None, Some(uri)) => object_store_location(uri, "--azure", &AZURE)?,
+        (None, None) => LakeLocation::local(),
     };
     let created = lake.create_at(&dir, &location).await?;
     // Consumers of every table hear of each fix: one JSON line per published version.
@@ -204,25 +205,53 @@ async fn partial_fix(
     Ok(Some(run))
 }
 
-/// The S3 variables the demo passes on, written into `lakefill.toml` as `${VAR}` references so
+/// An object store the demo can put its tables in: the store its locations must name, their form,
+/// and the variables the demo passes on, written into `lakefill.toml` as `${VAR}` references so
 /// that no secret lands in the file.
-const S3_VARIABLES: [&str; 6] = [
-    "AWS_ENDPOINT_URL",
-    "AWS_ALLOW_HTTP",
-    "AWS_REGION",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-];
+struct DemoStore {
+    store: lakefill::Store,
+    form: &'static str,
+    variables: &'static [&'static str],
+}
 
-fn s3_location(uri: &str) -> anyhow::Result<LakeLocation> {
-    if !(uri.starts_with("s3://") || uri.starts_with("s3a://"))
+const S3: DemoStore = DemoStore {
+    store: lakefill::Store::S3,
+    form: "s3://bucket/prefix",
+    variables: &[
+        "AWS_ENDPOINT_URL",
+        "AWS_ALLOW_HTTP",
+        "AWS_REGION",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ],
+};
+
+const AZURE: DemoStore = DemoStore {
+    store: lakefill::Store::Azure,
+    form: "az://container/prefix",
+    variables: &[
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_KEY",
+        "AZURE_STORAGE_ENDPOINT",
+        "AZURE_ALLOW_HTTP",
+        "AZURE_STORAGE_USE_EMULATOR",
+    ],
+};
+
+fn object_store_location(
+    uri: &str,
+    option: &str,
+    kind: &DemoStore,
+) -> anyhow::Result<LakeLocation> {
+    if lakefill::Store::of_uri(uri) != kind.store
         || uri.trim_end_matches('/').matches('/').count() < 2
     {
         return Err(lakefill::Error::InvalidOption {
-            option: "--s3".into(),
+            option: option.into(),
             value: uri.to_string(),
-            message: "expected `s3://bucket/prefix`".into(),
+            message: format!("expected `{}`", kind.form),
         }
         .into());
     }
@@ -230,7 +259,7 @@ fn s3_location(uri: &str) -> anyhow::Result<LakeLocation> {
         base_uri: Some(uri.trim_end_matches('/').to_string()),
         ..LakeLocation::default()
     };
-    for variable in S3_VARIABLES {
+    for variable in kind.variables {
         if let Ok(value) = std::env::var(variable) {
             location
                 .project_storage

@@ -197,9 +197,9 @@ pub async fn run_executor(
         .map_err(|e| failed("executor", e))
 }
 
-/// The object stores of a scheduler or executor: the local file system, and an S3 bucket's store built the first
-/// time a task asks for it, from this process's own `AWS_*` environment (never from the plan,
-/// which carries no credentials).
+/// The object stores of a scheduler or executor: the local file system, and an S3 bucket's or
+/// Azure container's store built the first time a task asks for it, from this process's own
+/// environment (`AWS_*`, `AZURE_*`; never from the plan, which carries no credentials).
 #[derive(Debug, Default)]
 struct ExecutorStores {
     known: DefaultObjectStoreRegistry,
@@ -228,11 +228,13 @@ impl ObjectStoreRegistry for ExecutorStores {
         if let Ok(store) = self.known.get_store(url) {
             return Ok(store);
         }
-        if !matches!(url.scheme(), "s3" | "s3a") {
+        lakefill_table::store::register_handlers();
+        let kind = lakefill_table::store::Store::of(url);
+        if !kind.is_object_store() {
             return self.known.get_store(url);
         }
         let options: std::collections::HashMap<String, String> = std::env::vars()
-            .filter(|(key, _)| key.starts_with("AWS_"))
+            .filter(|(key, _)| kind.reads_from_env(key))
             .collect();
         let store = deltalake::DeltaTableBuilder::from_url(url.clone())
             .and_then(|b| b.with_storage_options(options).build_storage())

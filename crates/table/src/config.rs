@@ -345,10 +345,11 @@ fn resolve_uri(root: &Path, uri: &str) -> std::result::Result<Url, String> {
     }
     if let Some((scheme, _)) = uri.split_once("://") {
         let url = Url::parse(uri).map_err(|e| format!("`{uri}` is not a valid URL ({e})"))?;
-        return match scheme {
-            "file" | "s3" | "s3a" => Ok(with_trailing_slash(url)),
-            other => Err(format!(
-                "scheme `{other}` is not supported; use a path, `file://`, `s3://` or `s3a://`"
+        return match crate::store::Store::of_scheme(url.scheme()) {
+            Some(_) => Ok(with_trailing_slash(url)),
+            None => Err(format!(
+                "scheme `{scheme}` is not supported; use {}",
+                crate::store::SUPPORTED_SCHEMES
             )),
         };
     }

@@ -655,9 +655,15 @@ impl Error {
             Error::DamagedLog { table, .. } => format!(
                 "a commit or checkpoint file under `_delta_log/` of `{table}` does not parse: restore it from a backup or ask whoever wrote it; lakefill changed nothing (`lakefill history {table}` shows the commits it can read)"
             ),
-            Error::OpenTable { table, .. } => format!(
-                "check `tables.{table}` in lakefill.toml: the location, and storage options such as the endpoint, region, credentials and `AWS_ALLOW_HTTP` for http endpoints; `lakefill plan` lists the options in effect"
-            ),
+            Error::OpenTable { table, uri, source } => {
+                let store = crate::store::Store::of_uri(uri);
+                store
+                    .diagnose(table, &format!("{source} {source:?}"))
+                    .unwrap_or_else(|| format!(
+                        "check `tables.{table}` in lakefill.toml: the location, and storage options: {}; `lakefill plan` lists the options in effect",
+                        store.options_hint()
+                    ))
+            }
             Error::NotADeltaTable { table, .. } => format!(
                 "check `tables.{table}.uri` in lakefill.toml; the location must hold a `_delta_log` directory"
             ),
@@ -692,7 +698,7 @@ impl Error {
                 "write each row's partition value as the first instant of its {grain} (e.g. `date_trunc('{grain}', ts)`, or `CAST(date_trunc('{grain}', d) AS DATE)`), or declare the table's real `grain` in the model header"
             ),
             Error::UnsafeStore { .. } => {
-                "use an S3 endpoint that supports conditional writes (AWS S3, MinIO, moto) and do not set `aws_conditional_put = disabled`".into()
+                "use a store that supports conditional writes (AWS S3, MinIO, moto, Azure Blob Storage, Azurite) and do not set `aws_conditional_put = disabled`".into()
             }
             Error::StagingWrite { .. } => {
                 "the table's storage refused a write (permissions, space, or something in the way); nothing was published; fix it and run the same command again to resume".into()

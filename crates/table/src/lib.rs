@@ -9,6 +9,7 @@
 //!  adjustments                            how a run publishes, and the lineage of adjustment rows
 //!  partition  protocol  storage           how a table keeps time, the rules its protocol puts on
 //!                                         rows, opening it at a version
+//!  store                                  the kinds of store (local, S3, Azure) a location names
 //!  scope                                  the rows a `--where` predicate selects, and the files
 //!                                         that may hold them
 //!  mapping                                the names and ids a column-mapped table's files use
@@ -38,6 +39,7 @@ pub mod spill;
 pub mod sqltext;
 pub mod staged;
 pub mod storage;
+pub mod store;
 pub mod time;
 pub mod types;
 pub mod vectors;

@@ -40,7 +40,7 @@ pub fn register(value: &str) {
 /// Registers the user and password of `text` if it is a URL with credentials.
 pub fn register_url_credentials(text: &str) {
     if let Ok(url) = url::Url::parse(text.trim()) {
-        if !url.username().is_empty() {
+        if !url.username().is_empty() && !names_a_container(url.scheme(), url.password()) {
             register(url.username());
             if let Ok(decoded) = percent_decode(url.username()) {
                 register(&decoded);
@@ -110,9 +110,16 @@ fn percent_decode(text: &str) -> std::result::Result<String, std::string::FromUt
     String::from_utf8(out)
 }
 
-/// `text` with every registered secret, and the userinfo of every URL, replaced by `****`.
+/// Whether the user part of a URL names an Azure container, not a user: ADLS Gen2 locations are
+/// `abfss://container@account.dfs.core.windows.net/path`, with no password.
+fn names_a_container(scheme: &str, password: Option<&str>) -> bool {
+    matches!(scheme.to_ascii_lowercase().as_str(), "abfs" | "abfss") && password.is_none()
+}
+
+/// `text` with every registered secret, the userinfo of every URL (but an ADLS container), and
+/// the signature of every Azure SAS token (`sig=…`) replaced by `****`.
 pub fn mask(text: &str) -> String {
-    let mut out = mask_userinfo(text);
+    let mut out = mask_sas_signatures(&mask_userinfo(text));
     if let Ok(secrets) = SECRETS.read() {
         // Longest first, so a secret that contains another is masked whole.
         let mut ordered: Vec<&String> = secrets.iter().collect();
@@ -138,7 +145,15 @@ fn mask_userinfo(text: &str) -> String {
             .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
             .unwrap_or(tail.len());
         let authority = &tail[..end];
+        let scheme = head[..head.len() - 3]
+            .rsplit(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .next()
+            .unwrap_or("");
+        let userinfo_password = authority
+            .rfind('@')
+            .and_then(|at| authority[..at].split_once(':').map(|(_, p)| p));
         match authority.rfind('@') {
+            Some(_) if names_a_container(scheme, userinfo_password) => out.push_str(authority),
             Some(at) => {
                 out.push_str(MASK);
                 out.push_str(&authority[at..]);
@@ -146,6 +161,30 @@ fn mask_userinfo(text: &str) -> String {
             None => out.push_str(authority),
         }
         rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Replaces the value of every `sig=` query parameter (an Azure SAS token's signature, which
+/// is its secret part) with `****`, wherever a URL or token shows in `text`.
+fn mask_sas_signatures(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("sig=") {
+        let starts_parameter = at == 0 || matches!(rest.as_bytes()[at - 1], b'?' | b'&' | b';');
+        out.push_str(&rest[..at + 4]);
+        rest = &rest[at + 4..];
+        if !starts_parameter {
+            continue;
+        }
+        let end = rest
+            .find(|c: char| matches!(c, '&' | '#' | '"' | '\'' | '`' | ';') || c.is_whitespace())
+            .unwrap_or(rest.len());
+        if end > 0 {
+            out.push_str(MASK);
+        }
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out
@@ -175,6 +214,19 @@ mod tests {
             "cannot reach http://****@127.0.0.1:9000/x and s3://****@bucket/t"
         );
         assert_eq!(mask("plain s3://bucket/t"), "plain s3://bucket/t");
+        // An ADLS container is not a user; a password after it would be.
+        assert_eq!(
+            mask("at abfss://events@acct.dfs.core.windows.net/lake"),
+            "at abfss://events@acct.dfs.core.windows.net/lake"
+        );
+        assert_eq!(mask("abfss://u:pw@acct/x"), "abfss://****@acct/x");
+        // A SAS token's signature, in a URL or alone.
+        assert_eq!(
+            mask("GET http://h/c/b?sv=2024&sp=rl&sig=AbC%2Bd%3D&se=1 failed"),
+            "GET http://h/c/b?sv=2024&sp=rl&sig=****&se=1 failed"
+        );
+        assert_eq!(mask("sig=xyz&sv=1"), "sig=****&sv=1");
+        assert_eq!(mask("design=ok"), "design=ok");
         register("sekret-value-123");
         assert_eq!(mask("a sekret-value-123 b"), "a **** b");
         register("ab");

@@ -12,6 +12,7 @@ use url::Url;
 use crate::config::TableConfig;
 use crate::error::{DeltaContext, Error, Result};
 use crate::partition::{NULL_PARTITION_DIR, PartitionValues};
+use crate::store::Store;
 
 /// Opens `table` at `version`, or at its latest version when `None`.
 pub async fn open_table(table: &TableConfig, version: Option<u64>) -> Result<DeltaTable> {
@@ -39,6 +40,7 @@ pub async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<Delt
         TableVersion::Version(v) => Some(v),
         _ => None,
     };
+    crate::store::register_handlers();
     let options = effective_options(table);
     let not_a_table = |source: DeltaTableError| Error::NotADeltaTable {
         table: table.name().to_string(),
@@ -209,12 +211,12 @@ fn is_damaged_log(message: &str) -> bool {
 const DEFAULT_RETRIES: [(&str, &str); 2] = [("max_retries", "3"), ("retry_timeout", "30s")];
 
 fn is_object_store(table: &TableConfig) -> bool {
-    matches!(table.url().scheme(), "s3" | "s3a")
+    Store::of(table.url()).is_object_store()
 }
 
 /// The options passed to delta-rs: the project's (table over `[storage]`), plus bounded retries
-/// for object stores. delta-rs itself fills in `AWS_*` variables from the environment for keys
-/// that are still unset, so the environment comes last.
+/// for object stores. delta-rs itself fills in the store's variables from the environment
+/// (`AWS_*`, `AZURE_*`) for keys that are still unset, so the environment comes last.
 pub fn effective_options(table: &TableConfig) -> HashMap<String, String> {
     let mut options: HashMap<String, String> = table
         .storage_options()
@@ -269,9 +271,10 @@ pub fn describe_options(table: &TableConfig, project_keys: &[String]) -> Vec<Sto
             from: from.into(),
         });
     }
-    if is_object_store(table) {
+    let store = Store::of(table.url());
+    if store.is_object_store() {
         for (key, value) in std::env::vars() {
-            if key.starts_with("AWS_") && !out.iter().any(|o| o.key.eq_ignore_ascii_case(&key)) {
+            if store.reads_from_env(&key) && !out.iter().any(|o| o.key.eq_ignore_ascii_case(&key)) {
                 out.push(StorageOption {
                     value: show(&key, &value),
                     key,
@@ -285,10 +288,11 @@ pub fn describe_options(table: &TableConfig, project_keys: &[String]) -> Vec<Sto
 }
 
 /// Refuses object stores that do not honour conditional writes: delta-rs commits with
-/// put-if-absent, and a store that ignores it lets two writers overwrite each other's commit.
+/// put-if-absent (S3's and Azure's `If-None-Match: *`), and a store that ignores it lets two
+/// writers overwrite each other's commit.
 pub async fn ensure_conditional_writes(table: &DeltaTable, name: &str) -> Result<()> {
     use deltalake::logstore::object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
-    if !matches!(table.table_url().scheme(), "s3" | "s3a") {
+    if !Store::of(table.table_url()).is_object_store() {
         return Ok(());
     }
     let store = table.object_store();
