@@ -372,7 +372,7 @@ fn a_fix_of_an_append_only_ledger_is_appended_as_adjustments(store: Store) {
     assert_eq!(event["revert_of"], second_id.as_str(), "{event}");
 }
 
-every_store!(a_fix_of_an_append_only_ledger_is_appended_as_adjustments);
+both_stores!(a_fix_of_an_append_only_ledger_is_appended_as_adjustments);
 
 /// A row loaded twice into the ledger, which the fix computes once: the extra copy is reversed
 /// once (rows count as often as they occur; an anti join, as DataFusion plans `EXCEPT ALL`,
@@ -699,4 +699,4 @@ fn a_companion_table_takes_the_adjustments(store: Store) {
     );
 }
 
-every_store!(a_companion_table_takes_the_adjustments);
+both_stores!(a_companion_table_takes_the_adjustments);

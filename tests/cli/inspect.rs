@@ -286,7 +286,7 @@ fn history_blame_and_sql_explain_the_demo_lake(store: Store) {
     assert_eq!(lake.version("events"), v1 + 1);
 }
 
-every_store!(
+both_stores!(
     diff_between_versions_matches_an_independent_comparison,
     diff_with_a_staged_run_predicts_the_publish,
     history_blame_and_sql_explain_the_demo_lake,

@@ -527,14 +527,13 @@ fn a_rerun_inside_a_published_range_is_up_to_date(store: Store) {
 }
 
 every_store!(
-    every_stop_then_publish,
-    every_stop_then_discard,
     every_stop_then_gc,
     every_stop_then_rerun,
     identical_backfills_started_together_commit_once,
     identical_publishes_started_together_commit_once,
     a_rerun_inside_a_published_range_is_up_to_date,
 );
+both_stores!(every_stop_then_publish, every_stop_then_discard);
 
 /// Every file of a local table: relative path -> bytes.
 fn snapshot_files(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {

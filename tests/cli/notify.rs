@@ -411,7 +411,7 @@ fn a_crash_before_delivery_is_caught_up_once(store: Store) {
     assert_eq!(file_lines(&lake).len(), 2, "nothing twice");
 }
 
-every_store!(a_crash_before_delivery_is_caught_up_once);
+both_stores!(a_crash_before_delivery_is_caught_up_once);
 
 #[test]
 fn a_revert_is_announced_and_bad_sinks_are_refused() {

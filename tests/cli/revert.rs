@@ -520,7 +520,7 @@ fn a_logical_revert_restores_the_range_despite_later_commits(store: Store) {
     );
 }
 
-every_store!(a_logical_revert_restores_the_range_despite_later_commits);
+both_stores!(a_logical_revert_restores_the_range_despite_later_commits);
 
 /// A logical revert stopped at each point converges: the same command finishes it with one
 /// commit and the range as the run found it.

@@ -272,7 +272,7 @@ fn the_common_shapes_on_s3(store: Store) {
     }
 }
 
-every_store!(the_common_shapes_on_s3);
+both_stores!(the_common_shapes_on_s3);
 
 /// The NULL partition is untouched by default; `--include-null` replaces it too, and a row the
 /// model writes with a NULL time fails the run by default with a hint that names the flag.
@@ -687,7 +687,7 @@ fn tables_replaced_by_rows(store: Store) {
     }
 }
 
-every_store!(tables_replaced_by_rows);
+both_stores!(tables_replaced_by_rows);
 
 /// By rows, a concurrent append of a row inside the range between staging and publishing makes
 /// the publish fail (exit 4) and keeps the appended row.

@@ -418,9 +418,11 @@ fn staged_objects(lake: &TestLake, marker: &str) -> Vec<String> {
 }
 
 every_store!(
-    force_publish_records_the_override,
     stage_only_then_publish_equals_a_direct_backfill,
     discard_removes_every_staged_file,
+);
+both_stores!(
+    force_publish_records_the_override,
     publish_after_a_conflicting_commit_is_refused,
 );
 
