@@ -228,7 +228,7 @@ impl ObjectStoreRegistry for ExecutorStores {
         if let Ok(store) = self.known.get_store(url) {
             return Ok(store);
         }
-        lakefill_table::store::register_handlers();
+        lakefill_table::store::Store::register_handlers();
         let kind = lakefill_table::store::Store::of(url);
         if !kind.is_object_store() {
             return self.known.get_store(url);

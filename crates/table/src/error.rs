@@ -657,12 +657,16 @@ impl Error {
             ),
             Error::OpenTable { table, uri, source } => {
                 let store = crate::store::Store::of_uri(uri);
-                store
-                    .diagnose(table, &format!("{source} {source:?}"))
-                    .unwrap_or_else(|| format!(
-                        "check `tables.{table}` in lakefill.toml: the location, and storage options: {}; `lakefill plan` lists the options in effect",
-                        store.options_hint()
-                    ))
+                store.diagnose(table, &format!("{source} {source:?}")).unwrap_or_else(|| {
+                    if store.is_object_store() {
+                        format!(
+                            "check `tables.{table}` in lakefill.toml: the location, and storage options: {}; `lakefill plan` lists the options in effect",
+                            store.options_hint()
+                        )
+                    } else {
+                        format!("check `tables.{table}.uri` in lakefill.toml: {}", store.options_hint())
+                    }
+                })
             }
             Error::NotADeltaTable { table, .. } => format!(
                 "check `tables.{table}.uri` in lakefill.toml; the location must hold a `_delta_log` directory"

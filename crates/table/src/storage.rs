@@ -40,7 +40,7 @@ pub async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<Delt
         TableVersion::Version(v) => Some(v),
         _ => None,
     };
-    crate::store::register_handlers();
+    Store::register_handlers();
     let options = effective_options(table);
     let not_a_table = |source: DeltaTableError| Error::NotADeltaTable {
         table: table.name().to_string(),

@@ -9,12 +9,6 @@ use url::Url;
 
 mod azure;
 
-/// Prepares delta-rs' stores for this process: Azure's listings from an offset are made exact
-/// (see `azure.rs`). Idempotent and cheap; everything that opens a table calls it first.
-pub fn register_handlers() {
-    azure::register();
-}
-
 /// Where a table's files are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
@@ -31,9 +25,11 @@ pub const SUPPORTED_SCHEMES: &str =
     "a path, `file://`, `s3://`, `s3a://`, `az://`, `abfss://`, `abfs://`, `azure://` or `adl://`";
 
 impl Store {
-    /// See [`register_handlers`].
+    /// Prepares delta-rs' stores for this process: Azure's listings from an offset are made
+    /// exact (see `azure.rs`). Idempotent and cheap; everything that opens a table calls it
+    /// first.
     pub fn register_handlers() {
-        register_handlers();
+        azure::register();
     }
 
     /// The store a URL scheme names, if lakefill supports it.
