@@ -96,37 +96,65 @@ pub(crate) struct S3Server {
 }
 
 static S3_SERVER: OnceLock<S3Server> = OnceLock::new();
+
+/// Starts `command(port)` (a shell command line) on a free loopback port, watched by a shell
+/// that stops it when the test process exits and then runs `cleanup`, and waits until the port
+/// answers; the port.
+fn serve(what: &str, command: impl Fn(u16) -> String, cleanup: &str) -> u16 {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let parent = std::process::id();
+    let script = format!(
+        "{} & server=$!; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $server 2>/dev/null; do sleep 0.5; done; \
+         kill $server 2>/dev/null; {cleanup}",
+        command(port)
+    );
+    // The watcher outlives this function on purpose and exits with the test process.
+    #[expect(
+        clippy::zombie_processes,
+        reason = "the watcher exits with the test process"
+    )]
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    port
+}
+
 static BUCKETS: AtomicUsize = AtomicUsize::new(0);
 
 pub(crate) fn s3_server() -> &'static S3Server {
     S3_SERVER.get_or_init(|| {
-        let probe = Command::new("python3").args(["-c", "import moto.server"]).output();
+        let probe = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .output();
         assert!(
             probe.is_ok_and(|o| o.status.success()),
             "the S3 tests need moto's S3 server: python3 -m pip install -r tests/requirements.txt"
         );
-        let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let parent = std::process::id();
-        let script = format!(
-            "python3 -m moto.server -H 127.0.0.1 -p {port} >/dev/null 2>&1 & server=$!; \
-             while kill -0 {parent} 2>/dev/null && kill -0 $server 2>/dev/null; do sleep 0.5; done; \
-             kill $server 2>/dev/null"
+        let port = serve(
+            "moto",
+            |port| format!("python3 -m moto.server -H 127.0.0.1 -p {port} >/dev/null 2>&1"),
+            "true",
         );
-        // The watcher outlives this function on purpose and exits with the test process.
-        #[expect(clippy::zombie_processes, reason = "the watcher exits with the test process")]
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto did not start on port {port}");
-            std::thread::sleep(Duration::from_millis(100));
+        S3Server {
+            endpoint: format!("http://127.0.0.1:{port}"),
         }
-        S3Server { endpoint: format!("http://127.0.0.1:{port}") }
     })
 }
 
@@ -196,32 +224,16 @@ pub(crate) fn azure_server() -> &'static AzureServer {
             "the Azure tests need Azurite at {azurite}: run scripts/test.sh, which installs it with \
              npm, or set LAKEFILL_AZURITE to an azurite-blob binary"
         );
-        let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let data = tempfile::tempdir().expect("tempdir").keep();
-        let parent = std::process::id();
         // `--skipApiVersionCheck`: Azurite refuses clients newer than itself without it.
-        let script = format!(
-            "AZURITE_ACCOUNTS='{AZURE_ACCOUNT}:{AZURE_SECRET}' '{azurite}' --blobHost 127.0.0.1 \
-             --blobPort {port} --location '{}' --skipApiVersionCheck --disableTelemetry --silent \
-             >/dev/null 2>&1 & server=$!; \
-             while kill -0 {parent} 2>/dev/null && kill -0 $server 2>/dev/null; do sleep 0.5; done; \
-             kill $server 2>/dev/null; rm -rf '{}'",
-            data.display(),
-            data.display()
-        );
-        #[expect(clippy::zombie_processes, reason = "the watcher exits with the test process")]
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start azurite");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "azurite did not start on port {port}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let port = serve("azurite", |port| {
+            format!(
+                "AZURITE_ACCOUNTS='{AZURE_ACCOUNT}:{AZURE_SECRET}' '{azurite}' --blobHost 127.0.0.1 \
+                 --blobPort {port} --location '{}' --skipApiVersionCheck --disableTelemetry \
+                 --silent >/dev/null 2>&1",
+                data.display()
+            )
+        }, &format!("rm -rf '{}'", data.display()));
         let server = AzureServer {
             endpoint: format!("http://127.0.0.1:{port}/{AZURE_ACCOUNT}"),
         };
