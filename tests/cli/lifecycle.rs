@@ -208,9 +208,28 @@ fn assert_old_or_new(lake: &TestLake, reference: &Reference, before: u64, what: 
     }
 }
 
+/// The stops a follow-up is tried after on `store`: every stop on local disk; on an object store
+/// every fourth, a different quarter for each follow-up, so that each stop meets each store once
+/// (the stops exercise the run's life cycle, which is the same code on every store; what the store
+/// changes, listing, deleting and committing, every quarter reaches).
+fn stops_for(store: Store, follow_up: FollowUp) -> Vec<Stop> {
+    let quarter = match follow_up {
+        FollowUp::Publish => 0,
+        FollowUp::Discard => 1,
+        FollowUp::Gc => 2,
+        FollowUp::Rerun => 3,
+    };
+    stops()
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| store == Store::Local || i % 4 == quarter)
+        .map(|(_, stop)| stop)
+        .collect()
+}
+
 fn every_stop_then(store: Store, follow_up: FollowUp) {
     let reference = reference(store);
-    for stop in stops() {
+    for stop in stops_for(store, follow_up) {
         let what = format!("{stop:?} then {follow_up:?}");
         let lake = TestLake::on(store);
         let before = lake.version("events");
@@ -527,13 +546,14 @@ fn a_rerun_inside_a_published_range_is_up_to_date(store: Store) {
 }
 
 every_store!(
+    every_stop_then_publish,
+    every_stop_then_discard,
     every_stop_then_gc,
     every_stop_then_rerun,
     identical_backfills_started_together_commit_once,
     identical_publishes_started_together_commit_once,
     a_rerun_inside_a_published_range_is_up_to_date,
 );
-both_stores!(every_stop_then_publish, every_stop_then_discard);
 
 /// Every file of a local table: relative path -> bytes.
 fn snapshot_files(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {

@@ -33,6 +33,43 @@ use lakefill_table::rowhash::RowChecksum;
 use lakefill_table::run_id::{RUNS_DIR, RunId};
 use lakefill_validate::ValidationReport;
 
+/// Writes one journal, after every earlier write of it in this process has finished, and to its
+/// end even if the caller stops waiting.
+///
+/// A run that is interrupted drops its staging future, and with it a journal write that may
+/// already be on its way to the store; the write recording where the run stopped follows at
+/// once. Were the first not finished, the store could apply it last (seen on Azurite under load:
+/// an interrupted run listed as still staging). So each write runs in a task of its own that
+/// holds the journal's turn until the store has answered.
+async fn put_in_order(store: &Arc<dyn ObjectStore>, path: Path, bytes: Vec<u8>) -> Result<()> {
+    type Turns = std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>;
+    static TURNS: std::sync::LazyLock<std::sync::Mutex<Turns>> =
+        std::sync::LazyLock::new(Default::default);
+    let turn = Arc::clone(
+        TURNS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(path.to_string())
+            .or_default(),
+    );
+    let held = turn.lock_owned().await;
+    let store = Arc::clone(store);
+    let target = path.clone();
+    let write = tokio::spawn(async move {
+        let _held = held;
+        store.put(&target, PutPayload::from(bytes)).await
+    });
+    match write.await {
+        Ok(written) => written.map(|_| ()).map_err(|source| Error::Storage {
+            path: path.to_string(),
+            source,
+        }),
+        Err(e) => Err(Error::Internal(format!(
+            "the write of journal `{path}` did not finish: {e}"
+        ))),
+    }
+}
+
 /// Journal format written by this version of lakefill.
 pub const JOURNAL_FORMAT: u32 = 2;
 
@@ -414,14 +451,7 @@ impl Journal {
         })?;
         // Error messages may quote a location with credentials: never store a secret.
         let bytes = lakefill_table::secrets::mask(&text).into_bytes();
-        store
-            .put(&path, PutPayload::from(bytes))
-            .await
-            .map_err(|source| Error::Storage {
-                path: path.to_string(),
-                source,
-            })?;
-        Ok(())
+        put_in_order(store, path, bytes).await
     }
 
     /// Moves the run to `next`, if the life cycle allows it (see [`crate::journal::lifecycle`]).
