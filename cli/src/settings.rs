@@ -8,15 +8,18 @@ use lakefill::{PlanBuilder, Project, RunSettings};
 
 use crate::args::{GlobalArgs, ScopeArgs, SpillPolicy};
 
-/// Loads the project named by `--project`, or the nearest one upward from the current dir.
-pub(crate) fn project(global: &GlobalArgs) -> anyhow::Result<Project> {
-    match &global.project {
-        Some(dir) => Ok(Project::load(dir)?),
+/// Loads the project named by `--project`, or the nearest one upward from the current dir, and
+/// resolves the tables it names through a catalog (`glue://…`), once for the whole command.
+pub(crate) async fn project(global: &GlobalArgs) -> anyhow::Result<Project> {
+    let mut project = match &global.project {
+        Some(dir) => Project::load(dir)?,
         None => {
             let cwd = std::env::current_dir().context("cannot read the current directory")?;
-            Ok(Project::discover(&cwd)?)
+            Project::discover(&cwd)?
         }
-    }
+    };
+    project.resolve_catalog().await?;
+    Ok(project)
 }
 
 /// Builds the plan request for `scope`, with `settings` resolved.

@@ -59,7 +59,12 @@ pub async fn init(dir: &Path, tables: &[(String, String)]) -> Result<InitReport>
     let mut files = vec![project_file.clone()];
     let mut notes = Vec::new();
     // Read back through the loader: the tables resolve exactly as every command will see them.
-    let project = match Project::load(dir) {
+    let loaded = async {
+        let mut project = Project::load(dir)?;
+        project.resolve_catalog().await?;
+        Ok::<_, Error>(project)
+    };
+    let project = match loaded.await {
         Ok(project) => project,
         Err(error) => {
             let _ = std::fs::remove_file(&project_file);

@@ -83,6 +83,7 @@ mod faults;
 mod features;
 mod feed;
 mod garbage;
+mod glue;
 mod hints;
 mod inspect;
 mod lifecycle;

@@ -12,7 +12,7 @@ pub(crate) async fn run(
     args: &BackfillArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     // Every setting resolved (flag, else `[defaults]`, else built in) before anything runs.
     let resolved = RunSettings::resolve(
         &project,

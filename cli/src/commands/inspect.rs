@@ -14,7 +14,7 @@ pub(crate) async fn diff(
     args: &DiffArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     if let Some(version) = args.cdf {
         let report = lakefill::change_feed(&project, &args.table, version, args.sample).await?;
         return printer.result(&render::diff::feed_text(&report), &report);
@@ -42,7 +42,7 @@ pub(crate) async fn history(
     args: &HistoryArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let entries = lakefill::history(&project, &args.table, args.limit).await?;
     let text = render::history::text(&entries);
     printer.result(&text, &entries)
@@ -53,7 +53,7 @@ pub(crate) async fn stale(
     args: &crate::args::StaleArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let reports = lakefill::stale(&project, &args.tables, args.cascade).await?;
     let document = serde_json::json!({
         "stale": reports.iter().any(lakefill::StaleReport::needs_refresh),
@@ -76,7 +76,7 @@ pub(crate) async fn blame(
     args: &BlameArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let report = lakefill::blame(&project, &args.table, &args.partition).await?;
     let mut text = String::new();
     let rows = report.rows.map_or_else(|| "?".into(), |r| r.to_string());
@@ -156,7 +156,7 @@ pub(crate) async fn sql(
     args: &SqlArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     // `-`: the query is read from stdin (a query longer than a command line takes).
     let query = if args.query == "-" {
         let mut query = String::new();

@@ -11,7 +11,7 @@ pub(crate) async fn run(
     args: &PlanArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     if args.cascade {
         let scope = &args.scope;
         refuse_single_model_flags(scope)?;

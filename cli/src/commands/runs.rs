@@ -17,7 +17,7 @@ pub(crate) async fn list(
     args: &RunsArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let runs = lakefill::list_runs(&project, args.table.as_deref()).await?;
     printer.result(&crate::render::runs::list(&runs), &runs)
 }
@@ -27,7 +27,7 @@ pub(crate) async fn publish(
     args: &PublishArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let force = args.force_publish.then(|| args.reason.clone()).flatten();
     let acted = lakefill::publish(&project, &args.run_id, force).await?;
     if let (Some(path), lakefill::Acted::Run(run)) = (&args.report, &acted) {
@@ -41,7 +41,7 @@ pub(crate) async fn revert(
     args: &RevertArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     // Every setting resolved (flag, else `[defaults]`, else built in) before anything runs.
     let resolved = RunSettings::resolve(
         &project,
@@ -74,7 +74,7 @@ pub(crate) async fn notify(
     args: &NotifyArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let window = lakefill::Window {
         since: args.since,
         replay: args.replay,
@@ -89,7 +89,7 @@ pub(crate) async fn report(
     args: &ReportArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let format = args.format.map(|f| match f {
         ReportFormatArg::Html => lakefill::ReportFormat::Html,
         ReportFormatArg::Md => lakefill::ReportFormat::Markdown,
@@ -114,13 +114,13 @@ pub(crate) async fn discard(
     args: &DiscardArgs,
     printer: Printer,
 ) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let acted = lakefill::discard(&project, &args.run_id).await?;
     finish(printer, &acted)
 }
 
 pub(crate) async fn gc(global: &GlobalArgs, args: &GcArgs, printer: Printer) -> anyhow::Result<()> {
-    let project = settings::project(global)?;
+    let project = settings::project(global).await?;
     let older_than = lakefill::parse_duration(&args.older_than)?;
     let report = lakefill::gc(&project, &args.table, args.dry_run, older_than).await?;
     printer.result(&crate::render::runs::gc(&report), &report)

@@ -39,7 +39,7 @@ fn header(plan: &PlanReport, out: &mut String) {
             "  target        {} at version {} ({}), {}, with no time column",
             plan.target,
             plan.read_version,
-            plan.target_uri,
+            target_location(plan),
             partitioning(layout),
         );
     } else if layout.by_rows {
@@ -48,7 +48,7 @@ fn header(plan: &PlanReport, out: &mut String) {
             "  target        {} at version {} ({}), {}; the range replaces rows by {}",
             plan.target,
             plan.read_version,
-            plan.target_uri,
+            target_location(plan),
             partitioning(layout),
             layout.time.encoding.describe()
         );
@@ -58,7 +58,7 @@ fn header(plan: &PlanReport, out: &mut String) {
             "  target        {} at version {} ({}), partitioned by {}{}",
             plan.target,
             plan.read_version,
-            plan.target_uri,
+            target_location(plan),
             layout.time.encoding.describe(),
             if others.is_empty() {
                 String::new()
@@ -310,5 +310,13 @@ fn batches(plan: &PlanReport, out: &mut String) {
             "  {}@{} -> {}  (`--cascade` plans the range each needs)",
             model.model, model.version, model.target
         );
+    }
+}
+
+/// The target's location as configured, and for a catalog name where it resolved to.
+fn target_location(plan: &PlanReport) -> String {
+    match &plan.resolved_location {
+        Some(location) => format!("{} at {location}", plan.target_uri),
+        None => plan.target_uri.clone(),
     }
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use url::Url;
 
+use crate::catalog::CatalogName;
 use crate::error::{Error, Result};
 
 /// The name of the project file.
@@ -36,6 +37,8 @@ pub struct TableConfig {
     table_storage_keys: Vec<String>,
     sinks: Vec<crate::sink::Sink>,
     adjustments: Option<String>,
+    /// The catalog name the location comes from (`glue://database/table`), if any.
+    catalog: Option<CatalogName>,
 }
 
 /// Defaults from `[defaults]`, overridable per command.
@@ -148,7 +151,19 @@ impl Project {
         let mut tables = BTreeMap::new();
         for (name, table) in raw.tables {
             let field = format!("tables.{name}.uri");
-            let url = resolve_uri(root, &table.uri).map_err(|message| Error::ConfigValue {
+            let catalog = CatalogName::parse(&table.uri)
+                .transpose()
+                .map_err(|message| Error::ConfigValue {
+                    path: path.to_path_buf(),
+                    field: field.clone(),
+                    message,
+                })?;
+            // A catalog name stands for its location until `resolve_catalog` asks the catalog.
+            let url = match &catalog {
+                Some(name) => Url::parse(&format!("{name}/")).map_err(|e| e.to_string()),
+                None => resolve_uri(root, &table.uri),
+            }
+            .map_err(|message| Error::ConfigValue {
                 path: path.to_path_buf(),
                 field,
                 message,
@@ -196,6 +211,7 @@ impl Project {
                     table_storage_keys: table.storage.keys().cloned().collect(),
                     sinks,
                     adjustments: table.adjustments,
+                    catalog,
                 },
             );
         }
@@ -224,23 +240,7 @@ impl Project {
                 });
             }
         }
-        // A table's location must not hold another table: deleting one's staged files could
-        // otherwise reach into the other.
-        let declared: Vec<&TableConfig> = tables.values().collect();
-        for (i, a) in declared.iter().enumerate() {
-            for b in &declared[i + 1..] {
-                if let Some(relation) = overlap(&a.url, &b.url) {
-                    return Err(Error::ConfigValue {
-                        path: path.to_path_buf(),
-                        field: format!("tables.{}.uri", b.name),
-                        message: format!(
-                            "the location of `{}` (`{}`) {relation} the location of `{}` (`{}`); every table needs a location of its own, outside the others",
-                            b.name, b.uri, a.name, a.uri
-                        ),
-                    });
-                }
-            }
-        }
+        check_overlaps(path, &tables)?;
         Ok(Self {
             root: root.to_path_buf(),
             storage_keys: raw.storage.keys().cloned().collect(),
@@ -248,6 +248,43 @@ impl Project {
             defaults: raw.defaults,
             engine: raw.engine,
         })
+    }
+
+    /// Asks the catalog where each table named through one is (`glue://database/table`), once,
+    /// before any table is opened; then checks again that no two locations overlap. Every
+    /// command that opens tables calls it after loading the project.
+    pub async fn resolve_catalog(&mut self) -> Result<()> {
+        let named: Vec<(String, CatalogName, BTreeMap<String, String>)> = self
+            .tables
+            .values()
+            .filter(|t| !t.is_resolved())
+            .filter_map(|t| {
+                let name = t.catalog.clone()?;
+                Some((t.name.clone(), name, t.storage_options.clone()))
+            })
+            .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let answers = futures::future::join_all(
+            named
+                .iter()
+                .map(|(_, name, options)| async { name.resolve(options).await }),
+        )
+        .await;
+        for ((table, name, _), answer) in named.into_iter().zip(answers) {
+            let url = answer.map_err(|(message, hint)| Error::Catalog {
+                table: table.clone(),
+                name: name.to_string(),
+                message,
+                hint,
+            })?;
+            tracing::info!(table = %table, catalog = %name, location = %url, "resolved");
+            if let Some(config) = self.tables.get_mut(&table) {
+                config.url = with_trailing_slash(url);
+            }
+        }
+        check_overlaps(&self.root.join(PROJECT_FILE), &self.tables)
     }
 
     /// Returns the project directory.
@@ -306,6 +343,26 @@ impl TableConfig {
         &self.uri
     }
 
+    /// The catalog name the location comes from (`glue://database/table`), if any.
+    pub fn catalog(&self) -> Option<&CatalogName> {
+        self.catalog.as_ref()
+    }
+
+    /// Whether the location is known: always, unless it is a catalog name not yet resolved
+    /// ([`Project::resolve_catalog`]).
+    pub fn is_resolved(&self) -> bool {
+        self.catalog.is_none() || self.url.scheme() != crate::catalog::GLUE_SCHEME
+    }
+
+    /// The location to name in messages: as written, or for a catalog name the location it
+    /// resolved to, then the name (`s3://bucket/events/ (glue://sales/events)`).
+    pub fn location_text(&self) -> String {
+        match &self.catalog {
+            Some(name) if self.is_resolved() => format!("{} ({name})", self.url),
+            _ => self.uri.clone(),
+        }
+    }
+
     /// The table adjustments of this one go to, when it has a companion (`adjustments = "…"`).
     pub fn adjustments(&self) -> Option<&str> {
         self.adjustments.as_deref()
@@ -362,6 +419,30 @@ fn resolve_uri(root: &Path, uri: &str) -> std::result::Result<Url, String> {
     let path = normalize(&path);
     Url::from_directory_path(&path)
         .map_err(|()| format!("`{}` is not a usable path", path.display()))
+}
+
+/// A table's location must not hold another table: deleting one's staged files could otherwise
+/// reach into the other.
+fn check_overlaps(path: &Path, tables: &BTreeMap<String, TableConfig>) -> Result<()> {
+    let declared: Vec<&TableConfig> = tables.values().collect();
+    for (i, a) in declared.iter().enumerate() {
+        for b in &declared[i + 1..] {
+            if let Some(relation) = overlap(&a.url, &b.url) {
+                return Err(Error::ConfigValue {
+                    path: path.to_path_buf(),
+                    field: format!("tables.{}.uri", b.name),
+                    message: format!(
+                        "the location of `{}` (`{}`) {relation} the location of `{}` (`{}`); every table needs a location of its own, outside the others",
+                        b.name,
+                        b.location_text(),
+                        a.name,
+                        a.location_text()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How `b`'s location relates to `a`'s, if they overlap: `is the same as`, `is inside` or

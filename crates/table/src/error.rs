@@ -140,6 +140,18 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A table named through a catalog (`glue://database/table`) could not be resolved.
+    #[error("cannot resolve table `{table}` ({name}): {message}")]
+    Catalog {
+        /// The table name.
+        table: String,
+        /// The catalog name, `glue://database/table`.
+        name: String,
+        /// What the catalog answered.
+        message: String,
+        /// What to check.
+        hint: String,
+    },
     /// A table could not be opened: its store is unreachable, refuses access, or failed.
     #[error("cannot open table `{table}` at `{uri}`")]
     OpenTable {
@@ -587,6 +599,7 @@ impl Error {
             | Error::RevertFilesGone { .. } => 1,
             Error::ReadFile { .. }
             | Error::OpenTable { .. }
+            | Error::Catalog { .. }
             | Error::DamagedLog { .. }
             | Error::StagingWrite { .. }
             | Error::NotADeltaTable { .. }
@@ -655,6 +668,9 @@ impl Error {
             Error::DamagedLog { table, .. } => format!(
                 "a commit or checkpoint file under `_delta_log/` of `{table}` does not parse: restore it from a backup or ask whoever wrote it; lakefill changed nothing (`lakefill history {table}` shows the commits it can read)"
             ),
+            Error::Catalog { table, hint, .. } => {
+                format!("{hint}; `tables.{table}` in lakefill.toml names the table")
+            }
             Error::OpenTable { table, uri, source } => {
                 let store = crate::store::Store::of_uri(uri);
                 store.diagnose(table, &format!("{source} {source:?}")).unwrap_or_else(|| {
@@ -1146,6 +1162,12 @@ mod tests {
                 path: s(),
                 message: s(),
             },
+            Error::Catalog {
+                table: s(),
+                name: s(),
+                message: s(),
+                hint: s(),
+            },
             Error::Internal(s()),
         ]
     }
@@ -1169,6 +1191,7 @@ mod tests {
                 | Error::RangeTooShort { .. }
                 | Error::InvalidOption { .. }
                 | Error::OpenTable { .. }
+                | Error::Catalog { .. }
                 | Error::DamagedLog { .. }
                 | Error::TooManyPartitions { .. }
                 | Error::NoSuchVersion { .. }

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod adjustments;
+pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod failpoint;

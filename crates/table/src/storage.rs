@@ -40,11 +40,18 @@ pub async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<Delt
         TableVersion::Version(v) => Some(v),
         _ => None,
     };
+    if !table.is_resolved() {
+        return Err(Error::Internal(format!(
+            "table `{}` ({}) was opened before its catalog name was resolved",
+            table.name(),
+            table.uri()
+        )));
+    }
     Store::register_handlers();
     let options = effective_options(table);
     let not_a_table = |source: DeltaTableError| Error::NotADeltaTable {
         table: table.name().to_string(),
-        uri: table.uri().to_string(),
+        uri: table.location_text(),
         source: Box::new(source),
     };
     let mut builder = DeltaTableBuilder::from_url(table.url().clone())
@@ -140,7 +147,7 @@ pub async fn open_table_at(table: &TableConfig, at: TableVersion) -> Result<Delt
         },
         source => Error::OpenTable {
             table: table.name().to_string(),
-            uri: table.uri().to_string(),
+            uri: table.location_text(),
             source: Box::new(source),
         },
     })

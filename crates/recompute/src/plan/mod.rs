@@ -338,6 +338,7 @@ impl PlanBuilder {
             model_file: model.path().display().to_string(),
             target: target_config.name().to_string(),
             target_uri: target_config.uri().to_string(),
+            resolved_location: resolved_location(&target_config),
             partition_column: layout.time.encoding.columns().join(", "),
             read_version,
             range,
@@ -1146,6 +1147,7 @@ impl BackfillPlan {
         ));
         self.report.target = config.name().to_string();
         self.report.target_uri = config.uri().to_string();
+        self.report.resolved_location = resolved_location(&config);
         self.report.read_version = version;
         self.report.already_published = already;
         self.report.publish_sequence = sequence;
@@ -1345,6 +1347,10 @@ pub struct PlanReport {
     pub target: String,
     /// Target location as configured.
     pub target_uri: String,
+    /// For a target named through a catalog (`glue://database/table`), the location the catalog
+    /// gave for this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved_location: Option<String>,
     /// The target's time partition column(s), comma separated.
     pub partition_column: String,
     /// How the target is partitioned: every partition column, and the time column's grain.
@@ -1567,4 +1573,10 @@ pub fn find_downstream(project: &Project, model_name: &str, target: &str) -> Vec
             target: m.header().target.clone(),
         })
         .collect()
+}
+
+/// The location a catalog gave for a table named through one; `None` for a table named by its
+/// location.
+pub(crate) fn resolved_location(config: &TableConfig) -> Option<String> {
+    config.catalog().map(|_| config.url().to_string())
 }

@@ -118,6 +118,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         model_file: model.path().display().to_string(),
         target: target.to_string(),
         target_uri: config.uri().to_string(),
+        resolved_location: super::resolved_location(config),
         partition_column: layout.time.encoding.columns().join(", "),
         read_version,
         range,
