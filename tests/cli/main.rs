@@ -9,8 +9,10 @@
 
 /// Runs each named test function, `fn name(store: Store)`, once on local disk, once on S3 (moto)
 /// and once on Azure (Azurite): the matrix every store is held to (backfill, stage-only then
-/// publish or discard, crash at every stop then rerun or gc, racing and overlapping writers,
-/// revert, publishing by deletion vectors read back by python through the store).
+/// publish or discard, every stop then publish, discard, gc or rerun (on an object store each
+/// follow-up takes a quarter of the stops, so every stop meets every store), crashes around the
+/// commit, racing and overlapping writers, revert, publishing by deletion vectors read back by
+/// python through the store).
 macro_rules! every_store {
     ($($name:ident),* $(,)?) => {
         $(
