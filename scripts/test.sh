@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need that cargo does not (moto's S3 server and
 # Azurite, Microsoft's Azure Storage emulator, which the tests start on loopback themselves;
-# Chromium, which renders the HTML report), then runs every test of the workspace.
+# Chromium, which renders the HTML report), then runs every test of the workspace, then the
+# Python package's tests in a fresh virtual environment (scripts/test-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
@@ -28,3 +29,5 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 cargo test --workspace "$@"
+echo "== the Python package (a fresh virtual environment: pip install ./python, then its tests)"
+scripts/test-python.sh
