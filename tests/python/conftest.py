@@ -3,7 +3,9 @@ new versions of the `events` model to backfill."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,29 @@ def build_demo(directory: Path) -> Path:
     (directory / "sql" / "events" / "v3.sql").write_text(V3)
     (directory / "sql" / "events" / "bad.sql").write_text(BAD)
     return directory
+
+
+def hold(demo: Path, table: str, run_id: str) -> Path:
+    """A lease on `run_id` held by a process on another machine (judged by its time-to-live, two
+    minutes): any other process is refused the run, exit 4. Returns the lease file."""
+    now = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    lease = demo / "lake" / table / "_lakefill" / "leases" / run_id / f"{1:020}.json"
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    lease.write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "generation": 1,
+                "holder": {"host": "elsewhere", "boot_id": None, "pid": 1, "started": None},
+                "command": "backfill",
+                "acquired_at": now,
+                "renewed_at": now,
+                "ttl_seconds": 120,
+                "released": False,
+            }
+        )
+    )
+    return lease
 
 
 @pytest.fixture

@@ -1,0 +1,117 @@
+"""`lakefill.dagster` in-process against real demo lakes, read back with python `deltalake`."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import dagster as dg
+from deltalake import DeltaTable
+
+import lakefill
+from lakefill._runner import binary
+from lakefill.dagster import CHECK, lakefill_assets, range_tags
+
+from conftest import build_demo, hold
+
+FIRST, LAST = "2026-01-02", "2026-01-06"
+
+
+def rows(demo: Path, table: str = "events") -> list[dict[str, object]]:
+    data = DeltaTable(str(demo / "lake" / table)).to_pyarrow_table().sort_by("event_id")
+    return data.to_pylist()
+
+
+def by_key(assets: list[dg.AssetsDefinition | dg.AssetSpec]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for a in assets:
+        key = a.key if isinstance(a, dg.AssetSpec) else a.key
+        out[key.to_user_string()] = a
+    return out
+
+
+def materialize(
+    assets: list[dg.AssetsDefinition | dg.AssetSpec], table: str, first: str, last: str
+) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        assets,
+        selection=[table],
+        tags=range_tags(first, last),
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+
+
+def test_one_asset_per_model_with_its_grain_and_sources(demo: Path) -> None:
+    assets = by_key(lakefill_assets(demo))
+    assert sorted(assets) == ["daily_revenue", "events", "raw_events", "revenue_7d"]
+    assert isinstance(assets["raw_events"], dg.AssetSpec)  # no model writes it
+    events = assets["events"]
+    assert isinstance(events, dg.AssetsDefinition)
+    partitions = events.partitions_def
+    assert isinstance(partitions, dg.DailyPartitionsDefinition)
+    assert partitions.get_first_partition_key() == "2026-01-01"
+    assert events.backfill_policy == dg.BackfillPolicy.single_run()
+    daily = assets["daily_revenue"]
+    assert isinstance(daily, dg.AssetsDefinition)
+    deps = {k.to_user_string() for k in daily.asset_deps[daily.key]}
+    assert deps == {"events"}
+    assert {k.to_user_string() for k in events.asset_deps[events.key]} == {"raw_events"}
+
+
+def test_a_partition_range_is_one_backfill_with_the_rows_of_the_cli(
+    tmp_path: Path, demo: Path
+) -> None:
+    before = DeltaTable(str(demo / "lake" / "events")).version()
+    result = materialize(lakefill_assets(demo), "events", FIRST, LAST)
+    assert result.success
+    materializations = result.asset_materializations_for_node("events")
+    # Dagster records each of the five partitions, all from one lakefill run.
+    assert sorted(m.partition for m in materializations) == [f"2026-01-0{d}" for d in range(2, 7)]
+    assert len({m.metadata["run_id"].value for m in materializations}) == 1
+    metadata = materializations[0].metadata
+    run_id = metadata["run_id"].value
+    assert isinstance(run_id, str) and run_id.startswith("events-v3-")
+    assert metadata["published_version"].value == before + 1
+    assert isinstance(metadata["rows_changed"].value, int) and metadata["rows_changed"].value > 0
+    report = metadata["report"].value
+    assert isinstance(report, str) and Path(report).is_file()
+    checks = result.get_asset_check_evaluations()
+    assert [(c.check_name, c.passed) for c in checks] == [(CHECK, True)]
+    # The runs say so, and the rows equal a direct `lakefill backfill` of the same range.
+    runs = lakefill.Project(demo).runs("events")
+    assert [r.range.start for r in runs if r.run_id == run_id] == [FIRST]
+    twin = build_demo(tmp_path / "twin")
+    subprocess.run(
+        [binary(), "--project", str(twin), "backfill", "events", "--from", FIRST, "--to", LAST,
+         "--reason", "direct"],
+        check=True,
+        capture_output=True,
+    )
+    assert rows(demo) == rows(twin)
+
+
+def test_a_failed_validation_fails_the_step_with_the_summary(demo: Path) -> None:
+    before = rows(demo)
+    result = materialize(lakefill_assets(demo, model_version="bad"), "events", FIRST, LAST)
+    assert not result.success
+    data = result.get_step_failure_events()[0].step_failure_data
+    described = data.user_failure_data.description if data.user_failure_data else None
+    assert described and "validation failed: check: no positive amounts" in described
+    checks = result.get_asset_check_evaluations()
+    assert [(c.check_name, c.passed) for c in checks] == [(CHECK, False)]
+    assert rows(demo) == before
+
+
+def test_a_conflict_is_retried(demo: Path) -> None:
+    # Another process holds the run: every attempt conflicts; the step is retried, then fails.
+    plan = lakefill.Project(demo).plan("events", FIRST, LAST)
+    lease = hold(demo, "events", plan.run_id)
+    assets = lakefill_assets(demo, retries_on_conflict=1)
+    result = materialize(assets, "events", FIRST, LAST)
+    assert not result.success
+    kinds = [e.event_type_value for e in result.all_events]
+    assert "STEP_UP_FOR_RETRY" in kinds
+    # Once the holder lets go, the same materialization publishes.
+    lease.unlink()
+    assert materialize(assets, "events", FIRST, LAST).success
