@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._runner import raise_for
 from .errors import LakefillError
 from .project import Project
 
@@ -31,15 +32,14 @@ def models(project: Project) -> list[ModelInfo]:
     out: list[ModelInfo] = []
     for name in names:
         completed = project.run("plan", name, "--where", "TRUE")
+        try:
+            raise_for(completed)
+        except LakefillError as error:
+            context = f"cannot plan model `{name}` over its whole table: "
+            error.message = context + error.message
+            error.args = (context + str(error.args[0]),)
+            raise
         document = completed.document if isinstance(completed.document, dict) else {}
-        if completed.exit_code != 0:
-            raise LakefillError(
-                f"cannot plan model `{name}` over its whole table: "
-                f"{document.get('error') or completed.stderr.strip()}",
-                exit_code=completed.exit_code,
-                hint=document.get("hint"),
-                document=document,
-            )
         layout = document.get("layout") or {}
         time = layout.get("time") if isinstance(layout, dict) else None
         grain = time.get("grain") if isinstance(time, dict) else None
