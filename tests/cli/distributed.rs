@@ -241,8 +241,9 @@ fn a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run(
     // Validation ran on the client over the files the cluster staged, with the same verdict.
     assert_eq!(report["partitions"], local["partitions"]);
 
-    // Both executors wrote files (the journal names each batch's writer processes), and
-    // nothing staged was left behind: the run's files on disk are exactly the committed ones.
+    // Both executors ran writer tasks (the journal names each batch's writer processes; which
+    // of them got the tasks with rows is the scheduler's timing), and nothing staged was left
+    // behind: the run's files on disk are exactly the committed ones.
     let run_id = report["run_id"].as_str().expect("run id");
     let journal: serde_json::Value = serde_json::from_slice(
         &lake.object_bytes("events", &format!("_lakefill/runs/{run_id}.json")),
@@ -262,6 +263,15 @@ fn a_backfill_staged_on_two_executors_publishes_exactly_the_rows_of_a_local_run(
     assert_eq!(writers.len(), 2, "{journal}");
     let committed = committed_from(&lake, run_id);
     assert!(!committed.is_empty());
+    // The files the writers counted are the committed ones.
+    let counted: u64 = journal["batches"]
+        .as_array()
+        .expect("batches")
+        .iter()
+        .filter_map(|b| b["writers"].as_object())
+        .flat_map(|w| w.values().filter_map(serde_json::Value::as_u64))
+        .sum();
+    assert_eq!(counted, committed.len() as u64, "{journal}");
     assert_eq!(staged_on_disk(&lake, run_id), committed);
 }
 

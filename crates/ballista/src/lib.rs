@@ -350,9 +350,10 @@ fn gather(
         let Some(record) = result.written.record else {
             continue;
         };
-        if !record.files.is_empty() {
-            *total.writers.entry(result.writer).or_default() += record.files.len() as u64;
-        }
+        // Every process that ran a writer task, with the files it wrote (none where its hash
+        // partition held no rows): which executor gets a task with rows is the scheduler's
+        // timing, that both took part is not.
+        *total.writers.entry(result.writer).or_default() += record.files.len() as u64;
         total.files.extend(record.files);
         for (label, count) in record.rows {
             *total.rows.entry(label).or_default() += count;
@@ -504,8 +505,8 @@ mod tests {
             result(2, "b", &[("2026-01-02", 1)]),
             // Task 1 again, on the other executor: the same partitions.
             result(1, "b", &[("2026-01-01", 2), ("2026-01-03", 1)]),
-            // A task whose hash partition held no rows.
-            result(3, "a", &[]),
+            // A task whose hash partition held no rows, on a third process.
+            result(3, "c", &[]),
         ];
         let (written, strays) = gather(&spec(), results, 4).expect("gathered");
         let record = written.record.expect("record");
@@ -522,7 +523,12 @@ mod tests {
         assert_eq!(record.checksums["2026-01-01"].rows, 20);
         assert_eq!(
             record.writers,
-            BTreeMap::from([("a".to_string(), 3), ("b".to_string(), 1)])
+            BTreeMap::from([
+                ("a".to_string(), 3),
+                ("b".to_string(), 1),
+                ("c".to_string(), 0)
+            ]),
+            "the process of the empty task is named, with no files"
         );
         let mut strays = strays;
         strays.sort();

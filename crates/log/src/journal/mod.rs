@@ -367,7 +367,8 @@ pub struct BatchRecord {
     /// Checksums of the staged rows per partition, computed while writing.
     #[serde(default)]
     pub checksums: BTreeMap<String, RowChecksum>,
-    /// Staged on a cluster: the files each writer process wrote (`pid N@HOST`).
+    /// Staged on a cluster: each process that ran a writer task (`pid N@HOST`), with the files
+    /// it wrote (0 where its tasks' hash partitions held no rows).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub writers: BTreeMap<String, u64>,
     /// The batch's partitions whose fix is published by deletion vectors, if the target takes
