@@ -289,6 +289,86 @@ impl AzureServer {
     }
 }
 
+/// Builds `lake` on local disk and uploads its tables to `location` (an object store), its
+/// objects side by side, with the project in `dir` naming them there. The tables are those
+/// `create_at` would write through the store (lakefill's own runs write the history either way;
+/// only the location the first commit's `commitInfo` records differs), in a fraction of the
+/// time: each of the lake's commits is a handful of sequential requests, and the suite makes a
+/// lake for each of its ~130 object-store tests. What lakefill does on the store is what the
+/// tests themselves exercise.
+fn upload_lake(lake: &DemoLake, dir: &Path, location: &LakeLocation) {
+    use deltalake::logstore::object_store::{ObjectStoreExt as _, PutPayload};
+    use futures::{StreamExt as _, TryStreamExt as _};
+    let built = tempfile::tempdir().expect("tempdir");
+    runtime()
+        .block_on(lake.create(built.path()))
+        .expect("demo lake");
+    // The project's other files (its models), then its project file naming the store.
+    copy_tree(built.path(), dir, &|path| {
+        path != built.path().join("lake") && path != built.path().join("lakefill.toml")
+    });
+    std::fs::write(dir.join("lakefill.toml"), lake.project_file(location)).expect("project");
+    let base = location.base_uri.as_deref().expect("an object store");
+    lakefill::Store::register_handlers();
+    let mut objects = Vec::new();
+    for table in std::fs::read_dir(built.path().join("lake"))
+        .expect("lake")
+        .flatten()
+    {
+        let name = table.file_name().to_string_lossy().into_owned();
+        let url = Url::parse(&format!("{base}/{name}/")).expect("url");
+        let store = deltalake::DeltaTableBuilder::from_url(url)
+            .expect("url")
+            .with_storage_options(location.storage.clone())
+            .build()
+            .expect("store")
+            .object_store();
+        for file in files_under(&table.path()) {
+            let file = PathBuf::from(file);
+            let relative = file
+                .strip_prefix(table.path())
+                .expect("under the table")
+                .to_string_lossy()
+                .into_owned();
+            objects.push((std::sync::Arc::clone(&store), relative, file));
+        }
+    }
+    runtime()
+        .block_on(
+            futures::stream::iter(objects)
+                .map(|(store, relative, file)| async move {
+                    let bytes = std::fs::read(&file).expect("read");
+                    store
+                        .put(
+                            &deltalake::Path::from(relative.as_str()),
+                            PutPayload::from(bytes),
+                        )
+                        .await
+                        .map(|_| ())
+                })
+                .buffer_unordered(16)
+                .try_collect::<Vec<()>>(),
+        )
+        .expect("upload the lake");
+}
+
+/// Copies what is under `from` that `keep` keeps (at the top level) into `to`.
+fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) {
+    for entry in std::fs::read_dir(from).expect("read dir").flatten() {
+        let path = entry.path();
+        if !keep(&path) {
+            continue;
+        }
+        let target = to.join(entry.file_name());
+        if path.is_dir() {
+            std::fs::create_dir_all(&target).expect("mkdir");
+            copy_tree(&path, &target, &|_| true);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
+
 impl TestLake {
     /// 10 days x 300 events on local disk, history written by v1.
     pub(crate) fn new() -> Self {
@@ -319,9 +399,14 @@ impl TestLake {
                 storage: store.project_storage().into_iter().collect(),
             },
         };
-        runtime()
-            .block_on(lake.create_at(dir.path(), &location))
-            .expect("demo lake");
+        match location.base_uri {
+            None => {
+                runtime()
+                    .block_on(lake.create_at(dir.path(), &location))
+                    .expect("demo lake");
+            }
+            Some(_) => upload_lake(&lake, dir.path(), &location),
+        }
         Self {
             dir,
             lake,
