@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+from datetime import date, datetime, timezone
 from pathlib import Path
 
 import dagster as dg
-from deltalake import DeltaTable
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
 
 import lakefill
 from lakefill._runner import binary
@@ -115,3 +118,97 @@ def test_a_conflict_is_retried(demo: Path) -> None:
     # Once the holder lets go, the same materialization publishes.
     lease.unlink()
     assert materialize(assets, "events", FIRST, LAST).success
+
+
+# Each grain lakefill partitions by, with the table's partition values and a range of Dagster
+# keys in the middle of them (the partitions before and after it must stay as they were).
+GRAINS = {
+    "hour": (
+        pa.timestamp("us", tz="UTC"),
+        [datetime(2026, 1, 1, h, tzinfo=timezone.utc) for h in range(8)],
+        dg.HourlyPartitionsDefinition,
+        ("2026-01-01-02:00", "2026-01-01-05:00"),
+        ["2026-01-01-02:00", "2026-01-01-03:00", "2026-01-01-04:00", "2026-01-01-05:00"],
+    ),
+    "month": (
+        pa.date32(),
+        [date(2025, m, 1) for m in range(6, 13)] + [date(2026, 1, 1)],
+        dg.MonthlyPartitionsDefinition,
+        ("2025-08-01", "2025-10-01"),
+        ["2025-08-01", "2025-09-01", "2025-10-01"],
+    ),
+    "year": (
+        pa.date32(),
+        [date(y, 1, 1) for y in range(2020, 2027)],
+        dg.TimeWindowPartitionsDefinition,
+        ("2022", "2024"),
+        ["2022", "2023", "2024"],
+    ),
+}
+
+
+def grain_project(root: Path, grain: str) -> Path:
+    """A project whose model `fix` doubles the amounts of `raw` into `target`, both partitioned
+    by `p` at `grain` (and holding the same rows before the fix)."""
+    kind, values, _, _, _ = GRAINS[grain]
+    root.mkdir()
+    (root / "lakefill.toml").write_text(
+        '[tables.raw]\nuri = "lake/raw"\n\n[tables.target]\nuri = "lake/target"\n'
+    )
+    model = root / "sql" / "fix" / "v1.sql"
+    model.parent.mkdir(parents=True)
+    model.write_text(
+        '/*\ntarget = "target"\npartition_by = "p"\n[sources.raw]\nwindow = "p"\n'
+        '[validate]\nkey = ["id"]\n*/\nSELECT id, amount * 2 AS amount, p FROM raw\n'
+    )
+    schema = pa.schema([("id", pa.int64()), ("amount", pa.int64()), ("p", kind)])
+    data = pa.Table.from_pylist(
+        [{"id": 10 * n + i, "amount": n + i, "p": v} for n, v in enumerate(values) for i in range(3)],
+        schema=schema,
+    )
+    for table in ("raw", "target"):
+        write_deltalake(str(root / "lake" / table), data, partition_by=["p"])
+    return root
+
+
+@pytest.mark.parametrize("grain", sorted(GRAINS))
+def test_every_grain_gets_its_partitions_and_a_range_is_one_backfill(
+    tmp_path: Path, grain: str
+) -> None:
+    _, values, definition, (first, last), keys = GRAINS[grain]
+    project = grain_project(tmp_path / grain, grain)
+    assets = by_key(lakefill_assets(project))
+    assert sorted(assets) == ["raw", "target"]
+    target = assets["target"]
+    assert isinstance(target, dg.AssetsDefinition)
+    partitions = target.partitions_def
+    assert isinstance(partitions, definition), partitions
+    # Dagster's keys start at the table's first partition; the range's keys are among them.
+    all_keys = partitions.get_partition_keys(current_time=datetime(2027, 6, 1))
+    assert all_keys[0] == {"hour": "2026-01-01-00:00", "month": "2025-06-01", "year": "2020"}[grain]
+    assert all(k in all_keys for k in keys)
+    before = DeltaTable(str(project / "lake" / "target")).to_pyarrow_table().to_pylist()
+
+    result = materialize(lakefill_assets(project), "target", first, last)
+    assert result.success
+    materializations = result.asset_materializations_for_node("target")
+    assert sorted(m.partition for m in materializations if m.partition) == keys
+    assert len({m.metadata["run_id"].value for m in materializations}) == 1
+
+    # Read back by python `deltalake`: the range's rows doubled, every other row as it was.
+    in_range = {v for v in values if keys[0] <= dagster_key(grain, v) <= keys[-1]}
+    assert len(in_range) == len(keys) < len(values)
+    expected = [
+        {**row, "amount": row["amount"] * 2} if row["p"] in in_range else row for row in before
+    ]
+    after = DeltaTable(str(project / "lake" / "target")).to_pyarrow_table().to_pylist()
+    assert sorted(after, key=lambda r: r["id"]) == sorted(expected, key=lambda r: r["id"])
+
+
+def dagster_key(grain: str, value: date) -> str:
+    """The Dagster partition key of a partition value."""
+    if grain == "hour":
+        return value.strftime("%Y-%m-%d-%H:%M")
+    if grain == "year":
+        return value.strftime("%Y")
+    return value.strftime("%Y-%m-%d")
