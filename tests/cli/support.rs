@@ -293,9 +293,9 @@ impl AzureServer {
 /// objects side by side, with the project in `dir` naming them there. The tables are those
 /// `create_at` would write through the store (lakefill's own runs write the history either way;
 /// only the location the first commit's `commitInfo` records differs), in a fraction of the
-/// time: each of the lake's commits is a handful of sequential requests, and the suite makes a
-/// lake for each of its ~130 object-store tests. What lakefill does on the store is what the
-/// tests themselves exercise.
+/// time: each of the lake's commits is a handful of sequential requests, and every object-store
+/// test makes at least one lake (the every-stop tests one per stop). What lakefill does on the
+/// store is what the tests themselves exercise.
 fn upload_lake(lake: &DemoLake, dir: &Path, location: &LakeLocation) {
     use deltalake::logstore::object_store::{ObjectStoreExt as _, PutPayload};
     use futures::{StreamExt as _, TryStreamExt as _};
@@ -303,10 +303,8 @@ fn upload_lake(lake: &DemoLake, dir: &Path, location: &LakeLocation) {
     runtime()
         .block_on(lake.create(built.path()))
         .expect("demo lake");
-    // The project's other files (its models), then its project file naming the store.
-    copy_tree(built.path(), dir, &|path| {
-        path != built.path().join("lake") && path != built.path().join("lakefill.toml")
-    });
+    // The project's models, then its project file naming the store.
+    lakefill_fixtures::copy_dir(&built.path().join("sql"), &dir.join("sql")).expect("models");
     std::fs::write(dir.join("lakefill.toml"), lake.project_file(location)).expect("project");
     let base = location.base_uri.as_deref().expect("an object store");
     lakefill::Store::register_handlers();
@@ -350,23 +348,6 @@ fn upload_lake(lake: &DemoLake, dir: &Path, location: &LakeLocation) {
                 .try_collect::<Vec<()>>(),
         )
         .expect("upload the lake");
-}
-
-/// Copies what is under `from` that `keep` keeps (at the top level) into `to`.
-fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) {
-    for entry in std::fs::read_dir(from).expect("read dir").flatten() {
-        let path = entry.path();
-        if !keep(&path) {
-            continue;
-        }
-        let target = to.join(entry.file_name());
-        if path.is_dir() {
-            std::fs::create_dir_all(&target).expect("mkdir");
-            copy_tree(&path, &target, &|_| true);
-        } else {
-            std::fs::copy(&path, &target).expect("copy");
-        }
-    }
 }
 
 impl TestLake {
