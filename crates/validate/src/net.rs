@@ -14,6 +14,8 @@ use deltalake::arrow::compute::kernels::numeric::neg;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use deltalake::datafusion::error::{DataFusionError, Result as DfResult};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::datafusion::execution::disk_manager::DiskManager;
+use deltalake::datafusion::execution::spill_file::SpillFile;
 use deltalake::datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
@@ -44,6 +46,22 @@ fn net_sql(
     key: &[String],
     adjusted: Option<&str>,
 ) -> String {
+    let (plain, grouped) = net_parts(rows, schema, measures, key, adjusted);
+    match grouped {
+        Some(grouped) => format!("{plain} UNION ALL {grouped}"),
+        None => plain,
+    }
+}
+
+/// The two parts of [`net_sql`]: the rows no adjustment touches, as they are, and (when some
+/// are) the grouped rows of the groups adjustments touch.
+fn net_parts(
+    rows: &str,
+    schema: &Schema,
+    measures: &[String],
+    key: &[String],
+    adjusted: Option<&str>,
+) -> (String, Option<String>) {
     let typed_null = |field: &Field| {
         format!(
             "{} AS {}",
@@ -69,7 +87,10 @@ fn net_sql(
         } else {
             String::new()
         };
-        return format!("SELECT {} FROM {rows}{only_rows}", plain.join(", "));
+        return (
+            format!("SELECT {} FROM {rows}{only_rows}", plain.join(", ")),
+            None,
+        );
     };
     let grouped: Vec<String> = group_columns(schema, measures)
         .iter()
@@ -101,12 +122,15 @@ fn net_sql(
     } else {
         format!(" GROUP BY {}", grouped.join(", "))
     };
-    format!(
-        "SELECT {plain} FROM {rows} WHERE {kind} IS NULL AND NOT {adjusted}({hash}) \
-         UNION ALL \
-         SELECT {select} FROM {rows} WHERE {adjusted}({hash}){group_by} HAVING SUM({weight}) > 0",
-        plain = plain.join(", "),
-        select = select.join(", "),
+    (
+        format!(
+            "SELECT {} FROM {rows} WHERE {kind} IS NULL AND NOT {adjusted}({hash})",
+            plain.join(", ")
+        ),
+        Some(format!(
+            "SELECT {} FROM {rows} WHERE {adjusted}({hash}){group_by} HAVING SUM({weight}) > 0",
+            select.join(", ")
+        )),
     )
 }
 
@@ -263,6 +287,39 @@ pub async fn register_net(
     measures: &[String],
     key: &[String],
 ) -> Result<()> {
+    register_net_kept(ctx, name, rows, schema, measures, key, None)
+        .await
+        .map(drop)
+}
+
+/// [`register_net`] for a session that reads the net rows more than once: the grouped rows of
+/// the adjusted groups (the costly part, a grouping of every row of those groups) are computed
+/// once, into a spill file of `disk` (Arrow IPC, which costs no encoding), and read from it.
+/// The rows no adjustment touches are still read from `rows` (a filtered scan costs less than
+/// writing them). The file lives as long as the returned value, which must outlive every query
+/// of `name`.
+pub async fn register_net_spilled(
+    ctx: &SessionContext,
+    name: &str,
+    rows: &str,
+    schema: &Schema,
+    measures: &[String],
+    key: &[String],
+    disk: &Arc<DiskManager>,
+) -> Result<Option<Arc<dyn SpillFile>>> {
+    register_net_kept(ctx, name, rows, schema, measures, key, Some(disk)).await
+}
+
+/// [`register_net`], with the grouped rows spilled to `disk` when given.
+async fn register_net_kept(
+    ctx: &SessionContext,
+    name: &str,
+    rows: &str,
+    schema: &Schema,
+    measures: &[String],
+    key: &[String],
+    disk: Option<&Arc<DiskManager>>,
+) -> Result<Option<Arc<dyn SpillFile>>> {
     register_hash_functions(ctx);
     let context = || "cannot net the table's rows (reversals against what they reverse)".into();
     // The groups adjustment rows touch, collected (one hash each) into a function that tells
@@ -304,13 +361,121 @@ pub async fn register_net(
     } else {
         None
     };
-    let df = ctx
-        .sql(&net_sql(rows, schema, measures, key, adjusted.as_deref()))
-        .await
-        .query_context(context)?;
+    let (sql, kept) = match (disk, adjusted.as_deref()) {
+        (Some(disk), Some(adjusted)) => {
+            let (plain, grouped) = net_parts(rows, schema, measures, key, Some(adjusted));
+            let grouped = grouped.ok_or_else(|| {
+                lakefill_table::error::Error::Internal("adjusted rows without a grouping".into())
+            })?;
+            // Registered by a name SQL does not fold (`register_arrow` parses it).
+            let grouped_name = format!(
+                "__lf_grouped_net_of_{}",
+                name.to_ascii_lowercase()
+                    .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            );
+            match spill_rows(ctx, &grouped, &grouped_name, disk).await? {
+                Some(file) => (
+                    format!("{plain} UNION ALL SELECT * FROM {}", ident(&grouped_name)),
+                    Some(file),
+                ),
+                None => (format!("{plain} UNION ALL {grouped}"), None),
+            }
+        }
+        _ => (
+            net_sql(rows, schema, measures, key, adjusted.as_deref()),
+            None,
+        ),
+    };
+    let df = ctx.sql(&sql).await.query_context(context)?;
     ctx.register_table(name, df.into_view())
         .query_context(|| format!("cannot register the net rows as `{name}`"))?;
-    Ok(())
+    Ok(kept)
+}
+
+/// Runs `sql` into a spill file of `disk` (Arrow IPC) and registers the file as `name`; `None`
+/// (nothing run) when the disk manager's files are not local files, or when a column holds
+/// dictionaries (an IPC file takes one dictionary per column, and batches may each bring
+/// theirs).
+async fn spill_rows(
+    ctx: &SessionContext,
+    sql: &str,
+    name: &str,
+    disk: &Arc<DiskManager>,
+) -> Result<Option<Arc<dyn SpillFile>>> {
+    use deltalake::arrow::ipc::writer::FileWriter;
+    use deltalake::datafusion::datasource::file_format::options::ArrowReadOptions;
+    use futures::StreamExt as _;
+    let context = || "cannot keep the grouped net rows in a spill file".to_string();
+    let df = ctx.sql(sql).await.query_context(context)?;
+    if df
+        .schema()
+        .fields()
+        .iter()
+        .any(|field| holds_dictionaries(field.data_type()))
+    {
+        return Ok(None);
+    }
+    let file = disk
+        .create_tmp_file("keeping the grouped net rows")
+        .query_context(context)?;
+    let Some(path) = file.path().and_then(|p| p.to_str()).map(str::to_string) else {
+        return Ok(None);
+    };
+    let mut rows = df.execute_stream().await.query_context(context)?;
+    let schema = rows.schema();
+    let written = |e: deltalake::arrow::error::ArrowError| {
+        lakefill_table::error::Error::Internal(format!(
+            "cannot write the grouped net rows to the spill file {path}: {e}"
+        ))
+    };
+    let mut writer = FileWriter::try_new(
+        std::io::BufWriter::new(file.open_writer().query_context(context)?),
+        &schema,
+    )
+    .map_err(written)?;
+    while let Some(batch) = rows.next().await {
+        writer
+            .write(&batch.query_context(context)?)
+            .map_err(written)?;
+    }
+    writer.finish().map_err(written)?;
+    writer
+        .into_inner()
+        .map_err(written)?
+        .into_inner()
+        .map_err(|e| written(e.into_error().into()))?
+        .finish()
+        .query_context(context)?;
+    ctx.register_arrow(
+        name,
+        &path,
+        ArrowReadOptions {
+            file_extension: "",
+            ..ArrowReadOptions::default()
+        },
+    )
+    .await
+    .query_context(context)?;
+    Ok(Some(file))
+}
+
+/// Whether values of `data_type` are, or hold, dictionaries.
+fn holds_dictionaries(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Dictionary(_, _) => true,
+        DataType::List(field)
+        | DataType::LargeList(field)
+        | DataType::ListView(field)
+        | DataType::LargeListView(field)
+        | DataType::FixedSizeList(field, _)
+        | DataType::Map(field, _) => holds_dictionaries(field.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| holds_dictionaries(f.data_type())),
+        DataType::Union(fields, _) => fields
+            .iter()
+            .any(|(_, f)| holds_dictionaries(f.data_type())),
+        DataType::RunEndEncoded(_, values) => holds_dictionaries(values.data_type()),
+        _ => false,
+    }
 }
 
 /// The hashes of the groups adjustment rows touch.
@@ -435,15 +600,34 @@ mod tests {
             ],
         )
         .expect("batch");
-        for key in [vec!["id".to_string()], Vec::new()] {
+        for (key, spilled) in [
+            (vec!["id".to_string()], false),
+            (Vec::new(), false),
+            (vec!["id".to_string()], true),
+            (Vec::new(), true),
+        ] {
             let ctx = SessionContext::new();
             let table =
                 MemTable::try_new(Arc::clone(&schema), vec![vec![batch.clone()]]).expect("table");
             ctx.register_table("ledger", Arc::new(table))
                 .expect("register");
-            register_net(&ctx, "Net", "ledger", &schema, &["amount".into()], &key)
-                .await
-                .expect("net");
+            let measures = ["amount".to_string()];
+            let _kept = if spilled {
+                let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+                let kept =
+                    register_net_spilled(&ctx, "Net", "ledger", &schema, &measures, &key, &disk)
+                        .await
+                        .expect("net");
+                let file = kept.as_ref().expect("the grouped rows are in a spill file");
+                assert!(file.size().is_some_and(|bytes| bytes > 0));
+                assert!(disk.used_disk_space() > 0, "counted as spilled");
+                kept
+            } else {
+                register_net(&ctx, "Net", "ledger", &schema, &measures, &key)
+                    .await
+                    .expect("net");
+                None
+            };
             let batches: Vec<RecordBatch> = ctx
                 .sql("SELECT id, country, amount, _lakefill_kind FROM Net")
                 .await
@@ -476,7 +660,7 @@ mod tests {
                     (2, "DE".to_string(), 5),
                     (4, "JP".to_string(), 1),
                 ],
-                "key {key:?}"
+                "key {key:?}, spilled {spilled}"
             );
         }
     }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use deltalake::DeltaTable;
+use deltalake::datafusion::execution::spill_file::SpillFile;
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
@@ -212,13 +213,15 @@ pub(crate) async fn run_validation(
     // The schema the run's files were staged with: the plan's, else the target's.
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
-    register_sides(
+    // Holds the spill file of the old net rows (adjustments) while validation reads them.
+    let _kept = register_sides(
         &ctx,
         plan,
         journal,
         &write_schema,
         &target_schema,
         adjustments,
+        resources,
     )
     .await?;
     let mut extra_checks = extra_checks;
@@ -316,7 +319,9 @@ pub(crate) async fn run_validation(
 
 /// Registers what validation compares in `ctx`: `previous` (the net rows for adjustments),
 /// `output` (the staged rows of the range; by rows also `staged`, every staged row), and the
-/// cascade's other nodes as `staged.<table>`.
+/// cascade's other nodes as `staged.<table>`. Returns the spill file the net rows' grouped part
+/// is read from (see [`lakefill_validate::net::register_net_spilled`]): it must outlive every
+/// query of `previous`.
 async fn register_sides(
     ctx: &SessionContext,
     plan: &BackfillPlan,
@@ -324,22 +329,27 @@ async fn register_sides(
     write_schema: &deltalake::arrow::datatypes::SchemaRef,
     target_schema: &deltalake::arrow::datatypes::Schema,
     adjustments: bool,
-) -> Result<()> {
+    resources: &Resources,
+) -> Result<Option<Arc<dyn SpillFile>>> {
+    let mut kept = None;
     if adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
-        // of the table and the companion together).
+        // of the table and the companion together). The proof and the comparison both read
+        // them: their grouping runs once.
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        lakefill_recompute::plan::adjust::register_net_rows(
+        kept = lakefill_recompute::plan::adjust::register_net_rows_spilled(
             ctx,
             "previous",
             plan,
             &journal.inputs.range,
+            &resources.disk_manager(),
         )
         .await?;
     }
     register_output(ctx, plan, journal, write_schema, target_schema).await?;
-    register_cascade_staged(ctx, plan).await
+    register_cascade_staged(ctx, plan).await?;
+    Ok(kept)
 }
 
 /// Registers `output`: the staged rows of the range (by rows also `staged`, every staged row).

@@ -8,7 +8,11 @@ use serde_json::json;
 
 use lakefill_table::adjustments::LINEAGE_COLUMNS;
 use lakefill_table::error::{Error, QueryContext, Result};
-use lakefill_validate::net::register_net;
+use std::sync::Arc;
+
+use deltalake::datafusion::execution::disk_manager::DiskManager;
+use deltalake::datafusion::execution::spill_file::SpillFile;
+use lakefill_validate::net::{register_net, register_net_spilled};
 
 /// Checks what adjustments need of the table and the model: a key and measures (signed numbers,
 /// not partition columns), no NULL partition in the range, and the lineage columns as strings
@@ -180,15 +184,7 @@ pub async fn register_net_rows(
     plan: &crate::plan::BackfillPlan,
     range: &lakefill_table::partition::PartitionRange,
 ) -> Result<()> {
-    let rows = format!("__lf_rows_of_{name}");
-    register_ledger_rows(ctx, &rows, plan, range).await?;
-    let schema = ctx
-        .table(rows.as_str())
-        .await
-        .query_context(|| "cannot read the old rows".into())?
-        .schema()
-        .as_arrow()
-        .clone();
+    let (rows, schema) = register_old_rows(ctx, name, plan, range).await?;
     register_net(
         ctx,
         name,
@@ -198,6 +194,49 @@ pub async fn register_net_rows(
         &plan.rules.key,
     )
     .await
+}
+
+/// [`register_net_rows`] for a session that reads them more than once (validation): the
+/// grouped rows of the adjusted groups are computed once, into a spill file of `disk`, which
+/// lives as long as the returned value ([`lakefill_validate::net::register_net_spilled`]).
+pub async fn register_net_rows_spilled(
+    ctx: &SessionContext,
+    name: &str,
+    plan: &crate::plan::BackfillPlan,
+    range: &lakefill_table::partition::PartitionRange,
+    disk: &Arc<DiskManager>,
+) -> Result<Option<Arc<dyn SpillFile>>> {
+    let (rows, schema) = register_old_rows(ctx, name, plan, range).await?;
+    register_net_spilled(
+        ctx,
+        name,
+        &rows,
+        &schema,
+        &plan.rules.summed_measures(),
+        &plan.rules.key,
+        disk,
+    )
+    .await
+}
+
+/// Registers the rows (target and companion) whose net rows `name` will be; their view's name
+/// and schema.
+async fn register_old_rows(
+    ctx: &SessionContext,
+    name: &str,
+    plan: &crate::plan::BackfillPlan,
+    range: &lakefill_table::partition::PartitionRange,
+) -> Result<(String, Schema)> {
+    let rows = format!("__lf_rows_of_{name}");
+    register_ledger_rows(ctx, &rows, plan, range).await?;
+    let schema = ctx
+        .table(rows.as_str())
+        .await
+        .query_context(|| "cannot read the old rows".into())?
+        .schema()
+        .as_arrow()
+        .clone();
+    Ok((rows, schema))
 }
 
 /// Registers as `name` the rows of the table a run corrects in `range`, at the versions the run
