@@ -29,14 +29,14 @@ use deltalake::arrow::datatypes::{DataType, Decimal128Type, Int64Type};
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
-use lakefill_recompute::plan::adjust::register_net_rows;
+use lakefill_recompute::plan::adjust::register_net_rows_spilled;
 use lakefill_table::adjustments::{AdjustmentCounts, KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::check_hash_sql;
 use lakefill_table::sqltext::{cast_sql, ident};
 use lakefill_table::staged::StagedTable;
 use lakefill_validate::CheckResult;
-use lakefill_validate::net::adjustment_rows;
+use lakefill_validate::net::{KeptNet, adjustment_rows};
 
 /// The name of the check that proves the adjustments.
 const CONSERVE: &str = "adjustments conserve";
@@ -347,15 +347,23 @@ async fn conservation_by_key(
     Ok(CheckResult::new(CONSERVE, failures, Vec::new()))
 }
 
+/// The old net rows of each batch as staging computed them (by batch index), for validation to
+/// read without grouping them again ([`KeptNet`]).
+pub(crate) type KeptNets = std::collections::BTreeMap<usize, KeptNet>;
+
 /// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
-/// returns them per batch, and how many of each kind.
+/// returns them per batch, how many of each kind, and the old net rows of each batch.
 pub(crate) async fn stage(
     plan: &lakefill_recompute::plan::BackfillPlan,
     batches: &[lakefill_log::journal::BatchRecord],
     resources: &lakefill_table::resources::Resources,
     store: Arc<dyn deltalake::ObjectStore>,
     max_parallel: usize,
-) -> Result<(Vec<lakefill_log::journal::BatchRecord>, AdjustmentCounts)> {
+) -> Result<(
+    Vec<lakefill_log::journal::BatchRecord>,
+    AdjustmentCounts,
+    KeptNets,
+)> {
     use futures::{StreamExt as _, TryStreamExt as _};
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     // Batches side by side, as staging runs them: each difference is one thread's work.
@@ -379,22 +387,29 @@ pub(crate) async fn stage(
         .await?;
     let mut counted = AdjustmentCounts::default();
     let mut records = Vec::with_capacity(staged.len());
-    for (record, counts) in staged {
+    let mut kept = KeptNets::new();
+    for (record, counts, net) in staged {
         counted.reversals += counts.reversals;
         counted.corrections += counts.corrections;
+        kept.insert(record.index, net);
         records.push(record);
     }
-    Ok((records, counted))
+    Ok((records, counted, kept))
 }
 
-/// Stages the adjustment rows of one batch of new rows.
+/// Stages the adjustment rows of one batch of new rows; returns them, their counts and the
+/// batch's old net rows.
 async fn stage_batch(
     plan: &lakefill_recompute::plan::BackfillPlan,
     new_rows: &lakefill_log::journal::BatchRecord,
     resources: &lakefill_table::resources::Resources,
     store: &Arc<dyn deltalake::ObjectStore>,
     write_schema: &Arc<Schema>,
-) -> Result<(lakefill_log::journal::BatchRecord, AdjustmentCounts)> {
+) -> Result<(
+    lakefill_log::journal::BatchRecord,
+    AdjustmentCounts,
+    KeptNet,
+)> {
     let report = &plan.report;
     let layout = &report.layout;
     let Some(batch) = report.batches.iter().find(|b| b.index == new_rows.index) else {
@@ -411,7 +426,9 @@ async fn stage_batch(
         include_null: false,
         rows: None,
     };
-    register_net_rows(&ctx, "__lf_old", plan, &periods).await?;
+    let kept =
+        register_net_rows_spilled(&ctx, "__lf_old", plan, &periods, &resources.disk_manager())
+            .await?;
     StagedTable::register_as(
         &ctx,
         "__lf_new",
@@ -453,7 +470,7 @@ async fn stage_batch(
         corrections = counts.corrections,
         "staged adjustments"
     );
-    Ok((record, counts))
+    Ok((record, counts, kept))
 }
 
 /// With a companion: refuses to publish when a commit after the version the run read changed

@@ -292,12 +292,12 @@ pub async fn register_net(
         .map(drop)
 }
 
-/// [`register_net`] for a session that reads the net rows more than once: the grouped rows of
-/// the adjusted groups (the costly part, a grouping of every row of those groups) are computed
-/// once, into a spill file of `disk` (Arrow IPC, which costs no encoding), and read from it.
-/// The rows no adjustment touches are still read from `rows` (a filtered scan costs less than
-/// writing them). The file lives as long as the returned value, which must outlive every query
-/// of `name`.
+/// [`register_net`] for net rows read more than once: the grouped rows of the adjusted groups
+/// (the costly part, a grouping of every row of those groups) are computed once, into a spill
+/// file of `disk` (Arrow IPC, which costs no encoding), and read from it. The rows no
+/// adjustment touches are still read from `rows` (a filtered scan costs less than writing
+/// them). The returned [`KeptNet`] holds the file (which must outlive every query of `name`)
+/// and registers the same net rows in another session.
 pub async fn register_net_spilled(
     ctx: &SessionContext,
     name: &str,
@@ -306,7 +306,7 @@ pub async fn register_net_spilled(
     measures: &[String],
     key: &[String],
     disk: &Arc<DiskManager>,
-) -> Result<Option<Arc<dyn SpillFile>>> {
+) -> Result<KeptNet> {
     register_net_kept(ctx, name, rows, schema, measures, key, Some(disk)).await
 }
 
@@ -319,13 +319,14 @@ async fn register_net_kept(
     measures: &[String],
     key: &[String],
     disk: Option<&Arc<DiskManager>>,
-) -> Result<Option<Arc<dyn SpillFile>>> {
+) -> Result<KeptNet> {
     register_hash_functions(ctx);
     let context = || "cannot net the table's rows (reversals against what they reverse)".into();
     // The groups adjustment rows touch, collected (one hash each) into a function that tells
     // whether a row is in one: a filter on each scan of the rows. (Joined instead, DataFusion
     // repartitions every row of the ledger to meet the few adjusted groups.)
-    let adjusted = if schema.field_with_name(KIND_COLUMN).is_ok() {
+    let mut kept = KeptNet::default();
+    if schema.field_with_name(KIND_COLUMN).is_ok() {
         let batches = ctx
             .sql(&format!(
                 "SELECT DISTINCT {} AS __lf_g FROM {rows} WHERE {} IS NOT NULL",
@@ -342,68 +343,126 @@ async fn register_net_kept(
             let column = batch.column(0).as_primitive::<UInt64Type>();
             hashes.extend(column.iter().flatten());
         }
-        if hashes.is_empty() {
-            None
-        } else {
-            let function = format!(
-                "__lf_adjusted_group_of_{}",
-                // SQL folds unquoted names to lower case.
-                name.to_ascii_lowercase()
-                    .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-            );
-            ctx.register_udf(ScalarUDF::from(AdjustedGroup {
-                name: function.clone(),
-                signature: Signature::exact(vec![DataType::UInt64], Volatility::Immutable),
-                hashes: Arc::new(hashes),
-            }));
-            Some(function)
+        if !hashes.is_empty() {
+            kept.hashes = Some(Arc::new(hashes));
         }
-    } else {
-        None
-    };
-    let (sql, kept) = match (disk, adjusted.as_deref()) {
-        (Some(disk), Some(adjusted)) => {
-            let (plain, grouped) = net_parts(rows, schema, measures, key, Some(adjusted));
-            let grouped = grouped.ok_or_else(|| {
-                lakefill_table::error::Error::Internal("adjusted rows without a grouping".into())
-            })?;
-            // Registered by a name SQL does not fold (`register_arrow` parses it).
-            let grouped_name = format!(
-                "__lf_grouped_net_of_{}",
-                name.to_ascii_lowercase()
-                    .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-            );
-            match spill_rows(ctx, &grouped, &grouped_name, disk).await? {
-                Some(file) => (
-                    format!("{plain} UNION ALL SELECT * FROM {}", ident(&grouped_name)),
-                    Some(file),
-                ),
-                None => (format!("{plain} UNION ALL {grouped}"), None),
-            }
+    }
+    if let (Some(disk), Some(adjusted)) = (disk, kept.adjusted_function(ctx, name)) {
+        let (_, grouped) = net_parts(rows, schema, measures, key, Some(&adjusted));
+        if let Some(grouped) = grouped {
+            kept.grouped = spill_rows(ctx, &grouped, disk).await?;
         }
-        _ => (
-            net_sql(rows, schema, measures, key, adjusted.as_deref()),
-            None,
-        ),
-    };
-    let df = ctx.sql(&sql).await.query_context(context)?;
-    ctx.register_table(name, df.into_view())
-        .query_context(|| format!("cannot register the net rows as `{name}`"))?;
+    }
+    kept.register(ctx, name, rows, schema, measures, key)
+        .await?;
     Ok(kept)
 }
 
-/// Runs `sql` into a spill file of `disk` (Arrow IPC) and registers the file as `name`; `None`
-/// (nothing run) when the disk manager's files are not local files, or when a column holds
-/// dictionaries (an IPC file takes one dictionary per column, and batches may each bring
-/// theirs).
+/// Net rows computed once ([`register_net_spilled`]): the hashes of the groups adjustment rows
+/// touch, and the grouped rows of those groups in a spill file when they were kept there.
+/// [`KeptNet::register`] makes them the net rows of the same rows in any session of the
+/// process, without grouping again.
+#[derive(Clone, Default)]
+pub struct KeptNet {
+    hashes: Option<Arc<GroupHashes>>,
+    grouped: Option<Arc<dyn SpillFile>>,
+}
+
+/// The number of hashes and the file, never the hashes (see [`AdjustedGroup`]'s `Debug`).
+impl std::fmt::Debug for KeptNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptNet")
+            .field("hashes", &self.hashes.as_ref().map(|h| h.len()))
+            .field(
+                "grouped",
+                &self.grouped.as_ref().and_then(|file| file.path()),
+            )
+            .finish()
+    }
+}
+
+impl KeptNet {
+    /// Whether the grouped rows are in a spill file (else a session that registers these net
+    /// rows groups them again).
+    pub fn is_spilled(&self) -> bool {
+        self.grouped.is_some()
+    }
+
+    /// Registers in `ctx` the function telling whether a row's group is adjusted, named after
+    /// `name`; `None` when no group is.
+    fn adjusted_function(&self, ctx: &SessionContext, name: &str) -> Option<String> {
+        let hashes = self.hashes.as_ref()?;
+        let function = format!("__lf_adjusted_group_of_{}", sql_name(name));
+        ctx.register_udf(ScalarUDF::from(AdjustedGroup {
+            name: function.clone(),
+            signature: Signature::exact(vec![DataType::UInt64], Volatility::Immutable),
+            hashes: Arc::clone(hashes),
+        }));
+        Some(function)
+    }
+
+    /// Registers `name` in `ctx` as these net rows of the view `rows` (the rows they were
+    /// computed from, with the same `schema`, `measures` and `key`).
+    pub async fn register(
+        &self,
+        ctx: &SessionContext,
+        name: &str,
+        rows: &str,
+        schema: &Schema,
+        measures: &[String],
+        key: &[String],
+    ) -> Result<()> {
+        use deltalake::datafusion::datasource::file_format::options::ArrowReadOptions;
+        register_hash_functions(ctx);
+        let context = || "cannot net the table's rows (reversals against what they reverse)".into();
+        let adjusted = self.adjusted_function(ctx, name);
+        let sql = match (&self.grouped, &adjusted) {
+            (Some(file), Some(adjusted)) => {
+                let path = file.path().and_then(|p| p.to_str()).ok_or_else(|| {
+                    lakefill_table::error::Error::Internal(
+                        "the grouped net rows' spill file has no path".into(),
+                    )
+                })?;
+                // Registered by a name SQL does not fold (`register_arrow` parses it).
+                let grouped = format!("__lf_grouped_net_of_{}", sql_name(name));
+                ctx.register_arrow(
+                    &grouped,
+                    path,
+                    ArrowReadOptions {
+                        file_extension: "",
+                        ..ArrowReadOptions::default()
+                    },
+                )
+                .await
+                .query_context(context)?;
+                let (plain, _) = net_parts(rows, schema, measures, key, Some(adjusted));
+                format!("{plain} UNION ALL SELECT * FROM {}", ident(&grouped))
+            }
+            _ => net_sql(rows, schema, measures, key, adjusted.as_deref()),
+        };
+        let df = ctx.sql(&sql).await.query_context(context)?;
+        ctx.register_table(name, df.into_view())
+            .query_context(|| format!("cannot register the net rows as `{name}`"))?;
+        Ok(())
+    }
+}
+
+/// `name` as a part of an SQL name that is never quoted: lower case (SQL folds unquoted names),
+/// letters, digits and `_`.
+fn sql_name(name: &str) -> String {
+    name.to_ascii_lowercase()
+        .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+}
+
+/// Runs `sql` into a spill file of `disk` (Arrow IPC); `None` (nothing run) when the disk
+/// manager's files are not local files, or when a column holds dictionaries (an IPC file takes
+/// one dictionary per column, and batches may each bring theirs).
 async fn spill_rows(
     ctx: &SessionContext,
     sql: &str,
-    name: &str,
     disk: &Arc<DiskManager>,
 ) -> Result<Option<Arc<dyn SpillFile>>> {
     use deltalake::arrow::ipc::writer::FileWriter;
-    use deltalake::datafusion::datasource::file_format::options::ArrowReadOptions;
     use futures::StreamExt as _;
     let context = || "cannot keep the grouped net rows in a spill file".to_string();
     let df = ctx.sql(sql).await.query_context(context)?;
@@ -418,7 +477,7 @@ async fn spill_rows(
     let file = disk
         .create_tmp_file("keeping the grouped net rows")
         .query_context(context)?;
-    let Some(path) = file.path().and_then(|p| p.to_str()).map(str::to_string) else {
+    let Some(path) = file.path().map(|p| p.display().to_string()) else {
         return Ok(None);
     };
     let mut rows = df.execute_stream().await.query_context(context)?;
@@ -446,16 +505,6 @@ async fn spill_rows(
         .map_err(|e| written(e.into_error().into()))?
         .finish()
         .query_context(context)?;
-    ctx.register_arrow(
-        name,
-        &path,
-        ArrowReadOptions {
-            file_extension: "",
-            ..ArrowReadOptions::default()
-        },
-    )
-    .await
-    .query_context(context)?;
     Ok(Some(file))
 }
 
@@ -561,6 +610,43 @@ mod tests {
         assert!(text.contains("hashes: 100000"), "{text}");
     }
 
+    /// Every row of `table` in `ctx`, as text, sorted.
+    async fn rows_as_text(ctx: &SessionContext, table: &str) -> Vec<String> {
+        let batches: Vec<RecordBatch> = ctx
+            .sql(&format!("SELECT * FROM {table}"))
+            .await
+            .expect("sql")
+            .execute_stream()
+            .await
+            .expect("stream")
+            .try_collect()
+            .await
+            .expect("rows");
+        let mut rows = Vec::new();
+        for batch in &batches {
+            for row in 0..batch.num_rows() {
+                let values: Vec<String> = batch
+                    .columns()
+                    .iter()
+                    .map(|column| {
+                        if column.is_null(row) {
+                            "NULL".to_string()
+                        } else {
+                            format!(
+                                "{:?}",
+                                deltalake::arrow::util::display::array_value_to_string(column, row)
+                                    .expect("text")
+                            )
+                        }
+                    })
+                    .collect();
+                rows.push(values.join(" | "));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
     /// Net rows of a ledger: an adjusted key sums, a key reversed away is gone, rows loaded
     /// twice and never adjusted stay two rows, untouched rows stay; found by key or by every
     /// column, from a view whose name has capitals.
@@ -618,10 +704,22 @@ mod tests {
                     register_net_spilled(&ctx, "Net", "ledger", &schema, &measures, &key, &disk)
                         .await
                         .expect("net");
-                let file = kept.as_ref().expect("the grouped rows are in a spill file");
-                assert!(file.size().is_some_and(|bytes| bytes > 0));
-                assert!(disk.used_disk_space() > 0, "counted as spilled");
-                kept
+                assert!(kept.is_spilled(), "the grouped rows are in a spill file");
+                // Read again in another session from the kept rows: the same net rows.
+                let again = SessionContext::new();
+                let table = MemTable::try_new(Arc::clone(&schema), vec![vec![batch.clone()]])
+                    .expect("table");
+                again
+                    .register_table("ledger", Arc::new(table))
+                    .expect("register");
+                kept.register(&again, "Net", "ledger", &schema, &measures, &key)
+                    .await
+                    .expect("registered again");
+                assert_eq!(
+                    rows_as_text(&again, "Net").await,
+                    rows_as_text(&ctx, "Net").await
+                );
+                Some(kept)
             } else {
                 register_net(&ctx, "Net", "ledger", &schema, &measures, &key)
                     .await

@@ -249,10 +249,10 @@ impl BackfillBuilder {
         let spill = self
             .stage_step(&mut journal, &resources, &skip, lease, started, &capture)
             .await?;
-        self.adjust_step(&mut journal, &resources, lease).await?;
+        let kept_net = self.adjust_step(&mut journal, &resources, lease).await?;
         let stage_ms = elapsed_ms(started);
         let validate_started = Instant::now();
-        self.validate_step(&mut journal, &resources, &spill, lease, capture)
+        self.validate_step(&mut journal, &resources, &spill, lease, capture, kept_net)
             .await?;
         let validate_ms = elapsed_ms(validate_started);
         let outcome = self
@@ -448,9 +448,9 @@ impl BackfillBuilder {
         journal: &mut Journal,
         resources: &Resources,
         lease: &RunLease,
-    ) -> Result<()> {
+    ) -> Result<Option<crate::adjust::KeptNets>> {
         if journal.adjusted() {
-            return Ok(());
+            return Ok(None);
         }
         let plan = &self.plan;
         self.emit(ProgressEvent::Phase {
@@ -468,12 +468,12 @@ impl BackfillBuilder {
             ))
             .await;
         match staged {
-            Ok((records, counts)) => {
+            Ok((records, counts, kept)) => {
                 journal.progress.adjustments = records;
                 journal.progress.adjustment_counts = Some(counts);
                 journal.save(&store, lease).await?;
                 failpoint::reach(CrashPoint::AfterAdjust).await?;
-                Ok(())
+                Ok(Some(kept))
             }
             Err(error) => Err(self.stop(journal, lease, "adjusting", error, false).await),
         }
@@ -488,6 +488,7 @@ impl BackfillBuilder {
         spill: &BTreeMap<String, u64>,
         lease: &RunLease,
         capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
+        kept_net: Option<crate::adjust::KeptNets>,
     ) -> Result<()> {
         let plan = &self.plan;
         let report = &plan.report;
@@ -521,7 +522,7 @@ impl BackfillBuilder {
                 extra_checks,
                 resources,
                 self.validate,
-                capture,
+                crate::run::validation::FromStaging { capture, kept_net },
             ))
             .await;
         let validation = match validation {

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use deltalake::DeltaTable;
-use deltalake::datafusion::execution::spill_file::SpillFile;
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
@@ -179,6 +178,18 @@ async fn conserve_with(
     Ok(CheckResult::new(name, failures, Vec::new()))
 }
 
+/// What this process's staging kept for validation, so that it does not read again what staging
+/// read or wrote.
+#[derive(Default)]
+pub(crate) struct FromStaging {
+    /// The new rows as the writers hashed them, for the key merge.
+    pub(crate) capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
+    /// Adjustments: the old net rows of each batch.
+    pub(crate) kept_net: Option<crate::adjust::KeptNets>,
+}
+
+/// Validates the run's staged rows against the old rows at the read version (with what staging
+/// kept of them), with `extra_checks`; `compare_rows` false runs the extra checks only.
 pub(crate) async fn run_validation(
     plan: &BackfillPlan,
     journal: &Journal,
@@ -186,8 +197,9 @@ pub(crate) async fn run_validation(
     extra_checks: Vec<CheckResult>,
     resources: &Resources,
     compare_rows: bool,
-    capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
+    staged: FromStaging,
 ) -> Result<ValidationReport> {
+    let FromStaging { capture, kept_net } = staged;
     let rules = &plan.rules;
     if !compare_rows {
         return Ok(ValidationReport {
@@ -213,15 +225,14 @@ pub(crate) async fn run_validation(
     // The schema the run's files were staged with: the plan's, else the target's.
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
-    // Holds the spill file of the old net rows (adjustments) while validation reads them.
+    // Holds the spill files of the old net rows (adjustments) while validation reads them.
     let _kept = register_sides(
         &ctx,
         plan,
         journal,
         &write_schema,
         &target_schema,
-        adjustments,
-        resources,
+        adjustments.then_some((resources, kept_net)),
     )
     .await?;
     let mut extra_checks = extra_checks;
@@ -319,36 +330,88 @@ pub(crate) async fn run_validation(
 
 /// Registers what validation compares in `ctx`: `previous` (the net rows for adjustments),
 /// `output` (the staged rows of the range; by rows also `staged`, every staged row), and the
-/// cascade's other nodes as `staged.<table>`. Returns the spill file the net rows' grouped part
-/// is read from (see [`lakefill_validate::net::register_net_spilled`]): it must outlive every
-/// query of `previous`.
+/// cascade's other nodes as `staged.<table>`. `adjustments`: the run publishes by them, with the
+/// net rows staging kept of each batch, if it did. Returns the net rows read, which hold the
+/// spill files of their grouped part (see [`lakefill_validate::net::KeptNet`]): they must
+/// outlive every query of `previous`.
 async fn register_sides(
     ctx: &SessionContext,
     plan: &BackfillPlan,
     journal: &Journal,
     write_schema: &deltalake::arrow::datatypes::SchemaRef,
     target_schema: &deltalake::arrow::datatypes::Schema,
-    adjustments: bool,
-    resources: &Resources,
-) -> Result<Option<Arc<dyn SpillFile>>> {
-    let mut kept = None;
-    if adjustments {
+    adjustments: Option<(&Resources, Option<crate::adjust::KeptNets>)>,
+) -> Result<Vec<lakefill_validate::net::KeptNet>> {
+    let mut kept = Vec::new();
+    if let Some((resources, staged)) = adjustments {
         // The old rows of a table corrected by adjustments are its net rows (with a companion,
-        // of the table and the companion together). The proof and the comparison both read
-        // them: their grouping runs once.
+        // of the table and the companion together).
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        kept = lakefill_recompute::plan::adjust::register_net_rows_spilled(
-            ctx,
-            "previous",
-            plan,
-            &journal.inputs.range,
-            &resources.disk_manager(),
-        )
-        .await?;
+        kept = register_previous_net(ctx, plan, journal, resources, staged).await?;
     }
     register_output(ctx, plan, journal, write_schema, target_schema).await?;
     register_cascade_staged(ctx, plan).await?;
+    Ok(kept)
+}
+
+/// Registers `previous` as the old net rows of an adjustments run. The proof and the comparison
+/// both read them, so they are not grouped for each read: when staging kept every batch's net
+/// rows (this process staged them all), those are read, batch by batch; otherwise (a resumed
+/// run) they are grouped here, once, into a spill file.
+async fn register_previous_net(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    resources: &Resources,
+    staged: Option<crate::adjust::KeptNets>,
+) -> Result<Vec<lakefill_validate::net::KeptNet>> {
+    use lakefill_recompute::plan::adjust::{register_kept_net_rows, register_net_rows_spilled};
+    let report = &plan.report;
+    let batches = &report.batches;
+    // (When no batch's grouped rows were spilled, one scan of the range costs less than one per
+    // batch.)
+    let covered = staged.filter(|kept| {
+        kept.len() == batches.len()
+            && batches.iter().all(|b| kept.contains_key(&b.index))
+            && kept
+                .values()
+                .any(lakefill_validate::net::KeptNet::is_spilled)
+    });
+    let Some(mut staged) = covered.filter(|_| !batches.is_empty()) else {
+        return Ok(vec![
+            register_net_rows_spilled(
+                ctx,
+                "previous",
+                plan,
+                &journal.inputs.range,
+                &resources.disk_manager(),
+            )
+            .await?,
+        ]);
+    };
+    let mut kept = Vec::with_capacity(batches.len());
+    let mut parts = Vec::with_capacity(batches.len());
+    for batch in batches {
+        let periods = PartitionRange {
+            from: batch.start.clone(),
+            to: batch.end.clone(),
+            grain: report.range.grain,
+            include_null: false,
+            rows: None,
+        };
+        let name = format!("__lf_previous_{}", batch.index);
+        let net = staged.remove(&batch.index).unwrap_or_default();
+        register_kept_net_rows(ctx, &name, plan, &periods, &net).await?;
+        parts.push(format!("SELECT * FROM {name}"));
+        kept.push(net);
+    }
+    let previous = ctx
+        .sql(&parts.join(" UNION ALL "))
+        .await
+        .query_context(|| "cannot read the old net rows staging kept".into())?;
+    ctx.register_table("previous", previous.into_view())
+        .query_context(|| "cannot register the old rows".into())?;
     Ok(kept)
 }
 

@@ -11,8 +11,7 @@ use lakefill_table::error::{Error, QueryContext, Result};
 use std::sync::Arc;
 
 use deltalake::datafusion::execution::disk_manager::DiskManager;
-use deltalake::datafusion::execution::spill_file::SpillFile;
-use lakefill_validate::net::{register_net, register_net_spilled};
+use lakefill_validate::net::{KeptNet, register_net, register_net_spilled};
 
 /// Checks what adjustments need of the table and the model: a key and measures (signed numbers,
 /// not partition columns), no NULL partition in the range, and the lineage columns as strings
@@ -196,7 +195,7 @@ pub async fn register_net_rows(
     .await
 }
 
-/// [`register_net_rows`] for a session that reads them more than once (validation): the
+/// [`register_net_rows`] for net rows read more than once (by staging, then validation): the
 /// grouped rows of the adjusted groups are computed once, into a spill file of `disk`, which
 /// lives as long as the returned value ([`lakefill_validate::net::register_net_spilled`]).
 pub async fn register_net_rows_spilled(
@@ -205,7 +204,7 @@ pub async fn register_net_rows_spilled(
     plan: &crate::plan::BackfillPlan,
     range: &lakefill_table::partition::PartitionRange,
     disk: &Arc<DiskManager>,
-) -> Result<Option<Arc<dyn SpillFile>>> {
+) -> Result<KeptNet> {
     let (rows, schema) = register_old_rows(ctx, name, plan, range).await?;
     register_net_spilled(
         ctx,
@@ -215,6 +214,27 @@ pub async fn register_net_rows_spilled(
         &plan.rules.summed_measures(),
         &plan.rules.key,
         disk,
+    )
+    .await
+}
+
+/// Registers as `name` the net rows of `range` that `kept` holds, as
+/// [`register_net_rows_spilled`] computed them for the same plan and range (in any session).
+pub async fn register_kept_net_rows(
+    ctx: &SessionContext,
+    name: &str,
+    plan: &crate::plan::BackfillPlan,
+    range: &lakefill_table::partition::PartitionRange,
+    kept: &KeptNet,
+) -> Result<()> {
+    let (rows, schema) = register_old_rows(ctx, name, plan, range).await?;
+    kept.register(
+        ctx,
+        name,
+        &rows,
+        &schema,
+        &plan.rules.summed_measures(),
+        &plan.rules.key,
     )
     .await
 }
