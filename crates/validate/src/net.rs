@@ -368,7 +368,7 @@ pub struct KeptNet {
     grouped: Option<Arc<dyn SpillFile>>,
 }
 
-/// The number of hashes and the file, never the hashes (see [`AdjustedGroup`]'s `Debug`).
+/// The number of hashes and the file, never the hashes (as `AdjustedGroup`'s `Debug`).
 impl std::fmt::Debug for KeptNet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeptNet")
