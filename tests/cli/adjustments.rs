@@ -533,94 +533,60 @@ fn issue_33_adjustments_keep_the_tables_rules() {
 /// those netted against them; discarded, it leaves nothing staged.
 #[test]
 fn a_stopped_adjustments_run_converges_and_a_discarded_one_leaves_nothing() {
-    // Every point an adjustments run passes, generated from the engine's own list.
-    for point in CrashPoint::ALL
-        .into_iter()
-        .filter(|p| p.on_local_backfill(true))
-    {
-        let committed = point.phase() == CrashPhase::Committed;
-        let point = crate::support::armed(point);
-        let point = point.as_str();
-        let lake = ledger(Store::Local);
-        let out = crate::support::lakefill_command(lake.path())
-            .args([
-                "backfill",
-                "fix",
-                "--from",
-                "2026-01-01",
-                "--to",
-                "2026-01-02",
-            ])
-            .env("LAKEFILL_FAILPOINTS", point)
-            .output()
-            .unwrap();
-        // A lost commit response is the one stop the run notices and reports as published.
-        assert_eq!(
-            out.status.success(),
-            point.starts_with("lost-commit-response"),
-            "{point}: {}",
-            stderr(&out)
-        );
-        let report = backfill(&lake, &[]);
-        let landed = committed;
-        let expected = if landed {
-            "already_published"
-        } else {
-            "published"
-        };
-        assert_eq!(report["outcome"], expected, "{point}: {report}");
-        assert_eq!(
-            lake.open("ledger").version(),
-            Some(1),
-            "{point}: one append"
-        );
-        assert_eq!(net(&lake.rows("ledger")), fixed(5), "{point}");
-    }
-
-    // The same on a ledger that has adjustments already, so that the old rows are netted: a run
-    // that goes through validates from the net rows its staging kept; one stopped after
-    // adjusting is resumed by a process that nets them again. Both append the same rows.
-    for point in CrashPoint::ALL
-        .into_iter()
-        .filter(|p| p.on_local_backfill(true))
-    {
-        let committed = point.phase() == CrashPhase::Committed;
-        let point = crate::support::armed(point);
-        let point = point.as_str();
-        let lake = ledger(Store::Local);
-        assert_eq!(backfill(&lake, &[])["outcome"], "published", "{point}");
-        write_fix(&lake, "v2", 9);
-        let out = crate::support::lakefill_command(lake.path())
-            .args([
-                "backfill",
-                "fix",
-                "--from",
-                "2026-01-01",
-                "--to",
-                "2026-01-02",
-            ])
-            .env("LAKEFILL_FAILPOINTS", point)
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.success(),
-            point.starts_with("lost-commit-response"),
-            "{point}: {}",
-            stderr(&out)
-        );
-        let report = backfill(&lake, &[]);
-        let expected = if committed {
-            "already_published"
-        } else {
-            "published"
-        };
-        assert_eq!(report["outcome"], expected, "{point}: {report}");
-        assert_eq!(
-            lake.open("ledger").version(),
-            Some(2),
-            "{point}: one more append"
-        );
-        assert_eq!(net(&lake.rows("ledger")), fixed(9), "{point}");
+    // Every point an adjustments run passes, generated from the engine's own list; the first
+    // adjustments of the ledger (version 1), then a fix netted against them (version 2): a run
+    // that goes through validates from the net rows its staging kept, one stopped after
+    // adjusting is resumed by a process that nets them again.
+    for (netted, version, bump) in [(false, 1, 5), (true, 2, 9)] {
+        for point in CrashPoint::ALL
+            .into_iter()
+            .filter(|p| p.on_local_backfill(true))
+        {
+            let committed = point.phase() == CrashPhase::Committed;
+            let point = crate::support::armed(point);
+            let point = point.as_str();
+            let lake = ledger(Store::Local);
+            if netted {
+                assert_eq!(backfill(&lake, &[])["outcome"], "published", "{point}");
+                write_fix(&lake, "v2", bump);
+            }
+            let out = crate::support::lakefill_command(lake.path())
+                .args([
+                    "backfill",
+                    "fix",
+                    "--from",
+                    "2026-01-01",
+                    "--to",
+                    "2026-01-02",
+                ])
+                .env("LAKEFILL_FAILPOINTS", point)
+                .output()
+                .unwrap();
+            // A lost commit response is the one stop the run notices and reports as published.
+            assert_eq!(
+                out.status.success(),
+                point.starts_with("lost-commit-response"),
+                "{point}: {}",
+                stderr(&out)
+            );
+            let report = backfill(&lake, &[]);
+            let expected = if committed {
+                "already_published"
+            } else {
+                "published"
+            };
+            assert_eq!(report["outcome"], expected, "{point}: {report}");
+            assert_eq!(
+                lake.open("ledger").version(),
+                Some(version),
+                "{point}: one append"
+            );
+            assert_eq!(
+                net(&lake.rows("ledger")),
+                fixed(bump),
+                "{point}, netted {netted}"
+            );
+        }
     }
 
     let lake = ledger(Store::Local);
