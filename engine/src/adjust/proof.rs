@@ -1,27 +1,5 @@
-//! Adjustments (DESIGN §4 "Adjustments"): publishing a correction to a table that must never be
-//! rewritten (a ledger, a table streaming readers follow, `delta.appendOnly = true`) as rows
-//! appended to it, whose sum with the old rows is the corrected history.
-//!
-//! The model's output is staged as for any run (the new rows, which validation compares with the
-//! old ones), but it is not what the publish commits. Per batch, the old rows are the table's
-//! *net* rows at the read version (its rows with every earlier reversal cancelling the row it
-//! reversed: grouped by every column but the measures and the lineage columns, the measures
-//! summed, kept while more rows than reversals remain) and the adjustments are the differences
-//! of whole rows, partition by partition:
-//!
-//! - a **reversal** for each old row that is not among the new rows (a changed or removed key):
-//!   its values with the measures negated;
-//! - a **correction** for each new row that is not among the old rows (a changed or new key).
-//!
-//! Each carries the lineage columns `_lakefill_run_id`, `_lakefill_kind` (`reversal` or
-//! `correction`) and `_lakefill_reason`. A row's partition is part of it, so the difference is
-//! the same taken per batch or over the whole range: a fix that moves a row to another day
-//! reverses it on the old day and corrects it on the new one. Validation then proves, per
-//! partition and key, that the old rows plus the adjustments give the new rows (each measure, and
-//! the number of rows), and the publish is a plain append of the adjustment files (WRITE/Append,
-//! no removes) with the run's metadata and application transaction.
-
-use std::sync::Arc;
+//! The proof of an adjustments run, before it publishes: the old net rows plus the adjustments
+//! are the new rows, per partition and key.
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::datatypes::Schema;
@@ -29,15 +7,11 @@ use deltalake::arrow::datatypes::{DataType, Decimal128Type, Int64Type};
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
-use lakefill_recompute::plan::adjust::register_net_rows_spilled;
-use lakefill_table::adjustments::{AdjustmentCounts, KIND_COLUMN, REVERSAL};
+use lakefill_table::adjustments::{KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::check_hash_sql;
 use lakefill_table::sqltext::{cast_sql, ident};
-use lakefill_table::staged::StagedTable;
 use lakefill_validate::CheckResult;
-use lakefill_validate::net::{KeptNet, adjustment_rows};
-
 /// The name of the check that proves the adjustments.
 const CONSERVE: &str = "adjustments conserve";
 
@@ -347,175 +321,13 @@ async fn conservation_by_key(
     Ok(CheckResult::new(CONSERVE, failures, Vec::new()))
 }
 
-/// The old net rows of each batch as staging computed them (by batch index), for validation to
-/// read without grouping them again ([`KeptNet`]).
-pub(crate) type KeptNets = std::collections::BTreeMap<usize, KeptNet>;
-
-/// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
-/// returns them per batch, how many of each kind, and the old net rows of each batch.
-pub(crate) async fn stage(
-    plan: &lakefill_recompute::plan::BackfillPlan,
-    batches: &[lakefill_log::journal::BatchRecord],
-    resources: &lakefill_table::resources::Resources,
-    store: Arc<dyn deltalake::ObjectStore>,
-    max_parallel: usize,
-) -> Result<(
-    Vec<lakefill_log::journal::BatchRecord>,
-    AdjustmentCounts,
-    KeptNets,
-)> {
-    use futures::{StreamExt as _, TryStreamExt as _};
-    let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
-    // Batches side by side, as staging runs them: each difference is one thread's work.
-    // (Futures made first, then buffered: a stream holding the closure is not `Send` for
-    // every lifetime the runner's future needs.)
-    let batch_futures: Vec<_> = batches
-        .iter()
-        .map(|new_rows| {
-            Box::pin(stage_batch(
-                plan,
-                new_rows,
-                resources,
-                &store,
-                &write_schema,
-            ))
-        })
-        .collect();
-    let staged: Vec<_> = futures::stream::iter(batch_futures)
-        .buffered(max_parallel.max(1))
-        .try_collect()
-        .await?;
-    let mut counted = AdjustmentCounts::default();
-    let mut records = Vec::with_capacity(staged.len());
-    let mut kept = KeptNets::new();
-    for (record, counts, net) in staged {
-        counted.reversals += counts.reversals;
-        counted.corrections += counts.corrections;
-        kept.insert(record.index, net);
-        records.push(record);
-    }
-    Ok((records, counted, kept))
-}
-
-/// Stages the adjustment rows of one batch of new rows; returns them, their counts and the
-/// batch's old net rows.
-async fn stage_batch(
-    plan: &lakefill_recompute::plan::BackfillPlan,
-    new_rows: &lakefill_log::journal::BatchRecord,
-    resources: &lakefill_table::resources::Resources,
-    store: &Arc<dyn deltalake::ObjectStore>,
-    write_schema: &Arc<Schema>,
-) -> Result<(
-    lakefill_log::journal::BatchRecord,
-    AdjustmentCounts,
-    KeptNet,
-)> {
-    let report = &plan.report;
-    let layout = &report.layout;
-    let Some(batch) = report.batches.iter().find(|b| b.index == new_rows.index) else {
-        return Err(lakefill_table::error::Error::Internal(format!(
-            "staged batch {} is not in the plan",
-            new_rows.index
-        )));
-    };
-    let ctx = resources.session();
-    let periods = lakefill_table::partition::PartitionRange {
-        from: batch.start.clone(),
-        to: batch.end.clone(),
-        grain: report.range.grain,
-        include_null: false,
-        rows: None,
-    };
-    let kept =
-        register_net_rows_spilled(&ctx, "__lf_old", plan, &periods, &resources.disk_manager())
-            .await?;
-    StagedTable::register_as(
-        &ctx,
-        "__lf_new",
-        &plan.target,
-        write_schema,
-        &layout.partition_columns,
-        &new_rows.files,
-        report.run_id.as_str(),
-    )?;
-    let adjustments = adjustment_rows(
-        &ctx,
-        "__lf_old",
-        "__lf_new",
-        write_schema,
-        &plan.rules.summed_measures(),
-        report.run_id.as_str(),
-        report.reason.as_deref(),
-    )
-    .await?;
-    let produced: Vec<String> = write_schema
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
-    let record = lakefill_recompute::stage::write_stream(
-        plan,
-        batch,
-        adjustments.rows,
-        &produced,
-        Arc::clone(write_schema),
-        Arc::clone(store),
-        None,
-    )
-    .await?;
-    let counts = adjustments.counts.counts();
-    tracing::debug!(
-        batch = batch.index,
-        reversals = counts.reversals,
-        corrections = counts.corrections,
-        "staged adjustments"
-    );
-    Ok((record, counts, kept))
-}
-
-/// With a companion: refuses to publish when a commit after the version the run read changed
-/// the corrected table in the range (the adjustments were derived from the rows it held then).
-/// `table` is the corrected table at any version; its latest is read.
-pub(crate) async fn check_adjusted_unchanged(
-    table: &deltalake::DeltaTable,
-    journal: &lakefill_log::journal::Journal,
-) -> Result<()> {
-    let Some((name, read)) = &journal.inputs.adjusts else {
-        return Ok(());
-    };
-    let latest = lakefill_table::storage::latest(table).await?;
-    let until = lakefill_table::storage::loaded_version(&latest)?;
-    let later = lakefill_log::commits_in_range(
-        &latest,
-        *read,
-        &journal.inputs.layout,
-        &journal.inputs.range,
-        until,
-    )
-    .await?;
-    if later.is_empty() {
-        return Ok(());
-    }
-    Err(lakefill_table::error::Error::Conflict {
-        table: name.clone(),
-        read_version: *read,
-        source: Box::new(deltalake::DeltaTableError::Generic(format!(
-            "version(s) {} of `{name}` changed the range the adjustments were derived from",
-            later
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use deltalake::arrow::array::{ArrayRef, Int64Array, StringArray};
     use deltalake::arrow::datatypes::Field;
     use deltalake::datafusion::datasource::MemTable;
+    use std::sync::Arc;
 
     /// (day, id, country, amount, kind)
     type Row = (&'static str, i64, &'static str, i64, Option<&'static str>);
