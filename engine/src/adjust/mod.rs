@@ -23,7 +23,7 @@
 
 mod proof;
 
-pub(crate) use proof::conservation_check;
+pub(crate) use proof::{balance_check, conservation_check};
 
 use std::sync::Arc;
 

@@ -321,6 +321,271 @@ async fn conservation_by_key(
     Ok(CheckResult::new(CONSERVE, failures, Vec::new()))
 }
 
+/// The name of the check that balances the table's stored rows against the new rows.
+const BALANCE: &str = "ledger balances";
+
+/// The buckets of groups per partition in [`balance_check`]: a wrong net row shows in its
+/// bucket; two wrong ones hide each other only when they share a bucket and their differences
+/// cancel.
+const BUCKETS: u64 = 1021;
+
+/// How a measure is summed in [`balance_check`].
+#[derive(Clone, Copy)]
+enum Summed {
+    /// Exactly, as a decimal of this scale (integers 0).
+    Exact(i8),
+    /// As a double, with the sum of absolute values for the tolerance.
+    Float,
+}
+
+/// A partition's values as text (NULL as `None`).
+type PartitionValues = Vec<Option<String>>;
+
+/// Per partition and bucket, each measure's [`Balance`].
+type Balances = std::collections::BTreeMap<(PartitionValues, u64), Vec<Balance>>;
+
+/// A bucket's sums of one measure, over the sides with their weights.
+#[derive(Default, Clone, Copy)]
+struct Balance {
+    exact: i128,
+    float: f64,
+    absolute: f64,
+}
+
+/// Checks the old net rows the adjustments were derived from, without reading them: per
+/// partition, the measures of the table's rows as stored in the range (its rows at the
+/// read version, with the companion's, registered as `__lf_ledger`; earlier reversals carry their
+/// measures negated) plus the
+/// adjustments' are the new rows' (`output`), summed over each bucket of groups (rows alike but
+/// for the measures and the lineage, spread over [`BUCKETS`] by a hash of their values).
+///
+/// The proof ([`conservation_check`]) starts from the net rows, as staging did, so it holds
+/// whatever they are. This check reads the stored rows with no grouping and no filter of the
+/// groups adjustments touch: a net row computed wrong (a group left out, or taken for another)
+/// makes its adjustments wrong, and the sums of its bucket differ. It costs one scan of the range
+/// and of each side, with a group per bucket. Integers and decimals add up exactly; floats to a
+/// relative 1e-9 of the bucket's sum of absolute values.
+pub(crate) async fn balance_check(
+    ctx: &SessionContext,
+    schema: &Schema,
+    partition_columns: &[String],
+    measures: &[String],
+    sample: usize,
+) -> Result<CheckResult> {
+    let context = || "cannot check that the table's rows balance the new rows".to_string();
+    let values: Vec<_> = schema
+        .fields()
+        .iter()
+        .filter(|f| !lakefill_table::adjustments::is_lineage(f.name()))
+        .collect();
+    let group: Vec<String> = values
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|name| !measures.contains(name))
+        .collect();
+    let summed: Vec<Summed> = measures
+        .iter()
+        .map(|m| match schema.field_with_name(m).map(|f| f.data_type()) {
+            Ok(DataType::Decimal128(_, scale)) => Summed::Exact((*scale).max(0)),
+            Ok(t) if t.is_integer() => Summed::Exact(0),
+            _ => Summed::Float,
+        })
+        .collect();
+    let partition: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
+    let mut balance = Balances::new();
+    // Each side apart, as in the proof (a union would mix the columns' metadata).
+    for (table, weight) in [("__lf_ledger", 1), ("adjustments", 1), ("output", -1)] {
+        let present = ctx.table(table).await.query_context(context)?;
+        let present = present.schema();
+        // Every value in the staged files' types (a column the side lacks is NULL).
+        let row: Vec<String> = values
+            .iter()
+            .map(|field| {
+                let value = if present.field_with_unqualified_name(field.name()).is_ok() {
+                    ident(field.name())
+                } else {
+                    "NULL".to_string()
+                };
+                format!(
+                    "{} AS {}",
+                    cast_sql(&value, field.data_type()),
+                    ident(field.name())
+                )
+            })
+            .collect();
+        let mut keyed = partition.clone();
+        keyed.push(format!("{} % {BUCKETS} AS __lf_b", check_hash_sql(&group)));
+        // The partition values as text once per group, not per row.
+        let mut sums: Vec<String> = partition
+            .iter()
+            .map(|c| format!("CAST({c} AS VARCHAR) AS {c}"))
+            .collect();
+        sums.push("__lf_b".to_string());
+        for (i, (measure, how)) in measures.iter().zip(&summed).enumerate() {
+            let measure = ident(measure);
+            match how {
+                Summed::Exact(scale) => {
+                    keyed.push(format!(
+                        "CAST({measure} AS DECIMAL(38, {scale})) AS __lf_m{i}"
+                    ));
+                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
+                }
+                Summed::Float => {
+                    keyed.push(format!("CAST({measure} AS DOUBLE) AS __lf_m{i}"));
+                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
+                    sums.push(format!("SUM(abs(__lf_m{i})) AS __lf_a{i}"));
+                }
+            }
+        }
+        let mut by = partition.clone();
+        by.push("__lf_b".to_string());
+        let sql = format!(
+            "SELECT {} FROM (SELECT {} FROM (SELECT {} FROM {table})) GROUP BY {}",
+            sums.join(", "),
+            keyed.join(", "),
+            row.join(", "),
+            by.join(", ")
+        );
+        tracing::debug!(%sql, "summing a side of the ledger's balance");
+        let batches = ctx
+            .sql(&sql)
+            .await
+            .query_context(context)?
+            .collect()
+            .await
+            .query_context(context)?;
+        for batch in &batches {
+            add_side(batch, partition.len(), &summed, weight, &mut balance)?;
+        }
+    }
+    Ok(CheckResult::new(
+        BALANCE,
+        unbalanced(balance, partition_columns, measures, &summed, sample),
+        Vec::new(),
+    ))
+}
+
+/// Adds one side's sums per partition and bucket (`batch`: the partition values, the bucket,
+/// then each measure's sum, and for floats its sum of absolute values) to `balance`.
+fn add_side(
+    batch: &RecordBatch,
+    partitions: usize,
+    summed: &[Summed],
+    weight: i8,
+    balance: &mut Balances,
+) -> Result<()> {
+    use deltalake::arrow::compute::cast;
+    use deltalake::arrow::datatypes::{Float64Type, UInt64Type};
+    let internal = |e: deltalake::arrow::error::ArrowError| {
+        lakefill_table::error::Error::Internal(e.to_string())
+    };
+    let texts = (0..partitions)
+        .map(|i| cast(batch.column(i), &DataType::Utf8))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(internal)?;
+    let bucket = cast(batch.column(partitions), &DataType::UInt64).map_err(internal)?;
+    let bucket = bucket.as_primitive::<UInt64Type>();
+    let mut column = partitions + 1;
+    let mut sums = Vec::with_capacity(summed.len());
+    for how in summed {
+        sums.push(match how {
+            Summed::Exact(scale) => {
+                let sum = cast(batch.column(column), &DataType::Decimal128(38, *scale))
+                    .map_err(internal)?;
+                column += 1;
+                (sum, None)
+            }
+            Summed::Float => {
+                let sum = cast(batch.column(column), &DataType::Float64).map_err(internal)?;
+                let absolute =
+                    cast(batch.column(column + 1), &DataType::Float64).map_err(internal)?;
+                column += 2;
+                (sum, Some(absolute))
+            }
+        });
+    }
+    for row in 0..batch.num_rows() {
+        let values = texts
+            .iter()
+            .map(|column| {
+                let column = column.as_string::<i32>();
+                column.is_valid(row).then(|| column.value(row).to_string())
+            })
+            .collect();
+        let entry = balance
+            .entry((values, bucket.value(row)))
+            .or_insert_with(|| vec![Balance::default(); summed.len()]);
+        for (at, (sum, absolute)) in entry.iter_mut().zip(&sums) {
+            if !sum.is_valid(row) {
+                continue;
+            }
+            match absolute {
+                None => {
+                    let exact = sum.as_primitive::<Decimal128Type>().value(row);
+                    at.exact += i128::from(weight) * exact;
+                }
+                Some(absolute) => {
+                    at.float += f64::from(weight) * sum.as_primitive::<Float64Type>().value(row);
+                    at.absolute += absolute.as_primitive::<Float64Type>().value(row);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The partitions and measures whose buckets do not balance in [`balance_check`]: how many
+/// buckets, and the difference over them (the stored rows plus the adjustments, less the new
+/// rows); at most `sample` of them, then a count of the rest.
+fn unbalanced(
+    balance: Balances,
+    partition_columns: &[String],
+    measures: &[String],
+    summed: &[Summed],
+    sample: usize,
+) -> Vec<serde_json::Value> {
+    // Per partition and measure: the buckets that differ and their difference.
+    let mut off: std::collections::BTreeMap<(PartitionValues, usize), (u64, Balance)> =
+        std::collections::BTreeMap::new();
+    for ((values, _), sums) in balance {
+        for (i, (sum, how)) in sums.iter().zip(summed).enumerate() {
+            let differs = match how {
+                Summed::Exact(_) => sum.exact != 0,
+                Summed::Float => sum.float.abs() > 1e-9 * sum.absolute.max(1.0),
+            };
+            if differs {
+                let entry = off.entry((values.clone(), i)).or_default();
+                entry.0 += 1;
+                entry.1.exact += sum.exact;
+                entry.1.float += sum.float;
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    let total = off.len();
+    for ((values, i), (buckets, difference)) in off.into_iter().take(sample.max(1)) {
+        let mut object = serde_json::Map::new();
+        for (column, value) in partition_columns.iter().zip(values) {
+            object.insert(column.clone(), json!(value));
+        }
+        object.insert("measure".into(), json!(measures[i]));
+        object.insert("buckets_off".into(), json!(buckets));
+        let difference = match summed[i] {
+            Summed::Exact(scale) => {
+                use deltalake::arrow::datatypes::DecimalType as _;
+                Decimal128Type::format_decimal(difference.exact, 38, scale)
+            }
+            Summed::Float => difference.float.to_string(),
+        };
+        object.insert("stored_plus_adjustments_less_new".into(), json!(difference));
+        failures.push(serde_json::Value::Object(object));
+    }
+    if total > failures.len() {
+        failures.push(json!({"more": total - failures.len()}));
+    }
+    failures
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,5 +701,102 @@ mod tests {
         let reported = check(&unnegated).await;
         assert!(!reported.passed);
         assert_eq!(reported.failures[0]["id"], "2");
+    }
+
+    /// The balance of `stored` (the table's rows), `adjustments` and the fix of [`check`], with
+    /// `previous` (the net rows the adjustments were derived from) proven too: (proof, balance).
+    async fn prove_and_balance(
+        stored: &[Row],
+        previous: &[Row],
+        adjustments: &[Row],
+    ) -> (CheckResult, CheckResult) {
+        let ctx = SessionContext::new();
+        lakefill_table::rowhash::register_hash_functions(&ctx);
+        let new: [Row; 3] = [
+            ("d1", 1, "DE", 10, None),
+            ("d1", 2, "FR", 25, None),
+            ("d1", 3, "DE", 30, None),
+        ];
+        register(&ctx, "__lf_ledger", stored);
+        register(&ctx, "previous", previous);
+        register(&ctx, "output", &new);
+        register(&ctx, "adjustments", adjustments);
+        let day = ["day".to_string()];
+        let amount = ["amount".to_string()];
+        let proof = conservation_check(&ctx, &schema(), &day, &["id".to_string()], &amount, 5)
+            .await
+            .expect("proof");
+        let balance = balance_check(&ctx, &schema(), &day, &amount, 5)
+            .await
+            .expect("balance");
+        (proof, balance)
+    }
+
+    #[tokio::test]
+    async fn the_balance_fails_for_adjustments_derived_from_wrong_net_rows_the_proof_passes() {
+        // Stored: id 2 was adjusted once already (20 → 22).
+        let stored: [Row; 5] = [
+            ("d1", 1, "DE", 10, None),
+            ("d1", 2, "FR", 20, None),
+            ("d1", 2, "FR", -20, Some(REVERSAL)),
+            ("d1", 2, "FR", 22, Some("correction")),
+            ("d2", 3, "DE", 30, None),
+        ];
+        let net =
+            |id2: Row| -> [Row; 3] { [("d1", 1, "DE", 10, None), id2, ("d2", 3, "DE", 30, None)] };
+        // The fix against each net: id 2 becomes 25, id 3 moves to d1.
+        let against = |id2: Row| -> [Row; 4] {
+            [
+                (id2.0, id2.1, id2.2, -id2.3, Some(REVERSAL)),
+                ("d1", 2, "FR", 25, Some("correction")),
+                ("d2", 3, "DE", -30, Some(REVERSAL)),
+                ("d1", 3, "DE", 30, Some("correction")),
+            ]
+        };
+        let right: Row = ("d1", 2, "FR", 22, None);
+        let (proof, balance) = prove_and_balance(&stored, &net(right), &against(right)).await;
+        assert!(proof.passed, "{:?}", proof.failures);
+        assert!(balance.passed, "{:?}", balance.failures);
+        // Net rows that miss the earlier adjustment: the proof holds (it starts from them), the
+        // stored rows plus the adjustments are 2 more than the fix.
+        let stale: Row = ("d1", 2, "FR", 20, None);
+        let (proof, balance) = prove_and_balance(&stored, &net(stale), &against(stale)).await;
+        assert!(proof.passed, "{:?}", proof.failures);
+        assert!(!balance.passed);
+        assert_eq!(
+            balance.failures,
+            vec![
+                json!({"day": "d1", "measure": "amount", "buckets_off": 1, "stored_plus_adjustments_less_new": "2"})
+            ]
+        );
+        // Net rows that take the row for another group (another country): the partition's sum
+        // is right, two buckets are not.
+        let other: Row = ("d1", 2, "DE", 22, None);
+        let (proof, balance) = prove_and_balance(&stored, &net(other), &against(other)).await;
+        assert!(proof.passed, "{:?}", proof.failures);
+        assert!(!balance.passed);
+        assert_eq!(
+            balance.failures,
+            vec![
+                json!({"day": "d1", "measure": "amount", "buckets_off": 2, "stored_plus_adjustments_less_new": "0"})
+            ]
+        );
+        // A group left out of the net rows: its reversal is missing, d2 keeps 30.
+        let (_, balance) = prove_and_balance(
+            &stored,
+            &net(right),
+            &against(right)[..2]
+                .iter()
+                .chain(&against(right)[3..])
+                .copied()
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        assert_eq!(
+            balance.failures,
+            vec![
+                json!({"day": "d2", "measure": "amount", "buckets_off": 1, "stored_plus_adjustments_less_new": "30"})
+            ]
+        );
     }
 }

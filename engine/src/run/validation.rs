@@ -237,7 +237,8 @@ pub(crate) async fn run_validation(
     .await?;
     let mut extra_checks = extra_checks;
     if adjustments {
-        extra_checks.push(adjustments_conserved(&ctx, plan, journal, &write_schema, sample).await?);
+        extra_checks
+            .extend(adjustments_conserved(&ctx, plan, journal, &write_schema, sample).await?);
     }
     for (measure, table, column) in &rules.conserve_with {
         extra_checks.push(conserve_with(&ctx, plan, journal, measure, table, column).await?);
@@ -454,14 +455,15 @@ pub(crate) async fn register_output(
 }
 
 /// The proof that the old net rows plus the adjustments give the new rows, per partition and
-/// key (the adjustment files registered as `adjustments`).
+/// key (the adjustment files registered as `adjustments`), and the balance of the table's stored
+/// rows, which checks the net rows the proof starts from.
 async fn adjustments_conserved(
     ctx: &SessionContext,
     plan: &BackfillPlan,
     journal: &Journal,
     write_schema: &deltalake::arrow::datatypes::SchemaRef,
     sample: usize,
-) -> Result<CheckResult> {
+) -> Result<Vec<CheckResult>> {
     let (layout, rules) = (&journal.inputs.layout, &plan.rules);
     let adds: Vec<_> = journal
         .progress
@@ -478,15 +480,32 @@ async fn adjustments_conserved(
         &adds,
         &journal.run_id,
     )?;
-    crate::adjust::conservation_check(
+    let measures = rules.summed_measures();
+    let proof = crate::adjust::conservation_check(
         ctx,
         write_schema,
         &layout.partition_columns,
         &rules.key,
-        &rules.summed_measures(),
+        &measures,
         sample,
     )
-    .await
+    .await?;
+    lakefill_recompute::plan::adjust::register_ledger_rows(
+        ctx,
+        "__lf_ledger",
+        plan,
+        &journal.inputs.range,
+    )
+    .await?;
+    let balance = crate::adjust::balance_check(
+        ctx,
+        write_schema,
+        &layout.partition_columns,
+        &measures,
+        sample,
+    )
+    .await?;
+    Ok(vec![proof, balance])
 }
 
 /// What staging knows of the new rows without reading them: per partition their counts, measure

@@ -261,7 +261,7 @@ async fn register_old_rows(
 
 /// Registers as `name` the rows of the table a run corrects in `range`, at the versions the run
 /// read: the target's, and with a companion, the companion's too (the columns of both).
-async fn register_ledger_rows(
+pub async fn register_ledger_rows(
     ctx: &SessionContext,
     name: &str,
     plan: &crate::plan::BackfillPlan,
