@@ -426,6 +426,81 @@ fn a_row_loaded_twice_is_reversed_once() {
     );
 }
 
+/// A ledger whose stored rows do not sum to its net rows (a reversal of a row it never held,
+/// appended by another writer) blocks an adjustments run over that day: the proof, which starts
+/// from the net rows, holds; the balance of the stored rows fails, naming the day, the measure
+/// and the difference, and nothing is appended. Forced, the run publishes the same adjustments.
+#[test]
+fn a_ledger_whose_rows_do_not_balance_blocks_its_adjustments() {
+    let lake = ledger(Store::Local);
+    let first = backfill(&lake, &[]);
+    assert_eq!(first["outcome"], "published", "{first}");
+    lake.python(&["orphan_reversal", &lake.uri("ledger"), "888", "-40"]);
+    let before = lake.rows("ledger");
+    write_fix(&lake, "v2", 6);
+    let v2 = [
+        "backfill",
+        "fix",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--output-format",
+        "json",
+        "--model-version",
+        "v2",
+    ];
+    let out = lake.run(&v2);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("the report is printed");
+    let check = |name: &str| {
+        report["validation"]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {report}"))
+            .clone()
+    };
+    assert_eq!(check("adjustments conserve")["passed"], true, "{report}");
+    let balance = check("ledger balances");
+    assert_eq!(balance["passed"], false, "{report}");
+    assert_eq!(
+        balance["failures"],
+        serde_json::json!([{
+            "event_date": "2026-01-01",
+            "measure": "amount_cents",
+            "buckets_off": 1,
+            "stored_plus_adjustments_less_new": "-40",
+        }]),
+        "{report}"
+    );
+    assert_eq!(lake.rows("ledger"), before, "nothing appended");
+
+    let mut forced = v2.to_vec();
+    forced.extend([
+        "--force-publish",
+        "--reason",
+        "the hand-written reversal is known",
+    ]);
+    let report = json_ok(&lake.run(&forced));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let rows = lake.rows("ledger");
+    assert_eq!(net(&rows), fixed(6), "the ledger nets to the fix");
+    let mut expected = sums(&before);
+    for (id, amount) in fixed(6)
+        .iter()
+        .map(|r| (r.0, r.2))
+        .chain(fixed(5).iter().map(|r| (r.0, -r.2)))
+    {
+        *expected.entry(id).or_default() += amount;
+    }
+    expected.retain(|_, amount| *amount != 0);
+    let mut stored = sums(&rows);
+    stored.retain(|_, amount| *amount != 0);
+    assert_eq!(stored, expected, "the orphan stays as it was");
+}
+
 /// Adjustments need a key and measures to negate, and lineage columns (or a model that may add
 /// them): each missing piece is a model error before anything is staged.
 #[test]

@@ -255,6 +255,22 @@ def append_ledger(uri):
     write_deltalake(uri, table, mode="append", storage_options=storage_options())
 
 
+def orphan_reversal(uri, event_id, amount_cents):
+    """Appends, as another writer would, a reversal of a row the ledger never held (EVENT_ID on the
+    first day, measure AMOUNT_CENTS): its stored rows no longer sum to its net rows."""
+    schema = DeltaTable(uri, storage_options=storage_options()).schema().to_arrow()
+    row = {
+        "event_id": int(event_id),
+        "country": "FR",
+        "amount_cents": int(amount_cents),
+        "event_date": DAYS[0],
+        "_lakefill_run_id": "written-by-hand",
+        "_lakefill_kind": "reversal",
+    }
+    table = pa.Table.from_pylist([{f.name: row.get(f.name) for f in schema}], schema=pa.schema(schema))
+    write_deltalake(uri, table, mode="append", storage_options=storage_options())
+
+
 def double_row(uri, event_id):
     """Appends a second copy of the row of EVENT_ID: a row loaded twice."""
     table = DeltaTable(uri, storage_options=storage_options()).to_pyarrow_table()
@@ -327,6 +343,8 @@ if __name__ == "__main__":
         add_constraint(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "append_ledger":
         append_ledger(sys.argv[2])
+    elif command == "orphan_reversal":
+        orphan_reversal(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "double_row":
         double_row(sys.argv[2], sys.argv[3])
     elif command == "added":
