@@ -23,7 +23,7 @@
 
 mod proof;
 
-pub(crate) use proof::{balance_check, conservation_check};
+pub(crate) use proof::prove;
 
 use std::sync::Arc;
 

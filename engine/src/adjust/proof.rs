@@ -1,9 +1,11 @@
 //! The proof of an adjustments run, before it publishes: the old net rows plus the adjustments
-//! are the new rows, per partition and key.
+//! are the new rows, per partition and key; and the table's rows as stored plus the adjustments
+//! sum to the new rows, which checks the net rows the proof starts from.
+
+use std::collections::BTreeMap;
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
-use deltalake::arrow::datatypes::Schema;
-use deltalake::arrow::datatypes::{DataType, Decimal128Type, Int64Type};
+use deltalake::arrow::datatypes::{DataType, Decimal128Type, FieldRef, Int64Type, Schema};
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
@@ -12,31 +14,64 @@ use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::check_hash_sql;
 use lakefill_table::sqltext::{cast_sql, ident};
 use lakefill_validate::CheckResult;
+
 /// The name of the check that proves the adjustments.
 const CONSERVE: &str = "adjustments conserve";
 
-/// Proves the adjustments: per partition, the old net rows less the rows the reversals take
-/// back (their measures negated again) plus the corrections are the new rows, as multisets of
-/// whole rows. Then, per key, the old rows plus the adjustments give the new rows in rows (a
-/// reversal counts -1) and in every measure, and the net rows after the publish are the new
-/// rows. `previous`, `adjustments` and `output` are registered views; `schema` is the staged
-/// files'.
+/// The name of the check that balances the table's stored rows against the new rows.
+const BALANCE: &str = "ledger balances";
+
+/// The buckets of groups per partition in the balance: a wrong net row shows in its bucket; two
+/// wrong ones hide each other only when they share a bucket and their differences cancel.
+const BUCKETS: u64 = 1021;
+
+/// Proves the adjustments and balances the table's stored rows; returns the two checks, the
+/// proof ([`CONSERVE`]) then the balance ([`BALANCE`]). `previous` (the old net rows),
+/// `__lf_ledger` (the table's rows as stored in the range at the read version, with the
+/// companion's), `adjustments` and `output` are registered views; `schema` is the staged files'.
 ///
-/// The multisets are compared by the count and the exact sum of a row hash independent of the
-/// one the adjustments were found with (`lakefill_check_hash`), in one streaming pass over each
-/// side with a group per partition. Only when a partition differs are the sums per key
-/// computed (a grouping of every row), to show which keys.
-pub(crate) async fn conservation_check(
+/// **The proof**: per partition, the old net rows less the rows the reversals take back (their
+/// measures negated again) plus the corrections are the new rows, as multisets of whole rows.
+/// Then, per key, the old rows plus the adjustments give the new rows in rows (a reversal counts
+/// -1) and in every measure, and the net rows after the publish are the new rows.
+///
+/// **The balance**: the proof starts from the net rows, as staging did, so it holds whatever
+/// they are. The balance reads the stored rows with no grouping and no filter of the groups
+/// adjustments touch: per partition, their measures (earlier reversals carry theirs negated)
+/// plus the adjustments' are the new rows', summed over each bucket of groups (rows alike but
+/// for the measures and the lineage, spread over [`BUCKETS`] by a hash of their values). A net
+/// row computed wrong (a group left out, or taken for another) makes its adjustments wrong, and
+/// its bucket's sums differ. Integers and decimals add up exactly; floats to a relative 1e-9 of
+/// the bucket's sum of absolute values.
+///
+/// Both are read in one streaming pass over each side: the multisets by the count and the exact
+/// sum of a row hash independent of the one the adjustments were found with
+/// (`lakefill_check_hash`), per partition; the measures per partition and bucket. Only when a
+/// partition differs are the sums per key computed (a grouping of every row), to show which
+/// keys.
+pub(crate) async fn prove(
     ctx: &SessionContext,
     schema: &Schema,
     partition_columns: &[String],
     key: &[String],
     measures: &[String],
     sample: usize,
-) -> Result<CheckResult> {
-    let differing = differing_partitions(ctx, schema, partition_columns, measures, sample).await?;
+) -> Result<(CheckResult, CheckResult)> {
+    let sums = Sums::read(ctx, schema, partition_columns, measures).await?;
+    let balance = CheckResult::new(
+        BALANCE,
+        unbalanced(
+            &sums.balance,
+            partition_columns,
+            measures,
+            &sums.summed,
+            sample,
+        ),
+        Vec::new(),
+    );
+    let differing = differing_partitions(&sums.proof, partition_columns, sample);
     if differing.is_empty() {
-        return Ok(CheckResult::new(CONSERVE, Vec::new(), Vec::new()));
+        return Ok((CheckResult::new(CONSERVE, Vec::new(), Vec::new()), balance));
     }
     let mut group = partition_columns.to_vec();
     for column in key {
@@ -45,138 +80,333 @@ pub(crate) async fn conservation_check(
         }
     }
     let by_key = conservation_by_key(ctx, schema, &group, measures, sample).await?;
-    Ok(if by_key.passed {
+    let proof = if by_key.passed {
         // Every key adds up, yet the rows are not the same: reversals that are not copies of
         // old rows (the net rows after the publish would not be the new rows).
         CheckResult::new(CONSERVE, differing, Vec::new())
     } else {
         by_key
-    })
+    };
+    Ok((proof, balance))
 }
 
-/// The partitions where the old net rows less the reversed rows plus the corrections are not
-/// the new rows (see [`conservation_check`]), at most `sample` of them and a count of the rest.
-async fn differing_partitions(
-    ctx: &SessionContext,
-    schema: &Schema,
-    partition_columns: &[String],
-    measures: &[String],
-    sample: usize,
-) -> Result<Vec<serde_json::Value>> {
-    let values: Vec<_> = schema
-        .fields()
-        .iter()
-        .filter(|f| !lakefill_table::adjustments::is_lineage(f.name()))
-        .collect();
-    // Every side's rows in the staged files' types, hashed: the reversals with their measures
-    // negated back (the old rows they take back).
-    let side = |table: &str, filter: &str, unnegate: bool| {
-        let row: Vec<String> = values
+/// What one registered view adds to the proof and the balance.
+struct Side {
+    table: &'static str,
+    /// The weight of its rows in the proof (0: not in it).
+    proof: i8,
+    /// The weight of its measures in the balance (0: not in it).
+    balance: i8,
+    /// The adjustments: a reversal counts against the proof with its measures negated back (the
+    /// old row it takes back).
+    kinds: bool,
+}
+
+/// Every side of the proof and the balance. Each is read apart (a union of sides would mix the
+/// columns' metadata, which a column-mapped table's rows carry on one side only).
+const SIDES: [Side; 4] = [
+    Side {
+        table: "previous",
+        proof: 1,
+        balance: 0,
+        kinds: false,
+    },
+    Side {
+        table: "__lf_ledger",
+        proof: 0,
+        balance: 1,
+        kinds: false,
+    },
+    Side {
+        table: "adjustments",
+        proof: 1,
+        balance: 1,
+        kinds: true,
+    },
+    Side {
+        table: "output",
+        proof: -1,
+        balance: -1,
+        kinds: false,
+    },
+];
+
+/// The sums of every side, weighted: zero where the proof and the balance hold.
+struct Sums {
+    summed: Vec<Summed>,
+    /// Per partition: rows and the exact sum of row hashes, the old net rows less the rows
+    /// reversals take back plus the corrections less the new rows.
+    proof: BTreeMap<PartitionValues, (i64, i128)>,
+    /// Per partition and bucket: each measure, the stored rows plus the adjustments less the new
+    /// rows.
+    balance: Balances,
+}
+
+impl Sums {
+    /// Reads every side of [`SIDES`] once.
+    async fn read(
+        ctx: &SessionContext,
+        schema: &Schema,
+        partition_columns: &[String],
+        measures: &[String],
+    ) -> Result<Self> {
+        let context = || "cannot check that the adjustments conserve the new rows".to_string();
+        let values: Vec<&FieldRef> = schema
+            .fields()
             .iter()
-            .map(|field| {
-                let column = ident(field.name());
-                let value = if unnegate && measures.contains(field.name()) {
-                    format!("-({column})")
-                } else {
-                    column
-                };
-                format!(
-                    "{} AS {}",
-                    cast_sql(&value, field.data_type()),
-                    ident(field.name())
-                )
+            .filter(|f| !lakefill_table::adjustments::is_lineage(f.name()))
+            .collect();
+        let summed = measures
+            .iter()
+            .map(|m| match schema.field_with_name(m).map(|f| f.data_type()) {
+                Ok(DataType::Decimal128(_, scale)) => Summed::Exact((*scale).max(0)),
+                Ok(t) if t.is_integer() => Summed::Exact(0),
+                _ => Summed::Float,
             })
             .collect();
-        let names: Vec<String> = values.iter().map(|f| f.name().clone()).collect();
-        let mut select: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
-        select.push(format!("{} AS __lf_h", check_hash_sql(&names)));
-        format!(
-            "SELECT {} FROM (SELECT {} FROM {table}{filter})",
-            select.join(", "),
-            row.join(", ")
-        )
-    };
-    let kind = ident(KIND_COLUMN);
-    let partition: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
-    // Each side apart (a union of sides would mix the columns' metadata, which a column-mapped
-    // table's rows carry on one side only): per partition, rows and the exact sum of hashes.
-    let mut balance: std::collections::BTreeMap<Vec<Option<String>>, (i64, i128)> =
-        std::collections::BTreeMap::new();
-    for (table, weight, filter, unnegate) in [
-        ("previous", 1, String::new(), false),
-        (
-            "adjustments",
-            -1,
-            format!(" WHERE {kind} = '{REVERSAL}'"),
-            true,
-        ),
-        (
-            "adjustments",
-            1,
-            format!(" WHERE {kind} IS DISTINCT FROM '{REVERSAL}'"),
-            false,
-        ),
-        ("output", -1, String::new(), false),
-    ] {
-        let shown: Vec<String> = partition
-            .iter()
-            .map(|c| format!("CAST({c} AS VARCHAR) AS {c}"))
-            .chain([
-                "COUNT(*) AS __lf_rows".to_string(),
-                "SUM(CAST(__lf_h AS DECIMAL(38, 0))) AS __lf_sum".to_string(),
-            ])
-            .collect();
-        let group_by = if partition.is_empty() {
-            String::new()
-        } else {
-            format!(" GROUP BY {}", partition.join(", "))
+        let mut sums = Sums {
+            summed,
+            proof: BTreeMap::new(),
+            balance: Balances::new(),
         };
-        let sql = format!(
-            "SELECT {} FROM ({}){group_by}",
-            shown.join(", "),
-            side(table, &filter, unnegate)
-        );
-        tracing::debug!(%sql, "summing a side of the adjustments' proof");
-        let context = || "cannot check that the adjustments conserve the new rows".to_string();
-        let batches = ctx
-            .sql(&sql)
-            .await
-            .query_context(context)?
-            .collect()
-            .await
-            .query_context(context)?;
-        for batch in &batches {
-            let rows = batch.column(partition.len()).as_primitive::<Int64Type>();
-            let sums = batch
-                .column(partition.len() + 1)
-                .as_primitive::<Decimal128Type>();
-            let texts = (0..partition.len())
-                .map(|i| deltalake::arrow::compute::cast(batch.column(i), &DataType::Utf8))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| lakefill_table::error::Error::Internal(e.to_string()))?;
-            for row in 0..batch.num_rows() {
-                let values = texts
-                    .iter()
-                    .map(|column| {
-                        let column = column.as_string::<i32>();
-                        column.is_valid(row).then(|| column.value(row).to_string())
-                    })
-                    .collect();
-                let entry = balance.entry(values).or_default();
+        for side in &SIDES {
+            let present = ctx.table(side.table).await.query_context(context)?;
+            let present: Vec<String> = present
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            let sql = side_sql(
+                side,
+                &values,
+                &present,
+                partition_columns,
+                measures,
+                &sums.summed,
+            );
+            tracing::debug!(table = side.table, %sql, "summing a side of the adjustments' proof");
+            let batches = ctx
+                .sql(&sql)
+                .await
+                .query_context(context)?
+                .collect()
+                .await
+                .query_context(context)?;
+            for batch in &batches {
+                sums.add(side, batch, partition_columns.len())?;
+            }
+        }
+        Ok(sums)
+    }
+
+    /// Adds one side's sums (`batch`, of [`side_sql`]) with its weights.
+    fn add(&mut self, side: &Side, batch: &RecordBatch, partitions: usize) -> Result<()> {
+        use deltalake::arrow::compute::cast;
+        use deltalake::arrow::datatypes::{Float64Type, UInt64Type};
+        let internal = |e: deltalake::arrow::error::ArrowError| {
+            lakefill_table::error::Error::Internal(e.to_string())
+        };
+        let named = |name: &str| {
+            batch.column_by_name(name).cloned().ok_or_else(|| {
+                lakefill_table::error::Error::Internal(format!("the proof's sums lack `{name}`"))
+            })
+        };
+        let texts = (0..partitions)
+            .map(|i| cast(batch.column(i), &DataType::Utf8))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(internal)?;
+        let reversal = side.kinds.then(|| named("__lf_rev")).transpose()?;
+        let rows = named("__lf_rows")?;
+        let rows = rows.as_primitive::<Int64Type>();
+        let hashes = (side.proof != 0).then(|| named("__lf_sum")).transpose()?;
+        let bucket = (side.balance != 0)
+            .then(|| named("__lf_b").and_then(|b| cast(&b, &DataType::UInt64).map_err(internal)))
+            .transpose()?;
+        let mut measures = Vec::new();
+        if side.balance != 0 {
+            for (i, how) in self.summed.iter().enumerate() {
+                let sum = named(&format!("__lf_m{i}"))?;
+                measures.push(match how {
+                    Summed::Exact(scale) => (
+                        cast(&sum, &DataType::Decimal128(38, *scale)).map_err(internal)?,
+                        None,
+                    ),
+                    Summed::Float => (
+                        cast(&sum, &DataType::Float64).map_err(internal)?,
+                        Some(
+                            cast(&named(&format!("__lf_a{i}"))?, &DataType::Float64)
+                                .map_err(internal)?,
+                        ),
+                    ),
+                });
+            }
+        }
+        for row in 0..batch.num_rows() {
+            let values: PartitionValues = texts
+                .iter()
+                .map(|column| {
+                    let column = column.as_string::<i32>();
+                    column.is_valid(row).then(|| column.value(row).to_string())
+                })
+                .collect();
+            if let Some(hashes) = &hashes {
+                let reversed = reversal
+                    .as_ref()
+                    .is_some_and(|r| r.as_boolean().is_valid(row) && r.as_boolean().value(row));
+                let weight = i64::from(if reversed { -side.proof } else { side.proof });
+                let hashes = hashes.as_primitive::<Decimal128Type>();
+                let entry = self.proof.entry(values.clone()).or_default();
                 entry.0 += weight * rows.value(row);
-                entry.1 += i128::from(weight)
-                    * if sums.is_valid(row) {
-                        sums.value(row)
-                    } else {
-                        0
-                    };
+                if hashes.is_valid(row) {
+                    entry.1 += i128::from(weight) * hashes.value(row);
+                }
+            }
+            if let Some(bucket) = &bucket {
+                let bucket = bucket.as_primitive::<UInt64Type>().value(row);
+                let entry = self
+                    .balance
+                    .entry((values, bucket))
+                    .or_insert_with(|| vec![Balance::default(); measures.len()]);
+                for (at, (sum, absolute)) in entry.iter_mut().zip(&measures) {
+                    if !sum.is_valid(row) {
+                        continue;
+                    }
+                    match absolute {
+                        None => {
+                            at.exact += i128::from(side.balance)
+                                * sum.as_primitive::<Decimal128Type>().value(row);
+                        }
+                        Some(absolute) => {
+                            at.float += f64::from(side.balance)
+                                * sum.as_primitive::<Float64Type>().value(row);
+                            at.absolute += absolute.as_primitive::<Float64Type>().value(row);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The query of one side's sums: per partition (and for the balance, bucket; for the
+/// adjustments, kind) the rows, the exact sum of their hashes (the proof), and each measure's sum
+/// (the balance; for floats also the sum of absolute values). `present` names the side's columns;
+/// a column of `values` it lacks is NULL.
+fn side_sql(
+    side: &Side,
+    values: &[&FieldRef],
+    present: &[String],
+    partition_columns: &[String],
+    measures: &[String],
+    summed: &[Summed],
+) -> String {
+    let reversal = format!("COALESCE({} = '{REVERSAL}', false)", ident(KIND_COLUMN));
+    let column = |name: &String| {
+        if present.contains(name) {
+            ident(name)
+        } else {
+            "NULL".to_string()
+        }
+    };
+    // Every value in the staged files' types; for a reversal the measures negated back, the
+    // stored measures apart for the balance.
+    let mut row: Vec<String> = values
+        .iter()
+        .map(|field| {
+            let value = column(field.name());
+            let value = if side.kinds && measures.contains(field.name()) {
+                format!("CASE WHEN {reversal} THEN -({value}) ELSE {value} END")
+            } else {
+                value
+            };
+            format!(
+                "{} AS {}",
+                cast_sql(&value, field.data_type()),
+                ident(field.name())
+            )
+        })
+        .collect();
+    let partition: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
+    let mut keyed = partition.clone();
+    let mut by = partition.clone();
+    // The partition values as text once per group, not per row.
+    let mut sums: Vec<String> = partition
+        .iter()
+        .map(|c| format!("CAST({c} AS VARCHAR) AS {c}"))
+        .collect();
+    let mut grouped = |name: &str, keyed: &mut Vec<String>, expression: String| {
+        keyed.push(format!("{expression} AS {name}"));
+        by.push(name.to_string());
+        sums.push(name.to_string());
+    };
+    if side.kinds {
+        row.push(format!("{reversal} AS __lf_rev"));
+        grouped("__lf_rev", &mut keyed, "__lf_rev".to_string());
+    }
+    if side.balance != 0 {
+        let names: Vec<String> = values
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|name| !measures.contains(name))
+            .collect();
+        grouped(
+            "__lf_b",
+            &mut keyed,
+            format!("{} % {BUCKETS}", check_hash_sql(&names)),
+        );
+    }
+    sums.push("COUNT(*) AS __lf_rows".to_string());
+    if side.proof != 0 {
+        let names: Vec<String> = values.iter().map(|f| f.name().clone()).collect();
+        keyed.push(format!("{} AS __lf_h", check_hash_sql(&names)));
+        sums.push("SUM(CAST(__lf_h AS DECIMAL(38, 0))) AS __lf_sum".to_string());
+    }
+    if side.balance != 0 {
+        for (i, (measure, how)) in measures.iter().zip(summed).enumerate() {
+            let stored = column(measure);
+            row.push(format!("{stored} AS __lf_s{i}"));
+            match how {
+                Summed::Exact(scale) => {
+                    keyed.push(format!(
+                        "CAST(__lf_s{i} AS DECIMAL(38, {scale})) AS __lf_m{i}"
+                    ));
+                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
+                }
+                Summed::Float => {
+                    keyed.push(format!("CAST(__lf_s{i} AS DOUBLE) AS __lf_m{i}"));
+                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
+                    sums.push(format!("SUM(abs(__lf_m{i})) AS __lf_a{i}"));
+                }
             }
         }
     }
+    let group_by = if by.is_empty() {
+        String::new()
+    } else {
+        format!(" GROUP BY {}", by.join(", "))
+    };
+    format!(
+        "SELECT {} FROM (SELECT {} FROM (SELECT {} FROM {})){group_by}",
+        sums.join(", "),
+        keyed.join(", "),
+        row.join(", "),
+        side.table
+    )
+}
+
+/// The partitions where the old net rows less the reversed rows plus the corrections are not
+/// the new rows (`proof`, of [`Sums`]), at most `sample` of them and a count of the rest.
+fn differing_partitions(
+    proof: &BTreeMap<PartitionValues, (i64, i128)>,
+    partition_columns: &[String],
+    sample: usize,
+) -> Vec<serde_json::Value> {
     let mut differing = Vec::new();
     let mut more = 0;
-    for (values, (rows, sum)) in balance {
-        if rows == 0 && sum == 0 {
+    for (values, (rows, sum)) in proof {
+        if *rows == 0 && *sum == 0 {
             continue;
         }
         if differing.len() >= sample.max(1) {
@@ -188,13 +418,88 @@ async fn differing_partitions(
             object.insert(column.clone(), json!(value));
         }
         object.insert("rows_not_accounted_for".into(), json!(rows));
-        object.insert("values_differ".into(), json!(sum != 0));
+        object.insert("values_differ".into(), json!(*sum != 0));
         differing.push(serde_json::Value::Object(object));
     }
     if more > 0 {
         differing.push(json!({"more_partitions": more}));
     }
-    Ok(differing)
+    differing
+}
+
+/// How a measure is summed in [`balance_check`].
+#[derive(Clone, Copy)]
+enum Summed {
+    /// Exactly, as a decimal of this scale (integers 0).
+    Exact(i8),
+    /// As a double, with the sum of absolute values for the tolerance.
+    Float,
+}
+
+/// A partition's values as text (NULL as `None`).
+type PartitionValues = Vec<Option<String>>;
+
+/// Per partition and bucket, each measure's [`Balance`].
+type Balances = std::collections::BTreeMap<(PartitionValues, u64), Vec<Balance>>;
+
+/// A bucket's sums of one measure, over the sides with their weights.
+#[derive(Default, Clone, Copy)]
+struct Balance {
+    exact: i128,
+    float: f64,
+    absolute: f64,
+}
+
+/// The partitions and measures whose buckets do not balance in [`balance_check`]: how many
+/// buckets, and the difference over them (the stored rows plus the adjustments, less the new
+/// rows); at most `sample` of them, then a count of the rest.
+fn unbalanced(
+    balance: &Balances,
+    partition_columns: &[String],
+    measures: &[String],
+    summed: &[Summed],
+    sample: usize,
+) -> Vec<serde_json::Value> {
+    // Per partition and measure: the buckets that differ and their difference.
+    let mut off: std::collections::BTreeMap<(PartitionValues, usize), (u64, Balance)> =
+        std::collections::BTreeMap::new();
+    for ((values, _), sums) in balance {
+        for (i, (sum, how)) in sums.iter().zip(summed).enumerate() {
+            let differs = match how {
+                Summed::Exact(_) => sum.exact != 0,
+                Summed::Float => sum.float.abs() > 1e-9 * sum.absolute.max(1.0),
+            };
+            if differs {
+                let entry = off.entry((values.clone(), i)).or_default();
+                entry.0 += 1;
+                entry.1.exact += sum.exact;
+                entry.1.float += sum.float;
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    let total = off.len();
+    for ((values, i), (buckets, difference)) in off.into_iter().take(sample.max(1)) {
+        let mut object = serde_json::Map::new();
+        for (column, value) in partition_columns.iter().zip(values) {
+            object.insert(column.clone(), json!(value));
+        }
+        object.insert("measure".into(), json!(measures[i]));
+        object.insert("buckets_off".into(), json!(buckets));
+        let difference = match summed[i] {
+            Summed::Exact(scale) => {
+                use deltalake::arrow::datatypes::DecimalType as _;
+                Decimal128Type::format_decimal(difference.exact, 38, scale)
+            }
+            Summed::Float => difference.float.to_string(),
+        };
+        object.insert("stored_plus_adjustments_less_new".into(), json!(difference));
+        failures.push(serde_json::Value::Object(object));
+    }
+    if total > failures.len() {
+        failures.push(json!({"more": total - failures.len()}));
+    }
+    failures
 }
 
 /// The rows of `batches` as JSON objects of their values as text: at most `sample` (at least
@@ -321,271 +626,6 @@ async fn conservation_by_key(
     Ok(CheckResult::new(CONSERVE, failures, Vec::new()))
 }
 
-/// The name of the check that balances the table's stored rows against the new rows.
-const BALANCE: &str = "ledger balances";
-
-/// The buckets of groups per partition in [`balance_check`]: a wrong net row shows in its
-/// bucket; two wrong ones hide each other only when they share a bucket and their differences
-/// cancel.
-const BUCKETS: u64 = 1021;
-
-/// How a measure is summed in [`balance_check`].
-#[derive(Clone, Copy)]
-enum Summed {
-    /// Exactly, as a decimal of this scale (integers 0).
-    Exact(i8),
-    /// As a double, with the sum of absolute values for the tolerance.
-    Float,
-}
-
-/// A partition's values as text (NULL as `None`).
-type PartitionValues = Vec<Option<String>>;
-
-/// Per partition and bucket, each measure's [`Balance`].
-type Balances = std::collections::BTreeMap<(PartitionValues, u64), Vec<Balance>>;
-
-/// A bucket's sums of one measure, over the sides with their weights.
-#[derive(Default, Clone, Copy)]
-struct Balance {
-    exact: i128,
-    float: f64,
-    absolute: f64,
-}
-
-/// Checks the old net rows the adjustments were derived from, without reading them: per
-/// partition, the measures of the table's rows as stored in the range (its rows at the
-/// read version, with the companion's, registered as `__lf_ledger`; earlier reversals carry their
-/// measures negated) plus the
-/// adjustments' are the new rows' (`output`), summed over each bucket of groups (rows alike but
-/// for the measures and the lineage, spread over [`BUCKETS`] by a hash of their values).
-///
-/// The proof ([`conservation_check`]) starts from the net rows, as staging did, so it holds
-/// whatever they are. This check reads the stored rows with no grouping and no filter of the
-/// groups adjustments touch: a net row computed wrong (a group left out, or taken for another)
-/// makes its adjustments wrong, and the sums of its bucket differ. It costs one scan of the range
-/// and of each side, with a group per bucket. Integers and decimals add up exactly; floats to a
-/// relative 1e-9 of the bucket's sum of absolute values.
-pub(crate) async fn balance_check(
-    ctx: &SessionContext,
-    schema: &Schema,
-    partition_columns: &[String],
-    measures: &[String],
-    sample: usize,
-) -> Result<CheckResult> {
-    let context = || "cannot check that the table's rows balance the new rows".to_string();
-    let values: Vec<_> = schema
-        .fields()
-        .iter()
-        .filter(|f| !lakefill_table::adjustments::is_lineage(f.name()))
-        .collect();
-    let group: Vec<String> = values
-        .iter()
-        .map(|f| f.name().clone())
-        .filter(|name| !measures.contains(name))
-        .collect();
-    let summed: Vec<Summed> = measures
-        .iter()
-        .map(|m| match schema.field_with_name(m).map(|f| f.data_type()) {
-            Ok(DataType::Decimal128(_, scale)) => Summed::Exact((*scale).max(0)),
-            Ok(t) if t.is_integer() => Summed::Exact(0),
-            _ => Summed::Float,
-        })
-        .collect();
-    let partition: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
-    let mut balance = Balances::new();
-    // Each side apart, as in the proof (a union would mix the columns' metadata).
-    for (table, weight) in [("__lf_ledger", 1), ("adjustments", 1), ("output", -1)] {
-        let present = ctx.table(table).await.query_context(context)?;
-        let present = present.schema();
-        // Every value in the staged files' types (a column the side lacks is NULL).
-        let row: Vec<String> = values
-            .iter()
-            .map(|field| {
-                let value = if present.field_with_unqualified_name(field.name()).is_ok() {
-                    ident(field.name())
-                } else {
-                    "NULL".to_string()
-                };
-                format!(
-                    "{} AS {}",
-                    cast_sql(&value, field.data_type()),
-                    ident(field.name())
-                )
-            })
-            .collect();
-        let mut keyed = partition.clone();
-        keyed.push(format!("{} % {BUCKETS} AS __lf_b", check_hash_sql(&group)));
-        // The partition values as text once per group, not per row.
-        let mut sums: Vec<String> = partition
-            .iter()
-            .map(|c| format!("CAST({c} AS VARCHAR) AS {c}"))
-            .collect();
-        sums.push("__lf_b".to_string());
-        for (i, (measure, how)) in measures.iter().zip(&summed).enumerate() {
-            let measure = ident(measure);
-            match how {
-                Summed::Exact(scale) => {
-                    keyed.push(format!(
-                        "CAST({measure} AS DECIMAL(38, {scale})) AS __lf_m{i}"
-                    ));
-                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
-                }
-                Summed::Float => {
-                    keyed.push(format!("CAST({measure} AS DOUBLE) AS __lf_m{i}"));
-                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
-                    sums.push(format!("SUM(abs(__lf_m{i})) AS __lf_a{i}"));
-                }
-            }
-        }
-        let mut by = partition.clone();
-        by.push("__lf_b".to_string());
-        let sql = format!(
-            "SELECT {} FROM (SELECT {} FROM (SELECT {} FROM {table})) GROUP BY {}",
-            sums.join(", "),
-            keyed.join(", "),
-            row.join(", "),
-            by.join(", ")
-        );
-        tracing::debug!(%sql, "summing a side of the ledger's balance");
-        let batches = ctx
-            .sql(&sql)
-            .await
-            .query_context(context)?
-            .collect()
-            .await
-            .query_context(context)?;
-        for batch in &batches {
-            add_side(batch, partition.len(), &summed, weight, &mut balance)?;
-        }
-    }
-    Ok(CheckResult::new(
-        BALANCE,
-        unbalanced(balance, partition_columns, measures, &summed, sample),
-        Vec::new(),
-    ))
-}
-
-/// Adds one side's sums per partition and bucket (`batch`: the partition values, the bucket,
-/// then each measure's sum, and for floats its sum of absolute values) to `balance`.
-fn add_side(
-    batch: &RecordBatch,
-    partitions: usize,
-    summed: &[Summed],
-    weight: i8,
-    balance: &mut Balances,
-) -> Result<()> {
-    use deltalake::arrow::compute::cast;
-    use deltalake::arrow::datatypes::{Float64Type, UInt64Type};
-    let internal = |e: deltalake::arrow::error::ArrowError| {
-        lakefill_table::error::Error::Internal(e.to_string())
-    };
-    let texts = (0..partitions)
-        .map(|i| cast(batch.column(i), &DataType::Utf8))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(internal)?;
-    let bucket = cast(batch.column(partitions), &DataType::UInt64).map_err(internal)?;
-    let bucket = bucket.as_primitive::<UInt64Type>();
-    let mut column = partitions + 1;
-    let mut sums = Vec::with_capacity(summed.len());
-    for how in summed {
-        sums.push(match how {
-            Summed::Exact(scale) => {
-                let sum = cast(batch.column(column), &DataType::Decimal128(38, *scale))
-                    .map_err(internal)?;
-                column += 1;
-                (sum, None)
-            }
-            Summed::Float => {
-                let sum = cast(batch.column(column), &DataType::Float64).map_err(internal)?;
-                let absolute =
-                    cast(batch.column(column + 1), &DataType::Float64).map_err(internal)?;
-                column += 2;
-                (sum, Some(absolute))
-            }
-        });
-    }
-    for row in 0..batch.num_rows() {
-        let values = texts
-            .iter()
-            .map(|column| {
-                let column = column.as_string::<i32>();
-                column.is_valid(row).then(|| column.value(row).to_string())
-            })
-            .collect();
-        let entry = balance
-            .entry((values, bucket.value(row)))
-            .or_insert_with(|| vec![Balance::default(); summed.len()]);
-        for (at, (sum, absolute)) in entry.iter_mut().zip(&sums) {
-            if !sum.is_valid(row) {
-                continue;
-            }
-            match absolute {
-                None => {
-                    let exact = sum.as_primitive::<Decimal128Type>().value(row);
-                    at.exact += i128::from(weight) * exact;
-                }
-                Some(absolute) => {
-                    at.float += f64::from(weight) * sum.as_primitive::<Float64Type>().value(row);
-                    at.absolute += absolute.as_primitive::<Float64Type>().value(row);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The partitions and measures whose buckets do not balance in [`balance_check`]: how many
-/// buckets, and the difference over them (the stored rows plus the adjustments, less the new
-/// rows); at most `sample` of them, then a count of the rest.
-fn unbalanced(
-    balance: Balances,
-    partition_columns: &[String],
-    measures: &[String],
-    summed: &[Summed],
-    sample: usize,
-) -> Vec<serde_json::Value> {
-    // Per partition and measure: the buckets that differ and their difference.
-    let mut off: std::collections::BTreeMap<(PartitionValues, usize), (u64, Balance)> =
-        std::collections::BTreeMap::new();
-    for ((values, _), sums) in balance {
-        for (i, (sum, how)) in sums.iter().zip(summed).enumerate() {
-            let differs = match how {
-                Summed::Exact(_) => sum.exact != 0,
-                Summed::Float => sum.float.abs() > 1e-9 * sum.absolute.max(1.0),
-            };
-            if differs {
-                let entry = off.entry((values.clone(), i)).or_default();
-                entry.0 += 1;
-                entry.1.exact += sum.exact;
-                entry.1.float += sum.float;
-            }
-        }
-    }
-    let mut failures = Vec::new();
-    let total = off.len();
-    for ((values, i), (buckets, difference)) in off.into_iter().take(sample.max(1)) {
-        let mut object = serde_json::Map::new();
-        for (column, value) in partition_columns.iter().zip(values) {
-            object.insert(column.clone(), json!(value));
-        }
-        object.insert("measure".into(), json!(measures[i]));
-        object.insert("buckets_off".into(), json!(buckets));
-        let difference = match summed[i] {
-            Summed::Exact(scale) => {
-                use deltalake::arrow::datatypes::DecimalType as _;
-                Decimal128Type::format_decimal(difference.exact, 38, scale)
-            }
-            Summed::Float => difference.float.to_string(),
-        };
-        object.insert("stored_plus_adjustments_less_new".into(), json!(difference));
-        failures.push(serde_json::Value::Object(object));
-    }
-    if total > failures.len() {
-        failures.push(json!({"more": total - failures.len()}));
-    }
-    failures
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,9 +689,10 @@ mod tests {
             ("d1", 3, "DE", 30, None),
         ];
         register(&ctx, "previous", &old);
+        register(&ctx, "__lf_ledger", &old);
         register(&ctx, "output", &new);
         register(&ctx, "adjustments", adjustments);
-        conservation_check(
+        prove(
             &ctx,
             &schema(),
             &["day".to_string()],
@@ -661,6 +702,7 @@ mod tests {
         )
         .await
         .expect("check")
+        .0
     }
 
     #[tokio::test]
@@ -721,15 +763,16 @@ mod tests {
         register(&ctx, "previous", previous);
         register(&ctx, "output", &new);
         register(&ctx, "adjustments", adjustments);
-        let day = ["day".to_string()];
-        let amount = ["amount".to_string()];
-        let proof = conservation_check(&ctx, &schema(), &day, &["id".to_string()], &amount, 5)
-            .await
-            .expect("proof");
-        let balance = balance_check(&ctx, &schema(), &day, &amount, 5)
-            .await
-            .expect("balance");
-        (proof, balance)
+        prove(
+            &ctx,
+            &schema(),
+            &["day".to_string()],
+            &["id".to_string()],
+            &["amount".to_string()],
+            5,
+        )
+        .await
+        .expect("proof")
     }
 
     #[tokio::test]

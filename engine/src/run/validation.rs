@@ -480,16 +480,6 @@ async fn adjustments_conserved(
         &adds,
         &journal.run_id,
     )?;
-    let measures = rules.summed_measures();
-    let proof = crate::adjust::conservation_check(
-        ctx,
-        write_schema,
-        &layout.partition_columns,
-        &rules.key,
-        &measures,
-        sample,
-    )
-    .await?;
     lakefill_recompute::plan::adjust::register_ledger_rows(
         ctx,
         "__lf_ledger",
@@ -497,11 +487,12 @@ async fn adjustments_conserved(
         &journal.inputs.range,
     )
     .await?;
-    let balance = crate::adjust::balance_check(
+    let (proof, balance) = crate::adjust::prove(
         ctx,
         write_schema,
         &layout.partition_columns,
-        &measures,
+        &rules.key,
+        &rules.summed_measures(),
         sample,
     )
     .await?;
