@@ -349,11 +349,42 @@ async fn register_sides(
         // of the table and the companion together).
         ctx.deregister_table("previous")
             .query_context(|| "cannot take the old rows back".into())?;
-        kept = register_previous_net(ctx, plan, journal, resources, staged).await?;
+        // The rows as stored, which the balance of the adjustments reads.
+        lakefill_recompute::plan::adjust::register_ledger_rows(
+            ctx,
+            "__lf_ledger",
+            plan,
+            &journal.inputs.range,
+        )
+        .await?;
+        if stored_rows_are_net(ctx).await? {
+            let stored = ctx
+                .table("__lf_ledger")
+                .await
+                .query_context(|| "cannot read the old rows".into())?;
+            ctx.register_table("previous", stored.into_view())
+                .query_context(|| "cannot register the old rows".into())?;
+        } else {
+            kept = register_previous_net(ctx, plan, journal, resources, staged).await?;
+        }
     }
     register_output(ctx, plan, journal, write_schema, target_schema).await?;
     register_cascade_staged(ctx, plan).await?;
     Ok(kept)
+}
+
+/// Whether the rows of the table an adjustments run corrects (registered as `__lf_ledger`) are
+/// their own net rows: they have no `_lakefill_kind` column, so no adjustment was ever appended
+/// to them ([`lakefill_validate::net`] nets them as they are).
+async fn stored_rows_are_net(ctx: &SessionContext) -> Result<bool> {
+    let stored = ctx
+        .table("__lf_ledger")
+        .await
+        .query_context(|| "cannot read the old rows".into())?;
+    Ok(stored
+        .schema()
+        .field_with_unqualified_name(lakefill_table::adjustments::KIND_COLUMN)
+        .is_err())
 }
 
 /// Registers `previous` as the old net rows of an adjustments run. The proof and the comparison
@@ -456,7 +487,7 @@ pub(crate) async fn register_output(
 
 /// The proof that the old net rows plus the adjustments give the new rows, per partition and
 /// key (the adjustment files registered as `adjustments`), and the balance of the table's stored
-/// rows, which checks the net rows the proof starts from.
+/// rows (`__lf_ledger`), which checks the net rows the proof starts from.
 async fn adjustments_conserved(
     ctx: &SessionContext,
     plan: &BackfillPlan,
@@ -480,19 +511,13 @@ async fn adjustments_conserved(
         &adds,
         &journal.run_id,
     )?;
-    lakefill_recompute::plan::adjust::register_ledger_rows(
-        ctx,
-        "__lf_ledger",
-        plan,
-        &journal.inputs.range,
-    )
-    .await?;
     let (proof, balance) = crate::adjust::prove(
         ctx,
         write_schema,
         &layout.partition_columns,
         &rules.key,
         &rules.summed_measures(),
+        stored_rows_are_net(ctx).await?,
         sample,
     )
     .await?;
