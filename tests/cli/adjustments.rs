@@ -501,6 +501,165 @@ fn a_ledger_whose_rows_do_not_balance_blocks_its_adjustments() {
     assert_eq!(stored, expected, "the orphan stays as it was");
 }
 
+/// A decimal(18, 4) as text in units of its last place (`-0.0038` is -38).
+fn ten_thousandths(text: &str) -> i128 {
+    let (sign, digits) = match text.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, text),
+    };
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    let fraction = format!("{fraction:0<4}");
+    assert_eq!(fraction.len(), 4, "{text}");
+    sign * (whole.parse::<i128>().unwrap() * 10_000 + fraction.parse::<i128>().unwrap())
+}
+
+/// Per (event_id, country, event_date), the rows less their reversals and the measures summed,
+/// for the groups with more rows than reversals: (amount, fee in ten-thousandths).
+fn net_measures(rows: &[Value]) -> BTreeMap<(i64, String, String), (f64, i128)> {
+    let mut groups: BTreeMap<(i64, String, String), (i64, f64, i128)> = BTreeMap::new();
+    for row in rows {
+        let entry = groups
+            .entry((
+                row["event_id"].as_i64().unwrap(),
+                row["country"].as_str().unwrap().to_string(),
+                row["event_date"].as_str().unwrap().to_string(),
+            ))
+            .or_default();
+        entry.0 += if row["_lakefill_kind"] == "reversal" {
+            -1
+        } else {
+            1
+        };
+        entry.1 += row["amount"].as_f64().unwrap();
+        entry.2 += ten_thousandths(row["fee"].as_str().unwrap());
+    }
+    groups
+        .into_iter()
+        .filter(|(_, (weight, _, _))| *weight > 0)
+        .map(|(group, (_, amount, fee))| (group, (amount, fee)))
+        .collect()
+}
+
+/// Measures that are not integers: a double (whose sums differ in their last bits with the order
+/// they are added in) and a decimal(18, 4) (summed exactly at its scale). A first fix and a second
+/// one netted against it each publish with the ledger's balance passing, and the ledger, read
+/// back by python, nets to each fix: the double to a relative 1e-12, the decimal exactly.
+#[test]
+fn double_and_decimal_measures_balance_and_net_to_the_fix() {
+    let mut lake = PythonLake::new(Store::Local);
+    lake.python(&["ledger_measures", "plain", &lake.uri("source")]);
+    lake.python(&["ledger_measures", "append_only", &lake.uri("typed")]);
+    lake.declare("source");
+    lake.declare("typed");
+    let model = |version: &str, amount: &str, fee: &str| {
+        let dir = lake.path().join("sql/typed_fix");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(format!("{version}.sql")),
+            format!(
+                "/*\ntarget = \"typed\"\npartition_by = \"event_date\"\nschema = \"add-columns\"\n\
+                 publish = \"adjustments\"\nreason = \"measures were off\"\n\
+                 [sources.source]\nwindow = \"event_date\"\n\
+                 [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount\", \"fee\"]\n*/\n\
+                 SELECT event_id, country, {amount} AS amount, CAST({fee} AS DECIMAL(18, 4)) AS fee, event_date \
+                 FROM source WHERE event_date BETWEEN $start AND $end\n"
+            ),
+        )
+        .unwrap();
+    };
+    let first_amount = "CASE WHEN event_id % 2 = 0 THEN amount * 3 ELSE amount END";
+    let first_fee = "CASE WHEN event_id % 2 = 1 THEN fee * 2 ELSE fee END";
+    model("v1", first_amount, first_fee);
+    model(
+        "v2",
+        &format!("CASE WHEN event_id % 3 = 0 THEN ({first_amount}) / 7 ELSE {first_amount} END"),
+        &format!("CASE WHEN event_id % 4 = 0 THEN fee * 3 ELSE {first_fee} END"),
+    );
+    let source = lake.rows("source");
+    let expected = |second: bool| -> BTreeMap<(i64, String, String), (f64, i128)> {
+        source
+            .iter()
+            .map(|row| {
+                let id = row["event_id"].as_i64().unwrap();
+                let mut amount = row["amount"].as_f64().unwrap();
+                let mut fee = ten_thousandths(row["fee"].as_str().unwrap());
+                let day = row["event_date"].as_str().unwrap().to_string();
+                if id % 2 == 0 {
+                    amount *= 3.0;
+                }
+                if second && id % 3 == 0 {
+                    amount /= 7.0;
+                }
+                if second && id % 4 == 0 {
+                    fee *= 3;
+                } else if id % 2 == 1 {
+                    fee *= 2;
+                }
+                let country = row["country"].as_str().unwrap().to_string();
+                ((id, country, day), (amount, fee))
+            })
+            .filter(|((_, _, day), _)| day.as_str() <= "2026-01-02")
+            .chain(
+                // The day after the range keeps its rows.
+                source
+                    .iter()
+                    .filter(|row| row["event_date"].as_str().unwrap() > "2026-01-02")
+                    .map(|row| {
+                        (
+                            (
+                                row["event_id"].as_i64().unwrap(),
+                                row["country"].as_str().unwrap().to_string(),
+                                row["event_date"].as_str().unwrap().to_string(),
+                            ),
+                            (
+                                row["amount"].as_f64().unwrap(),
+                                ten_thousandths(row["fee"].as_str().unwrap()),
+                            ),
+                        )
+                    }),
+            )
+            .collect()
+    };
+    for (version, second) in [("v1", false), ("v2", true)] {
+        let report = json_ok(&lake.run(&[
+            "backfill",
+            "typed_fix",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--model-version",
+            version,
+            "--output-format",
+            "json",
+        ]));
+        assert_eq!(report["outcome"], "published", "{version}: {report}");
+        let balance = report["validation"]["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "ledger balances")
+            .unwrap_or_else(|| panic!("{version}: no balance: {report}"))
+            .clone();
+        assert_eq!(balance["passed"], true, "{version}: {report}");
+        let net = net_measures(&lake.rows("typed"));
+        let wanted = expected(second);
+        assert_eq!(
+            net.keys().collect::<Vec<_>>(),
+            wanted.keys().collect::<Vec<_>>(),
+            "{version}"
+        );
+        for (group, (amount, fee)) in &net {
+            let (want_amount, want_fee) = wanted[group];
+            assert!(
+                (amount - want_amount).abs() <= 1e-12 * want_amount.abs().max(1.0),
+                "{version} {group:?}: amount {amount} against {want_amount}"
+            );
+            assert_eq!(*fee, want_fee, "{version} {group:?}: fee");
+        }
+    }
+}
+
 /// Adjustments need a key and measures to negate, and lineage columns (or a model that may add
 /// them): each missing piece is a model error before anything is staged.
 #[test]

@@ -15,6 +15,7 @@ Every table has event_id (long), amount_cents (long) and event_date (date, the p
 """
 
 import datetime
+import decimal
 import json
 import os
 import sys
@@ -244,6 +245,38 @@ def ledger(kind, uri):
     )
 
 
+def ledger_measures(kind, uri):
+    """`ledger`'s rows with a double measure `amount` (thirds and tenths, which no double holds
+    exactly) and a decimal(18, 4) measure `fee` for `amount_cents`."""
+    countries = ["FR", "US", "DE", "JP"]
+    data = rows()
+    count = len(data["event_id"])
+    schema = pa.schema(
+        [
+            pa.field("event_id", pa.int64()),
+            pa.field("country", pa.string()),
+            pa.field("amount", pa.float64()),
+            pa.field("fee", pa.decimal128(18, 4)),
+            pa.field("event_date", pa.date32()),
+        ]
+    )
+    table = {
+        "event_id": data["event_id"],
+        "country": [countries[i % 4] for i in range(count)],
+        "amount": [0.1 * (i + 1) + i / 3 for i in range(count)],
+        "fee": [decimal.Decimal(i * 37 + 1) / decimal.Decimal(10000) for i in range(count)],
+        "event_date": data["event_date"],
+    }
+    configuration = {"delta.appendOnly": "true"} if kind == "append_only" else None
+    write_deltalake(
+        uri,
+        pa.table(table, schema=schema),
+        partition_by=["event_date"],
+        configuration=configuration,
+        storage_options=storage_options(),
+    )
+
+
 def add_constraint(uri, name, expression):
     DeltaTable(uri, storage_options=storage_options()).alter.add_constraint({name: expression})
 
@@ -305,6 +338,8 @@ def all_rows(uri):
             return v.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
         if isinstance(v, datetime.date):
             return v.isoformat()
+        if isinstance(v, decimal.Decimal):
+            return str(v)
         return v
     out = [{k: text(v) for k, v in row.items()} for row in table]
     out.sort(key=lambda r: json.dumps(r, sort_keys=True))
@@ -339,6 +374,8 @@ if __name__ == "__main__":
         create(sys.argv[2], sys.argv[3])
     elif command == "ledger":
         ledger(sys.argv[2], sys.argv[3])
+    elif command == "ledger_measures":
+        ledger_measures(sys.argv[2], sys.argv[3])
     elif command == "add_constraint":
         add_constraint(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "append_ledger":

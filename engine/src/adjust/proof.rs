@@ -865,4 +865,74 @@ mod tests {
             ]
         );
     }
+
+    /// A decimal measure is balanced at its scale: a net row off by two of its last places fails
+    /// the balance, with the difference at that scale.
+    #[tokio::test]
+    async fn a_decimal_measure_balances_at_its_scale() {
+        use deltalake::arrow::array::Decimal128Array;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("day", DataType::Utf8, false),
+            Field::new("id", DataType::Int64, false),
+            Field::new("fee", DataType::Decimal128(18, 4), true),
+            Field::new("_lakefill_kind", DataType::Utf8, true),
+        ]));
+        // (day, id, fee in ten-thousandths, kind)
+        let register = |ctx: &SessionContext,
+                        name: &str,
+                        rows: &[(&str, i64, i128, Option<&str>)]| {
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+                )),
+                Arc::new(Int64Array::from(
+                    rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+                )),
+                Arc::new(
+                    Decimal128Array::from(rows.iter().map(|r| r.2).collect::<Vec<_>>())
+                        .with_precision_and_scale(18, 4)
+                        .expect("decimal"),
+                ),
+                Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.3).collect::<Vec<_>>(),
+                )),
+            ];
+            let batch = RecordBatch::try_new(Arc::clone(&schema), columns).expect("batch");
+            let table = MemTable::try_new(Arc::clone(&schema), vec![vec![batch]]).expect("table");
+            ctx.register_table(name, Arc::new(table)).expect("register");
+        };
+        let ctx = SessionContext::new();
+        lakefill_table::rowhash::register_hash_functions(&ctx);
+        // Stored 1.0001; the fix makes it 1.0003; the net rows were taken as 1.0003 already (two
+        // ten-thousandths off), so the adjustments reverse and correct 1.0003 and change nothing.
+        register(&ctx, "__lf_ledger", &[("d1", 1, 10_001, None)]);
+        register(&ctx, "previous", &[("d1", 1, 10_003, None)]);
+        register(
+            &ctx,
+            "adjustments",
+            &[
+                ("d1", 1, -10_003, Some(REVERSAL)),
+                ("d1", 1, 10_003, Some("correction")),
+            ],
+        );
+        register(&ctx, "output", &[("d1", 1, 10_003, None)]);
+        let (proof, balance) = prove(
+            &ctx,
+            &schema,
+            &["day".to_string()],
+            &["id".to_string()],
+            &["fee".to_string()],
+            false,
+            5,
+        )
+        .await
+        .expect("proof");
+        assert!(proof.passed, "{:?}", proof.failures);
+        assert_eq!(
+            balance.failures,
+            vec![
+                json!({"day": "d1", "measure": "fee", "buckets_off": 1, "stored_plus_adjustments_less_new": "-0.0002"})
+            ]
+        );
+    }
 }
