@@ -660,6 +660,45 @@ fn double_and_decimal_measures_balance_and_net_to_the_fix() {
     }
 }
 
+/// `--where TRUE` selects every row: on a table published by adjustments it is the plan of the
+/// whole table (how the Dagster integration reads a model's partitions), the same run as the
+/// explicit range from the first to the last day, and it publishes.
+#[test]
+fn where_true_is_the_whole_table_for_adjustments() {
+    let lake = ledger(Store::Local);
+    let plan = |args: &[&str]| {
+        let mut all = vec!["plan", "fix", "--output-format", "json"];
+        all.extend_from_slice(args);
+        json_ok(&lake.run(&all))
+    };
+    let whole = plan(&["--where", "TRUE"]);
+    assert_eq!(whole["range"]["from"], "2026-01-01", "{whole}");
+    assert_eq!(whole["range"]["to"], "2026-01-03", "{whole}");
+    assert!(
+        whole
+            .to_string()
+            .contains("`--where TRUE` selects every row"),
+        "{whole}"
+    );
+    let explicit = plan(&["--from", "2026-01-01", "--to", "2026-01-03"]);
+    assert_eq!(whole["run_id"], explicit["run_id"], "{whole}\n{explicit}");
+    // Any other predicate is still refused for adjustments.
+    let out = lake.run(&["plan", "fix", "--where", "event_id > 0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "fix",
+        "--where",
+        "true",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report["run_id"], explicit["run_id"], "{report}");
+    assert!(report["adjustments"]["corrections"].as_u64().unwrap() > 0);
+}
+
 /// Adjustments need a key and measures to negate, and lineage columns (or a model that may add
 /// them): each missing piece is a model error before anything is staged.
 #[test]

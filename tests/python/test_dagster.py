@@ -120,6 +120,50 @@ def test_a_conflict_is_retried(demo: Path) -> None:
     assert materialize(assets, "events", FIRST, LAST).success
 
 
+def test_a_model_published_as_adjustments_is_an_asset_and_appends_them(demo: Path) -> None:
+    # An append-only ledger holding the demo's events, and a model fixing it by adjustments.
+    events = DeltaTable(str(demo / "lake" / "events")).to_pyarrow_table()
+    write_deltalake(
+        str(demo / "lake" / "ledger"),
+        events,
+        partition_by=["event_date"],
+        configuration={"delta.appendOnly": "true"},
+    )
+    with (demo / "lakefill.toml").open("a") as toml:
+        toml.write('\n[tables.ledger]\nuri = "lake/ledger"\n')
+    model = demo / "sql" / "ledger" / "v1.sql"
+    model.parent.mkdir(parents=True)
+    model.write_text(
+        '/*\ntarget = "ledger"\npartition_by = "event_date"\nschema = "add-columns"\n'
+        'publish = "adjustments"\n[sources.events]\nwindow = "event_date"\n'
+        '[validate]\nkey = ["event_id"]\nmeasures = ["amount_cents"]\n*/\n'
+        "SELECT event_id, user_id, country, amount_cents + 1 AS amount_cents, event_ts, event_date "
+        "FROM events WHERE event_date BETWEEN $start AND $end\n"
+    )
+    assets = by_key(lakefill_assets(demo))
+    ledger = assets["ledger"]
+    assert isinstance(ledger, dg.AssetsDefinition)
+    assert {k.to_user_string() for k in ledger.asset_deps[ledger.key]} == {"events"}
+    partitions = ledger.partitions_def
+    assert isinstance(partitions, dg.DailyPartitionsDefinition)
+    assert partitions.get_first_partition_key() == "2026-01-01"
+
+    result = materialize(lakefill_assets(demo), "ledger", FIRST, LAST)
+    assert result.success
+    # Read back by python `deltalake`: the old rows stay, each row of the range is reversed once
+    # and corrected once, a cent more; nothing outside the range is touched.
+    after = DeltaTable(str(demo / "lake" / "ledger")).to_pyarrow_table().to_pylist()
+    in_range = [
+        r for r in events.to_pylist() if FIRST <= r["event_date"].isoformat() <= LAST
+    ]
+    assert in_range and len(in_range) < events.num_rows
+    kinds = [r["_lakefill_kind"] for r in after]
+    assert kinds.count(None) == events.num_rows
+    assert kinds.count("reversal") == kinds.count("correction") == len(in_range)
+    total = sum(r["amount_cents"] for r in after)
+    assert total == sum(r["amount_cents"] for r in events.to_pylist()) + len(in_range)
+
+
 # Each grain lakefill partitions by, with the table's partition values and a range of Dagster
 # keys in the middle of them (the partitions before and after it must stay as they were).
 GRAINS = {

@@ -163,6 +163,11 @@ impl RowPredicate {
         })
     }
 
+    /// Whether the predicate is `TRUE` itself, which selects every row whatever they hold.
+    pub fn selects_every_row(&self) -> bool {
+        self.canonical.trim().eq_ignore_ascii_case("true")
+    }
+
     /// The predicate as an expression over `schema` (a table with the target's columns).
     pub fn expr(&self, schema: &Schema) -> Result<Expr> {
         let df_schema = DFSchema::try_from(schema.clone())
@@ -404,6 +409,23 @@ mod tests {
         let b = RowPredicate::parse("  country  =  'DE' ", &schema(), "events").unwrap();
         assert_eq!(a.canonical, b.canonical);
         assert_eq!(b.sql, "country  =  'DE'");
+    }
+
+    #[test]
+    fn only_true_itself_selects_every_row() {
+        for text in ["TRUE", "true", " True "] {
+            let predicate = RowPredicate::parse(text, &schema(), "events").unwrap();
+            assert!(predicate.selects_every_row(), "{text}: {predicate:?}");
+        }
+        for text in [
+            "1 = 1",
+            "country = 'DE'",
+            "country IS NULL OR TRUE",
+            "NOT FALSE",
+        ] {
+            let predicate = RowPredicate::parse(text, &schema(), "events").unwrap();
+            assert!(!predicate.selects_every_row(), "{text}: {predicate:?}");
+        }
     }
 
     #[test]

@@ -258,12 +258,25 @@ impl PlanBuilder {
             &schema,
             &files,
         )?;
-        let (mut range, range_notes) = self.range(target_config.name(), &layout, &files)?;
+        let (mut range, mut range_notes) = self.range(target_config.name(), &layout, &files)?;
         range.rows = self
             .rows
             .as_deref()
             .map(|text| RowPredicate::parse(text, &schema, target_config.name()))
             .transpose()?;
+        if range
+            .rows
+            .as_ref()
+            .is_some_and(RowPredicate::selects_every_row)
+        {
+            // Every row of the range: its partitions are replaced whole, as with no `--where`
+            // (the same rows, without carrying any over; adjustments take it too).
+            range.rows = None;
+            range_notes.push(
+                "`--where TRUE` selects every row: the range is replaced whole, as without `--where`"
+                    .into(),
+            );
+        }
         if range.rows.is_some() && publish == PublishMode::Adjustments {
             return Err(Error::InvalidOption {
                 option: "--where".into(),
@@ -283,7 +296,6 @@ impl PlanBuilder {
         if layout.is_timeless() {
             check_timeless(&model, target_config.name(), &sources, publish)?;
         }
-        let mut range_notes = range_notes;
         let own_past = recursive::reads_own_past(
             &model,
             &source_plans,
