@@ -23,7 +23,7 @@
 
 mod proof;
 
-pub(crate) use proof::prove;
+pub(crate) use proof::{Compared, prove};
 
 use std::sync::Arc;
 

@@ -21,9 +21,35 @@ const CONSERVE: &str = "adjustments conserve";
 /// The name of the check that balances the table's stored rows against the new rows.
 const BALANCE: &str = "ledger balances";
 
-/// The buckets of groups per partition in the balance: a wrong net row shows in its bucket; two
-/// wrong ones hide each other only when they share a bucket and their differences cancel.
-const BUCKETS: u64 = 1021;
+/// The most buckets of groups per partition in the balance: a wrong net row shows in its bucket;
+/// two wrong ones hide each other only when they share a bucket and their differences cancel.
+const MAX_BUCKETS: u64 = 1021;
+
+/// The fewest buckets per partition, however long the range.
+const MIN_BUCKETS: u64 = 7;
+
+/// The buckets of a whole range, which the balance's sums are held for (about 100 bytes each):
+/// a range of more than 256 partitions gets fewer buckets per partition.
+const BUCKET_BUDGET: u64 = 262_144;
+
+/// The buckets per partition of a range of `partitions` partitions.
+fn buckets(partitions: usize) -> u64 {
+    (BUCKET_BUDGET / (partitions.max(1) as u64)).clamp(MIN_BUCKETS, MAX_BUCKETS)
+}
+
+/// What the proof and the balance compare, besides the registered views.
+pub(crate) struct Compared<'a> {
+    /// The staged files' schema.
+    pub(crate) schema: &'a Schema,
+    pub(crate) partition_columns: &'a [String],
+    pub(crate) key: &'a [String],
+    pub(crate) measures: &'a [String],
+    /// The old net rows are the stored rows as they are (see [`sides`]).
+    pub(crate) previous_is_stored: bool,
+    /// How many partitions the range has (the balance's buckets per partition follow,
+    /// [`buckets`]).
+    pub(crate) partitions: usize,
+}
 
 /// Proves the adjustments and balances the table's stored rows; returns the two checks, the
 /// proof ([`CONSERVE`]) then the balance ([`BALANCE`]). `previous` (the old net rows),
@@ -40,7 +66,8 @@ const BUCKETS: u64 = 1021;
 /// they are. The balance reads the stored rows with no grouping and no filter of the groups
 /// adjustments touch: per partition, their measures (earlier reversals carry theirs negated)
 /// plus the adjustments' are the new rows', summed over each bucket of groups (rows alike but
-/// for the measures and the lineage, spread over [`BUCKETS`] by a hash of their values). A net
+/// for the measures and the lineage, spread over [`MAX_BUCKETS`] by a hash of their values, fewer
+/// on ranges of many partitions, see [`buckets`]). A net
 /// row computed wrong (a group left out, or taken for another) makes its adjustments wrong, and
 /// its bucket's sums differ. Integers and decimals add up exactly; floats to a relative 1e-9 of
 /// the bucket's sum of absolute values.
@@ -52,15 +79,27 @@ const BUCKETS: u64 = 1021;
 /// keys.
 pub(crate) async fn prove(
     ctx: &SessionContext,
-    schema: &Schema,
-    partition_columns: &[String],
-    key: &[String],
-    measures: &[String],
-    previous_is_stored: bool,
+    compared: &Compared<'_>,
     sample: usize,
 ) -> Result<(CheckResult, CheckResult)> {
+    let Compared {
+        schema,
+        partition_columns,
+        key,
+        measures,
+        previous_is_stored,
+        partitions,
+    } = *compared;
     let sides = sides(previous_is_stored);
-    let sums = Sums::read(ctx, &sides, schema, partition_columns, measures).await?;
+    let sums = Sums::read(
+        ctx,
+        &sides,
+        schema,
+        partition_columns,
+        measures,
+        buckets(partitions),
+    )
+    .await?;
     let balance = CheckResult::new(
         BALANCE,
         unbalanced(
@@ -153,13 +192,15 @@ struct Sums {
 }
 
 impl Sums {
-    /// Reads every side of `sides` once.
+    /// Reads every side of `sides` once, the balance's groups in `buckets` buckets per
+    /// partition.
     async fn read(
         ctx: &SessionContext,
         sides: &[Side],
         schema: &Schema,
         partition_columns: &[String],
         measures: &[String],
+        buckets: u64,
     ) -> Result<Self> {
         let context = || "cannot check that the adjustments conserve the new rows".to_string();
         let values: Vec<&FieldRef> = schema
@@ -195,6 +236,7 @@ impl Sums {
                 partition_columns,
                 measures,
                 &sums.summed,
+                buckets,
             );
             tracing::debug!(table = side.table, %sql, "summing a side of the adjustments' proof");
             let batches = ctx
@@ -301,7 +343,7 @@ impl Sums {
     }
 }
 
-/// The query of one side's sums: per partition (and for the balance, bucket; for the
+/// The query of one side's sums: per partition (and for the balance, bucket of `buckets`; for the
 /// adjustments, kind) the rows, the exact sum of their hashes (the proof), and each measure's sum
 /// (the balance; for floats also the sum of absolute values). `present` names the side's columns;
 /// a column of `values` it lacks is NULL.
@@ -312,6 +354,7 @@ fn side_sql(
     partition_columns: &[String],
     measures: &[String],
     summed: &[Summed],
+    buckets: u64,
 ) -> String {
     let reversal = format!("COALESCE({} = '{REVERSAL}', false)", ident(KIND_COLUMN));
     let column = |name: &String| {
@@ -365,7 +408,7 @@ fn side_sql(
         grouped(
             "__lf_b",
             &mut keyed,
-            format!("{} % {BUCKETS}", check_hash_sql(&names)),
+            format!("{} % {buckets}", check_hash_sql(&names)),
         );
     }
     sums.push("COUNT(*) AS __lf_rows".to_string());
@@ -709,11 +752,14 @@ mod tests {
             checked.push(
                 prove(
                     &ctx,
-                    &schema(),
-                    &["day".to_string()],
-                    &["id".to_string()],
-                    &["amount".to_string()],
-                    previous_is_stored,
+                    &Compared {
+                        schema: &schema(),
+                        partition_columns: &["day".to_string()],
+                        key: &["id".to_string()],
+                        measures: &["amount".to_string()],
+                        previous_is_stored,
+                        partitions: 2,
+                    },
                     5,
                 )
                 .await
@@ -787,11 +833,14 @@ mod tests {
         register(&ctx, "adjustments", adjustments);
         prove(
             &ctx,
-            &schema(),
-            &["day".to_string()],
-            &["id".to_string()],
-            &["amount".to_string()],
-            false,
+            &Compared {
+                schema: &schema(),
+                partition_columns: &["day".to_string()],
+                key: &["id".to_string()],
+                measures: &["amount".to_string()],
+                previous_is_stored: false,
+                partitions: 2,
+            },
             5,
         )
         .await
@@ -918,11 +967,14 @@ mod tests {
         register(&ctx, "output", &[("d1", 1, 10_003, None)]);
         let (proof, balance) = prove(
             &ctx,
-            &schema,
-            &["day".to_string()],
-            &["id".to_string()],
-            &["fee".to_string()],
-            false,
+            &Compared {
+                schema: &schema,
+                partition_columns: &["day".to_string()],
+                key: &["id".to_string()],
+                measures: &["fee".to_string()],
+                previous_is_stored: false,
+                partitions: 1,
+            },
             5,
         )
         .await
@@ -933,6 +985,19 @@ mod tests {
             vec![
                 json!({"day": "d1", "measure": "fee", "buckets_off": 1, "stored_plus_adjustments_less_new": "-0.0002"})
             ]
+        );
+    }
+
+    #[test]
+    fn long_ranges_get_fewer_buckets_per_partition_and_never_too_few() {
+        assert_eq!(buckets(0), MAX_BUCKETS);
+        assert_eq!(buckets(30), MAX_BUCKETS);
+        assert_eq!(buckets(365), 718);
+        assert_eq!(buckets(8_760), 29);
+        assert_eq!(buckets(100_000), MIN_BUCKETS);
+        // What the sums are held for stays near the budget up to 37,449 partitions.
+        assert!(
+            (1..40_000).all(|p| buckets(p) * p as u64 <= BUCKET_BUDGET.max(MIN_BUCKETS * p as u64))
         );
     }
 }

@@ -511,17 +511,36 @@ async fn adjustments_conserved(
         &adds,
         &journal.run_id,
     )?;
-    let (proof, balance) = crate::adjust::prove(
-        ctx,
-        write_schema,
-        &layout.partition_columns,
-        &rules.key,
-        &rules.summed_measures(),
-        stored_rows_are_net(ctx).await?,
-        sample,
-    )
-    .await?;
+    let measures = rules.summed_measures();
+    let compared = crate::adjust::Compared {
+        schema: write_schema,
+        partition_columns: &layout.partition_columns,
+        key: &rules.key,
+        measures: &measures,
+        previous_is_stored: stored_rows_are_net(ctx).await?,
+        partitions: staged_partitions(journal).max(journal.inputs.range.periods().len()),
+    };
+    let (proof, balance) = crate::adjust::prove(ctx, &compared, sample).await?;
     Ok(vec![proof, balance])
+}
+
+/// How many partitions the run's staged files (new rows and adjustments) are in.
+fn staged_partitions(journal: &Journal) -> usize {
+    let adjustments = journal
+        .progress
+        .adjustments
+        .iter()
+        .flat_map(|b| b.files.iter());
+    journal
+        .new_row_files()
+        .chain(adjustments)
+        .map(|add| {
+            let mut values: Vec<_> = add.partition_values.iter().collect();
+            values.sort();
+            values
+        })
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 /// What staging knows of the new rows without reading them: per partition their counts, measure
