@@ -178,6 +178,12 @@ fn commit_shape_of(lake: &PythonLake, table: &str, version: u64) -> (usize, Stri
 }
 
 fn backfill(lake: &PythonLake, extra: &[&str]) -> Value {
+    json_ok(&backfill_output(lake, extra))
+}
+
+/// `backfill fix` of the first two days, JSON, with `extra` arguments: what it printed and its
+/// exit code.
+fn backfill_output(lake: &PythonLake, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "backfill",
         "fix",
@@ -189,7 +195,7 @@ fn backfill(lake: &PythonLake, extra: &[&str]) -> Value {
         "json",
     ];
     args.extend_from_slice(extra);
-    json_ok(&lake.run(&args))
+    lake.run(&args)
 }
 
 /// A fix of an append-only ledger is published as appended adjustment rows whose sum with the
@@ -438,19 +444,7 @@ fn a_ledger_whose_rows_do_not_balance_blocks_its_adjustments() {
     lake.python(&["orphan_reversal", &lake.uri("ledger"), "888", "-40"]);
     let before = lake.rows("ledger");
     write_fix(&lake, "v2", 6);
-    let v2 = [
-        "backfill",
-        "fix",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-02",
-        "--output-format",
-        "json",
-        "--model-version",
-        "v2",
-    ];
-    let out = lake.run(&v2);
+    let out = backfill_output(&lake, &["--model-version", "v2"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let report: Value = serde_json::from_slice(&out.stdout).expect("the report is printed");
     let check = |name: &str| {
@@ -477,13 +471,16 @@ fn a_ledger_whose_rows_do_not_balance_blocks_its_adjustments() {
     );
     assert_eq!(lake.rows("ledger"), before, "nothing appended");
 
-    let mut forced = v2.to_vec();
-    forced.extend([
-        "--force-publish",
-        "--reason",
-        "the hand-written reversal is known",
-    ]);
-    let report = json_ok(&lake.run(&forced));
+    let report = backfill(
+        &lake,
+        &[
+            "--model-version",
+            "v2",
+            "--force-publish",
+            "--reason",
+            "the hand-written reversal is known",
+        ],
+    );
     assert_eq!(report["outcome"], "published", "{report}");
     let rows = lake.rows("ledger");
     assert_eq!(net(&rows), fixed(6), "the ledger nets to the fix");
