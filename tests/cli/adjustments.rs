@@ -103,13 +103,22 @@ fn fixed(bump: i64) -> BTreeSet<Row> {
 /// The net rows of a ledger read by python: rows that are the same but for the amount and the
 /// lineage summed, kept while they outnumber their reversals.
 fn net(rows: &[Value]) -> BTreeSet<Row> {
-    let mut groups: BTreeMap<(i64, String, String), (i64, i64)> = BTreeMap::new();
+    netted(rows, |amount: &mut i64, row| {
+        *amount += row["amount_cents"].as_i64().unwrap();
+    })
+    .into_iter()
+    .map(|((id, country, date), amount)| (id, country, amount, date))
+    .collect()
+}
+
+/// Per (event_id, country, event_date), the measures `add` sums over the group's rows, for the
+/// groups with more rows than reversals.
+fn netted<T: Default>(
+    rows: &[Value],
+    add: impl Fn(&mut T, &Value),
+) -> BTreeMap<(i64, String, String), T> {
+    let mut groups: BTreeMap<(i64, String, String), (i64, T)> = BTreeMap::new();
     for row in rows {
-        let weight = if row["_lakefill_kind"] == "reversal" {
-            -1
-        } else {
-            1
-        };
         let entry = groups
             .entry((
                 row["event_id"].as_i64().unwrap(),
@@ -117,13 +126,17 @@ fn net(rows: &[Value]) -> BTreeSet<Row> {
                 row["event_date"].as_str().unwrap().to_string(),
             ))
             .or_default();
-        entry.0 += weight;
-        entry.1 += row["amount_cents"].as_i64().unwrap();
+        entry.0 += if row["_lakefill_kind"] == "reversal" {
+            -1
+        } else {
+            1
+        };
+        add(&mut entry.1, row);
     }
     groups
         .into_iter()
         .filter(|(_, (weight, _))| *weight > 0)
-        .map(|((id, country, date), (_, amount))| (id, country, amount, date))
+        .map(|(group, (_, sums))| (group, sums))
         .collect()
 }
 
@@ -510,31 +523,12 @@ fn ten_thousandths(text: &str) -> i128 {
     sign * (whole.parse::<i128>().unwrap() * 10_000 + fraction.parse::<i128>().unwrap())
 }
 
-/// Per (event_id, country, event_date), the rows less their reversals and the measures summed,
-/// for the groups with more rows than reversals: (amount, fee in ten-thousandths).
+/// [`netted`] with (amount, fee in ten-thousandths).
 fn net_measures(rows: &[Value]) -> BTreeMap<(i64, String, String), (f64, i128)> {
-    let mut groups: BTreeMap<(i64, String, String), (i64, f64, i128)> = BTreeMap::new();
-    for row in rows {
-        let entry = groups
-            .entry((
-                row["event_id"].as_i64().unwrap(),
-                row["country"].as_str().unwrap().to_string(),
-                row["event_date"].as_str().unwrap().to_string(),
-            ))
-            .or_default();
-        entry.0 += if row["_lakefill_kind"] == "reversal" {
-            -1
-        } else {
-            1
-        };
-        entry.1 += row["amount"].as_f64().unwrap();
-        entry.2 += ten_thousandths(row["fee"].as_str().unwrap());
-    }
-    groups
-        .into_iter()
-        .filter(|(_, (weight, _, _))| *weight > 0)
-        .map(|(group, (_, amount, fee))| (group, (amount, fee)))
-        .collect()
+    netted(rows, |(amount, fee): &mut (f64, i128), row| {
+        *amount += row["amount"].as_f64().unwrap();
+        *fee += ten_thousandths(row["fee"].as_str().unwrap());
+    })
 }
 
 /// Measures that are not integers: a double (whose sums differ in their last bits with the order
