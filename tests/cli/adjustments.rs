@@ -46,23 +46,21 @@ fn newest_event(lake: &PythonLake) -> Value {
 /// `fix` at `version`: even events gain `bump` cents, event 101 moves to the next day, event 103
 /// is dropped, and event 999 appears on the first day.
 fn write_fix(lake: &PythonLake, version: &str, bump: i64) {
-    let dir = lake.path().join("sql/fix");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join(format!("{version}.sql")),
-        format!(
-            "/*\ntarget = \"ledger\"\npartition_by = \"event_date\"\nschema = \"add-columns\"\n\
-             publish = \"adjustments\"\nreason = \"refunds were counted twice\"\n\
-             [sources.events]\nwindow = \"event_date\"\n\
-             [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount_cents\"]\n*/\n\
-             SELECT event_id, country, \
+    lake.model_version(
+        "fix",
+        version,
+        "target = \"ledger\"\npartition_by = \"event_date\"\nschema = \"add-columns\"\n\
+         publish = \"adjustments\"\nreason = \"refunds were counted twice\"\n\
+         [sources.events]\nwindow = \"event_date\"\n\
+         [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount_cents\"]",
+        &format!(
+            "SELECT event_id, country, \
              CASE WHEN event_id % 2 = 0 THEN amount_cents + {bump} ELSE amount_cents END AS amount_cents, \
              CASE WHEN event_id = 101 THEN DATE '2026-01-02' ELSE event_date END AS event_date \
              FROM events WHERE event_date BETWEEN $start AND $end AND event_id <> 103 \
-             UNION ALL SELECT CAST(999 AS BIGINT), 'XX', CAST(7 AS BIGINT), DATE '2026-01-01'\n"
+             UNION ALL SELECT CAST(999 AS BIGINT), 'XX', CAST(7 AS BIGINT), DATE '2026-01-01'"
         ),
-    )
-    .unwrap();
+    );
 }
 
 /// The rows python writes (3 days x 4 events).
@@ -543,20 +541,18 @@ fn double_and_decimal_measures_balance_and_net_to_the_fix() {
     lake.declare("source");
     lake.declare("typed");
     let model = |version: &str, amount: &str, fee: &str| {
-        let dir = lake.path().join("sql/typed_fix");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join(format!("{version}.sql")),
-            format!(
-                "/*\ntarget = \"typed\"\npartition_by = \"event_date\"\nschema = \"add-columns\"\n\
-                 publish = \"adjustments\"\nreason = \"measures were off\"\n\
-                 [sources.source]\nwindow = \"event_date\"\n\
-                 [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount\", \"fee\"]\n*/\n\
-                 SELECT event_id, country, {amount} AS amount, CAST({fee} AS DECIMAL(18, 4)) AS fee, event_date \
-                 FROM source WHERE event_date BETWEEN $start AND $end\n"
+        lake.model_version(
+            "typed_fix",
+            version,
+            "target = \"typed\"\npartition_by = \"event_date\"\nschema = \"add-columns\"\n\
+             publish = \"adjustments\"\nreason = \"measures were off\"\n\
+             [sources.source]\nwindow = \"event_date\"\n\
+             [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount\", \"fee\"]",
+            &format!(
+                "SELECT event_id, country, {amount} AS amount, CAST({fee} AS DECIMAL(18, 4)) AS fee, event_date \
+                 FROM source WHERE event_date BETWEEN $start AND $end"
             ),
-        )
-        .unwrap();
+        );
     };
     let first_amount = "CASE WHEN event_id % 2 = 0 THEN amount * 3 ELSE amount END";
     let first_fee = "CASE WHEN event_id % 2 = 1 THEN fee * 2 ELSE fee END";

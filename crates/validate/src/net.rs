@@ -610,10 +610,9 @@ mod tests {
         assert!(text.contains("hashes: 100000"), "{text}");
     }
 
-    /// Every row of `table` in `ctx`, as text, sorted.
-    async fn rows_as_text(ctx: &SessionContext, table: &str) -> Vec<String> {
-        let batches: Vec<RecordBatch> = ctx
-            .sql(&format!("SELECT * FROM {table}"))
+    /// The batches of `sql` in `ctx`.
+    async fn collect(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+        ctx.sql(sql)
             .await
             .expect("sql")
             .execute_stream()
@@ -621,7 +620,12 @@ mod tests {
             .expect("stream")
             .try_collect()
             .await
-            .expect("rows");
+            .expect("rows")
+    }
+
+    /// Every row of `table` in `ctx`, as text, sorted.
+    async fn rows_as_text(ctx: &SessionContext, table: &str) -> Vec<String> {
+        let batches = collect(ctx, &format!("SELECT * FROM {table}")).await;
         let mut rows = Vec::new();
         for batch in &batches {
             for row in 0..batch.num_rows() {
@@ -726,16 +730,8 @@ mod tests {
                     .expect("net");
                 None
             };
-            let batches: Vec<RecordBatch> = ctx
-                .sql("SELECT id, country, amount, _lakefill_kind FROM Net")
-                .await
-                .expect("sql")
-                .execute_stream()
-                .await
-                .expect("stream")
-                .try_collect()
-                .await
-                .expect("rows");
+            let batches =
+                collect(&ctx, "SELECT id, country, amount, _lakefill_kind FROM Net").await;
             let mut net = Vec::new();
             for batch in &batches {
                 let country = deltalake::arrow::compute::cast(batch.column(1), &DataType::Utf8)
