@@ -109,6 +109,7 @@ pub async fn compare_keyed(
         Some(_) => settled,
         None => SideAggregates::new(),
     };
+    let whole_old = mostly_changed || logged_all_differ(&new, &settled, logged);
     let compared = compare_sides(
         ctx,
         spec,
@@ -116,7 +117,7 @@ pub async fn compare_keyed(
         new,
         &settled,
         logged,
-        mostly_changed,
+        whole_old,
         captured.as_deref(),
     )
     .await;
@@ -153,6 +154,29 @@ fn settled_partitions(
         })
         .map(|(label, totals)| (label.clone(), totals.clone()))
         .collect()
+}
+
+/// Whether the log shows that every old partition not `settled` differs from its new rows: each
+/// has a logged checksum, other than the new rows' (or no new rows). Then every old row not
+/// settled is diffed, and one read of the old side serves its totals and the key merge; else the
+/// totals are read first to find the partitions that differ (a fix that changes few of them).
+fn logged_all_differ(
+    new: &SideAggregates,
+    settled: &SideAggregates,
+    logged: Option<&LoggedChecksums>,
+) -> bool {
+    let Some(logged) = logged else {
+        return false;
+    };
+    !logged.is_empty()
+        && logged
+            .iter()
+            .filter(|(label, _)| !settled.contains_key(*label))
+            .all(|(label, checksum)| match (checksum, new.get(label)) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(old), Some(totals)) => totals.checksum.is_some_and(|new| new != *old),
+            })
 }
 
 /// Narrows `previous` to the partitions `labels` (a predicate on the partition columns, so the
@@ -201,7 +225,7 @@ async fn compare_sides(
     new: SideAggregates,
     settled: &SideAggregates,
     logged: Option<&LoggedChecksums>,
-    mostly_changed: bool,
+    whole_old: bool,
     captured: Option<&Capture>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
     let started = std::time::Instant::now();
@@ -209,13 +233,11 @@ async fn compare_sides(
         old.extend(settled.iter().map(|(l, t)| (l.clone(), t.clone())));
         old
     };
-    // Most partitions differ: one read of the old side serves its totals and the key merge.
+    // Most partitions differ (or all that are read): one read of the old side serves its totals
+    // and the key merge.
     let fused = match (&spec.partitions, &spec.checksum_columns) {
         (PartitionKey::Time(layout), Some(columns))
-            if mostly_changed
-                && old_counts.is_none()
-                && !spec.key.is_empty()
-                && !layout.by_rows =>
+            if whole_old && old_counts.is_none() && !spec.key.is_empty() && !layout.by_rows =>
         {
             let schema = previous_schema(ctx).await?;
             let expected_rows = 2 * new.values().map(|t| t.rows).sum::<u64>();
@@ -875,6 +897,53 @@ mod tests {
             );
             assert!(diff.is_some());
         }
+    }
+
+    #[test]
+    fn the_old_side_is_read_whole_once_only_when_the_log_shows_every_partition_read_differs() {
+        let checksum = |rows: u64, sum: u128| Some(RowChecksum { rows, sum });
+        let totals = |checksum: Option<RowChecksum>| SideTotals {
+            rows: checksum.map_or(1, |c| c.rows),
+            sums: BTreeMap::new(),
+            checksum,
+        };
+        let new: SideAggregates = [
+            ("a".to_string(), totals(checksum(2, 10))),
+            ("b".to_string(), totals(checksum(2, 20))),
+            ("c".to_string(), totals(checksum(2, 30))),
+        ]
+        .into();
+        let settled: SideAggregates = [("a".to_string(), totals(checksum(2, 10)))].into();
+        let none = SideAggregates::new();
+        let logged = |entries: &[(&str, Option<RowChecksum>)]| -> LoggedChecksums {
+            entries.iter().map(|(l, c)| (l.to_string(), *c)).collect()
+        };
+        // b and c differ by the log; a is settled (or, if not, equal: read first).
+        let differ = logged(&[
+            ("a", checksum(2, 10)),
+            ("b", checksum(2, 21)),
+            ("c", checksum(1, 30)),
+        ]);
+        assert!(logged_all_differ(&new, &settled, Some(&differ)));
+        assert!(!logged_all_differ(&new, &none, Some(&differ)));
+        // An old partition the new rows lack differs; one without a logged checksum is unknown.
+        let gone = logged(&[("b", checksum(2, 21)), ("d", checksum(3, 1))]);
+        assert!(logged_all_differ(&new, &none, Some(&gone)));
+        let unknown = logged(&[("b", checksum(2, 21)), ("c", None)]);
+        assert!(!logged_all_differ(&new, &none, Some(&unknown)));
+        // New rows without a checksum (rounded floats) cannot be told apart.
+        let unhashed: SideAggregates = [("b".to_string(), totals(None))].into();
+        assert!(!logged_all_differ(
+            &unhashed,
+            &none,
+            Some(&logged(&[("b", checksum(1, 1))]))
+        ));
+        assert!(!logged_all_differ(
+            &new,
+            &none,
+            Some(&LoggedChecksums::new())
+        ));
+        assert!(!logged_all_differ(&new, &none, None));
     }
 
     #[tokio::test]
