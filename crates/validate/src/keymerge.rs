@@ -1180,7 +1180,7 @@ impl<'a> Merge<'a> {
         }
         for (kind, pending) in tally.samples.into_iter().enumerate() {
             for p in pending.into_iter().filter(|p| kept(p.label)) {
-                if self.taken[kind] < self.spec.sample {
+                if self.taken[kind] < self.candidates() {
                     self.taken[kind] += 1;
                     self.sample(kind, p.label, p.key, p.new, p.old);
                 }
@@ -1212,7 +1212,7 @@ impl<'a> Merge<'a> {
         }
         for (kind, pending) in tally.samples.into_iter().enumerate() {
             for p in pending {
-                if self.taken[kind] >= self.spec.sample {
+                if self.taken[kind] >= self.candidates() {
                     break;
                 }
                 self.taken[kind] += 1;
@@ -1284,8 +1284,48 @@ impl<'a> Merge<'a> {
                 }
             }
         }
-        (counts, self.sampled, self.facts)
+        let sampled = fewest_partitions(self.sampled, self.spec.sample);
+        (counts, sampled, self.facts)
     }
+
+    /// How many differences of each kind are kept as candidates for the samples.
+    fn candidates(&self) -> usize {
+        self.spec.sample.saturating_mul(CANDIDATES_PER_SAMPLE)
+    }
+}
+
+/// Differences of each kind kept per sample shown: the samples are then chosen among them from as
+/// few partitions as can be, since [`read_back`] reads each sampled partition back whole on both
+/// sides (the key orders no file, so its statistics select nothing). A fix that changes 1% of
+/// the rows of 30 days took 0.19 s of a 1.55 s run to read back five samples from five days.
+const CANDIDATES_PER_SAMPLE: usize = 16;
+
+/// Up to `per_kind` of each kind among `candidates`, from the partitions with the most candidates
+/// first (ties by label, then in the order the candidates came, so that the choice is the same on
+/// every run).
+fn fewest_partitions(candidates: Vec<Sampled>, per_kind: usize) -> Vec<Sampled> {
+    let mut weight: HashMap<String, usize> = HashMap::new();
+    for candidate in &candidates {
+        *weight.entry(candidate.partition.clone()).or_default() += 1;
+    }
+    let mut ranked: Vec<(usize, Sampled)> = candidates.into_iter().enumerate().collect();
+    ranked.sort_by(|(i, a), (j, b)| {
+        weight[&b.partition]
+            .cmp(&weight[&a.partition])
+            .then_with(|| a.partition.cmp(&b.partition))
+            .then(i.cmp(j))
+    });
+    let mut taken = [0usize; 3];
+    ranked
+        .into_iter()
+        .filter_map(|(_, candidate)| {
+            let room = taken[candidate.kind] < per_kind;
+            room.then(|| {
+                taken[candidate.kind] += 1;
+                candidate
+            })
+        })
+        .collect()
 }
 
 /// Every partition value seen, with its label, shared by the reading tasks.
@@ -1550,6 +1590,50 @@ impl SideLabels {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn samples_come_from_the_partitions_with_the_most_candidates_and_each_kind_is_capped() {
+        let candidate = |kind: usize, partition: &str, id: i64| Sampled {
+            kind,
+            partition: partition.into(),
+            key_text: id.to_string(),
+            key: SampledKey::Values(vec![ScalarValue::Int64(Some(id))]),
+            old: None,
+            new: None,
+        };
+        // In the order the buckets gave them: days 1, 2, 3 interleaved; day 2 has the most.
+        let candidates = vec![
+            candidate(CHANGED, "day1", 1),
+            candidate(CHANGED, "day2", 2),
+            candidate(ADDED, "day3", 3),
+            candidate(CHANGED, "day2", 4),
+            candidate(CHANGED, "day3", 5),
+            candidate(ADDED, "day2", 6),
+            candidate(CHANGED, "day1", 7),
+            candidate(CHANGED, "day2", 8),
+        ];
+        let chosen = fewest_partitions(candidates, 2);
+        let shown: Vec<(usize, &str, &str)> = chosen
+            .iter()
+            .map(|s| (s.kind, s.partition.as_str(), s.key_text.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (CHANGED, "day2", "2"),
+                (CHANGED, "day2", "4"),
+                (ADDED, "day2", "6"),
+                (ADDED, "day3", "3")
+            ]
+        );
+        // Fewer candidates than the samples wanted: all of them.
+        assert_eq!(
+            fewest_partitions(vec![candidate(ADDED, "day1", 1)], 5).len(),
+            1
+        );
+        assert!(fewest_partitions(Vec::new(), 5).is_empty());
+    }
+
     use super::*;
 
     /// SplitMix64, for reproducible key hashes.
