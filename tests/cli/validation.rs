@@ -595,21 +595,37 @@ fn logged_checksums_spare_reading_unchanged_partitions_and_change_no_result() {
 /// The new side of the key merge hashed while staging (concurrent writers, several batches)
 /// gives exactly the comparison that reading the staged files back gives (a run resumed after a
 /// crash mid-staging, whose first batch another process staged, reads them), and both give the
-/// changes counted here with plain SQL over the old version.
+/// changes counted here with plain SQL over the old version: for a rewrite, a model that adds a
+/// column (which the old side lacks, so the merge compares the others), and adjustments (whose
+/// first run adds the lineage columns).
 #[test]
 fn the_new_rows_hashed_while_staging_compare_exactly_as_read_back() {
+    for (header, extra) in [
+        ("", ""),
+        ("schema = \"add-columns\"\n", ", 7 AS tip_cents"),
+        ("schema = \"add-columns\"\npublish = \"adjustments\"\n", ""),
+    ] {
+        hashed_while_staging_compares_as_read_back(header, extra);
+    }
+}
+
+/// [`the_new_rows_hashed_while_staging_compare_exactly_as_read_back`] with `header` in the
+/// model's header and `extra` selected after its columns.
+fn hashed_while_staging_compares_as_read_back(header: &str, extra: &str) {
     let (from, to) = (TestLake::new().day(1), TestLake::new().day(8));
-    let model = "/*\ntarget = \"events\"\npartition_by = \"event_date\"\n[sources.events]\nwindow = \"event_date\"\n\
+    let model = format!(
+        "/*\ntarget = \"events\"\npartition_by = \"event_date\"\n{header}[sources.events]\nwindow = \"event_date\"\n\
          [validate]\nkey = [\"event_id\"]\nmeasures = [\"amount_cents\"]\n*/\n\
          SELECT event_id, user_id, country, \
          CASE WHEN event_id % 7 = 0 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, \
-         event_ts, event_date FROM events WHERE event_id % 13 <> 0 \
-         UNION ALL SELECT event_id + 1000000000, user_id, country, amount_cents, event_ts, event_date \
-         FROM events WHERE event_id % 17 = 0";
+         event_ts, event_date{extra} FROM events WHERE event_id % 13 <> 0 \
+         UNION ALL SELECT event_id + 1000000000, user_id, country, amount_cents, event_ts, event_date{extra} \
+         FROM events WHERE event_id % 17 = 0"
+    );
     let mut results = Vec::new();
     for resumed in [false, true] {
         let lake = TestLake::new();
-        std::fs::write(lake.path().join("sql/events/v3.sql"), model).unwrap();
+        std::fs::write(lake.path().join("sql/events/v3.sql"), &model).unwrap();
         let args = [
             "backfill",
             "events",
@@ -644,7 +660,7 @@ fn the_new_rows_hashed_while_staging_compare_exactly_as_read_back() {
         let captured = format!("captured={}", !resumed);
         assert!(
             stderr(&out).contains(&captured),
-            "expected {captured}: {}",
+            "{header}: expected {captured}: {}",
             stderr(&out)
         );
         // Independently: what the model does to the old rows of the range.
@@ -664,14 +680,14 @@ fn the_new_rows_hashed_while_staging_compare_exactly_as_read_back() {
             totals["removed"].to_string(),
             totals["changed"].to_string(),
         ];
-        assert_eq!(counted, expected[0], "{totals}");
+        assert_eq!(counted, expected[0], "{header}: {totals}");
         assert!(expected[0].iter().all(|n| n != "0"), "{expected:?}");
         let mut validation = report["validation"].clone();
         validation.as_object_mut().unwrap().remove("elapsed_ms");
         validation.as_object_mut().unwrap().remove("edges_ms");
         results.push(validation);
     }
-    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[1], "{header}");
 }
 
 /// Each check is planned with the plan: one naming a missing table, a missing column or not

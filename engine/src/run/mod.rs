@@ -281,17 +281,28 @@ impl BackfillBuilder {
 
     /// Where this process's writers hash the new rows for the key merge: when the run compares
     /// rows by a key of its target, stages here and writes whole partitions (by rows, the new
-    /// side is a part of the files; with adjustments, it is the net rows).
+    /// side is a part of the files). With adjustments the new side is the model's staged rows
+    /// too (the old side is the net rows, which the merge reads).
     fn capture(&self, resources: &Resources) -> Option<Arc<lakefill_validate::keymerge::Capture>> {
         let report = &self.plan.report;
         if !self.validate
             || self.settings.engine.is_some()
             || report.layout.rewrites_files(&report.range)
-            || report.publish == lakefill_table::adjustments::PublishMode::Adjustments
         {
             return None;
         }
-        let schema = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
+        // The columns the merge compares are those both sides have: the staged ones the table
+        // had before the run (a model that adds columns adds them on the new side only), in the
+        // table's order.
+        let staged = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
+        let table = crate::run::validation::table_schema(&self.plan).ok()?;
+        let schema = deltalake::arrow::datatypes::Schema::new(
+            table
+                .fields()
+                .iter()
+                .filter_map(|f| staged.field_with_name(f.name()).ok().cloned())
+                .collect::<Vec<_>>(),
+        );
         let parts: Vec<String> = report
             .layout
             .time
