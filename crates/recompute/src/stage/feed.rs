@@ -194,7 +194,7 @@ impl Feed<'_> {
                     self.close(&oldest).await?;
                 }
             }
-            let writer = self.writer(scalars)?;
+            let writer = self.writer(scalars, part)?;
             self.open.insert(key.clone(), writer);
         }
         let Some((writer, values, tick)) = self.open.get_mut(&key) else {
@@ -211,7 +211,12 @@ impl Feed<'_> {
             })
     }
 
-    fn writer(&self, scalars: &[Scalar]) -> Result<(PartitionWriter, PartitionValues, u64)> {
+    /// A writer of the partition whose values are `scalars`, and whose first rows are `first`.
+    fn writer(
+        &self,
+        scalars: &[Scalar],
+        first: &RecordBatch,
+    ) -> Result<(PartitionWriter, PartitionValues, u64)> {
         let columns = &self.layout.partition_columns;
         let values: PartitionValues = columns
             .iter()
@@ -229,9 +234,16 @@ impl Feed<'_> {
         };
         let prefix = Path::parse(&prefix)
             .map_err(|e| Error::Internal(format!("invalid change data path `{prefix}`: {e}")))?;
-        let properties = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .build();
+        // As in staged files: no dictionary of a column whose values are nearly all distinct
+        // (a key, a timestamp), which would cost the time to build and save nothing.
+        let mut properties = WriterProperties::builder().set_compression(Compression::SNAPPY);
+        for column in super::near_unique_columns(first) {
+            properties = properties.set_column_dictionary_enabled(
+                deltalake::parquet::schema::types::ColumnPath::from(column),
+                false,
+            );
+        }
+        let properties = properties.build();
         let partition_values: IndexMap<String, Scalar> = columns
             .iter()
             .cloned()

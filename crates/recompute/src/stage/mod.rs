@@ -1292,7 +1292,7 @@ fn column_sum(column: &deltalake::arrow::array::ArrayRef) -> Result<f64> {
 /// dictionary of them costs the time to build and saves nothing, and Parquet's writer gives it
 /// up only once a row group's dictionary passes a megabyte (about a whole row group of 64-bit
 /// values). Too few rows tell nothing.
-fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
+pub(crate) fn near_unique_columns(sample: &RecordBatch) -> Vec<String> {
     const MIN_ROWS: usize = 1024;
     const MAX_ROWS: usize = 8192;
     let rows = sample.num_rows().min(MAX_ROWS);
