@@ -30,6 +30,9 @@ pub(super) struct Job {
     pub(super) batch: RecordBatch,
     pub(super) indices: UInt32Array,
     pub(super) first_row: usize,
+    /// The value hashes of the part's columns, when the writer computed them already (to match
+    /// the rows against old ones, with deletion vectors).
+    pub(super) values: Option<Vec<Vec<u64>>>,
 }
 
 /// What the hasher computed.
@@ -105,11 +108,14 @@ fn hash(
 ) -> Result<()> {
     let part = &job.part;
     // Each column hashed once, for the checksum and for validation's key merge.
-    let values = part
-        .columns()
-        .iter()
-        .map(value_hashes)
-        .collect::<Result<Vec<_>>>()?;
+    let values = match job.values {
+        Some(values) => values,
+        None => part
+            .columns()
+            .iter()
+            .map(value_hashes)
+            .collect::<Result<Vec<_>>>()?,
+    };
     let mut checksum = RowChecksum::default();
     checksum.add_hashes(&combine_rows(
         &values.iter().map(Vec::as_slice).collect::<Vec<_>>(),

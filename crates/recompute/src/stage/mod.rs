@@ -791,7 +791,8 @@ impl<'a> Staging<'a> {
 
     /// The rows of `part` (new rows of the partition `key`, whose values are those of
     /// `record_batch`'s row `first_row`) to write: with deletion vectors, those its old files
-    /// lack (its old rows are read on its first rows).
+    /// lack (its old rows are read on its first rows), and the value hashes of `part`'s columns
+    /// the match computed (the hasher's too).
     async fn rows_to_write(
         &mut self,
         key: &[Option<String>],
@@ -799,9 +800,9 @@ impl<'a> Staging<'a> {
         (record_batch, first_row): (&RecordBatch, usize),
         (scalars, values): (&[Scalar], &PartitionValues),
         part: &RecordBatch,
-    ) -> Result<RecordBatch> {
+    ) -> Result<(RecordBatch, Option<Vec<Vec<u64>>>)> {
         let Some(plan) = &self.spec.vectors else {
-            return Ok(part.clone());
+            return Ok((part.clone(), None));
         };
         if !self.old.contains_key(key) {
             let typed = self
@@ -829,8 +830,15 @@ impl<'a> Staging<'a> {
             self.old.insert(key.to_vec(), old);
         }
         match self.old.get_mut(key) {
-            Some(Some(old)) => old.added(part),
-            _ => Ok(part.clone()),
+            Some(Some(old)) => {
+                let hashes = part
+                    .columns()
+                    .iter()
+                    .map(lakefill_table::rowhash::value_hashes)
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((old.added(part, &hashes)?, Some(hashes)))
+            }
+            _ => Ok((part.clone(), None)),
         }
     }
 
@@ -949,7 +957,7 @@ impl<'a> Staging<'a> {
             Ok(Some(period)) => period.label(),
             _ => NULL_LABEL.to_string(),
         };
-        let written = self
+        let (written, hashed) = self
             .rows_to_write(
                 &key,
                 &label,
@@ -974,6 +982,7 @@ impl<'a> Staging<'a> {
                 batch: record_batch.clone(),
                 indices,
                 first_row,
+                values: hashed,
             })
             .await?;
         if written.num_rows() == 0 {

@@ -308,18 +308,26 @@ impl OldPartition {
         Ok(Some(old))
     }
 
-    /// The rows of `part` (new rows of the partition) to write: those not among the old rows
-    /// left.
-    pub(crate) fn added(&mut self, part: &RecordBatch) -> Result<RecordBatch> {
-        let kept = self.located.take(&hashes(part)?);
+    /// The rows of `part` (new rows of the partition, whose columns' value hashes are `values`,
+    /// [`lakefill_table::rowhash::value_hashes`]) to write: those not among the old rows left.
+    pub(crate) fn added(&mut self, part: &RecordBatch, values: &[Vec<u64>]) -> Result<RecordBatch> {
+        let rows = part.num_rows();
+        let hashes = lakefill_table::rowhash::combine_rows(
+            &values.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            rows,
+        );
+        let kept = self.located.take(&hashes);
         let write: BooleanArray = kept.iter().map(|k| Some(!k)).collect();
         let written = filter_record_batch(part, &write)
             .map_err(|e| Error::Internal(format!("cannot select the rows to write: {e}")))?;
-        self.new_rows += part.num_rows() as u64;
+        self.new_rows += rows as u64;
         self.added += written.num_rows() as u64;
-        let sum = |checks: Vec<u64>| checks.into_iter().fold(0u64, u64::wrapping_add);
-        self.new_check = self.new_check.wrapping_add(sum(check_hashes(part)?));
-        self.added_check = self.added_check.wrapping_add(sum(check_hashes(&written)?));
+        for (check, kept) in check_hashes(part)?.into_iter().zip(kept) {
+            self.new_check = self.new_check.wrapping_add(check);
+            if !kept {
+                self.added_check = self.added_check.wrapping_add(check);
+            }
+        }
         Ok(written)
     }
 
