@@ -231,6 +231,66 @@ fn a_second_fix_cuts_files_the_first_one_cut() {
     assert_eq!(read(&lake, &["polars"]), expected, "polars");
 }
 
+/// A file the fix cuts by a vector carries the checksum of the rows it keeps, and the file of the
+/// rows it adds its own: the next fix compares a partition it does not change by those checksums,
+/// without reading it, and one it changes by its rows. (A file another writer cut, or wrote,
+/// carries none: see `protocol.rs`.)
+#[test]
+fn files_cut_by_vectors_keep_checksums_of_the_rows_they_keep() {
+    let lake = lake(Store::Local);
+    let first = json_ok(&lake.run(&BACKFILL));
+    assert_eq!(first["outcome"], "published", "{first}");
+    let version = first["published_version"].as_u64().unwrap();
+    lake.model_version(
+        "fix",
+        "v2",
+        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
+        "SELECT event_id, CASE WHEN event_date = DATE '2026-01-01' AND event_id % 1000 = 5 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
+         FROM t WHERE event_date BETWEEN $start AND $end",
+    );
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--model-version", "v2"]);
+    let second = json_ok(&lake.run(&args));
+    assert_eq!(second["outcome"], "published", "{second}");
+    let comparison = &second["validation"]["comparison"];
+    // 2026-01-02's files were all cut or written by the first fix; 2026-01-03 was rewritten
+    // (its files hold more than the rows its writer hashed) and 2026-01-01 changes: read.
+    assert_eq!(comparison["old_unread"], 1, "{comparison}");
+    for partition in comparison["partitions"].as_array().unwrap() {
+        let changed = if partition["value"] == "2026-01-01" {
+            2
+        } else {
+            0
+        };
+        assert_eq!(partition["changed"], changed, "{partition}");
+        assert_eq!(partition["added"], 0, "{partition}");
+        assert_eq!(partition["removed"], 0, "{partition}");
+    }
+    // Independently: the first fix's rows, the two of 2026-01-01 ending in 5 a cent more.
+    let sorted = |rows: Value| {
+        let mut rows: Vec<String> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(Value::to_string)
+            .collect();
+        rows.sort();
+        rows
+    };
+    let mut expected = read(&lake, &["rows", &version.to_string()]);
+    for row in expected.as_array_mut().unwrap() {
+        if row[3] == "2026-01-01" && row[0].as_i64().unwrap() % 1000 == 5 {
+            row[1] = Value::from(row[1].as_i64().unwrap() + 1);
+        }
+    }
+    assert_eq!(
+        sorted(read(&lake, &["rows"])),
+        sorted(expected.clone()),
+        "python deltalake"
+    );
+    assert_eq!(sorted(read(&lake, &["polars"])), sorted(expected), "polars");
+}
+
 /// A fix that only adds a row to a partition whose file another writer cut by an inline vector:
 /// the file stays as it is (its vector read to count its live rows), the row is appended.
 #[test]

@@ -90,10 +90,12 @@ const DIGEST_VERSION: u64 = 1;
 /// [`DIGEST_TAG`]), so that a later comparison with that file's rows needs no scan of it.
 ///
 /// It holds what it is a checksum of: the file's name (a tag copied onto another file is not
-/// that file's), and a fingerprint of the columns it hashed (names and types in order: a table
-/// whose schema changed since has other rows). Whoever reads it also checks that the file has
-/// no deletion vector and that its record count is the digest's: a writer that deletes rows by
-/// a vector keeps the file, and may keep its tags.
+/// that file's), a fingerprint of the columns it hashed (names and types in order: a table
+/// whose schema changed since has other rows), and for a file whose rows a deletion vector cuts,
+/// a fingerprint of that vector (the checksum is of the rows it leaves). Whoever reads it also
+/// checks that the file's vector is that one (or that it has none, as the digest says) and that
+/// its live rows are the digest's: a writer that deletes rows by a vector keeps the file, and may
+/// keep its tags.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileDigest {
     #[serde(rename = "v")]
@@ -103,14 +105,19 @@ pub struct FileDigest {
     sum: u128,
     columns: String,
     file: String,
+    /// The fingerprint of the file's deletion vector, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vector: Option<String>,
 }
 
 impl FileDigest {
-    /// The tag value for the file at `path` whose rows (of the columns `fields`) have `checksum`.
+    /// The tag value for the file at `path` whose live rows (of the columns `fields`) have
+    /// `checksum`, with the deletion vector whose fingerprint is `vector` if it has one.
     pub fn tag(
         checksum: &RowChecksum,
         fields: &[deltalake::arrow::datatypes::FieldRef],
         path: &str,
+        vector: Option<&str>,
     ) -> String {
         let digest = Self {
             version: DIGEST_VERSION,
@@ -118,25 +125,26 @@ impl FileDigest {
             sum: checksum.sum,
             columns: columns_fingerprint(fields),
             file: file_name(path).to_string(),
+            vector: vector.map(str::to_string),
         };
         serde_json::to_string(&digest).unwrap_or_default()
     }
 
-    /// The checksum a tag gives the rows of the file at `path` (with `records` rows by its
-    /// statistics and `deletion_vector` set when it has one), when the tag is of this version,
-    /// of that file, of the columns whose fingerprint is `columns`, and the file's rows are all
-    /// live.
+    /// The checksum a tag gives the live rows of the file at `path` (`live` of them: its
+    /// statistics' records less its deletion vector's, whose fingerprint is `vector`), when the
+    /// tag is of this version, of that file with that vector (or none), of the columns whose
+    /// fingerprint is `columns`, and of as many rows.
     pub fn read(
         tag: &str,
         path: &str,
-        records: Option<u64>,
-        deletion_vector: bool,
+        live: Option<u64>,
+        vector: Option<&str>,
         columns: &str,
     ) -> Option<RowChecksum> {
         let digest: Self = serde_json::from_str(tag).ok()?;
         (digest.version == DIGEST_VERSION
-            && !deletion_vector
-            && records == Some(digest.rows)
+            && digest.vector.as_deref() == vector
+            && live == Some(digest.rows)
             && digest.columns == columns
             && digest.file == file_name(path))
         .then_some(RowChecksum {
@@ -554,10 +562,10 @@ mod tests {
             sum: u128::from(u64::MAX) * 3,
         };
         let path = "day=2025-01-01/lakefill-r1/part-00000-abc.snappy.parquet";
-        let tag = FileDigest::tag(&checksum, &fields, path);
+        let tag = FileDigest::tag(&checksum, &fields, path, None);
         let columns = columns_fingerprint(&fields);
         assert_eq!(
-            FileDigest::read(&tag, path, Some(3), false, &columns),
+            FileDigest::read(&tag, path, Some(3), None, &columns),
             Some(checksum)
         );
         // The same file moved elsewhere (a RESTORE keeps paths; a copy keeps the name) is itself.
@@ -566,7 +574,7 @@ mod tests {
                 &tag,
                 "part-00000-abc.snappy.parquet",
                 Some(3),
-                false,
+                None,
                 &columns
             )
             .is_some()
@@ -578,14 +586,33 @@ mod tests {
                 &tag,
                 "day=2025-01-01/part-00001-def.snappy.parquet",
                 Some(3),
-                false,
+                None,
                 &columns
             ),
             None
         );
-        assert_eq!(FileDigest::read(&tag, path, Some(2), false, &columns), None);
-        assert_eq!(FileDigest::read(&tag, path, None, false, &columns), None);
-        assert_eq!(FileDigest::read(&tag, path, Some(3), true, &columns), None);
+        assert_eq!(FileDigest::read(&tag, path, Some(2), None, &columns), None);
+        assert_eq!(FileDigest::read(&tag, path, None, None, &columns), None);
+        assert_eq!(
+            FileDigest::read(&tag, path, Some(3), Some("v1"), &columns),
+            None
+        );
+        // A digest of the rows a vector leaves: read only with that vector, not with another
+        // nor with none (a writer that replaced or dropped the vector keeps the tag).
+        let cut = FileDigest::tag(&checksum, &fields, path, Some("v1"));
+        assert_eq!(
+            FileDigest::read(&cut, path, Some(3), Some("v1"), &columns),
+            Some(checksum)
+        );
+        assert_eq!(
+            FileDigest::read(&cut, path, Some(3), Some("v2"), &columns),
+            None
+        );
+        assert_eq!(FileDigest::read(&cut, path, Some(3), None, &columns), None);
+        assert_eq!(
+            FileDigest::read(&cut, path, Some(4), Some("v1"), &columns),
+            None
+        );
         let other_columns: [Vec<deltalake::arrow::datatypes::FieldRef>; 4] = [
             vec![
                 Arc::clone(&fields[0]),
@@ -604,14 +631,14 @@ mod tests {
         ];
         for other in &other_columns {
             assert_eq!(
-                FileDigest::read(&tag, path, Some(3), false, &columns_fingerprint(other)),
+                FileDigest::read(&tag, path, Some(3), None, &columns_fingerprint(other)),
                 None,
                 "{other:?}"
             );
         }
         for junk in ["", "{}", "not json", &tag.replace("\"v\":1", "\"v\":2")] {
             assert_eq!(
-                FileDigest::read(junk, path, Some(3), false, &columns),
+                FileDigest::read(junk, path, Some(3), None, &columns),
                 None,
                 "{junk}"
             );

@@ -111,6 +111,27 @@ pub fn file_of(root: &Url, descriptor: &DeletionVectorDescriptor) -> Option<Stri
     }
 }
 
+/// A fingerprint of the vector `descriptor` (where its bitmap is and how many rows it deletes):
+/// what a file's [`crate::rowhash::FileDigest`] of the rows the vector leaves holds, so that the
+/// digest is read only while the file has that vector.
+pub fn fingerprint(descriptor: &DeletionVectorDescriptor) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hasher = Sha256::new();
+    for part in [
+        descriptor.storage_type.as_ref().to_string(),
+        descriptor.path_or_inline_dv.clone(),
+        descriptor
+            .offset
+            .map_or_else(String::new, |o| o.to_string()),
+        descriptor.size_in_bytes.to_string(),
+        descriptor.cardinality.to_string(),
+    ] {
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(&hasher.finalize()[..12])
+}
+
 /// The path, in the table's object store, of the vector file `descriptor` names.
 fn file_path(
     root: &Url,
@@ -245,6 +266,47 @@ mod tests {
         assert!(error.contains("CRC"), "{error}");
         let error = parse(&slice(&a), a.size_in_bytes as usize + 1).unwrap_err();
         assert!(error.contains("bytes"), "{error}");
+    }
+
+    #[test]
+    fn a_vector_is_fingerprinted_by_where_its_bitmap_is_and_what_it_deletes() {
+        let vector = DeletionVectorDescriptor {
+            storage_type: StorageType::UuidRelativePath,
+            path_or_inline_dv: "ab^-aqEH.-t@S}K{vb[*k^".into(),
+            offset: Some(1),
+            size_in_bytes: 36,
+            cardinality: 3,
+        };
+        assert_eq!(fingerprint(&vector), fingerprint(&vector.clone()));
+        let others = [
+            DeletionVectorDescriptor {
+                storage_type: StorageType::AbsolutePath,
+                ..vector.clone()
+            },
+            DeletionVectorDescriptor {
+                path_or_inline_dv: "ab^-aqEH.-t@S}K{vb[*k_".into(),
+                ..vector.clone()
+            },
+            DeletionVectorDescriptor {
+                offset: Some(37),
+                ..vector.clone()
+            },
+            DeletionVectorDescriptor {
+                offset: None,
+                ..vector.clone()
+            },
+            DeletionVectorDescriptor {
+                size_in_bytes: 40,
+                ..vector.clone()
+            },
+            DeletionVectorDescriptor {
+                cardinality: 4,
+                ..vector.clone()
+            },
+        ];
+        for other in &others {
+            assert_ne!(fingerprint(other), fingerprint(&vector), "{other:?}");
+        }
     }
 
     #[test]

@@ -199,14 +199,20 @@ impl Located {
 
     /// The (file, position) of every old row no new row used up.
     pub fn unused(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.heads.values().flat_map(move |head| {
+        self.unused_hashed()
+            .map(|(_, file, position)| (file, position))
+    }
+
+    /// The hash, file and position of every old row no new row used up.
+    pub fn unused_hashed(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
+        self.heads.iter().flat_map(move |(hash, head)| {
             std::iter::successors((*head != u32::MAX).then_some(*head), move |index| {
                 let next = self.entries[*index as usize].2;
                 (next != u32::MAX).then_some(next)
             })
             .map(move |index| {
                 let (file, position, _) = self.entries[index as usize];
-                (file, position)
+                (*hash, file, position)
             })
         })
     }
@@ -343,6 +349,8 @@ mod tests {
         let unused: Vec<(u32, u64)> = old.unused().collect();
         assert_eq!(unused.len(), 1);
         assert!(unused == [(0, 11)] || unused == [(1, 0)], "{unused:?}");
+        let hashed: Vec<(u64, u32, u64)> = old.unused_hashed().collect();
+        assert_eq!(hashed, [(8, unused[0].0, unused[0].1)]);
     }
 
     fn row(change: &str, id: Option<i64>, v: &str) -> (String, Option<i64>, String) {

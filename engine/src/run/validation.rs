@@ -681,7 +681,9 @@ fn float_noise(
 /// The partitions of `range` at the read version, each with its row checksum when every file
 /// of it carries its own, as lakefill writes them into the `add` action of a staged file
 /// ([`lakefill_table::rowhash::FileDigest`]: of that file, of these `columns` with the types they have
-/// now, no deletion vector). Such a partition's old rows need not be read to be compared.
+/// now, and of the rows its deletion vector leaves, if it has one: a file cut by a fix published by
+/// vectors carries the digest of its rows after the cut). Such a partition's old rows need not be
+/// read to be compared.
 pub(crate) fn logged_checksums(
     plan: &BackfillPlan,
     layout: &Layout,
@@ -718,18 +720,17 @@ pub(crate) fn logged_checksums(
         )]
         let tags = file.add_action().tags;
         let path = file.path();
+        // The rows a file holds: its records less those its deletion vector deletes.
+        let vector = file.deletion_vector_descriptor();
+        let live = file.num_records().and_then(|records| {
+            let deleted = vector.as_ref().map_or(0, |v| v.cardinality);
+            u64::try_from(i64::try_from(records).ok()? - deleted).ok()
+        });
+        let vector = vector.as_ref().map(lakefill_table::vectors::fingerprint);
         let digest = tags
             .as_ref()
             .and_then(|tags| tags.get(DIGEST_TAG).cloned().flatten())
-            .and_then(|tag| {
-                FileDigest::read(
-                    &tag,
-                    &path,
-                    file.num_records().map(|n| n as u64),
-                    file.deletion_vector_descriptor().is_some(),
-                    &fingerprint,
-                )
-            });
+            .and_then(|tag| FileDigest::read(&tag, &path, live, vector.as_deref(), &fingerprint));
         let entry = partitions
             .entry(label)
             .or_insert_with(|| Some(RowChecksum::default()));

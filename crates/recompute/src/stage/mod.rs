@@ -54,7 +54,7 @@ use lakefill_table::mapping::ColumnMapping;
 use lakefill_table::partition::{CARRIED_LABEL, NULL_LABEL, PartitionValues};
 use lakefill_table::protocol::IdentityColumn;
 use lakefill_table::resources::Resources;
-use lakefill_table::rowhash::{DIGEST_TAG, FileDigest};
+use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
 use lakefill_table::time::Period;
 use lakefill_validate::keymerge::Capture;
 
@@ -1041,17 +1041,19 @@ impl<'a> Staging<'a> {
     }
 
     /// With deletion vectors, decides each partition's publish: by vectors (its old files with
-    /// the rows the fix deletes, in a vector file written now), or, when the fix changes too much
-    /// of it, rewritten (its old rows that stay written after its new ones). Returns the
-    /// batch's vectors, and the partitions whose files hold not just their new rows (their
-    /// writers' checksums do not describe them).
+    /// the rows the fix deletes, in a vector file written now, each tagged with the checksum of
+    /// the rows it keeps), or, when the fix changes too much of it, rewritten (its old rows that
+    /// stay written after its new ones). Returns the batch's vectors, and the checksum of the
+    /// rows its writer wrote for each partition whose files hold not just their new rows (their
+    /// writers' checksums do not describe them): by vectors, the new rows the old files lack;
+    /// rewritten, none.
     async fn settle_vectors(
         &mut self,
     ) -> Result<(
         Option<lakefill_log::journal::BatchVectors>,
-        BTreeSet<Vec<Option<String>>>,
+        BTreeMap<Vec<Option<String>>, Option<RowChecksum>>,
     )> {
-        let mut untagged = BTreeSet::new();
+        let mut untagged = BTreeMap::new();
         let Some(plan) = self.spec.vectors.clone() else {
             return Ok((None, untagged));
         };
@@ -1065,10 +1067,11 @@ impl<'a> Staging<'a> {
         };
         for (key, old) in std::mem::take(&mut self.old) {
             let Some(old) = old else { continue };
-            untagged.insert(key.clone());
             old.prove()?;
             let counts = old.counts();
-            if old.over(plan.threshold) {
+            let over = old.over(plan.threshold);
+            untagged.insert(key.clone(), (!over).then(|| old.written()));
+            if over {
                 add(
                     record.rewritten.entry(old.label.clone()).or_default(),
                     counts,
@@ -1097,9 +1100,9 @@ impl<'a> Staging<'a> {
                     record.partitions.entry(old.label.clone()).or_default(),
                     counts,
                 );
-                for (file, deleted, cut) in old.cut() {
+                for (file, deleted, cut, kept) in old.cut() {
                     if cut {
-                        cuts.push((file, deleted));
+                        cuts.push((file, deleted, kept));
                     } else {
                         record.kept.push(file);
                     }
@@ -1109,15 +1112,23 @@ impl<'a> Staging<'a> {
         if !cuts.is_empty() {
             let written = lakefill_table::vectors::write(
                 self.store.as_ref(),
-                cuts.iter().map(|(_, deleted)| deleted.clone()).collect(),
+                cuts.iter().map(|(_, deleted, _)| deleted.clone()).collect(),
             )
             .await?;
             record.vector_files.push(written.path);
-            for ((file, _), descriptor) in cuts.into_iter().zip(written.descriptors) {
+            for ((file, _, kept), descriptor) in cuts.into_iter().zip(written.descriptors) {
                 record.cut.insert(file.path.clone());
-                record
-                    .kept
-                    .push(lakefill_table::vectors::cut_add(&file, descriptor));
+                let tag = FileDigest::tag(
+                    &kept,
+                    self.columns.file_schema.fields(),
+                    &file.path,
+                    Some(&lakefill_table::vectors::fingerprint(&descriptor)),
+                );
+                let mut add = lakefill_table::vectors::cut_add(&file, descriptor);
+                add.tags
+                    .get_or_insert_with(Default::default)
+                    .insert(DIGEST_TAG.to_string(), Some(tag));
+                record.kept.push(add);
             }
         }
         let any = !record.partitions.is_empty() || !record.rewritten.is_empty();
@@ -1134,7 +1145,7 @@ impl<'a> Staging<'a> {
                 off_grain: self.off_grain,
             });
         }
-        let (vectors, untagged) = self.settle_vectors().await?;
+        let (vectors, mut untagged) = self.settle_vectors().await?;
         let Hashed {
             checksums,
             mut by_writer,
@@ -1142,16 +1153,23 @@ impl<'a> Staging<'a> {
         } = self.hasher.finish().await?;
         let mut files: Vec<Add> = self.closed;
         for (key, open) in self.writers {
-            let checksum = by_writer.remove(&key).unwrap_or_default();
+            let checksum = match untagged.remove(&key) {
+                Some(written) => written,
+                None => Some(by_writer.remove(&key).unwrap_or_default()),
+            };
             let mut adds = open.close(&self.spec.target).await?;
             // A writer that never rolls (no target size) writes one file: its rows' checksum goes
             // into its `add`, for whoever compares with these rows once they are published
             // (unless an earlier writer of its partition was closed: the checksum covers both).
-            if let [add] = adds.as_mut_slice()
+            if let ([add], Some(checksum)) = (adds.as_mut_slice(), checksum)
                 && !self.rolled.contains(&key)
-                && !untagged.contains(&key)
             {
-                let tag = FileDigest::tag(&checksum, self.columns.file_schema.fields(), &add.path);
+                let tag = FileDigest::tag(
+                    &checksum,
+                    self.columns.file_schema.fields(),
+                    &add.path,
+                    None,
+                );
                 add.tags
                     .get_or_insert_with(Default::default)
                     .insert(DIGEST_TAG.to_string(), Some(tag));

@@ -35,6 +35,7 @@ use roaring::RoaringTreemap;
 
 use lakefill_log::journal::VectorCounts;
 use lakefill_table::error::{Error, Result};
+use lakefill_table::rowhash::RowChecksum;
 use lakefill_validate::multiset::Located;
 
 /// The share of a partition's rows a fix may change (deleted plus added, over old plus new) and
@@ -213,6 +214,10 @@ pub(crate) struct OldPartition {
     /// New rows seen, and those written (not among the old).
     new_rows: u64,
     added: u64,
+    /// Each old file's live rows before the fix, and the rows written (not among the old): their
+    /// checksums, which the files' digests hold ([`lakefill_table::rowhash::FileDigest`]).
+    sums: Vec<RowChecksum>,
+    written: RowChecksum,
     /// The proof ([`Self::prove`]): each old row's check hash (by file and position), and the
     /// sums of the check hashes of the live old rows, the new rows and those written.
     checks: Vec<Vec<u64>>,
@@ -257,6 +262,8 @@ impl OldPartition {
             before: Vec::new(),
             rows: Vec::new(),
             located: Located::default(),
+            sums: Vec::new(),
+            written: RowChecksum::default(),
             live: 0,
             new_rows: 0,
             added: 0,
@@ -282,13 +289,21 @@ impl OldPartition {
             let index = u32::try_from(old.files.len()).unwrap_or(u32::MAX);
             let mut position = 0u64;
             let mut checks = Vec::new();
+            let mut sum = RowChecksum::default();
             while let Some(batch) = stream.next().await {
                 let batch = batch.map_err(|e| {
                     Error::Internal(format!("cannot read the old file `{}`: {e}", file.path))
                 })?;
                 let batch = as_table(&batch, file_schema)?;
+                let hashes = hashes(&batch)?;
+                for (offset, hash) in hashes.iter().enumerate() {
+                    if !before.contains(position + offset as u64) {
+                        sum.rows += 1;
+                        sum.sum += u128::from(*hash);
+                    }
+                }
                 old.located
-                    .add(index, position, &hashes(&batch)?, |p| before.contains(p))
+                    .add(index, position, &hashes, |p| before.contains(p))
                     .map_err(|e| Error::Internal(e.to_string()))?;
                 let batch_checks = check_hashes(&batch)?;
                 for (offset, check) in batch_checks.iter().enumerate() {
@@ -300,6 +315,7 @@ impl OldPartition {
                 position += batch.num_rows() as u64;
             }
             old.checks.push(checks);
+            old.sums.push(sum);
             old.live += position - before.iter().filter(|p| *p < position).count() as u64;
             old.files.push(file.clone());
             old.before.push(before);
@@ -322,13 +338,20 @@ impl OldPartition {
             .map_err(|e| Error::Internal(format!("cannot select the rows to write: {e}")))?;
         self.new_rows += rows as u64;
         self.added += written.num_rows() as u64;
-        for (check, kept) in check_hashes(part)?.into_iter().zip(kept) {
+        for ((check, kept), hash) in check_hashes(part)?.into_iter().zip(kept).zip(hashes) {
             self.new_check = self.new_check.wrapping_add(check);
             if !kept {
                 self.added_check = self.added_check.wrapping_add(check);
+                self.written.rows += 1;
+                self.written.sum += u128::from(hash);
             }
         }
         Ok(written)
+    }
+
+    /// The checksum of the rows written (the new rows the old files lack).
+    pub(crate) fn written(&self) -> RowChecksum {
+        self.written
     }
 
     /// Proves, with a hash independent of the one rows were matched by, that the old rows kept
@@ -371,21 +394,26 @@ impl OldPartition {
     }
 
     /// Each old file with the rows it no longer holds once the fix is published (those deleted
-    /// before, and those the fix deletes), and whether the fix deletes any of its rows; with its
-    /// rows in all, which its statistics then say.
-    pub(crate) fn cut(self) -> Vec<(Add, RoaringTreemap, bool)> {
+    /// before, and those the fix deletes), whether the fix deletes any of its rows, and the
+    /// checksum of the rows it then holds; with its rows in all, which its statistics then say.
+    pub(crate) fn cut(self) -> Vec<(Add, RoaringTreemap, bool, RowChecksum)> {
         let mut deleted: Vec<RoaringTreemap> = vec![RoaringTreemap::new(); self.files.len()];
-        for (file, position) in self.located.unused() {
+        let mut sums = self.sums;
+        for (hash, file, position) in self.located.unused_hashed() {
             deleted[file as usize].insert(position);
+            let sum = &mut sums[file as usize];
+            sum.rows -= 1;
+            sum.sum -= u128::from(hash);
         }
         self.files
             .into_iter()
             .zip(self.before)
             .zip(self.rows)
             .zip(deleted)
-            .map(|(((file, before), rows), deleted)| {
+            .zip(sums)
+            .map(|((((file, before), rows), deleted), sum)| {
                 let cut = !deleted.is_empty();
-                (with_row_count(file, rows), before | deleted, cut)
+                (with_row_count(file, rows), before | deleted, cut, sum)
             })
             .collect()
     }
