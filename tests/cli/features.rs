@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::support::{json_ok, run_in, stderr};
+use crate::support::{json_ok, run_in, sorted_rows, stderr};
 
 /// `backfill MODEL` over the first two of the table's three days, then `extra`.
 fn backfill_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -910,20 +910,10 @@ fn adjustments_on_a_column_mapped_table_net_to_the_fix() {
     );
     std::fs::write(&path, text).unwrap();
     table.backfill("fix");
-    let by_json = |rows: Value| {
-        let mut rows: Vec<String> = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(Value::to_string)
-            .collect();
-        rows.sort();
-        rows
-    };
     let rows = table.rows(None);
     assert_eq!(
-        by_json(table.raw()),
-        by_json(rows.clone()),
+        sorted_rows(table.raw()),
+        sorted_rows(rows.clone()),
         "raw and python agree"
     );
     let mut net: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();

@@ -611,6 +611,19 @@ pub(crate) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// The rows of `rows` (a JSON array, as the python helpers print them) as text, sorted: to
+/// compare two readers' rows whatever order each read them in.
+pub(crate) fn sorted_rows(rows: serde_json::Value) -> Vec<String> {
+    let mut rows: Vec<String> = rows
+        .as_array()
+        .expect("rows as a JSON array")
+        .iter()
+        .map(serde_json::Value::to_string)
+        .collect();
+    rows.sort();
+    rows
+}
+
 /// Asserts success and returns stdout parsed as JSON.
 pub(crate) fn json_ok(output: &Output) -> serde_json::Value {
     assert_eq!(

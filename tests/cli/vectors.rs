@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::support::{PythonLake, Store, json_ok, stderr};
+use crate::support::{PythonLake, Store, json_ok, sorted_rows, stderr};
 
 fn helper() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cli/vectors.py")
@@ -267,16 +267,6 @@ fn files_cut_by_vectors_keep_checksums_of_the_rows_they_keep() {
         assert_eq!(partition["removed"], 0, "{partition}");
     }
     // Independently: the first fix's rows, the two of 2026-01-01 ending in 5 a cent more.
-    let sorted = |rows: Value| {
-        let mut rows: Vec<String> = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(Value::to_string)
-            .collect();
-        rows.sort();
-        rows
-    };
     let mut expected = read(&lake, &["rows", &version.to_string()]);
     for row in expected.as_array_mut().unwrap() {
         if row[3] == "2026-01-01" && row[0].as_i64().unwrap() % 1000 == 5 {
@@ -284,11 +274,15 @@ fn files_cut_by_vectors_keep_checksums_of_the_rows_they_keep() {
         }
     }
     assert_eq!(
-        sorted(read(&lake, &["rows"])),
-        sorted(expected.clone()),
+        sorted_rows(read(&lake, &["rows"])),
+        sorted_rows(expected.clone()),
         "python deltalake"
     );
-    assert_eq!(sorted(read(&lake, &["polars"])), sorted(expected), "polars");
+    assert_eq!(
+        sorted_rows(read(&lake, &["polars"])),
+        sorted_rows(expected),
+        "polars"
+    );
 }
 
 /// A fix that only adds a row to a partition whose file another writer cut by an inline vector:
