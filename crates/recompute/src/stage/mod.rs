@@ -1053,9 +1053,9 @@ impl<'a> Staging<'a> {
         Option<lakefill_log::journal::BatchVectors>,
         BTreeMap<Vec<Option<String>>, Option<RowChecksum>>,
     )> {
-        let mut untagged = BTreeMap::new();
+        let mut written_apart = BTreeMap::new();
         let Some(plan) = self.spec.vectors.clone() else {
-            return Ok((None, untagged));
+            return Ok((None, written_apart));
         };
         let mut record = lakefill_log::journal::BatchVectors::default();
         let mut cuts = Vec::new();
@@ -1070,7 +1070,7 @@ impl<'a> Staging<'a> {
             old.prove()?;
             let counts = old.counts();
             let over = old.over(plan.threshold);
-            untagged.insert(key.clone(), (!over).then(|| old.written()));
+            written_apart.insert(key.clone(), (!over).then(|| old.written()));
             if over {
                 add(
                     record.rewritten.entry(old.label.clone()).or_default(),
@@ -1132,7 +1132,7 @@ impl<'a> Staging<'a> {
             }
         }
         let any = !record.partitions.is_empty() || !record.rewritten.is_empty();
-        Ok((any.then_some(record), untagged))
+        Ok((any.then_some(record), written_apart))
     }
 
     /// Closes every writer: the batch's files, each tagged with its rows' checksum, and its
@@ -1145,7 +1145,7 @@ impl<'a> Staging<'a> {
                 off_grain: self.off_grain,
             });
         }
-        let (vectors, mut untagged) = self.settle_vectors().await?;
+        let (vectors, mut written_apart) = self.settle_vectors().await?;
         let Hashed {
             checksums,
             mut by_writer,
@@ -1153,7 +1153,7 @@ impl<'a> Staging<'a> {
         } = self.hasher.finish().await?;
         let mut files: Vec<Add> = self.closed;
         for (key, open) in self.writers {
-            let checksum = match untagged.remove(&key) {
+            let checksum = match written_apart.remove(&key) {
                 Some(written) => written,
                 None => Some(by_writer.remove(&key).unwrap_or_default()),
             };

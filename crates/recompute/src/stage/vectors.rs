@@ -296,19 +296,16 @@ impl OldPartition {
                 })?;
                 let batch = as_table(&batch, file_schema)?;
                 let hashes = hashes(&batch)?;
-                for (offset, hash) in hashes.iter().enumerate() {
-                    if !before.contains(position + offset as u64) {
-                        sum.rows += 1;
-                        sum.sum += u128::from(*hash);
-                    }
-                }
                 old.located
                     .add(index, position, &hashes, |p| before.contains(p))
                     .map_err(|e| Error::Internal(e.to_string()))?;
                 let batch_checks = check_hashes(&batch)?;
-                for (offset, check) in batch_checks.iter().enumerate() {
+                // The live rows' checksum (the file's digest) and check hashes (the proof).
+                for (offset, (check, hash)) in batch_checks.iter().zip(&hashes).enumerate() {
                     if !before.contains(position + offset as u64) {
                         old.live_check = old.live_check.wrapping_add(*check);
+                        sum.rows += 1;
+                        sum.sum += u128::from(*hash);
                     }
                 }
                 checks.extend(batch_checks);
