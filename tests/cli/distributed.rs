@@ -631,8 +631,20 @@ fn an_interrupted_client_cancels_its_job_on_the_cluster() {
     );
 }
 
-#[test]
-fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resumes() {
+/// How a cluster's scheduler goes away while a client waits for its job.
+#[derive(Clone, Copy, Debug)]
+enum SchedulerLoss {
+    /// Down for longer than the client waits between two questions (so it meets refused
+    /// connections), then back on the same port, without the job.
+    Restarted,
+    /// Down for good: the client stops asking after its bound.
+    Gone,
+}
+
+/// A backfill on a cluster whose scheduler goes away while the job's writer tasks run: the
+/// client fails by name within its bound and commits nothing, and the same command resumes the
+/// run on a cluster back on the same port and publishes the right rows.
+fn a_client_that_lost_its_scheduler(loss: SchedulerLoss) {
     let lake = TestLake::new();
     let (from, to) = (lake.day(2), lake.day(4));
     let before = lake.version("events");
@@ -656,7 +668,7 @@ fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resum
         .to_vec()
     };
     let client_log = lake.path().join("client.log");
-    // The client waits 4 s after each status that says the job runs: the scheduler restarts then.
+    // The client waits 4 s after each status that says the job runs.
     let mut client = lakefill_command(lake.path())
         .args(args(&cluster.engine))
         .env("LAKEFILL_FAILPOINTS", "cluster-job-status=sleep-4000")
@@ -666,31 +678,55 @@ fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resum
         .expect("start the backfill");
     cluster.wait_for_sleeping_writers(1, &mut client, &client_log);
     let port = cluster.port();
+    let engine = cluster.engine.clone();
     drop(cluster);
-    let restarted = Cluster::on_port(&lake, None, 2, port);
+    let client_text = || std::fs::read_to_string(&client_log).unwrap_or_default();
+    let (restarted, expected) = match loss {
+        SchedulerLoss::Restarted => {
+            // Longer than the client's 4 s between questions: it asks a scheduler that is down.
+            std::thread::sleep(Duration::from_secs(6));
+            assert!(
+                client.try_wait().expect("wait").is_none(),
+                "the client gave up at the first refused connection:\n{}",
+                client_text()
+            );
+            (
+                Some(Cluster::on_port(&lake, None, 2, port)),
+                "no longer knows job",
+            )
+        }
+        SchedulerLoss::Gone => (None, "lost the cluster's scheduler: no answer about job"),
+    };
 
-    // Without the bound the client asked forever; now it fails within seconds, by name.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Without the bounds the client asked forever; it fails within them, by name.
+    let deadline = Instant::now() + Duration::from_secs(90);
     let status = loop {
         if let Some(status) = client.try_wait().expect("wait") {
             break status;
         }
         if Instant::now() > deadline {
             let _ = client.kill();
-            panic!(
-                "the client still waits for a job the scheduler forgot:\n{}",
-                std::fs::read_to_string(&client_log).unwrap_or_default()
-            );
+            panic!("the client still waits for a lost job:\n{}", client_text());
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let text = std::fs::read_to_string(&client_log).unwrap_or_default();
-    assert!(!status.success(), "{text}");
-    assert!(text.contains("no longer knows job"), "{text}");
+    let text = client_text();
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains(expected), "{loss:?}: {text}");
+    assert!(
+        text.contains(&format!("scheduler http://{}", &engine["df://".len()..])),
+        "{text}"
+    );
     assert!(text.contains("rerun the same command"), "{text}");
+    assert!(
+        text.contains("check that the cluster's scheduler and executors are up"),
+        "{text}"
+    );
+    assert!(!text.contains("a bug in lakefill"), "{text}");
     assert_eq!(lake.version("events"), before, "nothing is committed");
 
-    // The same command resumes the run on the restarted cluster and publishes the right rows.
+    // The same command resumes the run on the cluster back on the port, and publishes the rows.
+    let restarted = restarted.unwrap_or_else(|| Cluster::on_port(&lake, None, 2, port));
     let mut resumed = args(&restarted.engine);
     resumed.extend(["--output-format", "json"].map(String::from));
     let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
@@ -703,4 +739,14 @@ fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resum
     );
     let run_id = report["run_id"].as_str().expect("run id");
     assert_eq!(staged_on_disk(&lake, run_id), committed_from(&lake, run_id));
+}
+
+#[test]
+fn a_client_whose_scheduler_restarted_and_forgot_the_job_fails_and_the_run_resumes() {
+    a_client_that_lost_its_scheduler(SchedulerLoss::Restarted);
+}
+
+#[test]
+fn a_client_whose_scheduler_is_gone_fails_within_its_bound_and_the_run_resumes() {
+    a_client_that_lost_its_scheduler(SchedulerLoss::Gone);
 }

@@ -42,6 +42,9 @@ const QUEUED_WITHIN: Duration = Duration::from_secs(60);
 /// How long a job that had a status may be unknown before the client gives up on it: a scheduler
 /// restarted since keeps its jobs in memory and has forgotten it.
 const FORGOTTEN_AFTER: Duration = Duration::from_secs(5);
+/// How long the scheduler may not answer at all (a dropped connection, a restart) before the
+/// client gives up on the job; meanwhile it keeps asking, and the channel reconnects.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(30);
 
 /// Runs `plan` on the cluster whose scheduler is at `scheduler` (`http://HOST:PORT`) as one job
 /// with the settings of `config`; returns its output. If this future is dropped before the job
@@ -55,6 +58,11 @@ pub(crate) async fn run_job(
 ) -> Result<Vec<RecordBatch>> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         Error::Internal(format!("{what} (scheduler {scheduler}): {e}"))
+    };
+    // What the cluster did, not a bug of ours: the hint says to check it and run again.
+    let cluster = |message: String| Error::Cluster {
+        scheduler: scheduler.to_string(),
+        message,
     };
     let message = PhysicalPlanNode::try_from_physical_plan(plan, codec)
         .map_err(|e| failed("cannot serialize the plan for the cluster", &e))?;
@@ -77,7 +85,7 @@ pub(crate) async fn run_job(
         .map_err(|e| failed("bad scheduler address", &e))?
         .connect()
         .await
-        .map_err(|e| failed("cannot reach the cluster's scheduler", &e))?;
+        .map_err(|e| cluster(format!("cannot reach the cluster's scheduler: {e}")))?;
     let max_message = ballista.grpc_client_max_message_size();
     let mut client = SchedulerGrpcClient::new(channel)
         .max_encoding_message_size(max_message)
@@ -92,7 +100,7 @@ pub(crate) async fn run_job(
     let submitted = client
         .execute_query(request)
         .await
-        .map_err(|e| failed("the scheduler refused the job", &e))?
+        .map_err(|e| cluster(format!("the scheduler refused the job: {e}")))?
         .into_inner()
         .result;
     let job_id = match submitted {
@@ -112,14 +120,41 @@ pub(crate) async fn run_job(
     };
     // Since when the scheduler has not known the job, and whether it ever did.
     let (mut unknown_since, mut seen) = (std::time::Instant::now(), false);
+    // Since when the scheduler has not answered at all, if it does not now.
+    let mut unreachable_since: Option<std::time::Instant> = None;
     let (locations, proxy) = loop {
-        let status = client
+        let status = match client
             .get_job_status(GetJobStatusParams {
                 job_id: job.id.clone(),
             })
             .await
-            .map_err(|e| failed("lost the cluster's scheduler", &e))?
-            .into_inner();
+        {
+            Ok(status) => {
+                unreachable_since = None;
+                status.into_inner()
+            }
+            Err(e) if is_transient(&e) => {
+                let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= UNREACHABLE_FOR {
+                    return Err(cluster(format!(
+                        "lost the cluster's scheduler: no answer about job {} for {} s ({}); \
+                         rerun the same command to resume the run: files the lost job's tasks \
+                         stage are not used",
+                        job.id,
+                        UNREACHABLE_FOR.as_secs(),
+                        e.message()
+                    )));
+                }
+                tokio::time::sleep(POLL * 4).await;
+                continue;
+            }
+            Err(e) => {
+                return Err(cluster(format!(
+                    "the cluster's scheduler refused to report on job {}: {e}",
+                    job.id
+                )));
+            }
+        };
         match status.status.and_then(|s| s.status) {
             Some(job_status::Status::Successful(SuccessfulJob {
                 partition_location, ..
@@ -133,25 +168,21 @@ pub(crate) async fn run_job(
                 failpoint::reach(CrashPoint::ClusterJobStatus).await?;
             }
             None if seen && unknown_since.elapsed() >= FORGOTTEN_AFTER => {
-                return Err(failed(
-                    &format!(
-                        "the cluster's scheduler no longer knows job {} (was it restarted?); \
-                         rerun the same command to resume the run: files the lost job's tasks \
-                         stage are not used",
-                        job.id
-                    ),
-                    &format!("no status for {} s", FORGOTTEN_AFTER.as_secs()),
-                ));
+                return Err(cluster(format!(
+                    "the cluster's scheduler no longer knows job {} (was it restarted?): no \
+                     status for {} s; rerun the same command to resume the run: files the lost \
+                     job's tasks stage are not used",
+                    job.id,
+                    FORGOTTEN_AFTER.as_secs()
+                )));
             }
             None if unknown_since.elapsed() >= QUEUED_WITHIN => {
-                return Err(failed(
-                    &format!(
-                        "the cluster's scheduler accepted job {} but never queued it; rerun the \
-                         same command to resume the run",
-                        job.id
-                    ),
-                    &format!("no status for {} s", QUEUED_WITHIN.as_secs()),
-                ));
+                return Err(cluster(format!(
+                    "the cluster's scheduler accepted job {} but never queued it: no status for \
+                     {} s; rerun the same command to resume the run",
+                    job.id,
+                    QUEUED_WITHIN.as_secs()
+                )));
             }
             None => {}
         }
@@ -163,6 +194,19 @@ pub(crate) async fn run_job(
         batches.extend(fetch(scheduler, location, proxy.as_ref(), &ballista, &grpc).await?);
     }
     Ok(batches)
+}
+
+/// Whether a failed status request may succeed when asked again: the connection dropped or was
+/// refused (the scheduler restarting), as opposed to a scheduler that answered with an error.
+fn is_transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Aborted
+    )
 }
 
 /// The rows of one result partition of a finished job.

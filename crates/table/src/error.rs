@@ -521,6 +521,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// The cluster a run was sent to (`--engine ballista://…`) could not be reached, lost the
+    /// job, or stopped answering: not a bug, and nothing is published.
+    #[error("{message} (scheduler {scheduler})")]
+    Cluster {
+        /// The scheduler's address, `http://HOST:PORT`.
+        scheduler: String,
+        /// What happened, and what the client saw.
+        message: String,
+    },
     /// An engine invariant did not hold. This is a bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -609,6 +618,7 @@ impl Error {
             | Error::Query { .. }
             | Error::Storage { .. }
             | Error::Journal { .. }
+            | Error::Cluster { .. }
             | Error::Internal(_) => 1,
         }
     }
@@ -826,6 +836,9 @@ impl Error {
             }
             Error::Query { .. } | Error::Storage { .. } | Error::Delta { .. } => {
                 "nothing was published and the table is unchanged; fix the cause above and run the same command again".into()
+            }
+            Error::Cluster { .. } => {
+                "nothing was published; check that the cluster's scheduler and executors are up, then run the same command again".into()
             }
             Error::Internal(_) => {
                 "this is a bug in lakefill; nothing was published. Please report it with the output of the same command run with `-vv`".into()
@@ -1168,6 +1181,10 @@ mod tests {
                 message: s(),
                 hint: s(),
             },
+            Error::Cluster {
+                scheduler: s(),
+                message: s(),
+            },
             Error::Internal(s()),
         ]
     }
@@ -1227,6 +1244,7 @@ mod tests {
                 | Error::CascadeParentMoved(_)
                 | Error::StaleHistory { .. }
                 | Error::Journal { .. }
+                | Error::Cluster { .. }
                 | Error::Internal(_) => true,
             };
             assert!(listed);
