@@ -202,6 +202,12 @@ pub fn value_hashes(column: &ArrayRef) -> Result<Vec<u64>> {
     value_hashes_with(&STATE, column)
 }
 
+/// The hash of each value of `column` that [`check_hashes`] combines ([`value_hashes`] under the
+/// check hash's seed).
+pub fn check_value_hashes(column: &ArrayRef) -> Result<Vec<u64>> {
+    value_hashes_with(&CHECK_STATE, column)
+}
+
 fn value_hashes_with(state: &RandomState, column: &ArrayRef) -> Result<Vec<u64>> {
     let mut values = vec![0u64; column.len()];
     column_value_hashes(state, column, &mut values)?;

@@ -48,20 +48,40 @@ pub enum Change {
 /// Turns the rows of a [`Change`] (in the sides' columns) into the output's rows.
 pub type Shape = Arc<dyn Fn(Change, RecordBatch) -> DfResult<RecordBatch> + Send + Sync>;
 
+/// Sees every row of a side as the difference reads it whole (the old rows in their pass, the
+/// new rows in the pass that counts them): for sums wanted of the same rows, without reading
+/// them again.
+pub type Watch = Box<dyn FnMut(&RecordBatch) -> DfResult<()> + Send>;
+
+/// What watches each side's rows ([`Watch`]); none by default.
+#[derive(Default)]
+pub struct Watchers {
+    /// Every old row.
+    pub old: Option<Watch>,
+    /// Every new row.
+    pub new: Option<Watch>,
+}
+
 /// The removed rows of `old`, then the added rows of `new`, each batch passed through `shape`
 /// into a stream of `schema`. `old` and `new` have the same columns in the same order (their
-/// Arrow flavours may differ); `new` is executed twice.
+/// Arrow flavours may differ); `new` is executed twice. `watchers` see every row of each side
+/// once.
 pub fn difference(
     old: DataFrame,
     new: DataFrame,
     schema: SchemaRef,
     shape: Shape,
+    watchers: Watchers,
 ) -> SendableRecordBatchStream {
+    let Watchers {
+        old: watch_old,
+        new: watch_new,
+    } = watchers;
     let rows = futures::stream::once(async move {
-        let counts = Arc::new(Mutex::new(count(new.clone()).await?));
+        let counts = Arc::new(Mutex::new(count(new.clone(), watch_new).await?));
         let removed = {
             let (counts, shape) = (Arc::clone(&counts), Arc::clone(&shape));
-            pass(old, move |hashes| {
+            pass(old, watch_old, move |hashes| {
                 let mut counts = counts.lock().expect("the counts are never poisoned");
                 // Among the new rows: it uses one of them up.
                 hashes
@@ -74,7 +94,7 @@ pub fn difference(
                 async move { shape(Change::Removed, batch) }
             })
         };
-        let added = pass(new, move |hashes| {
+        let added = pass(new, None, move |hashes| {
             let mut counts = counts.lock().expect("the counts are never poisoned");
             hashes.iter().map(|hash| take(&mut counts, *hash)).collect()
         })
@@ -102,12 +122,15 @@ fn take(counts: &mut Counts, hash: u64) -> bool {
     }
 }
 
-/// The rows of `rows` counted by hash.
-async fn count(rows: DataFrame) -> DfResult<Counts> {
+/// The rows of `rows` counted by hash, each batch shown to `watch` first.
+async fn count(rows: DataFrame, mut watch: Option<Watch>) -> DfResult<Counts> {
     let mut counts = Counts::default();
     let mut stream = rows.execute_stream().await?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
+        if let Some(watch) = &mut watch {
+            watch(&batch)?;
+        }
         for hash in hashes(&batch)? {
             *counts.entry(hash).or_insert(0) += 1;
         }
@@ -116,15 +139,23 @@ async fn count(rows: DataFrame) -> DfResult<Counts> {
 }
 
 /// The rows of `rows` that `keep` (called with a batch's row hashes, in order) keeps; empty
-/// batches left out. The rows are read when the stream is first polled.
+/// batches left out; every batch shown to `watch` first. The rows are read when the stream is
+/// first polled.
 fn pass(
     rows: DataFrame,
+    mut watch: Option<Watch>,
     mut keep: impl FnMut(&[u64]) -> Vec<bool> + Send + 'static,
 ) -> impl futures::Stream<Item = DfResult<RecordBatch>> + Send {
     futures::stream::once(async move { rows.execute_stream().await })
         .try_flatten()
         .and_then(move |batch| {
-            let kept = hashes(&batch).map(|hashes| BooleanArray::from(keep(&hashes)));
+            let watched = match &mut watch {
+                Some(watch) => watch(&batch),
+                None => Ok(()),
+            };
+            let kept = watched
+                .and_then(|()| hashes(&batch))
+                .map(|hashes| BooleanArray::from(keep(&hashes)));
             async move { Ok(filter_record_batch(&batch, &kept?)?) }
         })
         .try_filter(|batch| futures::future::ready(batch.num_rows() > 0))
@@ -306,15 +337,34 @@ mod tests {
                 ],
             )?)
         });
+        // The watchers see every row of each side once.
+        let seen = Arc::new([
+            std::sync::atomic::AtomicUsize::new(0),
+            std::sync::atomic::AtomicUsize::new(0),
+        ]);
+        let watch = |side: usize| -> Option<Watch> {
+            let seen = Arc::clone(&seen);
+            Some(Box::new(move |batch: &RecordBatch| {
+                seen[side].fetch_add(batch.num_rows(), std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }))
+        };
+        let watchers = Watchers {
+            old: watch(0),
+            new: watch(1),
+        };
         let batches: Vec<RecordBatch> = difference(
             frame(&ctx, old, false),
             frame(&ctx, new, true),
             schema,
             shape,
+            watchers,
         )
         .try_collect()
         .await
         .expect("difference");
+        let seen = [0, 1].map(|side| seen[side].load(std::sync::atomic::Ordering::Relaxed));
+        assert_eq!(seen, [old.len(), new.len()], "rows the watchers saw");
         let mut rows = Vec::new();
         for batch in &batches {
             let ids = batch.column(1).as_primitive::<Int64Type>();

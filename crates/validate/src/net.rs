@@ -21,7 +21,7 @@ use deltalake::datafusion::logical_expr::{
 };
 use deltalake::datafusion::prelude::SessionContext;
 
-use crate::multiset::{Change, Prehashed, Shape, difference};
+use crate::multiset::{Change, Prehashed, Shape, Watchers, difference};
 
 use lakefill_table::adjustments::{
     AdjustmentCounts, CORRECTION, KIND_COLUMN, REASON_COLUMN, REVERSAL, RUN_ID_COLUMN, is_lineage,
@@ -158,15 +158,17 @@ fn group_hash_sql(schema: &Schema, measures: &[String], key: &[String]) -> Strin
 /// negated) of each old row that is not among the new rows, a correction for each new row that
 /// is not among the old rows (a [`multiset`](crate::multiset) difference of whole rows), each
 /// with the lineage columns. `counts` holds how many of each kind once the stream has ended.
+/// `watchers` see every old and every new row once, in the schema's columns and types.
 pub async fn adjustment_rows(
     ctx: &SessionContext,
     old: &str,
     new: &str,
     schema: &SchemaRef,
     measures: &[String],
-    run_id: &str,
-    reason: Option<&str>,
+    lineage: Lineage<'_>,
+    watchers: Watchers,
 ) -> Result<Adjustments> {
+    let Lineage { run_id, reason } = lineage;
     // Both sides in the schema's columns and types.
     let values: Vec<&Field> = schema
         .fields()
@@ -246,9 +248,18 @@ pub async fn adjustment_rows(
         Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
     });
     Ok(Adjustments {
-        rows: difference(old, new, Arc::clone(schema), shape),
+        rows: difference(old, new, Arc::clone(schema), shape, watchers),
         counts,
     })
+}
+
+/// What the lineage columns of a run's adjustment rows say.
+#[derive(Debug, Clone, Copy)]
+pub struct Lineage<'a> {
+    /// `_lakefill_run_id`.
+    pub run_id: &'a str,
+    /// `_lakefill_reason`.
+    pub reason: Option<&'a str>,
 }
 
 /// The adjustment rows of a run, as they stream.

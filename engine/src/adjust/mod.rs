@@ -22,8 +22,9 @@
 //! no removes) with the run's metadata and application transaction.
 
 mod proof;
+mod sums;
 
-pub(crate) use proof::{Compared, prove};
+pub(crate) use proof::{Compared, StagedSums, prove};
 
 use std::sync::Arc;
 
@@ -33,14 +34,25 @@ use lakefill_recompute::plan::adjust::register_net_rows_spilled;
 use lakefill_table::adjustments::AdjustmentCounts;
 use lakefill_table::error::Result;
 use lakefill_table::staged::StagedTable;
-use lakefill_validate::net::{KeptNet, adjustment_rows};
+use lakefill_validate::net::{KeptNet, Lineage, adjustment_rows};
 
 /// The old net rows of each batch as staging computed them (by batch index), for validation to
 /// read without grouping them again ([`KeptNet`]).
 pub(crate) type KeptNets = std::collections::BTreeMap<usize, KeptNet>;
 
+/// What staging kept of the adjustments for validation, which then need not read it again.
+#[derive(Default)]
+pub(crate) struct Kept {
+    /// The old net rows of each batch.
+    pub(crate) nets: KeptNets,
+    /// The proof's sums of the old net rows and of the new rows, over every batch (`None`
+    /// unless staging summed every batch).
+    pub(crate) sums: Option<StagedSums>,
+}
+
 /// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
-/// returns them per batch, how many of each kind, and the old net rows of each batch.
+/// returns them per batch, how many of each kind, and what validation may use of what staging
+/// read ([`Kept`]).
 pub(crate) async fn stage(
     plan: &lakefill_recompute::plan::BackfillPlan,
     batches: &[lakefill_log::journal::BatchRecord],
@@ -50,7 +62,7 @@ pub(crate) async fn stage(
 ) -> Result<(
     Vec<lakefill_log::journal::BatchRecord>,
     AdjustmentCounts,
-    KeptNets,
+    Kept,
 )> {
     use futures::{StreamExt as _, TryStreamExt as _};
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
@@ -75,18 +87,30 @@ pub(crate) async fn stage(
         .await?;
     let mut counted = AdjustmentCounts::default();
     let mut records = Vec::with_capacity(staged.len());
-    let mut kept = KeptNets::new();
-    for (record, counts, net) in staged {
+    let mut kept = Kept {
+        sums: Some(StagedSums::default()),
+        ..Kept::default()
+    };
+    for (record, counts, net, sums) in staged {
         counted.reversals += counts.reversals;
         counted.corrections += counts.corrections;
-        kept.insert(record.index, net);
+        kept.nets.insert(record.index, net);
+        kept.sums = match (kept.sums, sums) {
+            (Some(mut all), Some(batch)) => {
+                all.buckets = batch.buckets;
+                all.merge(batch);
+                Some(all)
+            }
+            _ => None,
+        };
         records.push(record);
     }
     Ok((records, counted, kept))
 }
 
-/// Stages the adjustment rows of one batch of new rows; returns them, their counts and the
-/// batch's old net rows.
+/// Stages the adjustment rows of one batch of new rows; returns them, their counts, the batch's
+/// old net rows and the proof's sums of its old net rows and new rows (see [`sums`]; not when
+/// the staged files also hold rows carried over, which the proof does not compare).
 async fn stage_batch(
     plan: &lakefill_recompute::plan::BackfillPlan,
     new_rows: &lakefill_log::journal::BatchRecord,
@@ -97,6 +121,7 @@ async fn stage_batch(
     lakefill_log::journal::BatchRecord,
     AdjustmentCounts,
     KeptNet,
+    Option<StagedSums>,
 )> {
     let report = &plan.report;
     let layout = &report.layout;
@@ -126,14 +151,39 @@ async fn stage_batch(
         &new_rows.files,
         report.run_id.as_str(),
     )?;
+    let measures = plan.rules.summed_measures();
+    // The proof's sums of both sides, taken as the difference reads them; in the buckets
+    // validation will use for a range of this many partitions.
+    let buckets = proof::buckets(report.range.periods().len());
+    let (watchers, summed) = if layout.rewrites_files(&report.range) {
+        (lakefill_validate::multiset::Watchers::default(), None)
+    } else {
+        let summer = sums::Summer::new(
+            write_schema,
+            &layout.partition_columns,
+            &measures,
+            buckets,
+            false,
+        )?;
+        let (previous, old) = summer.clone().watch();
+        let (output, new) = summer.watch();
+        let watchers = lakefill_validate::multiset::Watchers {
+            old: Some(old),
+            new: Some(new),
+        };
+        (watchers, Some((previous, output)))
+    };
     let adjustments = adjustment_rows(
         &ctx,
         "__lf_old",
         "__lf_new",
         write_schema,
-        &plan.rules.summed_measures(),
-        report.run_id.as_str(),
-        report.reason.as_deref(),
+        &measures,
+        Lineage {
+            run_id: report.run_id.as_str(),
+            reason: report.reason.as_deref(),
+        },
+        watchers,
     )
     .await?;
     let produced: Vec<String> = write_schema
@@ -158,7 +208,16 @@ async fn stage_batch(
         corrections = counts.corrections,
         "staged adjustments"
     );
-    Ok((record, counts, kept))
+    // The stream has ended: the difference read both sides whole.
+    let taken = |sums: std::sync::Arc<std::sync::Mutex<sums::SideSums>>| {
+        std::mem::take(&mut *sums.lock().expect("the sums are never poisoned"))
+    };
+    let summed = summed.map(|(previous, output)| StagedSums {
+        buckets,
+        previous: taken(previous),
+        output: taken(output),
+    });
+    Ok((record, counts, kept, summed))
 }
 
 /// With a companion: refuses to publish when a commit after the version the run read changed

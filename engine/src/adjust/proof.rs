@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use deltalake::arrow::array::{Array, AsArray, RecordBatch};
-use deltalake::arrow::datatypes::{DataType, Decimal128Type, FieldRef, Int64Type, Schema};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::{Decimal128Type, Schema};
 use deltalake::datafusion::prelude::SessionContext;
 use serde_json::json;
 
 use lakefill_table::adjustments::{KIND_COLUMN, REVERSAL};
 use lakefill_table::error::{QueryContext, Result};
-use lakefill_table::rowhash::check_hash_sql;
-use lakefill_table::sqltext::{cast_sql, ident};
+use lakefill_table::sqltext::ident;
+
+use super::sums::{Balance, Balances, PartitionValues, SideSums, Summed, Summer, add_balances};
 use lakefill_validate::CheckResult;
 
 /// The name of the check that proves the adjustments.
@@ -33,7 +34,7 @@ const MIN_BUCKETS: u64 = 7;
 const BUCKET_BUDGET: u64 = 262_144;
 
 /// The buckets per partition of a range of `partitions` partitions.
-fn buckets(partitions: usize) -> u64 {
+pub(crate) fn buckets(partitions: usize) -> u64 {
     (BUCKET_BUDGET / (partitions.max(1) as u64)).clamp(MIN_BUCKETS, MAX_BUCKETS)
 }
 
@@ -72,15 +73,17 @@ pub(crate) struct Compared<'a> {
 /// its bucket's sums differ. Integers and decimals add up exactly; floats to a relative 1e-9 of
 /// the bucket's sum of absolute values.
 ///
-/// Both are read in one streaming pass over each side: the multisets by the count and the exact
-/// sum of a row hash independent of the one the adjustments were found with
-/// (`lakefill_check_hash`), per partition; the measures per partition and bucket. Only when a
-/// partition differs are the sums per key computed (a grouping of every row), to show which
-/// keys.
+/// Both are summed in one streaming pass over each side ([`super::sums`]): the multisets by the
+/// count and the exact sum of a row hash independent of the one the adjustments were found with
+/// (the check hash), per partition; the measures per partition and bucket. The old net rows and
+/// the new rows are summed by staging when it read them for the difference (`staged`, used when
+/// it summed them in as many buckets); the other sides are read here. Only when a partition
+/// differs are the sums per key computed (a grouping of every row), to show which keys.
 pub(crate) async fn prove(
     ctx: &SessionContext,
     compared: &Compared<'_>,
     sample: usize,
+    staged: Option<&StagedSums>,
 ) -> Result<(CheckResult, CheckResult)> {
     let Compared {
         schema,
@@ -91,15 +94,15 @@ pub(crate) async fn prove(
         partitions,
     } = *compared;
     let sides = sides(previous_is_stored);
-    let sums = Sums::read(
-        ctx,
-        &sides,
+    let summer = Summer::new(
         schema,
         partition_columns,
         measures,
         buckets(partitions),
-    )
-    .await?;
+        false,
+    )?;
+    let staged = staged.filter(|staged| staged.buckets == buckets(partitions));
+    let sums = Sums::read(ctx, &sides, &summer, staged).await?;
     let balance = CheckResult::new(
         BALANCE,
         unbalanced(
@@ -192,262 +195,88 @@ struct Sums {
 }
 
 impl Sums {
-    /// Reads every side of `sides` once, the balance's groups in `buckets` buckets per
-    /// partition.
+    /// Sums every side of `sides`, the balance's groups in `buckets` buckets per partition: the
+    /// sides staging summed (`staged`, when it summed them in as many buckets) as it did, the
+    /// others read once each.
     async fn read(
         ctx: &SessionContext,
         sides: &[Side],
-        schema: &Schema,
-        partition_columns: &[String],
-        measures: &[String],
-        buckets: u64,
+        summer: &Summer,
+        staged: Option<&StagedSums>,
     ) -> Result<Self> {
-        let context = || "cannot check that the adjustments conserve the new rows".to_string();
-        let values: Vec<&FieldRef> = schema
-            .fields()
-            .iter()
-            .filter(|f| !lakefill_table::adjustments::is_lineage(f.name()))
-            .collect();
-        let summed = measures
-            .iter()
-            .map(|m| match schema.field_with_name(m).map(|f| f.data_type()) {
-                Ok(DataType::Decimal128(_, scale)) => Summed::Exact((*scale).max(0)),
-                Ok(t) if t.is_integer() => Summed::Exact(0),
-                _ => Summed::Float,
-            })
-            .collect();
         let mut sums = Sums {
-            summed,
+            summed: summer.summed(),
             proof: BTreeMap::new(),
             balance: Balances::new(),
         };
         for side in sides {
-            let present = ctx.table(side.table).await.query_context(context)?;
-            let present: Vec<String> = present
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect();
-            let sql = side_sql(
-                side,
-                &values,
-                &present,
-                partition_columns,
-                measures,
-                &sums.summed,
-                buckets,
-            );
-            tracing::debug!(table = side.table, %sql, "summing a side of the adjustments' proof");
-            let batches = ctx
-                .sql(&sql)
-                .await
-                .query_context(context)?
-                .collect()
-                .await
-                .query_context(context)?;
-            for batch in &batches {
-                sums.add(side, batch, partition_columns.len())?;
+            let kept = staged.and_then(|staged| match side.table {
+                "previous" => Some(&staged.previous),
+                "output" => Some(&staged.output),
+                _ => None,
+            });
+            match kept {
+                Some(kept) => sums.absorb(side, kept),
+                None => {
+                    tracing::debug!(
+                        table = side.table,
+                        "summing a side of the adjustments' proof"
+                    );
+                    let read = summer.for_kinds(side.kinds).read(ctx, side.table).await?;
+                    sums.absorb(side, &read);
+                }
             }
         }
         Ok(sums)
     }
 
-    /// Adds one side's sums (`batch`, of [`side_sql`]) with its weights.
-    fn add(&mut self, side: &Side, batch: &RecordBatch, partitions: usize) -> Result<()> {
-        use deltalake::arrow::compute::cast;
-        use deltalake::arrow::datatypes::{Float64Type, UInt64Type};
-        let internal = |e: deltalake::arrow::error::ArrowError| {
-            lakefill_table::error::Error::Internal(e.to_string())
-        };
-        let named = |name: &str| {
-            batch.column_by_name(name).cloned().ok_or_else(|| {
-                lakefill_table::error::Error::Internal(format!("the proof's sums lack `{name}`"))
-            })
-        };
-        let texts = (0..partitions)
-            .map(|i| cast(batch.column(i), &DataType::Utf8))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(internal)?;
-        let reversal = side.kinds.then(|| named("__lf_rev")).transpose()?;
-        let rows = named("__lf_rows")?;
-        let rows = rows.as_primitive::<Int64Type>();
-        let hashes = (side.proof != 0).then(|| named("__lf_sum")).transpose()?;
-        let bucket = (side.balance != 0)
-            .then(|| named("__lf_b").and_then(|b| cast(&b, &DataType::UInt64).map_err(internal)))
-            .transpose()?;
-        let mut measures = Vec::new();
+    /// Adds one side's sums with its weights.
+    fn absorb(&mut self, side: &Side, sums: &SideSums) {
+        if side.proof != 0 {
+            let weight = i64::from(side.proof);
+            for (partition, (rows, hashes)) in &sums.proof {
+                let entry = self.proof.entry(partition.clone()).or_default();
+                entry.0 += weight * rows;
+                entry.1 += i128::from(weight) * hashes;
+            }
+        }
         if side.balance != 0 {
-            for (i, how) in self.summed.iter().enumerate() {
-                let sum = named(&format!("__lf_m{i}"))?;
-                measures.push(match how {
-                    Summed::Exact(scale) => (
-                        cast(&sum, &DataType::Decimal128(38, *scale)).map_err(internal)?,
-                        None,
-                    ),
-                    Summed::Float => (
-                        cast(&sum, &DataType::Float64).map_err(internal)?,
-                        Some(
-                            cast(&named(&format!("__lf_a{i}"))?, &DataType::Float64)
-                                .map_err(internal)?,
-                        ),
-                    ),
-                });
+            for (partition, buckets) in &sums.balance {
+                let entry = self.balance.entry(partition.clone()).or_default();
+                add_balances(entry, buckets, side.balance);
             }
         }
-        for row in 0..batch.num_rows() {
-            let values: PartitionValues = texts
-                .iter()
-                .map(|column| {
-                    let column = column.as_string::<i32>();
-                    column.is_valid(row).then(|| column.value(row).to_string())
-                })
-                .collect();
-            if let Some(hashes) = &hashes {
-                let reversed = reversal
-                    .as_ref()
-                    .is_some_and(|r| r.as_boolean().is_valid(row) && r.as_boolean().value(row));
-                let weight = i64::from(if reversed { -side.proof } else { side.proof });
-                let hashes = hashes.as_primitive::<Decimal128Type>();
-                let entry = self.proof.entry(values.clone()).or_default();
-                entry.0 += weight * rows.value(row);
-                if hashes.is_valid(row) {
-                    entry.1 += i128::from(weight) * hashes.value(row);
-                }
-            }
-            if let Some(bucket) = &bucket {
-                let bucket = bucket.as_primitive::<UInt64Type>().value(row);
-                let entry = self
-                    .balance
-                    .entry((values, bucket))
-                    .or_insert_with(|| vec![Balance::default(); measures.len()]);
-                for (at, (sum, absolute)) in entry.iter_mut().zip(&measures) {
-                    if !sum.is_valid(row) {
-                        continue;
-                    }
-                    match absolute {
-                        None => {
-                            at.exact += i128::from(side.balance)
-                                * sum.as_primitive::<Decimal128Type>().value(row);
-                        }
-                        Some(absolute) => {
-                            at.float += f64::from(side.balance)
-                                * sum.as_primitive::<Float64Type>().value(row);
-                            at.absolute += absolute.as_primitive::<Float64Type>().value(row);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 }
 
-/// The query of one side's sums: per partition (and for the balance, bucket of `buckets`; for the
-/// adjustments, kind) the rows, the exact sum of their hashes (the proof), and each measure's sum
-/// (the balance; for floats also the sum of absolute values). `present` names the side's columns;
-/// a column of `values` it lacks is NULL.
-fn side_sql(
-    side: &Side,
-    values: &[&FieldRef],
-    present: &[String],
-    partition_columns: &[String],
-    measures: &[String],
-    summed: &[Summed],
-    buckets: u64,
-) -> String {
-    let reversal = format!("COALESCE({} = '{REVERSAL}', false)", ident(KIND_COLUMN));
-    let column = |name: &String| {
-        if present.contains(name) {
-            ident(name)
-        } else {
-            "NULL".to_string()
-        }
-    };
-    // Every value in the staged files' types; for a reversal the measures negated back, the
-    // stored measures apart for the balance.
-    let mut row: Vec<String> = values
-        .iter()
-        .map(|field| {
-            let value = column(field.name());
-            let value = if side.kinds && measures.contains(field.name()) {
-                format!("CASE WHEN {reversal} THEN -({value}) ELSE {value} END")
-            } else {
-                value
-            };
-            format!(
-                "{} AS {}",
-                cast_sql(&value, field.data_type()),
-                ident(field.name())
-            )
-        })
-        .collect();
-    let partition: Vec<String> = partition_columns.iter().map(|c| ident(c)).collect();
-    let mut keyed = partition.clone();
-    let mut by = partition.clone();
-    // The partition values as text once per group, not per row.
-    let mut sums: Vec<String> = partition
-        .iter()
-        .map(|c| format!("CAST({c} AS VARCHAR) AS {c}"))
-        .collect();
-    let mut grouped = |name: &str, keyed: &mut Vec<String>, expression: String| {
-        keyed.push(format!("{expression} AS {name}"));
-        by.push(name.to_string());
-        sums.push(name.to_string());
-    };
-    if side.kinds {
-        row.push(format!("{reversal} AS __lf_rev"));
-        grouped("__lf_rev", &mut keyed, "__lf_rev".to_string());
-    }
-    if side.balance != 0 {
-        let names: Vec<String> = values
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|name| !measures.contains(name))
-            .collect();
-        grouped(
-            "__lf_b",
-            &mut keyed,
-            format!("{} % {buckets}", check_hash_sql(&names)),
-        );
-    }
-    sums.push("COUNT(*) AS __lf_rows".to_string());
-    if side.proof != 0 {
-        let names: Vec<String> = values.iter().map(|f| f.name().clone()).collect();
-        keyed.push(format!("{} AS __lf_h", check_hash_sql(&names)));
-        sums.push("SUM(CAST(__lf_h AS DECIMAL(38, 0))) AS __lf_sum".to_string());
-    }
-    if side.balance != 0 {
-        for (i, (measure, how)) in measures.iter().zip(summed).enumerate() {
-            let stored = column(measure);
-            row.push(format!("{stored} AS __lf_s{i}"));
-            match how {
-                Summed::Exact(scale) => {
-                    keyed.push(format!(
-                        "CAST(__lf_s{i} AS DECIMAL(38, {scale})) AS __lf_m{i}"
-                    ));
-                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
-                }
-                Summed::Float => {
-                    keyed.push(format!("CAST(__lf_s{i} AS DOUBLE) AS __lf_m{i}"));
-                    sums.push(format!("SUM(__lf_m{i}) AS __lf_m{i}"));
-                    sums.push(format!("SUM(abs(__lf_m{i})) AS __lf_a{i}"));
-                }
+/// The sums of the old net rows and of the new rows that staging took while the multiset
+/// difference read them (see [`super::sums`]), over every batch.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct StagedSums {
+    /// How many buckets per partition they were summed in.
+    pub(crate) buckets: u64,
+    pub(crate) previous: SideSums,
+    pub(crate) output: SideSums,
+}
+
+impl StagedSums {
+    /// Adds the sums of another batch (of other partitions, in as many buckets).
+    pub(crate) fn merge(&mut self, other: StagedSums) {
+        for (mine, theirs) in [
+            (&mut self.previous, other.previous),
+            (&mut self.output, other.output),
+        ] {
+            for (partition, (rows, hashes)) in theirs.proof {
+                let entry = mine.proof.entry(partition).or_default();
+                entry.0 += rows;
+                entry.1 += hashes;
             }
+            for (partition, buckets) in theirs.balance {
+                add_balances(mine.balance.entry(partition).or_default(), &buckets, 1);
+            }
+            mine.width = theirs.width;
         }
     }
-    let group_by = if by.is_empty() {
-        String::new()
-    } else {
-        format!(" GROUP BY {}", by.join(", "))
-    };
-    format!(
-        "SELECT {} FROM (SELECT {} FROM (SELECT {} FROM {})){group_by}",
-        sums.join(", "),
-        keyed.join(", "),
-        row.join(", "),
-        side.table
-    )
 }
 
 /// The partitions where the old net rows less the reversed rows plus the corrections are not
@@ -481,29 +310,6 @@ fn differing_partitions(
     differing
 }
 
-/// How a measure is summed in [`balance_check`].
-#[derive(Clone, Copy)]
-enum Summed {
-    /// Exactly, as a decimal of this scale (integers 0).
-    Exact(i8),
-    /// As a double, with the sum of absolute values for the tolerance.
-    Float,
-}
-
-/// A partition's values as text (NULL as `None`).
-type PartitionValues = Vec<Option<String>>;
-
-/// Per partition and bucket, each measure's [`Balance`].
-type Balances = std::collections::BTreeMap<(PartitionValues, u64), Vec<Balance>>;
-
-/// A bucket's sums of one measure, over the sides with their weights.
-#[derive(Default, Clone, Copy)]
-struct Balance {
-    exact: i128,
-    float: f64,
-    absolute: f64,
-}
-
 /// The partitions and measures whose buckets do not balance in [`balance_check`]: how many
 /// buckets, and the difference over them (the stored rows plus the adjustments, less the new
 /// rows); at most `sample` of them, then a count of the rest.
@@ -517,8 +323,12 @@ fn unbalanced(
     // Per partition and measure: the buckets that differ and their difference.
     let mut off: std::collections::BTreeMap<(PartitionValues, usize), (u64, Balance)> =
         std::collections::BTreeMap::new();
-    for ((values, _), sums) in balance {
-        for (i, (sum, how)) in sums.iter().zip(summed).enumerate() {
+    for (values, buckets) in balance {
+        for (i, sum, how) in buckets
+            .chunks(summed.len().max(1))
+            .flat_map(|sums| sums.iter().zip(summed).enumerate())
+            .map(|(i, (sum, how))| (i, sum, how))
+        {
             let differs = match how {
                 Summed::Exact(_) => sum.exact != 0,
                 Summed::Float => sum.float.abs() > 1e-9 * sum.absolute.max(1.0),
@@ -684,7 +494,7 @@ async fn conservation_by_key(
 mod tests {
     use super::*;
     use deltalake::arrow::array::{ArrayRef, Int64Array, StringArray};
-    use deltalake::arrow::datatypes::Field;
+    use deltalake::arrow::datatypes::{DataType, Field};
     use deltalake::datafusion::datasource::MemTable;
     use std::sync::Arc;
 
@@ -746,30 +556,50 @@ mod tests {
         register(&ctx, "__lf_ledger", &old);
         register(&ctx, "output", &new);
         register(&ctx, "adjustments", adjustments);
-        // The old net rows are the stored rows here: read apart or in one pass, the same checks.
+        // The old net rows are the stored rows here: read apart or in one pass, the same checks;
+        // and the same with the old net rows and the new rows summed as staging sums them.
+        let (schema, day, id, amount) = (
+            schema(),
+            ["day".to_string()],
+            ["id".to_string()],
+            ["amount".to_string()],
+        );
+        let compared = |previous_is_stored| Compared {
+            schema: &schema,
+            partition_columns: &day,
+            key: &id,
+            measures: &amount,
+            previous_is_stored,
+            partitions: 2,
+        };
+        let summer = Summer::new(&schema, &day, &amount, buckets(2), false).expect("summer");
+        let staged = StagedSums {
+            buckets: buckets(2),
+            previous: summer.read(&ctx, "previous").await.expect("previous"),
+            output: summer.read(&ctx, "output").await.expect("output"),
+        };
+        // Sums staging took in other buckets are not used.
+        let elsewhere = StagedSums {
+            buckets: buckets(2) - 1,
+            previous: staged.output.clone(),
+            output: staged.previous.clone(),
+        };
         let mut checked = Vec::new();
         for previous_is_stored in [false, true] {
-            checked.push(
-                prove(
-                    &ctx,
-                    &Compared {
-                        schema: &schema(),
-                        partition_columns: &["day".to_string()],
-                        key: &["id".to_string()],
-                        measures: &["amount".to_string()],
-                        previous_is_stored,
-                        partitions: 2,
-                    },
-                    5,
-                )
-                .await
-                .expect("check"),
-            );
+            for staged in [None, Some(&staged), Some(&elsewhere)] {
+                checked.push(
+                    prove(&ctx, &compared(previous_is_stored), 5, staged)
+                        .await
+                        .expect("check"),
+                );
+            }
         }
         let shown = |(proof, balance): &(CheckResult, CheckResult)| {
             format!("{:?} {:?}", proof.failures, balance.failures)
         };
-        assert_eq!(shown(&checked[0]), shown(&checked[1]));
+        for other in &checked[1..] {
+            assert_eq!(shown(&checked[0]), shown(other));
+        }
         checked.remove(0).0
     }
 
@@ -842,6 +672,7 @@ mod tests {
                 partitions: 2,
             },
             5,
+            None,
         )
         .await
         .expect("proof")
@@ -976,6 +807,7 @@ mod tests {
                 partitions: 1,
             },
             5,
+            None,
         )
         .await
         .expect("proof");

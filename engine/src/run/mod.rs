@@ -459,7 +459,7 @@ impl BackfillBuilder {
         journal: &mut Journal,
         resources: &Resources,
         lease: &RunLease,
-    ) -> Result<Option<crate::adjust::KeptNets>> {
+    ) -> Result<Option<crate::adjust::Kept>> {
         if journal.adjusted() {
             return Ok(None);
         }
@@ -499,7 +499,7 @@ impl BackfillBuilder {
         spill: &BTreeMap<String, u64>,
         lease: &RunLease,
         capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
-        kept_net: Option<crate::adjust::KeptNets>,
+        kept_net: Option<crate::adjust::Kept>,
     ) -> Result<()> {
         let plan = &self.plan;
         let report = &plan.report;

@@ -184,8 +184,8 @@ async fn conserve_with(
 pub(crate) struct FromStaging {
     /// The new rows as the writers hashed them, for the key merge.
     pub(crate) capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
-    /// Adjustments: the old net rows of each batch.
-    pub(crate) kept_net: Option<crate::adjust::KeptNets>,
+    /// Adjustments: the old net rows of each batch, and the proof's sums staging took.
+    pub(crate) kept_net: Option<crate::adjust::Kept>,
 }
 
 /// Validates the run's staged rows against the old rows at the read version (with what staging
@@ -200,6 +200,10 @@ pub(crate) async fn run_validation(
     staged: FromStaging,
 ) -> Result<ValidationReport> {
     let FromStaging { capture, kept_net } = staged;
+    let (kept_net, staged_sums) = match kept_net {
+        Some(kept) => (Some(kept.nets), kept.sums),
+        None => (None, None),
+    };
     let rules = &plan.rules;
     if !compare_rows {
         return Ok(ValidationReport {
@@ -237,8 +241,17 @@ pub(crate) async fn run_validation(
     .await?;
     let mut extra_checks = extra_checks;
     if adjustments {
-        extra_checks
-            .extend(adjustments_conserved(&ctx, plan, journal, &write_schema, sample).await?);
+        extra_checks.extend(
+            adjustments_conserved(
+                &ctx,
+                plan,
+                journal,
+                &write_schema,
+                sample,
+                staged_sums.as_ref(),
+            )
+            .await?,
+        );
     }
     for (measure, table, column) in &rules.conserve_with {
         extra_checks.push(conserve_with(&ctx, plan, journal, measure, table, column).await?);
@@ -487,13 +500,15 @@ pub(crate) async fn register_output(
 
 /// The proof that the old net rows plus the adjustments give the new rows, per partition and
 /// key (the adjustment files registered as `adjustments`), and the balance of the table's stored
-/// rows (`__lf_ledger`), which checks the net rows the proof starts from.
+/// rows (`__lf_ledger`), which checks the net rows the proof starts from. `staged`: the sums of
+/// the old net rows and the new rows this process's staging took.
 async fn adjustments_conserved(
     ctx: &SessionContext,
     plan: &BackfillPlan,
     journal: &Journal,
     write_schema: &deltalake::arrow::datatypes::SchemaRef,
     sample: usize,
+    staged: Option<&crate::adjust::StagedSums>,
 ) -> Result<Vec<CheckResult>> {
     let (layout, rules) = (&journal.inputs.layout, &plan.rules);
     let adds: Vec<_> = journal
@@ -520,7 +535,7 @@ async fn adjustments_conserved(
         previous_is_stored: stored_rows_are_net(ctx).await?,
         partitions: staged_partitions(journal).max(journal.inputs.range.periods().len()),
     };
-    let (proof, balance) = crate::adjust::prove(ctx, &compared, sample).await?;
+    let (proof, balance) = crate::adjust::prove(ctx, &compared, sample, staged).await?;
     Ok(vec![proof, balance])
 }
 
