@@ -197,7 +197,12 @@ impl ExecutionPlan for StageWriterExec {
             message.check_lease(&store, &[]).await.map_err(external)?;
             let written = message
                 .spec
-                .write(input, target_schema, Arc::clone(&store), None)
+                .write(
+                    input,
+                    target_schema,
+                    Arc::clone(&store),
+                    &Default::default(),
+                )
                 .await
                 .map_err(external)?;
             // A job the client stopped waiting for (Ctrl-C, a failure, a takeover) may still run

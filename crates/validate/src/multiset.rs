@@ -7,7 +7,8 @@
 //! which hashes a value alike in every Arrow flavour of it). Three passes, with no join and no
 //! sort:
 //!
-//! 1. the new rows are counted by hash;
+//! 1. the new rows are counted by hash (from the hashes their writers took while staging them,
+//!    when they did: [`StagedHashes`]);
 //! 2. the old rows stream through: one whose hash has a count left uses one up (it is among the
 //!    new rows), the others are removed;
 //! 3. the new rows stream again: one whose hash still has a count left uses one up and is added.
@@ -21,7 +22,7 @@
 //! twice, and once among the new rows, is matched by it both times (so it is not removed once),
 //! and every column of every row is hashed and compared in the join's table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +31,8 @@ use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::error::{DataFusionError, Result as DfResult};
 use deltalake::datafusion::execution::SendableRecordBatchStream;
+use deltalake::datafusion::execution::disk_manager::DiskManager;
+use deltalake::datafusion::execution::spill_file::{SpillFile, SpillWriter};
 use deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use deltalake::datafusion::prelude::DataFrame;
 use futures::{StreamExt, TryStreamExt};
@@ -64,21 +67,31 @@ pub struct Watchers {
 
 /// The removed rows of `old`, then the added rows of `new`, each batch passed through `shape`
 /// into a stream of `schema`. `old` and `new` have the same columns in the same order (their
-/// Arrow flavours may differ); `new` is executed twice. `watchers` see every row of each side
-/// once.
+/// Arrow flavours may differ). `watchers` see every row of each side once. `staged`: the
+/// hashes of the new rows as their writers took them ([`StagedHashes::take`]), counted instead
+/// of reading `new` for them (it is then read once, not twice); the stream fails if the rows
+/// read are not the rows hashed.
 pub fn difference(
     old: DataFrame,
     new: DataFrame,
     schema: SchemaRef,
     shape: Shape,
     watchers: Watchers,
+    staged: Option<Vec<u64>>,
 ) -> SendableRecordBatchStream {
     let Watchers {
         old: watch_old,
         new: watch_new,
     } = watchers;
     let rows = futures::stream::once(async move {
-        let counts = Arc::new(Mutex::new(count(new.clone(), watch_new).await?));
+        let (counts, expected) = match staged {
+            Some(hashes) => {
+                let expected = Tally::of(&hashes);
+                (count_hashes(hashes), Some(expected))
+            }
+            None => (count(new.clone()).await?, None),
+        };
+        let counts = Arc::new(Mutex::new(counts));
         let removed = {
             let (counts, shape) = (Arc::clone(&counts), Arc::clone(&shape));
             pass(old, watch_old, move |hashes| {
@@ -94,7 +107,10 @@ pub fn difference(
                 async move { shape(Change::Removed, batch) }
             })
         };
-        let added = pass(new, None, move |hashes| {
+        let read = Arc::new(Mutex::new(Tally::default()));
+        let seen = Arc::clone(&read);
+        let added = pass(new, watch_new, move |hashes| {
+            seen.lock().expect("the tally is never poisoned").add(hashes);
             let mut counts = counts.lock().expect("the counts are never poisoned");
             hashes.iter().map(|hash| take(&mut counts, *hash)).collect()
         })
@@ -102,10 +118,43 @@ pub fn difference(
             let shape = Arc::clone(&shape);
             async move { shape(Change::Added, batch) }
         });
-        Ok::<_, DataFusionError>(removed.chain(added))
+        // Once every new row was read: they were the rows the writers hashed.
+        let checked = futures::stream::once(async move {
+            let read = *read.lock().expect("the tally is never poisoned");
+            match expected {
+                Some(expected) if expected != read => Err(DataFusionError::Internal(format!(
+                    "the staged new rows read back ({} rows) are not the {} rows their writers hashed: run the backfill again; if it fails the same way, report it",
+                    read.rows, expected.rows
+                ))),
+                _ => Ok(None),
+            }
+        })
+        .try_filter_map(|none: Option<RecordBatch>| futures::future::ready(Ok(none)));
+        Ok::<_, DataFusionError>(removed.chain(added).chain(checked))
     })
     .try_flatten();
     Box::pin(RecordBatchStreamAdapter::new(schema, rows))
+}
+
+/// The number of rows and the sum of their hashes: which rows a side had, as far as a check of
+/// what was read against what was hashed needs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Tally {
+    rows: u64,
+    sum: u64,
+}
+
+impl Tally {
+    fn of(hashes: &[u64]) -> Self {
+        let mut tally = Self::default();
+        tally.add(hashes);
+        tally
+    }
+
+    fn add(&mut self, hashes: &[u64]) {
+        self.rows += hashes.len() as u64;
+        self.sum = hashes.iter().fold(self.sum, |sum, h| sum.wrapping_add(*h));
+    }
 }
 
 /// The rows of each hash's new rows not yet used up.
@@ -122,20 +171,25 @@ fn take(counts: &mut Counts, hash: u64) -> bool {
     }
 }
 
-/// The rows of `rows` counted by hash, each batch shown to `watch` first.
-async fn count(rows: DataFrame, mut watch: Option<Watch>) -> DfResult<Counts> {
+/// The rows of `rows` counted by hash.
+async fn count(rows: DataFrame) -> DfResult<Counts> {
     let mut counts = Counts::default();
     let mut stream = rows.execute_stream().await?;
     while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        if let Some(watch) = &mut watch {
-            watch(&batch)?;
-        }
-        for hash in hashes(&batch)? {
+        for hash in hashes(&batch?)? {
             *counts.entry(hash).or_insert(0) += 1;
         }
     }
     Ok(counts)
+}
+
+/// `hashes` counted.
+fn count_hashes(hashes: Vec<u64>) -> Counts {
+    let mut counts = Counts::with_capacity_and_hasher(hashes.len(), Default::default());
+    for hash in hashes {
+        *counts.entry(hash).or_insert(0) += 1;
+    }
+    counts
 }
 
 /// The rows of `rows` that `keep` (called with a batch's row hashes, in order) keeps; empty
@@ -249,6 +303,153 @@ impl Located {
     }
 }
 
+/// The hashes ([`hash_rows`] of the given columns, in order) of a run's new rows, taken by the
+/// writers that staged them, per batch: the difference counts them without reading the staged
+/// files back for it ([`difference`]'s `staged`).
+///
+/// Each write of a batch is an attempt with a [`StagedHashWriter`]; its hashes count once it
+/// finished, for the files it wrote, and [`StagedHashes::take`] gives them only for the same
+/// files (a batch another process staged, or a failed attempt's, has none: the difference then
+/// counts the rows it reads). The hashes go to a file of the disk manager (8 bytes a row), not
+/// to memory; a writer that cannot write its file leaves its batch without hashes.
+pub struct StagedHashes {
+    columns: Vec<String>,
+    disk: Arc<DiskManager>,
+    finished: Mutex<HashMap<usize, FinishedHashes>>,
+}
+
+struct FinishedHashes {
+    files: BTreeSet<String>,
+    file: Arc<dyn SpillFile>,
+    rows: u64,
+}
+
+impl std::fmt::Debug for StagedHashes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedHashes")
+            .field("columns", &self.columns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StagedHashes {
+    /// Hashes of rows by `columns` (in this order), kept in files of `disk`.
+    pub fn new(disk: Arc<DiskManager>, columns: Vec<String>) -> Self {
+        Self {
+            columns,
+            disk,
+            finished: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The columns a row's hash covers, in order.
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
+    /// A writer for one attempt at staging a batch.
+    pub fn writer(self: &Arc<Self>) -> StagedHashWriter {
+        let file = self
+            .disk
+            .create_tmp_file("keeping the hashes of staged rows")
+            .and_then(|file| {
+                let out = file.open_writer()?;
+                Ok((file, std::io::BufWriter::new(out)))
+            });
+        if let Err(e) = &file {
+            tracing::debug!(error = %e, "no file for the hashes of staged rows: the difference will read them");
+        }
+        StagedHashWriter {
+            owner: Arc::clone(self),
+            file: file.ok(),
+            rows: 0,
+        }
+    }
+
+    /// The hashes of batch `index`, in the order they were written, when its finished attempt
+    /// staged exactly `files`; `None` otherwise (or when they cannot be read). Given once.
+    pub async fn take(&self, index: usize, files: &BTreeSet<String>) -> Option<Vec<u64>> {
+        let finished = self
+            .finished
+            .lock()
+            .expect("the finished hashes are never poisoned")
+            .remove(&index)?;
+        if &finished.files != files {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(finished.rows).ok()? * 8);
+        let mut stream = finished.file.read_stream().ok()?;
+        while let Some(chunk) = stream.next().await {
+            bytes.extend_from_slice(&chunk.ok()?);
+        }
+        if bytes.len() as u64 != finished.rows * 8 {
+            return None;
+        }
+        Some(
+            bytes
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes")))
+                .collect(),
+        )
+    }
+}
+
+/// A file of hashes, and what writes it.
+type HashFile = (Arc<dyn SpillFile>, std::io::BufWriter<Box<dyn SpillWriter>>);
+
+/// The hashes of one attempt at staging a batch ([`StagedHashes::writer`]).
+pub struct StagedHashWriter {
+    owner: Arc<StagedHashes>,
+    /// `None` once it could not be written.
+    file: Option<HashFile>,
+    rows: u64,
+}
+
+impl StagedHashWriter {
+    /// The columns a row's hash covers, in order.
+    pub fn columns(&self) -> &[String] {
+        &self.owner.columns
+    }
+
+    /// Adds the hashes of some of the batch's rows.
+    pub fn add(&mut self, hashes: &[u64]) {
+        use std::io::Write as _;
+        let Some((_, out)) = &mut self.file else {
+            return;
+        };
+        let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+        if out.write_all(&bytes).is_err() {
+            self.file = None;
+        }
+        self.rows += hashes.len() as u64;
+    }
+
+    /// The attempt staged batch `batch` as `files`: its hashes count.
+    pub fn finish(self, batch: usize, files: impl Iterator<Item = String>) {
+        let Some((file, out)) = self.file else {
+            return;
+        };
+        let Ok(mut out) = out.into_inner() else {
+            return;
+        };
+        if out.finish().is_err() {
+            return;
+        }
+        self.owner
+            .finished
+            .lock()
+            .expect("the finished hashes are never poisoned")
+            .insert(
+                batch,
+                FinishedHashes {
+                    files: files.collect(),
+                    file,
+                    rows: self.rows,
+                },
+            );
+    }
+}
+
 /// The hasher of keys that are hashes already: the key is its own hash.
 #[derive(Default)]
 pub(crate) struct Prehashed(u64);
@@ -314,10 +515,37 @@ mod tests {
         ctx.read_table(Arc::new(provider)).expect("frame")
     }
 
+    /// The new rows' hashes as a writer would take them: of plain strings (the difference reads
+    /// string views), in order.
+    fn staged_hashes(new: &[(Option<i64>, &str)]) -> Vec<u64> {
+        let ids: deltalake::arrow::array::ArrayRef = Arc::new(Int64Array::from(
+            new.iter().map(|r| r.0).collect::<Vec<_>>(),
+        ));
+        let values: deltalake::arrow::array::ArrayRef = Arc::new(StringArray::from(
+            new.iter().map(|r| r.1).collect::<Vec<_>>(),
+        ));
+        hash_rows(&[ids, values], new.len()).expect("hashes")
+    }
+
+    /// The difference, with the new rows counted as it reads them and from their staged hashes:
+    /// the same rows both ways.
     async fn diff(
         old: &[(Option<i64>, &str)],
         new: &[(Option<i64>, &str)],
     ) -> Vec<(String, Option<i64>, String)> {
+        let read = diff_counted(old, new, None).await.expect("difference");
+        let staged = diff_counted(old, new, Some(staged_hashes(new)))
+            .await
+            .expect("difference of staged hashes");
+        assert_eq!(read, staged, "counted as read and as staged");
+        read
+    }
+
+    async fn diff_counted(
+        old: &[(Option<i64>, &str)],
+        new: &[(Option<i64>, &str)],
+        staged: Option<Vec<u64>>,
+    ) -> DfResult<Vec<(String, Option<i64>, String)>> {
         let ctx = SessionContext::new();
         let schema = Arc::new(Schema::new(vec![
             Field::new("change", DataType::Utf8, false),
@@ -359,10 +587,10 @@ mod tests {
             schema,
             shape,
             watchers,
+            staged,
         )
         .try_collect()
-        .await
-        .expect("difference");
+        .await?;
         let seen = [0, 1].map(|side| seen[side].load(std::sync::atomic::Ordering::Relaxed));
         assert_eq!(seen, [old.len(), new.len()], "rows the watchers saw");
         let mut rows = Vec::new();
@@ -377,7 +605,67 @@ mod tests {
             }
         }
         rows.sort();
-        rows
+        Ok(rows)
+    }
+
+    #[tokio::test]
+    async fn staged_hashes_that_are_not_the_rows_read_fail_the_difference() {
+        let old = [(Some(1), "a"), (Some(2), "b")];
+        let new = [(Some(1), "a"), (Some(2), "B")];
+        // A row hashed otherwise than it was read, a row more and a row less.
+        let mut other = staged_hashes(&new);
+        other[1] ^= 1;
+        let mut more = staged_hashes(&new);
+        more.push(7);
+        let less = staged_hashes(&new[..1]);
+        for staged in [other, more, less] {
+            let error = diff_counted(&old, &new, Some(staged))
+                .await
+                .expect_err("hashes of other rows");
+            assert!(
+                error.to_string().contains("not the")
+                    && error.to_string().contains("rows their writers hashed"),
+                "{error}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn staged_hashes_count_only_for_a_finished_attempt_with_the_same_files() {
+        let disk = Arc::new(
+            deltalake::datafusion::execution::disk_manager::DiskManagerBuilder::default()
+                .build()
+                .expect("disk"),
+        );
+        let hashes = Arc::new(StagedHashes::new(disk, vec!["id".into(), "v".into()]));
+        let files =
+            |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
+        // Batch 0: a failed attempt (never finished), then one that wrote two files.
+        let mut failed = hashes.writer();
+        failed.add(&[1, 2, 3]);
+        drop(failed);
+        let mut done = hashes.writer();
+        done.add(&[4, 5]);
+        done.add(&[6]);
+        done.finish(0, ["a", "b"].into_iter().map(String::from));
+        // Batch 1: finished, but the journal has other files for it (another process staged it).
+        let mut other = hashes.writer();
+        other.add(&[9]);
+        other.finish(1, ["c"].into_iter().map(String::from));
+        assert_eq!(hashes.take(1, &files(&["d"])).await, None);
+        assert_eq!(hashes.take(2, &files(&["e"])).await, None, "never staged");
+        assert_eq!(
+            hashes.take(0, &files(&["a", "b"])).await,
+            Some(vec![4, 5, 6])
+        );
+        assert_eq!(
+            hashes.take(0, &files(&["a", "b"])).await,
+            None,
+            "given once"
+        );
+        // A batch with no rows has its (empty) hashes.
+        hashes.writer().finish(3, std::iter::empty());
+        assert_eq!(hashes.take(3, &BTreeSet::new()).await, Some(Vec::new()));
     }
 
     #[test]

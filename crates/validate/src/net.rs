@@ -159,6 +159,9 @@ fn group_hash_sql(schema: &Schema, measures: &[String], key: &[String]) -> Strin
 /// is not among the old rows (a [`multiset`](crate::multiset) difference of whole rows), each
 /// with the lineage columns. `counts` holds how many of each kind once the stream has ended.
 /// `watchers` see every old and every new row once, in the schema's columns and types.
+/// `staged`: the new rows' hashes as staging took them (of the schema's columns but the
+/// lineage, in order), counted instead of reading the new rows for it.
+#[allow(clippy::too_many_arguments)]
 pub async fn adjustment_rows(
     ctx: &SessionContext,
     old: &str,
@@ -167,6 +170,7 @@ pub async fn adjustment_rows(
     measures: &[String],
     lineage: Lineage<'_>,
     watchers: Watchers,
+    staged: Option<Vec<u64>>,
 ) -> Result<Adjustments> {
     let Lineage { run_id, reason } = lineage;
     // Both sides in the schema's columns and types.
@@ -248,7 +252,7 @@ pub async fn adjustment_rows(
         Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
     });
     Ok(Adjustments {
-        rows: difference(old, new, Arc::clone(schema), shape, watchers),
+        rows: difference(old, new, Arc::clone(schema), shape, watchers, staged),
         counts,
     })
 }
@@ -337,6 +341,7 @@ async fn register_net_kept(
     // whether a row is in one: a filter on each scan of the rows. (Joined instead, DataFusion
     // repartitions every row of the ledger to meet the few adjusted groups.)
     let mut kept = KeptNet::default();
+    let started = std::time::Instant::now();
     if schema.field_with_name(KIND_COLUMN).is_ok() {
         let batches = ctx
             .sql(&format!(
@@ -358,12 +363,19 @@ async fn register_net_kept(
             kept.hashes = Some(Arc::new(hashes));
         }
     }
+    let found_ms = started.elapsed().as_millis() as u64;
     if let (Some(disk), Some(adjusted)) = (disk, kept.adjusted_function(ctx, name)) {
         let (_, grouped) = net_parts(rows, schema, measures, key, Some(&adjusted));
         if let Some(grouped) = grouped {
             kept.grouped = spill_rows(ctx, &grouped, disk).await?;
         }
     }
+    tracing::debug!(
+        groups = kept.hashes.as_ref().map_or(0, |h| h.len()),
+        found_ms,
+        grouped_ms = started.elapsed().as_millis() as u64 - found_ms,
+        "netted the rows adjustments touch"
+    );
     kept.register(ctx, name, rows, schema, measures, key)
         .await?;
     Ok(kept)

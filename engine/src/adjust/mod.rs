@@ -52,13 +52,14 @@ pub(crate) struct Kept {
 
 /// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
 /// returns them per batch, how many of each kind, and what validation may use of what staging
-/// read ([`Kept`]).
+/// read ([`Kept`]). `hashed`: the new rows' hashes as their writers took them, if they did.
 pub(crate) async fn stage(
     plan: &lakefill_recompute::plan::BackfillPlan,
     batches: &[lakefill_log::journal::BatchRecord],
     resources: &lakefill_table::resources::Resources,
     store: Arc<dyn deltalake::ObjectStore>,
     max_parallel: usize,
+    hashed: Option<&lakefill_validate::multiset::StagedHashes>,
 ) -> Result<(
     Vec<lakefill_log::journal::BatchRecord>,
     AdjustmentCounts,
@@ -78,6 +79,7 @@ pub(crate) async fn stage(
                 resources,
                 &store,
                 &write_schema,
+                hashed,
             ))
         })
         .collect();
@@ -117,6 +119,7 @@ async fn stage_batch(
     resources: &lakefill_table::resources::Resources,
     store: &Arc<dyn deltalake::ObjectStore>,
     write_schema: &Arc<Schema>,
+    hashed: Option<&lakefill_validate::multiset::StagedHashes>,
 ) -> Result<(
     lakefill_log::journal::BatchRecord,
     AdjustmentCounts,
@@ -132,6 +135,7 @@ async fn stage_batch(
         )));
     };
     let ctx = resources.session();
+    let started = std::time::Instant::now();
     let periods = lakefill_table::partition::PartitionRange {
         from: batch.start.clone(),
         to: batch.end.clone(),
@@ -142,6 +146,7 @@ async fn stage_batch(
     let kept =
         register_net_rows_spilled(&ctx, "__lf_old", plan, &periods, &resources.disk_manager())
             .await?;
+    let net_ms = started.elapsed().as_millis() as u64;
     StagedTable::register_as(
         &ctx,
         "__lf_new",
@@ -152,6 +157,15 @@ async fn stage_batch(
         report.run_id.as_str(),
     )?;
     let measures = plan.rules.summed_measures();
+    // The new rows' hashes, if this process staged them (the files are then read once).
+    let staged = match hashed {
+        Some(hashed) => {
+            let files = new_rows.files.iter().map(|a| a.path.clone()).collect();
+            hashed.take(new_rows.index, &files).await
+        }
+        None => None,
+    };
+    let counted = staged.is_some();
     // The proof's sums of both sides, taken as the difference reads them; in the buckets
     // validation will use for a range of this many partitions.
     let buckets = proof::buckets(report.range.periods().len());
@@ -184,6 +198,7 @@ async fn stage_batch(
             reason: report.reason.as_deref(),
         },
         watchers,
+        staged,
     )
     .await?;
     let produced: Vec<String> = write_schema
@@ -198,7 +213,7 @@ async fn stage_batch(
         &produced,
         Arc::clone(write_schema),
         Arc::clone(store),
-        None,
+        &lakefill_recompute::stage::Hashing::default(),
     )
     .await?;
     let counts = adjustments.counts.counts();
@@ -206,6 +221,9 @@ async fn stage_batch(
         batch = batch.index,
         reversals = counts.reversals,
         corrections = counts.corrections,
+        counted,
+        net_ms,
+        difference_ms = started.elapsed().as_millis() as u64 - net_ms,
         "staged adjustments"
     );
     // The stream has ended: the difference read both sides whole.

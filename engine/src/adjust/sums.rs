@@ -458,6 +458,7 @@ mod tests {
                 old: Some(watch_old),
                 new: Some(watch_new),
             },
+            None,
         )
         .await
         .expect("adjustments");

@@ -244,12 +244,18 @@ impl BackfillBuilder {
         let (mut journal, skip) = self.begin(&latest, previous, lease).await?;
         let resumed_batches = skip.len();
         let resources = Resources::new(self.settings.memory_limit);
-        let capture = self.capture(&resources);
+        let hashing = lakefill_recompute::stage::Hashing {
+            capture: self.capture(&resources),
+            rows: self.staged_hashes(&resources),
+        };
 
         let spill = self
-            .stage_step(&mut journal, &resources, &skip, lease, started, &capture)
+            .stage_step(&mut journal, &resources, &skip, lease, started, &hashing)
             .await?;
-        let kept_net = self.adjust_step(&mut journal, &resources, lease).await?;
+        let kept_net = self
+            .adjust_step(&mut journal, &resources, lease, hashing.rows.as_deref())
+            .await?;
+        let capture = hashing.capture;
         let stage_ms = elapsed_ms(started);
         let validate_started = Instant::now();
         self.validate_step(&mut journal, &resources, &spill, lease, capture, kept_net)
@@ -321,6 +327,35 @@ impl BackfillBuilder {
         .map(Arc::new)
     }
 
+    /// Where this process's writers hash the whole new rows for the adjustments' difference
+    /// (which then reads the staged files once, not twice): when the run publishes by
+    /// adjustments, stages here and writes whole partitions (the staged files hold only the new
+    /// rows). The columns are the staged ones but the lineage, in order, as the difference reads
+    /// them.
+    fn staged_hashes(
+        &self,
+        resources: &Resources,
+    ) -> Option<Arc<lakefill_validate::multiset::StagedHashes>> {
+        let report = &self.plan.report;
+        if report.publish != lakefill_table::adjustments::PublishMode::Adjustments
+            || self.settings.engine.is_some()
+            || report.layout.rewrites_files(&report.range)
+        {
+            return None;
+        }
+        let staged = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
+        let columns = staged
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|name| !lakefill_table::adjustments::is_lineage(name))
+            .collect();
+        Some(Arc::new(lakefill_validate::multiset::StagedHashes::new(
+            resources.disk_manager(),
+            columns,
+        )))
+    }
+
     /// When the log already holds this run (published by this or another process), the report
     /// that says so, with the journal reconciled; otherwise the previous journal, untouched.
     async fn published_already(
@@ -389,7 +424,7 @@ impl BackfillBuilder {
         skip: &BTreeSet<usize>,
         lease: &RunLease,
         started: Instant,
-        capture: &Option<Arc<lakefill_validate::keymerge::Capture>>,
+        hashing: &lakefill_recompute::stage::Hashing,
     ) -> Result<BTreeMap<String, u64>> {
         let report = &self.plan.report;
         let max_parallel = self.settings.max_parallel;
@@ -402,7 +437,7 @@ impl BackfillBuilder {
                 .map(|rate| Arc::new(Throttle::new(rate))),
             engine: self.settings.engine.clone(),
             lease: Some(lease.generation()),
-            capture: capture.clone(),
+            hashing: hashing.clone(),
         };
         self.emit(ProgressEvent::Started {
             run_id: report.run_id.to_string(),
@@ -453,12 +488,14 @@ impl BackfillBuilder {
     }
 
     /// With adjustments: stages the reversal and correction rows of every batch (see
-    /// [`crate::adjust`]) and journals them; the run stays `staged`.
+    /// [`crate::adjust`]) and journals them; the run stays `staged`. `hashed`: the new rows'
+    /// hashes this process's writers took, if they did.
     async fn adjust_step(
         &self,
         journal: &mut Journal,
         resources: &Resources,
         lease: &RunLease,
+        hashed: Option<&lakefill_validate::multiset::StagedHashes>,
     ) -> Result<Option<crate::adjust::Kept>> {
         if journal.adjusted() {
             return Ok(None);
@@ -476,6 +513,7 @@ impl BackfillBuilder {
                 resources,
                 Arc::clone(&store),
                 self.settings.max_parallel,
+                hashed,
             ))
             .await;
         match staged {

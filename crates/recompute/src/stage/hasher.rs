@@ -2,7 +2,8 @@
 //!
 //! A batch's rows pass through one writer task, which routes them to partitions and encodes
 //! them as Parquet; hashing them there too (each partition's row checksum, and the key and row
-//! hashes validation's key merge reads, see [`Capture`]) would lengthen that one task's path. A
+//! hashes validation's key merge reads, see [`Capture`], and the whole rows' hashes the
+//! adjustments' difference counts, see [`StagedHashes`]) would lengthen that one task's path. A
 //! [`Hasher`] does it on a thread of its own, fed by a short queue, so the writer only routes
 //! and encodes.
 
@@ -17,6 +18,7 @@ use deltalake::datafusion::common::ScalarValue;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::rowhash::{RowChecksum, combine_rows, value_hashes};
 use lakefill_validate::keymerge::CaptureWriter;
+use lakefill_validate::multiset::StagedHashWriter;
 
 /// The rows of one partition of one record batch.
 pub(super) struct Job {
@@ -42,6 +44,7 @@ pub(super) struct Hashed {
     /// Per partition writer (its file's digest).
     pub(super) by_writer: HashMap<Vec<Option<String>>, RowChecksum>,
     pub(super) capture: Option<CaptureWriter>,
+    pub(super) rows: Option<StagedHashWriter>,
 }
 
 /// Hashes the jobs it is given on a blocking thread.
@@ -53,6 +56,7 @@ pub(super) struct Hasher {
 impl Hasher {
     pub(super) fn start(
         capture: Option<CaptureWriter>,
+        rows: Option<StagedHashWriter>,
         file_schema: SchemaRef,
         target_schema: SchemaRef,
     ) -> Self {
@@ -63,6 +67,7 @@ impl Hasher {
                 checksums: BTreeMap::new(),
                 by_writer: HashMap::new(),
                 capture,
+                rows,
             };
             while let Some(job) = queue.blocking_recv() {
                 hash(&mut hashed, job, &file_schema, &target_schema)?;
@@ -131,6 +136,39 @@ fn hash(
         .entry(job.writer)
         .or_default()
         .merge(&checksum);
+    if hashed.capture.is_none() && hashed.rows.is_none() {
+        return Ok(());
+    }
+    // The other columns are partition columns: one value in the whole part, hashed once.
+    let partition_hashes: Vec<(&str, Vec<u64>)> = target_schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| file_schema.index_of(f.name()).is_err())
+        .map(|(i, f)| {
+            let one = value_hashes(&job.batch.column(i).slice(job.first_row, 1))?;
+            Ok((f.name().as_str(), vec![one[0]; part.num_rows()]))
+        })
+        .collect::<Result<_>>()?;
+    let cached = |name: &str| match file_schema.index_of(name) {
+        Ok(i) => Some(values[i].as_slice()),
+        Err(_) => partition_hashes
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, h)| h.as_slice()),
+    };
+    if let Some(rows) = &mut hashed.rows {
+        let columns = rows
+            .columns()
+            .iter()
+            .map(|name| {
+                cached(name).ok_or_else(|| {
+                    Error::Internal(format!("the staged rows have no column `{name}` to hash"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        rows.add(&combine_rows(&columns, part.num_rows()));
+    }
     if let Some(capture) = &mut hashed.capture {
         let column = |name: &str| match file_schema.index_of(name) {
             Ok(i) => Some(Arc::clone(part.column(i))),
@@ -138,24 +176,6 @@ fn hash(
                 .index_of(name)
                 .ok()
                 .and_then(|i| take(job.batch.column(i), &job.indices, None).ok()),
-        };
-        // The other columns are partition columns: one value in the whole part, hashed once.
-        let partition_hashes: Vec<(&str, Vec<u64>)> = target_schema
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| file_schema.index_of(f.name()).is_err())
-            .map(|(i, f)| {
-                let one = value_hashes(&job.batch.column(i).slice(job.first_row, 1))?;
-                Ok((f.name().as_str(), vec![one[0]; part.num_rows()]))
-            })
-            .collect::<Result<_>>()?;
-        let cached = |name: &str| match file_schema.index_of(name) {
-            Ok(i) => Some(values[i].as_slice()),
-            Err(_) => partition_hashes
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, h)| h.as_slice()),
         };
         let partition = |names: &[String]| {
             names

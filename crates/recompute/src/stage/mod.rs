@@ -57,6 +57,7 @@ use lakefill_table::resources::Resources;
 use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
 use lakefill_table::time::Period;
 use lakefill_validate::keymerge::Capture;
+use lakefill_validate::multiset::StagedHashes;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -75,8 +76,18 @@ pub struct StageOptions {
     /// The generation of the run's lease this process holds: a cluster's writer tasks stop
     /// writing once it is no longer held.
     pub lease: Option<u64>,
-    /// Where the writers put the new rows' key and row hashes for validation, if anywhere.
+    /// What the writers hash of the new rows for the steps after staging.
+    pub hashing: Hashing,
+}
+
+/// What a run's writers hash of the new rows beside writing them, for the steps that would
+/// otherwise read the staged files back to hash them; nothing by default.
+#[derive(Debug, Clone, Default)]
+pub struct Hashing {
+    /// The key and row hashes of validation's key merge.
     pub capture: Option<Arc<Capture>>,
+    /// The whole rows' hashes of the adjustments' multiset difference.
+    pub rows: Option<Arc<StagedHashes>>,
 }
 
 /// Stages every batch not in `skip` (`done` holds the records of those, from an earlier attempt).
@@ -98,8 +109,8 @@ pub async fn stage(
         let schema = Arc::clone(&target_schema);
         let resources = options.resources.clone();
         let store = ThrottledStore::wrap(plan.target.object_store(), options.throttle.clone());
-        let capture = options.capture.clone();
-        async move { stage_batch(plan, &batch, schema, &resources, store, capture.as_ref()).await }
+        let hashing = options.hashing.clone();
+        async move { stage_batch(plan, &batch, schema, &resources, store, &hashing).await }
     })
     .await
 }
@@ -128,7 +139,7 @@ async fn stage_in_order(
             Arc::clone(&target_schema),
             &options.resources,
             Arc::clone(&store),
-            options.capture.as_ref(),
+            &options.hashing,
         )
         .await?;
         staged.extend(record.files.iter().cloned());
@@ -222,7 +233,7 @@ async fn stage_batch(
     target_schema: SchemaRef,
     resources: &Resources,
     store: Arc<dyn deltalake::ObjectStore>,
-    capture: Option<&Arc<Capture>>,
+    hashing: &Hashing,
 ) -> Result<BatchRecord> {
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
     failpoint::reach(CrashPoint::StageBatch(batch.index)).await?;
@@ -231,19 +242,19 @@ async fn stage_batch(
     } else {
         batch_dataframe(plan, batch, resources).await?
     };
-    write_batch(plan, batch, df, target_schema, store, capture).await
+    write_batch(plan, batch, df, target_schema, store, hashing).await
 }
 
 /// Streams `df` (rows of `batch`) into staged files, one writer per partition; returns what it
-/// staged: files, and per partition rows, measure sums and row checksums. With `capture`, the
-/// rows' hashes also go there.
+/// staged: files, and per partition rows, measure sums and row checksums. The rows' hashes also
+/// go where `hashing` says.
 pub async fn write_batch(
     plan: &BackfillPlan,
     batch: &BatchPlan,
     df: DataFrame,
     target_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
-    capture: Option<&Arc<Capture>>,
+    hashing: &Hashing,
 ) -> Result<BatchRecord> {
     let produced = crate::plan::query::produced_columns(&df);
     let df = target_projection(plan, df, &target_schema)?;
@@ -262,7 +273,7 @@ pub async fn write_batch(
         &produced,
         target_schema,
         store,
-        capture,
+        hashing,
     )
     .await
 }
@@ -277,21 +288,16 @@ pub async fn write_stream(
     produced: &[String],
     target_schema: SchemaRef,
     store: Arc<dyn deltalake::ObjectStore>,
-    capture: Option<&Arc<Capture>>,
+    hashing: &Hashing,
 ) -> Result<BatchRecord> {
     let spec = WriteSpec::of(plan, batch).assigning_identity(plan, produced);
     // The rows are routed, encoded and written on a task of their own: batches staged side by
     // side then encode on every core, where polled from the run's own task they took turns on
     // one thread (the runtime's other threads waiting on them).
     let writer = spec.clone();
-    let capture = capture.cloned();
+    let hashing = hashing.clone();
     let task = AbortOnDrop(tokio::spawn(
-        async move {
-            writer
-                .write(stream, target_schema, store, capture.as_ref())
-                .await
-        }
-        .in_current_span(),
+        async move { writer.write(stream, target_schema, store, &hashing).await }.in_current_span(),
     ));
     task.join().await??.into_record(&spec)
 }
@@ -524,15 +530,15 @@ impl WriteSpec {
 
     /// Streams `stream` (rows of the batch, in `target_schema`) into staged files, one writer
     /// per partition; returns what it staged: files, and per partition rows, measure sums and
-    /// row checksums. With `capture`, the rows' key and row hashes go there too.
+    /// row checksums. The rows' hashes also go where `hashing` says.
     pub async fn write(
         &self,
         mut stream: SendableRecordBatchStream,
         target_schema: SchemaRef,
         store: Arc<dyn deltalake::ObjectStore>,
-        capture: Option<&Arc<Capture>>,
+        hashing: &Hashing,
     ) -> Result<Written> {
-        let mut staging = Staging::start(self, target_schema, store, capture)?;
+        let mut staging = Staging::start(self, target_schema, store, hashing)?;
         let mut identity_next = self.identity_block();
         while let Some(record_batch) = stream.next().await {
             let record_batch = record_batch.query_context(|| {
@@ -755,7 +761,7 @@ impl<'a> Staging<'a> {
         spec: &'a WriteSpec,
         target_schema: SchemaRef,
         store: Arc<dyn deltalake::ObjectStore>,
-        capture: Option<&Arc<Capture>>,
+        hashing: &Hashing,
     ) -> Result<Self> {
         let columns = Columns::of(spec, &target_schema)?;
         let (first, last) = spec.periods()?;
@@ -765,7 +771,8 @@ impl<'a> Staging<'a> {
             .filter_map(|m| columns.file_schema.index_of(m).ok().map(|i| (m.clone(), i)))
             .collect();
         let hasher = Hasher::start(
-            capture.map(|c| c.writer()),
+            hashing.capture.as_ref().map(Capture::writer),
+            hashing.rows.as_ref().map(StagedHashes::writer),
             Arc::clone(&columns.file_schema),
             target_schema,
         );
@@ -1150,6 +1157,7 @@ impl<'a> Staging<'a> {
             checksums,
             mut by_writer,
             capture,
+            rows,
         } = self.hasher.finish().await?;
         let mut files: Vec<Add> = self.closed;
         for (key, open) in self.writers {
@@ -1178,6 +1186,9 @@ impl<'a> Staging<'a> {
         }
         if let Some(capture) = capture {
             capture.finish(self.spec.batch.index, files.iter().map(|a| a.path.clone()));
+        }
+        if let Some(rows) = rows {
+            rows.finish(self.spec.batch.index, files.iter().map(|a| a.path.clone()));
         }
         Ok(Written {
             record: Some(BatchRecord {
