@@ -148,3 +148,92 @@ async fn plan_stage_validate_then_publish_through_the_library() {
         version_before + 1
     );
 }
+
+/// The `counted` field of every "staged adjustments" event: whether the batch's new rows were
+/// counted from the hashes staging's writers took (read once) rather than read for it.
+#[derive(Clone, Default)]
+struct CountedFromStaging(std::sync::Arc<std::sync::Mutex<Vec<bool>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountedFromStaging {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        #[derive(Default)]
+        struct Fields {
+            adjustments: bool,
+            counted: Option<bool>,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+                if field.name() == "counted" {
+                    self.counted = Some(value);
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == "staged adjustments" {
+                    self.adjustments = true;
+                }
+            }
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        if let (true, Some(counted)) = (fields.adjustments, fields.counted) {
+            self.0.lock().expect("events").push(counted);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adjustments_run_reads_the_new_rows_it_staged_once_and_nets_to_the_fix() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let counted = CountedFromStaging::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(counted.clone()))
+        .expect("the only subscriber of this test's process");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let demo = lake();
+    demo.create(dir.path()).await.expect("demo lake");
+    // The demo's fix, published as adjustments (the lineage columns added with the first).
+    let fix = std::fs::read_to_string(dir.path().join("sql/events/v2.sql")).expect("v2");
+    let fix = fix.replacen(
+        "target = \"events\"",
+        "target = \"events\"\npublish = \"adjustments\"\nschema = \"add-columns\"",
+        1,
+    );
+    std::fs::write(dir.path().join("sql/events/v2adj.sql"), fix).expect("model");
+    let project = Project::load(dir.path()).expect("project");
+    let (from, to) = (demo.start + Days::new(1), demo.start + Days::new(4));
+    let plan = PlanBuilder::new(&project, "events", from.to_string(), to.to_string())
+        .with_model_version(Some("v2adj".into()))
+        .with_settings(lakefill::RunSettings {
+            batch_partitions: 2,
+            ..lakefill::RunSettings::built_in()
+        })
+        .with_allow_edge_moves(Some("a partial fix, on purpose".into()))
+        .await
+        .expect("plan");
+    assert_eq!(plan.report().batches.len(), 2);
+    let report = BackfillBuilder::new(plan).await.expect("backfill");
+    assert_eq!(report.outcome, Outcome::Published);
+    assert!(report.validation.as_ref().is_some_and(|v| v.passed));
+    // Both batches were staged by this process: their new rows were counted from the writers'
+    // hashes, not read for it.
+    assert_eq!(*counted.0.lock().expect("events"), vec![true, true]);
+
+    // The ledger's net rows per day (a reversal counts -1 and carries its amount negated) are
+    // the day's events as raw_events has them.
+    let events = open(dir.path(), "events").await;
+    let net = per_day(
+        &events,
+        "SELECT event_date, CAST(SUM(CASE WHEN _lakefill_kind = 'reversal' THEN -1 ELSE 1 END) AS BIGINT), CAST(SUM(amount_cents) AS BIGINT) FROM t GROUP BY event_date",
+    )
+    .await;
+    let raw = per_day(
+        &open(dir.path(), "raw_events").await,
+        "SELECT CAST(event_ts AS DATE), count(*), sum(amount_cents) FROM t GROUP BY 1",
+    )
+    .await;
+    let mut day = from;
+    while day <= to {
+        let label = day.to_string();
+        assert_eq!(net[&label], raw[&label], "{label}");
+        day = day + Days::new(1);
+    }
+}
