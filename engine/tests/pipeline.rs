@@ -149,91 +149,168 @@ async fn plan_stage_validate_then_publish_through_the_library() {
     );
 }
 
-/// The `counted` field of every "staged adjustments" event: whether the batch's new rows were
-/// counted from the hashes staging's writers took (read once) rather than read for it.
-#[derive(Clone, Default)]
-struct CountedFromStaging(std::sync::Arc<std::sync::Mutex<Vec<bool>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountedFromStaging {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        #[derive(Default)]
-        struct Fields {
-            adjustments: bool,
-            counted: Option<bool>,
-        }
-        impl tracing::field::Visit for Fields {
-            fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
-                if field.name() == "counted" {
-                    self.counted = Some(value);
-                }
-            }
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" && format!("{value:?}") == "staged adjustments" {
-                    self.adjustments = true;
-                }
-            }
-        }
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        if let (true, Some(counted)) = (fields.adjustments, fields.counted) {
-            self.0.lock().expect("events").push(counted);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_adjustments_run_reads_the_new_rows_it_staged_once_and_nets_to_the_fix() {
+async fn adjustments_runs_read_what_staging_read_once_and_net_to_each_fix() {
     use tracing_subscriber::layer::SubscriberExt as _;
-    let counted = CountedFromStaging::default();
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(counted.clone()))
+    let seen = Flags::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(seen.clone()))
         .expect("the only subscriber of this test's process");
     let dir = tempfile::tempdir().expect("tempdir");
     let demo = lake();
     demo.create(dir.path()).await.expect("demo lake");
-    // The demo's fix, published as adjustments (the lineage columns added with the first).
-    let fix = std::fs::read_to_string(dir.path().join("sql/events/v2.sql")).expect("v2");
-    let fix = fix.replacen(
-        "target = \"events\"",
-        "target = \"events\"\npublish = \"adjustments\"\nschema = \"add-columns\"",
-        1,
-    );
-    std::fs::write(dir.path().join("sql/events/v2adj.sql"), fix).expect("model");
+    // The demo's fix and its bug, published as adjustments (the lineage columns added with the
+    // first).
+    for (version, adjusted) in [("v2", "v2adj"), ("v1", "v1adj")] {
+        let model = std::fs::read_to_string(dir.path().join(format!("sql/events/{version}.sql")))
+            .expect("model");
+        let model = model
+            .replacen(
+                "target = \"events\"",
+                "target = \"events\"\npublish = \"adjustments\"\nschema = \"add-columns\"",
+                1,
+            )
+            // (The bug as released had no validation rules; adjustments need a key.)
+            .replacen(
+                "*/",
+                "[validate]\nkey = [\"event_id\"]\nmeasures = [\"amount_cents\"]\n*/",
+                usize::from(version == "v1"),
+            );
+        std::fs::write(dir.path().join(format!("sql/events/{adjusted}.sql")), model)
+            .expect("model");
+    }
     let project = Project::load(dir.path()).expect("project");
     let (from, to) = (demo.start + Days::new(1), demo.start + Days::new(4));
-    let plan = PlanBuilder::new(&project, "events", from.to_string(), to.to_string())
-        .with_model_version(Some("v2adj".into()))
-        .with_settings(lakefill::RunSettings {
-            batch_partitions: 2,
-            ..lakefill::RunSettings::built_in()
-        })
-        .with_allow_edge_moves(Some("a partial fix, on purpose".into()))
-        .await
-        .expect("plan");
-    assert_eq!(plan.report().batches.len(), 2);
-    let report = BackfillBuilder::new(plan).await.expect("backfill");
-    assert_eq!(report.outcome, Outcome::Published);
-    assert!(report.validation.as_ref().is_some_and(|v| v.passed));
-    // Both batches were staged by this process: their new rows were counted from the writers'
-    // hashes, not read for it.
-    assert_eq!(*counted.0.lock().expect("events"), vec![true, true]);
+    // The fix (the first adjustments: the stored rows are net), the bug again on two of its
+    // days (netted against the fix's adjustments), the fix again (netted against both).
+    let runs = [
+        ("v2adj", from, to),
+        ("v1adj", from + Days::new(1), from + Days::new(2)),
+        ("v2adj", from, to),
+    ];
+    for (run, (version, start, end)) in runs.into_iter().enumerate() {
+        seen.0.lock().expect("events").clear();
+        let plan = PlanBuilder::new(&project, "events", start.to_string(), end.to_string())
+            .with_model_version(Some(version.into()))
+            .with_settings(lakefill::RunSettings {
+                batch_partitions: 2,
+                ..lakefill::RunSettings::built_in()
+            })
+            .with_allow_edge_moves(Some("a partial fix, on purpose".into()))
+            .await
+            .expect("plan");
+        let batches = plan.report().batches.len();
+        let report = BackfillBuilder::new(plan).await.expect("backfill");
+        assert_eq!(report.outcome, Outcome::Published, "run {run}");
+        assert!(
+            report.validation.as_ref().is_some_and(|v| v.passed),
+            "run {run}"
+        );
+        // Every batch was staged by this process: its new rows were counted from the writers'
+        // hashes, not read for it, and the key merge took the old net rows as the difference
+        // hashed them, not reading them again.
+        let flags = seen.0.lock().expect("events").clone();
+        assert_eq!(
+            flags.get("staged adjustments/counted"),
+            Some(&vec![true; batches]),
+            "run {run}"
+        );
+        assert_eq!(
+            flags.get("merged rows by key hash/old_captured"),
+            Some(&vec![true]),
+            "run {run}"
+        );
 
-    // The ledger's net rows per day (a reversal counts -1 and carries its amount negated) are
-    // the day's events as raw_events has them.
-    let events = open(dir.path(), "events").await;
-    let net = per_day(
-        &events,
-        "SELECT event_date, CAST(SUM(CASE WHEN _lakefill_kind = 'reversal' THEN -1 ELSE 1 END) AS BIGINT), CAST(SUM(amount_cents) AS BIGINT) FROM t GROUP BY event_date",
-    )
-    .await;
-    let raw = per_day(
-        &open(dir.path(), "raw_events").await,
-        "SELECT CAST(event_ts AS DATE), count(*), sum(amount_cents) FROM t GROUP BY 1",
-    )
-    .await;
-    let mut day = from;
-    while day <= to {
-        let label = day.to_string();
-        assert_eq!(net[&label], raw[&label], "{label}");
-        day = day + Days::new(1);
+        // The ledger's net rows per day (a reversal counts -1 and carries its amount negated)
+        // are the day's events as the model of the last run over the day makes them: the fix
+        // (raw_events' own days) but on the bug's days after its run.
+        let events = open(dir.path(), "events").await;
+        let net = per_day(
+            &events,
+            "SELECT event_date, CAST(SUM(CASE WHEN _lakefill_kind = 'reversal' THEN -1 ELSE 1 END) AS BIGINT), CAST(SUM(amount_cents) AS BIGINT) FROM t GROUP BY event_date",
+        )
+        .await;
+        let raw = per_day(
+            &open(dir.path(), "raw_events").await,
+            "SELECT CAST(event_ts AS DATE), count(*), sum(amount_cents) FROM t GROUP BY 1",
+        )
+        .await;
+        let mut day = start;
+        while day <= end {
+            let label = day.to_string();
+            let fixed = net[&label] == raw[&label];
+            assert_eq!(fixed, version == "v2adj", "run {run}, {label}");
+            day = day + Days::new(1);
+        }
+    }
+}
+
+/// The boolean fields of the events of adjustments runs (whose model version ends in `adj`; the
+/// process's other tests run others), by message and field name (`message/field`), in the order
+/// they came.
+#[derive(Clone, Default)]
+struct Flags(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<bool>>>>);
+
+/// The model version of a run's span.
+struct Version(String);
+
+impl<S> tracing_subscriber::Layer<S> for Flags
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Visit(Option<String>);
+        impl tracing::field::Visit for Visit {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "version" {
+                    self.0 = Some(format!("{value:?}"));
+                }
+            }
+        }
+        let mut version = Visit(None);
+        attrs.record(&mut version);
+        if let (Some(version), Some(span)) = (version.0, ctx.span(id)) {
+            span.extensions_mut().insert(Version(version));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        #[derive(Default)]
+        struct Fields {
+            message: String,
+            flags: Vec<(&'static str, bool)>,
+        }
+        impl tracing::field::Visit for Fields {
+            fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+                self.flags.push((field.name(), value));
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.message = format!("{value:?}");
+                }
+            }
+        }
+        let adjusting = ctx.event_scope(event).is_some_and(|mut scope| {
+            scope.any(|span| {
+                span.extensions()
+                    .get::<Version>()
+                    .is_some_and(|v| v.0.ends_with("adj"))
+            })
+        });
+        if !adjusting {
+            return;
+        }
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let mut seen = self.0.lock().expect("events");
+        for (name, value) in fields.flags {
+            seen.entry(format!("{}/{name}", fields.message))
+                .or_default()
+                .push(value);
+        }
     }
 }

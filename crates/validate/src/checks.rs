@@ -29,6 +29,9 @@ pub struct Known {
     pub new: KnownCounts,
     /// The old side's row checksums, as its files' log entries hold them.
     pub old_checksums: Option<LoggedChecksums>,
+    /// The old side's rows as something that read them whole hashed them, with their totals
+    /// ([`super::keymerge::Capture::old_side`]): then not read again, when it fits.
+    pub old_captured: Option<std::sync::Arc<super::keymerge::Capture>>,
     /// The keys around the range, for the key merge to look up (see [`super::edges`]).
     pub edges: Option<std::sync::Arc<super::edges::EdgeProbe>>,
     /// The table whose rows the commit appends, which the table's own rules must hold for:
@@ -58,8 +61,15 @@ pub async fn validate(
     // The old side is scanned but where its logged checksums settle a partition (its files' own,
     // never of a file with a deletion vector): its counts then honour deletion vectors, which
     // the log's statistics do not.
-    let (comparison, facts) =
-        compare_keyed(ctx, &spec, None, known.new, known.old_checksums.as_ref()).await?;
+    let (comparison, facts) = compare_keyed(
+        ctx,
+        &spec,
+        None,
+        known.new,
+        known.old_checksums.as_ref(),
+        known.old_captured,
+    )
+    .await?;
     failpoint::reach(CrashPoint::MidValidate).await?;
     let mut checks = extra_checks;
 

@@ -65,7 +65,7 @@ pub async fn compare(
     old_counts: KnownCounts,
     new_counts: KnownCounts,
 ) -> Result<Comparison> {
-    Ok(compare_keyed(ctx, spec, old_counts, new_counts, None)
+    Ok(compare_keyed(ctx, spec, old_counts, new_counts, None, None)
         .await?
         .0)
 }
@@ -74,13 +74,15 @@ pub async fn compare(
 /// the same pass (`None` when it did not: then the key checks need a query of their own).
 /// `logged`: every old partition, as the log knows it (by its files' entries), with its checksum
 /// when each of its files carries one; a partition whose logged checksum equals the new rows' is
-/// not read on the old side.
+/// not read on the old side. `old_captured`: the old rows as something that read them whole
+/// hashed them ([`Capture::old_side`]): the old side is then not read, when the capture fits.
 pub async fn compare_keyed(
     ctx: &SessionContext,
     spec: &CompareSpec,
     old_counts: KnownCounts,
     new_counts: KnownCounts,
     logged: Option<&LoggedChecksums>,
+    old_captured: Option<Arc<Capture>>,
 ) -> Result<(Comparison, Option<KeyFacts>)> {
     if spec.checksum_columns.is_some() {
         lakefill_table::rowhash::register_hash_functions(ctx);
@@ -109,7 +111,11 @@ pub async fn compare_keyed(
         Some(_) => settled,
         None => SideAggregates::new(),
     };
-    let whole_old = mostly_changed || logged_all_differ(&new, &settled, logged);
+    // (A captured old side costs nothing to read whole: its totals tell the partitions that
+    // differ.)
+    let old_captured = old_captured.filter(|_| settled.is_empty());
+    let whole_old =
+        mostly_changed || old_captured.is_some() || logged_all_differ(&new, &settled, logged);
     let compared = compare_sides(
         ctx,
         spec,
@@ -118,7 +124,7 @@ pub async fn compare_keyed(
         &settled,
         logged,
         whole_old,
-        captured.as_deref(),
+        (captured.as_deref(), old_captured.as_deref()),
     )
     .await;
     if let Some(original) = narrowed {
@@ -226,7 +232,7 @@ async fn compare_sides(
     settled: &SideAggregates,
     logged: Option<&LoggedChecksums>,
     whole_old: bool,
-    captured: Option<&Capture>,
+    (captured, old_captured): (Option<&Capture>, Option<&Capture>),
 ) -> Result<(Comparison, Option<KeyFacts>)> {
     let started = std::time::Instant::now();
     let with_settled = |mut old: SideAggregates| {
@@ -249,7 +255,7 @@ async fn compare_sides(
                 columns,
                 logged,
                 expected_rows,
-                captured,
+                (captured, old_captured),
                 |totals| {
                     let old = with_settled(side_from_totals(spec, totals));
                     match differing_partitions(spec, &old, &new, &schema)? {
@@ -854,7 +860,7 @@ mod tests {
                 mostly_changed,
                 ..KnownSide::default()
             };
-            let (comparison, facts) = compare_keyed(ctx, &spec(), None, Some(hint), logged)
+            let (comparison, facts) = compare_keyed(ctx, &spec(), None, Some(hint), logged, None)
                 .await
                 .expect("compare");
             results.push((serde_json::to_value(&comparison).expect("json"), facts));
@@ -885,7 +891,7 @@ mod tests {
                 &["id".into(), "s".into(), "v".into()],
                 None,
                 0,
-                None,
+                (None, None),
                 |_| Ok(Decision::Diff(None)),
             )
             .await
@@ -962,7 +968,7 @@ mod tests {
                 &columns,
                 None,
                 0,
-                None,
+                (None, None),
                 |_| Ok(Decision::Identical),
             )
             .await
@@ -989,7 +995,7 @@ mod tests {
                     &columns,
                     Some(logged),
                     0,
-                    None,
+                    (None, None),
                     |_| Ok(Decision::Identical),
                 )
                 .await
@@ -1004,5 +1010,197 @@ mod tests {
                 assert_eq!(results[0].0["totals"]["old_rows"], old.len() as u64);
             }
         }
+    }
+
+    /// `previous`'s rows, batch by batch, as a capture of the old side takes them while
+    /// something else reads them whole; an attempt that never finishes also sees some of them.
+    async fn capture_previous(
+        ctx: &SessionContext,
+        schema: &Schema,
+        memory_rows: usize,
+        absent_null: &[String],
+        spec: &CompareSpec,
+    ) -> Arc<Capture> {
+        let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+        let capture = Capture::old_side(
+            disk,
+            schema,
+            &spec.key,
+            &["day".to_string()],
+            spec.sample,
+            spec.checksum_columns.as_deref().expect("checksum columns"),
+            &spec.measures,
+            absent_null,
+        )
+        .expect("a capture")
+        .with_memory_rows(memory_rows);
+        let capture = Arc::new(capture);
+        let mut read = ctx
+            .table("previous")
+            .await
+            .expect("previous")
+            .collect()
+            .await
+            .expect("rows");
+        // Rows of several days in one batch, and batches of all sizes.
+        let all =
+            deltalake::arrow::compute::concat_batches(&read[0].schema(), &read).expect("concat");
+        read = (0..all.num_rows())
+            .step_by(97)
+            .map(|at| all.slice(at, 97.min(all.num_rows() - at)))
+            .collect();
+        let without = |batch: &RecordBatch| {
+            let keep: Vec<usize> = (0..batch.num_columns())
+                .filter(|i| !absent_null.contains(batch.schema().field(*i).name()))
+                .collect();
+            batch.project(&keep).expect("project")
+        };
+        let mut failed = capture.writer();
+        failed.add_batch(&without(&read[0]));
+        drop(failed);
+        let mut writer = capture.writer();
+        for batch in &read {
+            writer.add_batch(&without(batch));
+        }
+        writer.finish(0, ["a".to_string()].into_iter());
+        capture
+    }
+
+    #[tokio::test]
+    async fn an_old_side_hashed_as_it_is_read_elsewhere_gives_exactly_the_comparison_of_reading_it()
+    {
+        let columns = |note: bool| {
+            let mut fields = vec![
+                Field::new("id", DataType::Int64, true),
+                Field::new("s", DataType::Utf8, true),
+                Field::new("v", DataType::Int64, true),
+                Field::new("day", DataType::Date32, true),
+            ];
+            if note {
+                fields.insert(3, Field::new("note", DataType::Utf8, true));
+            }
+            Schema::new(fields)
+        };
+        for same in [
+            vec![],
+            vec![20_001, 20_003],
+            vec![20_000, 20_001, 20_002, 20_003, 20_004],
+        ] {
+            for (memory_rows, note) in [(1 << 20, false), (50, false), (1 << 20, true)] {
+                let (old, new) = sides(&same);
+                let ctx = context(&old, &new);
+                let mut spec = spec();
+                let absent: Vec<String> = match note {
+                    // A column the rows read lack, NULL on both sides (as the lineage columns
+                    // of net rows).
+                    true => {
+                        for side in ["previous", "output"] {
+                            let rows = ctx
+                                .sql(&format!(
+                                    "SELECT id, s, v, CAST(NULL AS VARCHAR) AS note, day FROM {side}"
+                                ))
+                                .await
+                                .expect("view");
+                            ctx.deregister_table(side).expect("deregister");
+                            ctx.register_table(side, rows.into_view())
+                                .expect("register");
+                        }
+                        spec.checksum_columns =
+                            Some(vec!["id".into(), "s".into(), "v".into(), "note".into()]);
+                        vec!["note".into()]
+                    }
+                    false => Vec::new(),
+                };
+                let hint = || KnownSide {
+                    mostly_changed: true,
+                    ..KnownSide::default()
+                };
+                let (read, read_facts) = compare_keyed(&ctx, &spec, None, Some(hint()), None, None)
+                    .await
+                    .expect("compare");
+                let capture =
+                    capture_previous(&ctx, &columns(note), memory_rows, &absent, &spec).await;
+                let (from_capture, facts) = compare_keyed(
+                    &ctx,
+                    &spec,
+                    None,
+                    Some(KnownSide::default()),
+                    None,
+                    Some(Arc::clone(&capture)),
+                )
+                .await
+                .expect("compare");
+                let case = format!("same {same:?}, {memory_rows} rows in memory, note {note}");
+                assert!(capture.sealed(), "{case}: the capture was used");
+                // The same comparison; samples as many, of partitions with such differences
+                // (which ones are chosen depends on the order the rows came in).
+                let (mut captured_json, mut read_json) = (
+                    serde_json::to_value(&from_capture).expect("json"),
+                    serde_json::to_value(&read).expect("json"),
+                );
+                let (captured_samples, read_samples) =
+                    (captured_json["samples"].take(), read_json["samples"].take());
+                assert_eq!(captured_json, read_json, "{case}");
+                for kind in ["added", "removed", "changed"] {
+                    let samples = captured_samples[kind].as_array().expect("samples");
+                    assert_eq!(
+                        samples.len(),
+                        read_samples[kind].as_array().expect("samples").len(),
+                        "{case}: {kind}"
+                    );
+                    for sample in samples {
+                        let partition = from_capture
+                            .partitions
+                            .iter()
+                            .find(|p| serde_json::json!(p.value) == sample["partition"])
+                            .expect("a sample's partition is compared");
+                        let count = match kind {
+                            "added" => partition.added,
+                            "removed" => partition.removed,
+                            _ => partition.changed,
+                        };
+                        assert!(count > 0, "{case}: {kind} sample {sample}");
+                    }
+                }
+                assert_eq!(facts, read_facts, "{case}");
+                assert_eq!(from_capture.totals.old_rows, old.len() as u64, "{case}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_old_side_hashed_in_other_types_is_not_used_and_the_old_rows_are_read() {
+        let (old, new) = sides(&[20_001]);
+        let ctx = context(&old, &new);
+        // The measure hashed as a 32-bit integer: its values hash apart from the 64-bit ones.
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("v", DataType::Int32, true),
+            Field::new("day", DataType::Date32, true),
+        ]);
+        let capture = capture_previous(&ctx, &schema, 1 << 20, &[], &spec()).await;
+        let hint = KnownSide {
+            mostly_changed: true,
+            ..KnownSide::default()
+        };
+        let (read, _) = compare_keyed(&ctx, &spec(), None, Some(hint), None, None)
+            .await
+            .expect("compare");
+        let (unused, _) = compare_keyed(
+            &ctx,
+            &spec(),
+            None,
+            Some(KnownSide::default()),
+            None,
+            Some(Arc::clone(&capture)),
+        )
+        .await
+        .expect("compare");
+        assert!(!capture.sealed());
+        assert_eq!(
+            serde_json::to_value(&unused).expect("json"),
+            serde_json::to_value(&read).expect("json")
+        );
     }
 }

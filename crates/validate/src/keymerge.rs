@@ -154,6 +154,8 @@ pub enum Decision {
 /// has every one, the old rows are not checksummed here (the checksum hashes every column
 /// again), and if the read finds a partition the log does not account for (or with other row
 /// counts), the result is `None` too, for the caller to read the old side its other way.
+/// `old_captured`: the old side as something that read it whole hashed it, with its totals
+/// ([`Capture::old_side`]), used instead of reading `old` when it fits.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub async fn merge_diff_whole_old(
     ctx: &SessionContext,
@@ -163,7 +165,7 @@ pub async fn merge_diff_whole_old(
     checksum_columns: &[String],
     logged: Option<&LoggedChecksums>,
     expected_rows: u64,
-    captured: Option<&Capture>,
+    (captured, old_captured): (Option<&Capture>, Option<&Capture>),
     decide: impl FnOnce(&BTreeMap<String, LabelTotals>) -> Result<Decision>,
 ) -> Result<Option<(BTreeMap<String, LabelTotals>, Option<(RowDiff, KeyFacts)>)>> {
     let Some(columns) = Columns::of(ctx, spec, old, new).await? else {
@@ -171,6 +173,7 @@ pub async fn merge_diff_whole_old(
     };
     let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
     let captured = captured.filter(|c| columns.fit(spec, c, buckets));
+    let old_captured = old_captured.filter(|c| columns.fit_old(spec, c, buckets, checksum_columns));
     let Columns {
         common,
         parts,
@@ -194,23 +197,40 @@ pub async fn merge_diff_whole_old(
     );
     let mut merge = Merge::new(spec, parts.len());
     let started = std::time::Instant::now();
-    let old_sql = narrow(old, &hash, "TRUE", &totals_columns);
-    let old_sides = merge
-        .read(ctx, &old_sql, buckets, false, Some(spec.measures.len()))
-        .await?;
+    let old_rows = match old_captured {
+        Some(capture) => {
+            let (sealed, relabel, mut tally) = capture.seal(spec, &mut merge.labels, None)?;
+            merge.counts.resize(merge.labels.labels.len(), [0; 3]);
+            merge.add_totals(&mut tally);
+            merge.deferred.push(tally);
+            let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+            OldRows {
+                rows: sealed.into_buckets(buckets, &disk)?,
+                relabel: Some(Arc::new(relabel)),
+            }
+        }
+        None => {
+            let old_sql = narrow(old, &hash, "TRUE", &totals_columns);
+            let sides = merge
+                .read(ctx, &old_sql, buckets, false, Some(spec.measures.len()))
+                .await?;
+            OldRows {
+                rows: Side::gather(sides, buckets),
+                relabel: None,
+            }
+        }
+    };
     let old_ms = started.elapsed().as_millis() as u64;
     let mut by_text: BTreeMap<String, LabelTotals> = BTreeMap::new();
     for (label, totals) in &merge.totals {
         let text = merge.labels.labels[*label as usize].text.clone();
-        let entry = by_text.entry(text).or_insert_with(|| LabelTotals {
-            sums: vec![0.0; totals.sums.len()],
-            ..LabelTotals::default()
-        });
-        entry.rows += totals.rows;
-        entry.checksum += totals.checksum;
-        for (e, t) in entry.sums.iter_mut().zip(&totals.sums) {
-            *e += t;
-        }
+        by_text
+            .entry(text)
+            .or_insert_with(|| LabelTotals {
+                sums: vec![0.0; totals.sums.len()],
+                ..LabelTotals::default()
+            })
+            .add(totals);
     }
     if let Some(logged) = logged {
         for (text, totals) in by_text.iter_mut() {
@@ -278,7 +298,7 @@ pub async fn merge_diff_whole_old(
     };
     let result = async {
         merge
-            .run_new(ctx, old_sides, new_side, buckets, keep, started, old_ms)
+            .run_new(ctx, old_rows, new_side, buckets, keep, started, old_ms)
             .await?;
         let (counts, sampled, facts) = merge.finish();
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
@@ -318,6 +338,7 @@ struct Columns {
     hash: String,
     /// The columns the row hash covers, in order.
     compared: Vec<String>,
+    old_schema: Schema,
     new_schema: Schema,
 }
 
@@ -349,16 +370,36 @@ impl Columns {
             parts: spec.partitions.columns(),
             hash: row_hash_sql(&compared),
             compared,
+            old_schema,
             new_schema,
         }))
     }
 
     /// Whether `capture` hashed the new side as a merge of `buckets` buckets would.
     fn fit(&self, spec: &CompareSpec, capture: &Capture, buckets: usize) -> bool {
-        let fits =
-            capture.fits(spec, &self.compared, &self.new_schema) && capture.fits_buckets(buckets);
+        let fits = !capture.is_old_side()
+            && capture.fits(spec, &self.compared, &self.new_schema)
+            && capture.fits_buckets(buckets);
         if !fits {
             tracing::debug!("the new rows hashed while staging do not fit the comparison");
+        }
+        fits
+    }
+
+    /// Whether `capture` hashed the old side, and took its totals over `checksum`, as a
+    /// whole-old merge of `buckets` buckets would.
+    fn fit_old(
+        &self,
+        spec: &CompareSpec,
+        capture: &Capture,
+        buckets: usize,
+        checksum: &[String],
+    ) -> bool {
+        let fits = capture.fits(spec, &self.compared, &self.old_schema)
+            && capture.fits_totals(spec, checksum, &self.old_schema)
+            && capture.fits_buckets(buckets);
+        if !fits {
+            tracing::debug!("the old rows hashed while staging do not fit the comparison");
         }
         fits
     }
@@ -373,6 +414,13 @@ enum NewSide<'a> {
         capture: &'a Capture,
         labels: Option<&'a BTreeSet<String>>,
     },
+}
+
+/// The old side's rows by bucket (in memory for one, else each bucket's spill files), and what
+/// they become when read, when they were captured ([`Relabel`]).
+struct OldRows {
+    rows: std::result::Result<Vec<Entry>, Vec<Vec<SpillFileRef>>>,
+    relabel: Option<Arc<capture::Relabel>>,
 }
 
 /// Whether every key column exists on both sides with one type class that hashing compares as
@@ -936,9 +984,13 @@ impl<'a> Merge<'a> {
         buckets: usize,
     ) -> Result<()> {
         let started = std::time::Instant::now();
-        let old_sides = self.read(ctx, old_sql, buckets, false, None).await?;
+        let sides = self.read(ctx, old_sql, buckets, false, None).await?;
         let old_ms = started.elapsed().as_millis() as u64;
-        self.run_new(ctx, old_sides, new, buckets, None, started, old_ms)
+        let old = OldRows {
+            rows: Side::gather(sides, buckets),
+            relabel: None,
+        };
+        self.run_new(ctx, old, new, buckets, None, started, old_ms)
             .await
     }
 
@@ -948,7 +1000,7 @@ impl<'a> Merge<'a> {
     async fn run_new(
         &mut self,
         ctx: &SessionContext,
-        old_sides: Vec<Side>,
+        old: OldRows,
         new: NewSide<'_>,
         buckets: usize,
         keep: Option<Arc<Vec<bool>>>,
@@ -956,6 +1008,11 @@ impl<'a> Merge<'a> {
         old_ms: u64,
     ) -> Result<()> {
         let captured = matches!(new, NewSide::Captured { .. });
+        let old_captured = old.relabel.is_some();
+        let OldRows {
+            rows: old_gathered,
+            relabel: old_relabel,
+        } = old;
         let (new_rows, relabel) = match new {
             NewSide::Queries(sqls) => {
                 let mut new_sides = Vec::new();
@@ -990,8 +1047,11 @@ impl<'a> Merge<'a> {
         if let Some(edges) = &edges {
             edges.consulted();
         }
-        match (Side::gather(old_sides, buckets), new_rows) {
+        match (old_gathered, new_rows) {
             (Ok(mut old_rows), Ok(mut new_rows)) => {
+                if let Some(relabel) = &old_relabel {
+                    relabel.apply(&mut old_rows);
+                }
                 if let Some(keep) = &keep {
                     old_rows.retain(|e| keep.get(e.label() as usize).copied().unwrap_or(true));
                 }
@@ -1028,12 +1088,16 @@ impl<'a> Merge<'a> {
                     let edges = edges.clone();
                     let keep = keep.clone();
                     let relabel = relabel.clone();
+                    let old_relabel = old_relabel.clone();
                     tasks.push(tokio::task::spawn_blocking(move || {
                         let mut scratch = Scratch::default();
                         files
                             .into_iter()
                             .map(|(bucket, old, new)| {
                                 scratch.read(&old, fixed, false)?;
+                                if let Some(relabel) = &old_relabel {
+                                    relabel.apply(&mut scratch.old);
+                                }
                                 if let Some(keep) = &keep {
                                     scratch.old.retain(|e| {
                                         keep.get(e.label() as usize).copied().unwrap_or(true)
@@ -1073,6 +1137,7 @@ impl<'a> Merge<'a> {
         tracing::debug!(
             buckets,
             captured,
+            old_captured,
             old_ms,
             new_ms,
             pair_ms = started.elapsed().as_millis() as u64 - old_ms - new_ms,
@@ -1145,17 +1210,7 @@ impl<'a> Merge<'a> {
         if aggregate.is_some() {
             // Which rows count is known only once the totals are compared: kept until then.
             for tally in &mut tallies {
-                for (label, totals) in tally.totals.drain() {
-                    let total = self.totals.entry(label).or_insert_with(|| LabelTotals {
-                        sums: vec![0.0; totals.sums.len()],
-                        ..LabelTotals::default()
-                    });
-                    total.rows += totals.rows;
-                    total.checksum += totals.checksum;
-                    for (t, s) in total.sums.iter_mut().zip(&totals.sums) {
-                        *t += s;
-                    }
-                }
+                self.add_totals(tally);
             }
             self.deferred.extend(tallies);
             return Ok(sides);
@@ -1164,6 +1219,19 @@ impl<'a> Merge<'a> {
             self.absorb_read(tally, None);
         }
         Ok(sides)
+    }
+
+    /// Takes the totals of a side read whole out of `tally`, into [`Self::totals`].
+    fn add_totals(&mut self, tally: &mut ReadTally) {
+        for (label, totals) in tally.totals.drain() {
+            self.totals
+                .entry(label)
+                .or_insert_with(|| LabelTotals {
+                    sums: vec![0.0; totals.sums.len()],
+                    ..LabelTotals::default()
+                })
+                .add(&totals);
+        }
     }
 
     /// Adds what a reading task settled itself, only for labels `keep` holds (all without it).
@@ -1373,6 +1441,17 @@ pub struct LabelTotals {
     pub checksum: u128,
     /// Measure sums, in the order of the comparison's measures.
     pub sums: Vec<f64>,
+}
+
+impl LabelTotals {
+    /// Adds the totals of other rows of the same partition value.
+    fn add(&mut self, other: &LabelTotals) {
+        self.rows += other.rows;
+        self.checksum += other.checksum;
+        for (t, s) in self.sums.iter_mut().zip(&other.sums) {
+            *t += s;
+        }
+    }
 }
 
 impl ReadTally {

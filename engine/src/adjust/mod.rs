@@ -26,7 +26,7 @@ mod sums;
 
 pub(crate) use proof::{Compared, StagedSums, prove};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use deltalake::arrow::datatypes::Schema;
 
@@ -34,6 +34,7 @@ use lakefill_recompute::plan::adjust::register_net_rows_spilled;
 use lakefill_table::adjustments::AdjustmentCounts;
 use lakefill_table::error::Result;
 use lakefill_table::staged::StagedTable;
+use lakefill_validate::keymerge::{Capture, CaptureWriter};
 use lakefill_validate::net::{KeptNet, Lineage, adjustment_rows};
 
 /// The old net rows of each batch as staging computed them (by batch index), for validation to
@@ -48,18 +49,25 @@ pub(crate) struct Kept {
     /// The proof's sums of the old net rows and of the new rows, over every batch (`None`
     /// unless staging summed every batch).
     pub(crate) sums: Option<StagedSums>,
+    /// The old net rows as the key merge reads them, hashed as the difference read them, with
+    /// their totals (an attempt per batch, finished with its adjustment files).
+    pub(crate) old_rows: Option<Arc<Capture>>,
 }
 
 /// Stages the adjustment rows of every batch of new rows in `batches` (see the module docs);
 /// returns them per batch, how many of each kind, and what validation may use of what staging
-/// read ([`Kept`]). `hashed`: the new rows' hashes as their writers took them, if they did.
+/// read ([`Kept`]). `hashed`: the new rows' hashes as their writers took them, if they did;
+/// `old_rows`: where to hash the old net rows for the key merge as the difference reads them.
 pub(crate) async fn stage(
     plan: &lakefill_recompute::plan::BackfillPlan,
     batches: &[lakefill_log::journal::BatchRecord],
     resources: &lakefill_table::resources::Resources,
     store: Arc<dyn deltalake::ObjectStore>,
     max_parallel: usize,
-    hashed: Option<&lakefill_validate::multiset::StagedHashes>,
+    (hashed, old_rows): (
+        Option<&lakefill_validate::multiset::StagedHashes>,
+        Option<Arc<Capture>>,
+    ),
 ) -> Result<(
     Vec<lakefill_log::journal::BatchRecord>,
     AdjustmentCounts,
@@ -79,7 +87,7 @@ pub(crate) async fn stage(
                 resources,
                 &store,
                 &write_schema,
-                hashed,
+                (hashed, old_rows.as_ref()),
             ))
         })
         .collect();
@@ -91,6 +99,7 @@ pub(crate) async fn stage(
     let mut records = Vec::with_capacity(staged.len());
     let mut kept = Kept {
         sums: Some(StagedSums::default()),
+        old_rows: old_rows.clone(),
         ..Kept::default()
     };
     for (record, counts, net, sums) in staged {
@@ -119,7 +128,10 @@ async fn stage_batch(
     resources: &lakefill_table::resources::Resources,
     store: &Arc<dyn deltalake::ObjectStore>,
     write_schema: &Arc<Schema>,
-    hashed: Option<&lakefill_validate::multiset::StagedHashes>,
+    (hashed, old_rows): (
+        Option<&lakefill_validate::multiset::StagedHashes>,
+        Option<&Arc<Capture>>,
+    ),
 ) -> Result<(
     lakefill_log::journal::BatchRecord,
     AdjustmentCounts,
@@ -187,6 +199,15 @@ async fn stage_batch(
         };
         (watchers, Some((previous, output)))
     };
+    // The old net rows hashed for the key merge as they stream by.
+    let old_writer = old_rows.map(|c| Arc::new(Mutex::new(Some(c.writer()))));
+    let watchers = match &old_writer {
+        Some(writer) => lakefill_validate::multiset::Watchers {
+            old: Some(also_capture(watchers.old, Arc::clone(writer))),
+            new: watchers.new,
+        },
+        None => watchers,
+    };
     let adjustments = adjustment_rows(
         &ctx,
         "__lf_old",
@@ -216,6 +237,9 @@ async fn stage_batch(
         &lakefill_recompute::stage::Hashing::default(),
     )
     .await?;
+    if let Some(writer) = old_writer.and_then(|w| w.lock().ok()?.take()) {
+        writer.finish(batch.index, record.files.iter().map(|a| a.path.clone()));
+    }
     let counts = adjustments.counts.counts();
     tracing::debug!(
         batch = batch.index,
@@ -236,6 +260,27 @@ async fn stage_batch(
         output: taken(output),
     });
     Ok((record, counts, kept, summed))
+}
+
+/// `watch` (if any), then `writer` hashing the same rows.
+fn also_capture(
+    watch: Option<lakefill_validate::multiset::Watch>,
+    writer: Arc<Mutex<Option<CaptureWriter>>>,
+) -> lakefill_validate::multiset::Watch {
+    let mut watch = watch;
+    Box::new(move |batch| {
+        if let Some(watch) = &mut watch {
+            watch(batch)?;
+        }
+        if let Some(writer) = writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
+        {
+            writer.add_batch(batch);
+        }
+        Ok(())
+    })
 }
 
 /// With a companion: refuses to publish when a commit after the version the run read changed

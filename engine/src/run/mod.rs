@@ -327,6 +327,66 @@ impl BackfillBuilder {
         .map(Arc::new)
     }
 
+    /// Where the adjustments' difference hashes the old net rows it reads whole for the key
+    /// merge, with their totals, so that validation does not read them again: as
+    /// [`Self::capture`], when the run publishes by adjustments. The columns are the table's that
+    /// are staged, in the types the difference reads them in (the lineage columns, which it does
+    /// not read, are NULL in net rows).
+    fn old_capture(
+        &self,
+        resources: &Resources,
+    ) -> Option<Arc<lakefill_validate::keymerge::Capture>> {
+        let report = &self.plan.report;
+        if report.publish != lakefill_table::adjustments::PublishMode::Adjustments {
+            return None;
+        }
+        self.capture(resources)?;
+        let staged = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
+        let table = crate::run::validation::table_schema(&self.plan).ok()?;
+        let lineage = |name: &str| lakefill_table::adjustments::is_lineage(name);
+        let schema = deltalake::arrow::datatypes::Schema::new(
+            table
+                .fields()
+                .iter()
+                .filter_map(|f| {
+                    let read = staged.field_with_name(f.name()).ok()?;
+                    Some(if lineage(f.name()) { f } else { read }.clone())
+                })
+                .collect::<Vec<_>>(),
+        );
+        let checksum: Vec<String> = table
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|name| !report.layout.partition_columns.contains(name))
+            .collect();
+        let absent: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|name| lineage(name))
+            .collect();
+        let parts: Vec<String> = report
+            .layout
+            .time
+            .encoding
+            .columns()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        lakefill_validate::keymerge::Capture::old_side(
+            resources.disk_manager(),
+            &schema,
+            &self.plan.rules.key,
+            &parts,
+            self.sample,
+            &checksum,
+            &self.plan.rules.summed_measures(),
+            &absent,
+        )
+        .map(Arc::new)
+    }
+
     /// Where this process's writers hash the whole new rows for the adjustments' difference
     /// (which then reads the staged files once, not twice): when the run publishes by
     /// adjustments, stages here and writes whole partitions (the staged files hold only the new
@@ -513,7 +573,7 @@ impl BackfillBuilder {
                 resources,
                 Arc::clone(&store),
                 self.settings.max_parallel,
-                hashed,
+                (hashed, self.old_capture(resources)),
             ))
             .await;
         match staged {

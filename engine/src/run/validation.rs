@@ -200,9 +200,9 @@ pub(crate) async fn run_validation(
     staged: FromStaging,
 ) -> Result<ValidationReport> {
     let FromStaging { capture, kept_net } = staged;
-    let (kept_net, staged_sums) = match kept_net {
-        Some(kept) => (Some(kept.nets), kept.sums),
-        None => (None, None),
+    let (kept_net, staged_sums, old_rows) = match kept_net {
+        Some(kept) => (Some(kept.nets), kept.sums, kept.old_rows),
+        None => (None, None, None),
     };
     let rules = &plan.rules;
     if !compare_rows {
@@ -299,6 +299,21 @@ pub(crate) async fn run_validation(
         new_side.checksums = None;
         new_side.captured = None;
     }
+    // The old net rows as the adjustments' difference hashed them: when it read every batch's
+    // (the attempts finished are the journal's adjustment batches) and they are `previous`'s
+    // rows, with the lineage columns it did not read NULL.
+    let old_rows = match old_rows {
+        Some(captured) if !rounding && previous_lineage_null(&ctx).await? => {
+            let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
+                .progress
+                .adjustments
+                .iter()
+                .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
+                .collect();
+            captured.covers(&batches).then_some(captured)
+        }
+        _ => None,
+    };
     // The keys around the range, for the key merge to look up (see `crate::run::edges`).
     let started = std::time::Instant::now();
     let edges = crate::run::edges::EdgeScan::prepare(plan, resources).await?;
@@ -311,6 +326,7 @@ pub(crate) async fn run_validation(
         Known {
             new: Some(new_side),
             old_checksums: logged,
+            old_captured: old_rows,
             edges: edges.as_ref().map(crate::run::edges::EdgeScan::probe),
             appended: if adjustments { "adjustments" } else { "output" },
         },
@@ -384,6 +400,23 @@ async fn register_sides(
     register_output(ctx, plan, journal, write_schema, target_schema).await?;
     register_cascade_staged(ctx, plan).await?;
     Ok(kept)
+}
+
+/// Whether the lineage columns of an adjustments run's `previous` are NULL in every row: it is
+/// net rows (which leave them NULL), or stored rows without them.
+async fn previous_lineage_null(ctx: &SessionContext) -> Result<bool> {
+    if !stored_rows_are_net(ctx).await? {
+        return Ok(true);
+    }
+    let previous = ctx
+        .table("previous")
+        .await
+        .query_context(|| "cannot read the old rows".into())?;
+    Ok(!previous
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| lakefill_table::adjustments::is_lineage(f.name())))
 }
 
 /// Whether the rows of the table an adjustments run corrects (registered as `__lf_ledger`) are

@@ -1,4 +1,5 @@
-//! The new side of the key merge, hashed while staging writes it.
+//! A side of the key merge, hashed while staging writes it (the new rows) or reads it (the old
+//! rows of an adjustments run, which the difference reads whole: [`Capture::old_side`]).
 //!
 //! Staging holds every new row in memory once, in the target's types: hashing its key and its
 //! compared columns there costs a fraction of reading the staged files back to hash them. A
@@ -17,14 +18,18 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
-use deltalake::arrow::array::{Array, ArrayRef};
-use deltalake::arrow::datatypes::{DataType, Schema};
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_null_array};
+use deltalake::arrow::compute::cast;
+use deltalake::arrow::datatypes::{DataType, Float64Type, Schema};
+use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::common::ScalarValue;
 use deltalake::datafusion::execution::disk_manager::DiskManager;
 use deltalake::datafusion::execution::spill_file::SpillWriter;
 
-use super::{Entry, LabelTable, Pending, RECORD, ReadTally, Scratch, Side, SpillFileRef, encode};
-use crate::rowdiff::{ADDED, SampledKey};
+use super::{
+    Entry, LabelTable, LabelTotals, Pending, RECORD, ReadTally, Scratch, Side, SpillFileRef, encode,
+};
+use crate::rowdiff::{ADDED, REMOVED, SampledKey};
 use crate::spec::CompareSpec;
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::rowhash::{
@@ -41,7 +46,8 @@ pub(super) const CAPTURE_BUCKETS: usize = 256;
 /// Rows a writer gathers before it hands them to the shared buckets.
 const FLUSH_ROWS: usize = 64 * 1024;
 
-/// The new rows of a run as the key merge reads them, hashed by the run's writers.
+/// The new rows of a run as the key merge reads them, hashed by the run's writers (or the old
+/// rows, hashed as staging read them, with their totals: [`Capture::old_side`]).
 pub struct Capture {
     key: Vec<String>,
     /// The columns a row's hash covers (the target's, but the key, in its order), with the
@@ -54,8 +60,22 @@ pub struct Capture {
     /// Rows kept in memory before the capture goes to spill files.
     memory_rows: usize,
     disk: Arc<DiskManager>,
+    /// For the old side: what it also sums per partition.
+    old: Option<OldSide>,
     state: Mutex<State>,
     files: std::sync::OnceLock<Files>,
+}
+
+/// What a capture of the old side also takes of its rows: the totals per partition that the
+/// whole-old merge aggregates as it reads them ([`LabelTotals`]).
+struct OldSide {
+    /// The columns of the row checksum, in order, with their type classes.
+    checksum: Vec<(String, DataType)>,
+    /// The measures summed (as doubles), in the comparison's order.
+    measures: Vec<String>,
+    /// Columns the rows seen lack, whose values are all NULL on the side captured (an
+    /// adjustments run's lineage columns, NULL in net rows): hashed as NULLs.
+    absent_null: Vec<String>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -76,6 +96,8 @@ struct State {
     attempts: Vec<Attempt>,
     /// Rows with a NULL key (they match nothing), per capture label.
     nulls: BTreeMap<u32, NullRows>,
+    /// For the old side: the totals per capture label of finished attempts.
+    totals: BTreeMap<u32, LabelTotals>,
     /// Why the capture cannot be used (a spill file failed, a column could not be hashed).
     broken: Option<String>,
     /// Whether its rows were taken out for a merge.
@@ -196,9 +218,46 @@ impl Capture {
             sample,
             memory_rows: MEMORY_ROWS,
             disk,
+            old: None,
             state: Mutex::new(State::default()),
             files: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A capture of the old rows of a comparison, hashed as something else reads them whole
+    /// (an adjustments run's difference): as [`Self::new`] (`schema`: the compared columns with
+    /// the types of the rows seen), and per partition their rows, the exact sum of their
+    /// checksums over `checksum` (columns of `schema`, in order) and the sums of `measures` as
+    /// doubles. The rows seen may lack the columns `absent_null`, which are then NULL on the
+    /// side captured. Its rows are written by [`CaptureWriter::add_batch`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn old_side(
+        disk: Arc<DiskManager>,
+        schema: &Schema,
+        key: &[String],
+        parts: &[String],
+        sample: usize,
+        checksum: &[String],
+        measures: &[String],
+        absent_null: &[String],
+    ) -> Option<Self> {
+        let checksum = checksum
+            .iter()
+            .map(|c| {
+                let field = schema.field_with_name(c).ok()?;
+                Some((c.clone(), key_type_class(field.data_type())))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        if measures.iter().any(|m| schema.index_of(m).is_err()) {
+            return None;
+        }
+        let mut capture = Self::new(disk, schema, key, parts, sample)?;
+        capture.old = Some(OldSide {
+            checksum,
+            measures: measures.to_vec(),
+            absent_null: absent_null.to_vec(),
+        });
+        Some(capture)
     }
 
     /// Keeps at most `rows` rows in memory (for tests of the spill files).
@@ -227,6 +286,9 @@ impl Capture {
             pending: Vec::new(),
             chunks: Vec::new(),
             nulls: BTreeMap::new(),
+            totals: BTreeMap::new(),
+            converter: None,
+            known: HashMap::new(),
         }
     }
 
@@ -283,6 +345,31 @@ impl Capture {
                 .all(|(k, t)| same(k, t))
     }
 
+    /// Whether, as the old side of a whole-old merge, its totals are the merge's: a checksum of
+    /// `checksum` (with the types `schema` has) and sums of the spec's measures.
+    pub(super) fn fits_totals(
+        &self,
+        spec: &CompareSpec,
+        checksum: &[String],
+        schema: &Schema,
+    ) -> bool {
+        self.old.as_ref().is_some_and(|old| {
+            old.measures == spec.measures
+                && old.checksum.len() == checksum.len()
+                && old.checksum.iter().zip(checksum).all(|((name, class), c)| {
+                    name == c
+                        && schema
+                            .field_with_name(name)
+                            .is_ok_and(|f| key_type_class(f.data_type()) == *class)
+                })
+        })
+    }
+
+    /// Whether it captured an old side.
+    pub(super) fn is_old_side(&self) -> bool {
+        self.old.is_some()
+    }
+
     /// Whether a merge of `buckets` buckets can pair these rows.
     pub(super) fn fits_buckets(&self, buckets: usize) -> bool {
         buckets.is_power_of_two() && buckets <= CAPTURE_BUCKETS
@@ -324,28 +411,48 @@ impl Capture {
         }
         let relabel = Relabel { labels };
         let mut tally = ReadTally::default();
+        let old_side = self.old.is_some();
+        // A NULL key matches nothing: a new row with one is added (and counted among the key
+        // facts), an old one removed.
+        let kind = if old_side { REMOVED } else { ADDED };
         for (label, nulls) in std::mem::take(&mut state.nulls) {
             let Some((label, diffed)) = relabel.labels.get(label as usize).copied().flatten()
             else {
                 continue;
             };
-            tally.null_rows += nulls.rows;
+            if !old_side {
+                tally.null_rows += nulls.rows;
+            }
             if !diffed {
                 continue;
             }
-            tally.counts.entry(label).or_default()[ADDED] += nulls.rows;
+            tally.counts.entry(label).or_default()[kind] += nulls.rows;
             for mut entry in nulls.samples {
                 entry.relabel(label, true);
-                if tally.samples[ADDED].len() < spec.sample {
-                    tally.samples[ADDED].push(Pending {
+                if tally.samples[kind].len() < spec.sample {
+                    let (new, old) = match old_side {
+                        true => (None, Some(entry)),
+                        false => (Some(entry), None),
+                    };
+                    tally.samples[kind].push(Pending {
                         label,
                         coalesce_with: None,
                         key: SampledKey::Null,
-                        new: Some(entry),
-                        old: None,
+                        new,
+                        old,
                     });
                 }
             }
+        }
+        for (label, totals) in std::mem::take(&mut state.totals) {
+            let Some((label, _)) = relabel.labels.get(label as usize).copied().flatten() else {
+                continue;
+            };
+            let total = tally.totals.entry(label).or_insert_with(|| LabelTotals {
+                sums: vec![0.0; totals.sums.len()],
+                ..LabelTotals::default()
+            });
+            total.add(&totals);
         }
         let sealed = match self.files.get() {
             None => Sealed::Memory(std::mem::take(&mut state.memory)),
@@ -488,6 +595,11 @@ pub struct CaptureWriter {
     /// Records per bucket not yet written, once the capture is in files.
     chunks: Vec<Vec<u8>>,
     nulls: BTreeMap<u32, NullRows>,
+    /// The old side's totals per capture label ([`Capture::old_side`]).
+    totals: BTreeMap<u32, LabelTotals>,
+    /// The old side's partition values as rows, and their labels ([`Self::add_batch`]).
+    converter: Option<RowConverter>,
+    known: HashMap<Box<[u8]>, u32>,
 }
 
 impl CaptureWriter {
@@ -506,6 +618,171 @@ impl CaptureWriter {
         }
     }
 
+    /// Hashes the rows of `batch`, of any partitions, for a capture of the old side
+    /// ([`Capture::old_side`]): each column found by name (or NULL, for the columns it may
+    /// lack), with its partition's totals. A failure spoils the capture, never the read.
+    pub fn add_batch(&mut self, batch: &RecordBatch) {
+        if let Err(why) = self.try_add_batch(batch) {
+            self.capture.break_with(why.to_string());
+        }
+    }
+
+    fn try_add_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        let capture = Arc::clone(&self.capture);
+        let old = capture
+            .old
+            .as_ref()
+            .ok_or_else(|| Error::Internal("rows of any partition for a new side".into()))?;
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        let column = |name: &str| -> Result<ArrayRef> {
+            match batch.column_by_name(name) {
+                Some(column) => Ok(Arc::clone(column)),
+                None if old.absent_null.iter().any(|n| n == name) => {
+                    Ok(new_null_array(&DataType::Utf8, rows))
+                }
+                None => Err(Error::Internal(format!("column `{name}` is not read"))),
+            }
+        };
+        let labels = self.batch_labels(batch, rows)?;
+        let keys = capture
+            .key
+            .iter()
+            .map(|k| column(k))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let (k1, k2) = (key_hashes(0, &keys, rows)?, key_hashes(1, &keys, rows)?);
+        // Each column hashed once, for the row hash and the checksum alike.
+        let mut values: HashMap<&str, Vec<u64>> = HashMap::new();
+        for name in capture
+            .compared
+            .iter()
+            .map(|(n, _)| n)
+            .chain(old.checksum.iter().map(|(n, _)| n))
+        {
+            if !values.contains_key(name.as_str()) {
+                values.insert(name.as_str(), value_hashes(&column(name)?)?);
+            }
+        }
+        let combined = |names: &mut dyn Iterator<Item = &String>| {
+            let columns: Vec<&[u64]> = names.map(|n| values[n.as_str()].as_slice()).collect();
+            combine_rows(&columns, rows)
+        };
+        let hashes = combined(&mut capture.compared.iter().map(|(n, _)| n));
+        let checksums = combined(&mut old.checksum.iter().map(|(n, _)| n));
+        let measures = old
+            .measures
+            .iter()
+            .map(|m| {
+                let doubles = cast(&column(m)?, &DataType::Float64)
+                    .map_err(|e| Error::Internal(format!("cannot sum measure `{m}`: {e}")))?;
+                doubles
+                    .as_primitive_opt::<Float64Type>()
+                    .cloned()
+                    .ok_or_else(|| Error::Internal(format!("measure `{m}` is not a double")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.pending.reserve(rows);
+        for row in 0..rows {
+            let label = labels[row];
+            let totals = self.totals.entry(label).or_insert_with(|| LabelTotals {
+                sums: vec![0.0; measures.len()],
+                ..LabelTotals::default()
+            });
+            totals.rows += 1;
+            totals.checksum += u128::from(checksums[row]);
+            for (sum, measure) in totals.sums.iter_mut().zip(&measures) {
+                if measure.is_valid(row) {
+                    *sum += measure.value(row);
+                }
+            }
+            let entry = Entry::new(k1.value(row), k2.value(row), hashes[row], label, true);
+            if k1.is_valid(row) {
+                self.pending.push(entry);
+                continue;
+            }
+            let nulls = self.nulls.entry(label).or_default();
+            nulls.rows += 1;
+            if nulls.samples.len() < capture.sample {
+                nulls.samples.push(entry);
+            }
+        }
+        if self.pending.len() >= FLUSH_ROWS {
+            self.flush(false);
+        }
+        Ok(())
+    }
+
+    /// The capture label of each row of `batch`, by its partition values.
+    fn batch_labels(&mut self, batch: &RecordBatch, rows: usize) -> Result<Vec<u32>> {
+        let capture = Arc::clone(&self.capture);
+        let parts = capture
+            .parts
+            .iter()
+            .map(|p| {
+                batch
+                    .column_by_name(p)
+                    .cloned()
+                    .ok_or_else(|| Error::Internal(format!("partition column `{p}` is not read")))
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        if parts.is_empty() {
+            let label = self.label_of(Vec::new())?;
+            return Ok(vec![label; rows]);
+        }
+        let converter = match &mut self.converter {
+            Some(c) => c,
+            None => {
+                let fields = parts
+                    .iter()
+                    .map(|p| SortField::new(p.data_type().clone()))
+                    .collect();
+                self.converter.insert(
+                    RowConverter::new(fields).map_err(|e| {
+                        Error::Internal(format!("cannot read partition values: {e}"))
+                    })?,
+                )
+            }
+        };
+        let converted = converter
+            .convert_columns(&parts)
+            .map_err(|e| Error::Internal(format!("cannot read partition values: {e}")))?;
+        let mut out: Vec<u32> = Vec::with_capacity(rows);
+        for row in 0..rows {
+            let bytes = converted.row(row);
+            if row > 0 && converted.row(row - 1) == bytes {
+                out.push(out[row - 1]);
+                continue;
+            }
+            if let Some(label) = self.known.get(bytes.as_ref()) {
+                out.push(*label);
+                continue;
+            }
+            let values = parts
+                .iter()
+                .map(|p| {
+                    ScalarValue::try_from_array(p, row)
+                        .query_context(|| "cannot read a partition value".into())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let label = self.label_of(values)?;
+            self.known.insert(bytes.as_ref().into(), label);
+            out.push(label);
+        }
+        Ok(out)
+    }
+
+    /// This attempt's capture label of the partition values `values`.
+    fn label_of(&mut self, values: Vec<ScalarValue>) -> Result<u32> {
+        if let Some(label) = self.labels.get(&values) {
+            return Ok(*label);
+        }
+        let label = self.capture.label(self.attempt, values.clone())?;
+        self.labels.insert(values, label);
+        Ok(label)
+    }
+
     fn try_add<'a>(
         &mut self,
         column: impl Fn(&str) -> Option<ArrayRef>,
@@ -516,14 +793,7 @@ impl CaptureWriter {
         let capture = Arc::clone(&self.capture);
         let values = values(&capture.parts)
             .ok_or_else(|| Error::Internal("a partition value cannot be read".into()))?;
-        let label = match self.labels.get(&values) {
-            Some(label) => *label,
-            None => {
-                let label = capture.label(self.attempt, values.clone())?;
-                self.labels.insert(values, label);
-                label
-            }
-        };
+        let label = self.label_of(values)?;
         let column = |name: &str| {
             column(name).ok_or_else(|| Error::Internal(format!("column `{name}` is not staged")))
         };
@@ -581,6 +851,7 @@ impl CaptureWriter {
     pub fn finish(mut self, batch: usize, files: impl Iterator<Item = String>) {
         self.flush(true);
         let nulls = std::mem::take(&mut self.nulls);
+        let totals = std::mem::take(&mut self.totals);
         let attempt = self.attempt;
         self.capture.with_state(|state| {
             for (label, rows) in nulls {
@@ -588,6 +859,8 @@ impl CaptureWriter {
                 total.rows += rows.rows;
                 total.samples.extend(rows.samples);
             }
+            // (Each capture label is one attempt's: its totals arrive once.)
+            state.totals.extend(totals);
             if let Some(a) = state.attempts.get_mut(attempt) {
                 a.batch = Some(batch);
                 a.files = files.collect();
