@@ -1477,33 +1477,44 @@ impl ReadTally {
                     .ok_or_else(|| Error::Internal("a measure is not a double".into()))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut start = 0;
-        while start < labels.len() {
-            // Rows come in runs of one partition.
-            let label = labels[start];
-            let end = labels[start..]
-                .iter()
-                .position(|l| *l != label)
-                .map_or(labels.len(), |n| start + n);
-            let totals = self.totals.entry(label).or_insert_with(|| LabelTotals {
-                sums: vec![0.0; measures],
-                ..LabelTotals::default()
-            });
-            totals.rows += (end - start) as u64;
-            totals.checksum += hashes.values()[start..end]
-                .iter()
-                .map(|h| u128::from(*h))
-                .sum::<u128>();
-            for (total, column) in totals.sums.iter_mut().zip(&sums) {
-                for row in start..end {
-                    if column.is_valid(row) {
-                        *total += column.value(row);
-                    }
+        let sums: Vec<&deltalake::arrow::array::Float64Array> = sums.into_iter().collect();
+        add_runs(&mut self.totals, labels, hashes.values(), &sums);
+        Ok(())
+    }
+}
+
+/// Adds rows to their labels' `totals`: each row's label, checksum hash and measures (as
+/// doubles), in runs of one label (a file's rows come together).
+fn add_runs(
+    totals: &mut HashMap<u32, LabelTotals>,
+    labels: &[u32],
+    checksums: &[u64],
+    measures: &[&deltalake::arrow::array::Float64Array],
+) {
+    let mut start = 0;
+    while start < labels.len() {
+        let label = labels[start];
+        let end = labels[start..]
+            .iter()
+            .position(|l| *l != label)
+            .map_or(labels.len(), |n| start + n);
+        let totals = totals.entry(label).or_insert_with(|| LabelTotals {
+            sums: vec![0.0; measures.len()],
+            ..LabelTotals::default()
+        });
+        totals.rows += (end - start) as u64;
+        totals.checksum += checksums[start..end]
+            .iter()
+            .map(|h| u128::from(*h))
+            .sum::<u128>();
+        for (total, column) in totals.sums.iter_mut().zip(measures) {
+            for row in start..end {
+                if column.is_valid(row) {
+                    *total += column.value(row);
                 }
             }
-            start = end;
         }
-        Ok(())
+        start = end;
     }
 }
 
@@ -1594,7 +1605,12 @@ impl SideLabels {
             .cloned()
             .ok_or_else(|| Error::Internal("the partition flag is not a boolean".into()))?;
         let parts: Vec<ArrayRef> = (0..width).map(|i| Arc::clone(batch.column(i))).collect();
-        let labels = self.labels(&parts, batch.num_rows(), table, spec)?;
+        let labels = self.labels(&parts, batch.num_rows(), &mut |values| {
+            table
+                .lock()
+                .map_err(|_| Error::Internal("the partition labels were poisoned".into()))?
+                .intern(spec, values)
+        })?;
         Ok(Loaded {
             k1: column(0)?,
             k2: column(1)?,
@@ -1605,20 +1621,14 @@ impl SideLabels {
         })
     }
 
-    /// The label index of every row.
+    /// The label of every row of the partition columns `parts`, each distinct partition value
+    /// labelled by `intern` once.
     fn labels(
         &mut self,
         parts: &[ArrayRef],
         rows: usize,
-        table: &Mutex<LabelTable>,
-        spec: &CompareSpec,
+        intern: &mut dyn FnMut(Vec<ScalarValue>) -> Result<u32>,
     ) -> Result<Vec<u32>> {
-        let intern = |values: Vec<ScalarValue>| {
-            table
-                .lock()
-                .map_err(|_| Error::Internal("the partition labels were poisoned".into()))?
-                .intern(spec, values)
-        };
         if parts.is_empty() {
             let label = intern(Vec::new())?;
             return Ok(vec![label; rows]);

@@ -37,7 +37,7 @@ use deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use deltalake::datafusion::prelude::DataFrame;
 use futures::{StreamExt, TryStreamExt};
 
-use lakefill_table::rowhash::hash_rows;
+use lakefill_table::rowhash::{combine_rows, hash_rows, value_hashes};
 
 /// Which side a row of the difference comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,9 +52,10 @@ pub enum Change {
 pub type Shape = Arc<dyn Fn(Change, RecordBatch) -> DfResult<RecordBatch> + Send + Sync>;
 
 /// Sees every row of a side as the difference reads it whole (the old rows in their pass, the
-/// new rows in the pass that counts them): for sums wanted of the same rows, without reading
-/// them again.
-pub type Watch = Box<dyn FnMut(&RecordBatch) -> DfResult<()> + Send>;
+/// new rows in the pass that counts them): for sums or hashes wanted of the same rows, without
+/// reading them again. With each batch come its columns' [`value_hashes`], in order, which the
+/// difference's row hash combines.
+pub type Watch = Box<dyn FnMut(&RecordBatch, &[Vec<u64>]) -> DfResult<()> + Send>;
 
 /// What watches each side's rows ([`Watch`]); none by default.
 #[derive(Default)]
@@ -203,16 +204,27 @@ fn pass(
     futures::stream::once(async move { rows.execute_stream().await })
         .try_flatten()
         .and_then(move |batch| {
-            let watched = match &mut watch {
-                Some(watch) => watch(&batch),
-                None => Ok(()),
-            };
-            let kept = watched
-                .and_then(|()| hashes(&batch))
-                .map(|hashes| BooleanArray::from(keep(&hashes)));
+            let kept = column_hashes(&batch).and_then(|values| {
+                if let Some(watch) = &mut watch {
+                    watch(&batch, &values)?;
+                }
+                let values: Vec<&[u64]> = values.iter().map(Vec::as_slice).collect();
+                let hashes = combine_rows(&values, batch.num_rows());
+                Ok(BooleanArray::from(keep(&hashes)))
+            });
             async move { Ok(filter_record_batch(&batch, &kept?)?) }
         })
         .try_filter(|batch| futures::future::ready(batch.num_rows() > 0))
+}
+
+/// The [`value_hashes`] of each column of `batch`: combined, its rows' [`hash_rows`].
+fn column_hashes(batch: &RecordBatch) -> DfResult<Vec<Vec<u64>>> {
+    batch
+        .columns()
+        .iter()
+        .map(value_hashes)
+        .collect::<lakefill_table::error::Result<Vec<_>>>()
+        .map_err(|e| DataFusionError::External(e.into()))
 }
 
 fn hashes(batch: &RecordBatch) -> DfResult<Vec<u64>> {
@@ -572,7 +584,7 @@ mod tests {
         ]);
         let watch = |side: usize| -> Option<Watch> {
             let seen = Arc::clone(&seen);
-            Some(Box::new(move |batch: &RecordBatch| {
+            Some(Box::new(move |batch: &RecordBatch, _: &[Vec<u64>]| {
                 seen[side].fetch_add(batch.num_rows(), std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }))

@@ -268,16 +268,20 @@ fn also_capture(
     writer: Arc<Mutex<Option<CaptureWriter>>>,
 ) -> lakefill_validate::multiset::Watch {
     let mut watch = watch;
-    Box::new(move |batch| {
+    Box::new(move |batch, values| {
         if let Some(watch) = &mut watch {
-            watch(batch)?;
+            watch(batch, values)?;
         }
         if let Some(writer) = writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_mut()
         {
-            writer.add_batch(batch);
+            let schema = batch.schema();
+            writer.add_batch(batch, |name| {
+                let at = schema.index_of(name).ok()?;
+                values.get(at).map(Vec::as_slice)
+            });
         }
         Ok(())
     })

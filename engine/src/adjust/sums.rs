@@ -351,7 +351,7 @@ impl Summer {
     pub(crate) fn watch(self) -> (Arc<Mutex<SideSums>>, lakefill_validate::multiset::Watch) {
         let sums = Arc::new(Mutex::new(SideSums::default()));
         let into = Arc::clone(&sums);
-        let watch = Box::new(move |batch: &RecordBatch| {
+        let watch = Box::new(move |batch: &RecordBatch, _: &[Vec<u64>]| {
             let mut sums = into.lock().expect("the sums are never poisoned");
             self.add(&mut sums, batch)
         });

@@ -290,33 +290,7 @@ impl BackfillBuilder {
     /// side is a part of the files). With adjustments the new side is the model's staged rows
     /// too (the old side is the net rows, which the merge reads).
     fn capture(&self, resources: &Resources) -> Option<Arc<lakefill_validate::keymerge::Capture>> {
-        let report = &self.plan.report;
-        if !self.validate
-            || self.settings.engine.is_some()
-            || report.layout.rewrites_files(&report.range)
-        {
-            return None;
-        }
-        // The columns the merge compares are those both sides have: the staged ones the table
-        // had before the run (a model that adds columns adds them on the new side only), in the
-        // table's order.
-        let staged = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
-        let table = crate::run::validation::table_schema(&self.plan).ok()?;
-        let schema = deltalake::arrow::datatypes::Schema::new(
-            table
-                .fields()
-                .iter()
-                .filter_map(|f| staged.field_with_name(f.name()).ok().cloned())
-                .collect::<Vec<_>>(),
-        );
-        let parts: Vec<String> = report
-            .layout
-            .time
-            .encoding
-            .columns()
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let (schema, parts) = self.compared_columns(false)?;
         lakefill_validate::keymerge::Capture::new(
             resources.disk_manager(),
             &schema,
@@ -329,9 +303,9 @@ impl BackfillBuilder {
 
     /// Where the adjustments' difference hashes the old net rows it reads whole for the key
     /// merge, with their totals, so that validation does not read them again: as
-    /// [`Self::capture`], when the run publishes by adjustments. The columns are the table's that
-    /// are staged, in the types the difference reads them in (the lineage columns, which it does
-    /// not read, are NULL in net rows).
+    /// [`Self::capture`], when the run publishes by adjustments. The checksum covers the
+    /// table's columns but the partition columns; the lineage columns, which the difference
+    /// does not read, are NULL in net rows.
     fn old_capture(
         &self,
         resources: &Resources,
@@ -340,20 +314,8 @@ impl BackfillBuilder {
         if report.publish != lakefill_table::adjustments::PublishMode::Adjustments {
             return None;
         }
-        self.capture(resources)?;
-        let staged = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
+        let (schema, parts) = self.compared_columns(true)?;
         let table = crate::run::validation::table_schema(&self.plan).ok()?;
-        let lineage = |name: &str| lakefill_table::adjustments::is_lineage(name);
-        let schema = deltalake::arrow::datatypes::Schema::new(
-            table
-                .fields()
-                .iter()
-                .filter_map(|f| {
-                    let read = staged.field_with_name(f.name()).ok()?;
-                    Some(if lineage(f.name()) { f } else { read }.clone())
-                })
-                .collect::<Vec<_>>(),
-        );
         let checksum: Vec<String> = table
             .fields()
             .iter()
@@ -364,15 +326,7 @@ impl BackfillBuilder {
             .fields()
             .iter()
             .map(|f| f.name().clone())
-            .filter(|name| lineage(name))
-            .collect();
-        let parts: Vec<String> = report
-            .layout
-            .time
-            .encoding
-            .columns()
-            .into_iter()
-            .map(str::to_string)
+            .filter(|name| lakefill_table::adjustments::is_lineage(name))
             .collect();
         lakefill_validate::keymerge::Capture::old_side(
             resources.disk_manager(),
@@ -385,6 +339,54 @@ impl BackfillBuilder {
             &absent,
         )
         .map(Arc::new)
+    }
+
+    /// The columns the key merge compares, when a capture can take them as staging goes (the
+    /// run validates, stages here and writes whole partitions), and the partition columns that
+    /// label its rows. They are those both sides have: the staged ones the table had before the
+    /// run (a model that adds columns adds them on the new side only), in the table's order, in
+    /// the staged types (with `lineage_as_table`, the lineage columns in the table's: they are
+    /// NULL on the side captured).
+    fn compared_columns(
+        &self,
+        lineage_as_table: bool,
+    ) -> Option<(deltalake::arrow::datatypes::Schema, Vec<String>)> {
+        let report = &self.plan.report;
+        if !self.validate
+            || self.settings.engine.is_some()
+            || report.layout.rewrites_files(&report.range)
+        {
+            return None;
+        }
+        let staged = lakefill_recompute::plan::query::target_schema(&self.plan).ok()?;
+        let table = crate::run::validation::table_schema(&self.plan).ok()?;
+        let schema = deltalake::arrow::datatypes::Schema::new(
+            table
+                .fields()
+                .iter()
+                .filter_map(|f| {
+                    let as_staged = staged.field_with_name(f.name()).ok()?;
+                    let lineage = lakefill_table::adjustments::is_lineage(f.name());
+                    Some(
+                        if lineage_as_table && lineage {
+                            f
+                        } else {
+                            as_staged
+                        }
+                        .clone(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+        let parts = report
+            .layout
+            .time
+            .encoding
+            .columns()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        Some((schema, parts))
     }
 
     /// Where this process's writers hash the whole new rows for the adjustments' difference

@@ -21,13 +21,13 @@ use std::sync::{Arc, Mutex};
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_null_array};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, Float64Type, Schema};
-use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::common::ScalarValue;
 use deltalake::datafusion::execution::disk_manager::DiskManager;
 use deltalake::datafusion::execution::spill_file::SpillWriter;
 
 use super::{
-    Entry, LabelTable, LabelTotals, Pending, RECORD, ReadTally, Scratch, Side, SpillFileRef, encode,
+    Entry, LabelTable, LabelTotals, Pending, RECORD, ReadTally, Scratch, Side, SideLabels,
+    SpillFileRef, encode,
 };
 use crate::rowdiff::{ADDED, REMOVED, SampledKey};
 use crate::spec::CompareSpec;
@@ -286,9 +286,8 @@ impl Capture {
             pending: Vec::new(),
             chunks: Vec::new(),
             nulls: BTreeMap::new(),
-            totals: BTreeMap::new(),
-            converter: None,
-            known: HashMap::new(),
+            totals: HashMap::new(),
+            partitions: SideLabels::default(),
         }
     }
 
@@ -596,10 +595,9 @@ pub struct CaptureWriter {
     chunks: Vec<Vec<u8>>,
     nulls: BTreeMap<u32, NullRows>,
     /// The old side's totals per capture label ([`Capture::old_side`]).
-    totals: BTreeMap<u32, LabelTotals>,
-    /// The old side's partition values as rows, and their labels ([`Self::add_batch`]).
-    converter: Option<RowConverter>,
-    known: HashMap<Box<[u8]>, u32>,
+    totals: HashMap<u32, LabelTotals>,
+    /// The old side's partition values and their labels ([`Self::add_batch`]).
+    partitions: SideLabels,
 }
 
 impl CaptureWriter {
@@ -620,14 +618,23 @@ impl CaptureWriter {
 
     /// Hashes the rows of `batch`, of any partitions, for a capture of the old side
     /// ([`Capture::old_side`]): each column found by name (or NULL, for the columns it may
-    /// lack), with its partition's totals. A failure spoils the capture, never the read.
-    pub fn add_batch(&mut self, batch: &RecordBatch) {
-        if let Err(why) = self.try_add_batch(batch) {
+    /// lack), its [`value_hashes`] by `cached` when they were taken, with its partition's
+    /// totals. A failure spoils the capture, never the read.
+    pub fn add_batch<'a>(
+        &mut self,
+        batch: &RecordBatch,
+        cached: impl Fn(&str) -> Option<&'a [u64]>,
+    ) {
+        if let Err(why) = self.try_add_batch(batch, cached) {
             self.capture.break_with(why.to_string());
         }
     }
 
-    fn try_add_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn try_add_batch<'a>(
+        &mut self,
+        batch: &RecordBatch,
+        cached: impl Fn(&str) -> Option<&'a [u64]>,
+    ) -> Result<()> {
         let capture = Arc::clone(&self.capture);
         let old = capture
             .old
@@ -653,8 +660,8 @@ impl CaptureWriter {
             .map(|k| column(k))
             .collect::<Result<Vec<ArrayRef>>>()?;
         let (k1, k2) = (key_hashes(0, &keys, rows)?, key_hashes(1, &keys, rows)?);
-        // Each column hashed once, for the row hash and the checksum alike.
-        let mut values: HashMap<&str, Vec<u64>> = HashMap::new();
+        // Each column hashed once (unless it was already), for the row hash and the checksum.
+        let mut values: HashMap<&str, Cow<'_, [u64]>> = HashMap::new();
         for name in capture
             .compared
             .iter()
@@ -662,11 +669,15 @@ impl CaptureWriter {
             .chain(old.checksum.iter().map(|(n, _)| n))
         {
             if !values.contains_key(name.as_str()) {
-                values.insert(name.as_str(), value_hashes(&column(name)?)?);
+                let hashed = match cached(name) {
+                    Some(hashes) if hashes.len() == rows => Cow::Borrowed(hashes),
+                    _ => Cow::Owned(value_hashes(&column(name)?)?),
+                };
+                values.insert(name.as_str(), hashed);
             }
         }
         let combined = |names: &mut dyn Iterator<Item = &String>| {
-            let columns: Vec<&[u64]> = names.map(|n| values[n.as_str()].as_slice()).collect();
+            let columns: Vec<&[u64]> = names.map(|n| values[n.as_str()].as_ref()).collect();
             combine_rows(&columns, rows)
         };
         let hashes = combined(&mut capture.compared.iter().map(|(n, _)| n));
@@ -683,30 +694,12 @@ impl CaptureWriter {
                     .ok_or_else(|| Error::Internal(format!("measure `{m}` is not a double")))
             })
             .collect::<Result<Vec<_>>>()?;
+        let measures: Vec<&deltalake::arrow::array::Float64Array> = measures.iter().collect();
+        super::add_runs(&mut self.totals, &labels, &checksums, &measures);
         self.pending.reserve(rows);
-        for row in 0..rows {
-            let label = labels[row];
-            let totals = self.totals.entry(label).or_insert_with(|| LabelTotals {
-                sums: vec![0.0; measures.len()],
-                ..LabelTotals::default()
-            });
-            totals.rows += 1;
-            totals.checksum += u128::from(checksums[row]);
-            for (sum, measure) in totals.sums.iter_mut().zip(&measures) {
-                if measure.is_valid(row) {
-                    *sum += measure.value(row);
-                }
-            }
+        for (row, label) in labels.into_iter().enumerate() {
             let entry = Entry::new(k1.value(row), k2.value(row), hashes[row], label, true);
-            if k1.is_valid(row) {
-                self.pending.push(entry);
-                continue;
-            }
-            let nulls = self.nulls.entry(label).or_default();
-            nulls.rows += 1;
-            if nulls.samples.len() < capture.sample {
-                nulls.samples.push(entry);
-            }
+            self.push(entry, k1.is_valid(row));
         }
         if self.pending.len() >= FLUSH_ROWS {
             self.flush(false);
@@ -714,63 +707,36 @@ impl CaptureWriter {
         Ok(())
     }
 
+    /// Gathers a row: to its bucket when its key has no NULL (`keyed`), else with the rows that
+    /// match nothing (a few kept as samples).
+    fn push(&mut self, entry: Entry, keyed: bool) {
+        if keyed {
+            self.pending.push(entry);
+            return;
+        }
+        let nulls = self.nulls.entry(entry.label()).or_default();
+        nulls.rows += 1;
+        if nulls.samples.len() < self.capture.sample {
+            nulls.samples.push(entry);
+        }
+    }
+
     /// The capture label of each row of `batch`, by its partition values.
     fn batch_labels(&mut self, batch: &RecordBatch, rows: usize) -> Result<Vec<u32>> {
-        let capture = Arc::clone(&self.capture);
-        let parts = capture
-            .parts
-            .iter()
-            .map(|p| {
-                batch
-                    .column_by_name(p)
-                    .cloned()
-                    .ok_or_else(|| Error::Internal(format!("partition column `{p}` is not read")))
-            })
-            .collect::<Result<Vec<ArrayRef>>>()?;
-        if parts.is_empty() {
-            let label = self.label_of(Vec::new())?;
-            return Ok(vec![label; rows]);
-        }
-        let converter = match &mut self.converter {
-            Some(c) => c,
-            None => {
-                let fields = parts
-                    .iter()
-                    .map(|p| SortField::new(p.data_type().clone()))
-                    .collect();
-                self.converter.insert(
-                    RowConverter::new(fields).map_err(|e| {
-                        Error::Internal(format!("cannot read partition values: {e}"))
-                    })?,
-                )
-            }
-        };
-        let converted = converter
-            .convert_columns(&parts)
-            .map_err(|e| Error::Internal(format!("cannot read partition values: {e}")))?;
-        let mut out: Vec<u32> = Vec::with_capacity(rows);
-        for row in 0..rows {
-            let bytes = converted.row(row);
-            if row > 0 && converted.row(row - 1) == bytes {
-                out.push(out[row - 1]);
-                continue;
-            }
-            if let Some(label) = self.known.get(bytes.as_ref()) {
-                out.push(*label);
-                continue;
-            }
-            let values = parts
+        let parts =
+            self.capture
+                .parts
                 .iter()
                 .map(|p| {
-                    ScalarValue::try_from_array(p, row)
-                        .query_context(|| "cannot read a partition value".into())
+                    batch.column_by_name(p).cloned().ok_or_else(|| {
+                        Error::Internal(format!("partition column `{p}` is not read"))
+                    })
                 })
-                .collect::<Result<Vec<_>>>()?;
-            let label = self.label_of(values)?;
-            self.known.insert(bytes.as_ref().into(), label);
-            out.push(label);
-        }
-        Ok(out)
+                .collect::<Result<Vec<ArrayRef>>>()?;
+        let mut partitions = std::mem::take(&mut self.partitions);
+        let labels = partitions.labels(&parts, rows, &mut |values| self.label_of(values));
+        self.partitions = partitions;
+        labels
     }
 
     /// This attempt's capture label of the partition values `values`.
@@ -816,15 +782,7 @@ impl CaptureWriter {
         self.pending.reserve(rows);
         for (row, hash) in hashes.into_iter().enumerate() {
             let entry = Entry::new(k1.value(row), k2.value(row), hash, label, true);
-            if k1.is_valid(row) {
-                self.pending.push(entry);
-                continue;
-            }
-            let nulls = self.nulls.entry(label).or_default();
-            nulls.rows += 1;
-            if nulls.samples.len() < capture.sample {
-                nulls.samples.push(entry);
-            }
+            self.push(entry, k1.is_valid(row));
         }
         if self.pending.len() >= FLUSH_ROWS {
             self.flush(false);
