@@ -112,7 +112,7 @@ pub async fn compare_keyed(
         None => SideAggregates::new(),
     };
     // (A captured old side costs nothing to read whole: its totals tell the partitions that
-    // differ.)
+    // differ. It holds every old row, so not once `previous` is narrowed to unsettled ones.)
     let old_captured = old_captured.filter(|_| settled.is_empty());
     let whole_old =
         mostly_changed || old_captured.is_some() || logged_all_differ(&new, &settled, logged);

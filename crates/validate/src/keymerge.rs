@@ -226,10 +226,7 @@ pub async fn merge_diff_whole_old(
         let text = merge.labels.labels[*label as usize].text.clone();
         by_text
             .entry(text)
-            .or_insert_with(|| LabelTotals {
-                sums: vec![0.0; totals.sums.len()],
-                ..LabelTotals::default()
-            })
+            .or_insert_with(|| LabelTotals::zero(totals.sums.len()))
             .add(totals);
     }
     if let Some(logged) = logged {
@@ -1226,10 +1223,7 @@ impl<'a> Merge<'a> {
         for (label, totals) in tally.totals.drain() {
             self.totals
                 .entry(label)
-                .or_insert_with(|| LabelTotals {
-                    sums: vec![0.0; totals.sums.len()],
-                    ..LabelTotals::default()
-                })
+                .or_insert_with(|| LabelTotals::zero(totals.sums.len()))
                 .add(&totals);
         }
     }
@@ -1444,6 +1438,14 @@ pub struct LabelTotals {
 }
 
 impl LabelTotals {
+    /// No rows, with `measures` sums.
+    fn zero(measures: usize) -> Self {
+        Self {
+            sums: vec![0.0; measures],
+            ..Self::default()
+        }
+    }
+
     /// Adds the totals of other rows of the same partition value.
     fn add(&mut self, other: &LabelTotals) {
         self.rows += other.rows;
@@ -1498,10 +1500,9 @@ fn add_runs(
             .iter()
             .position(|l| *l != label)
             .map_or(labels.len(), |n| start + n);
-        let totals = totals.entry(label).or_insert_with(|| LabelTotals {
-            sums: vec![0.0; measures.len()],
-            ..LabelTotals::default()
-        });
+        let totals = totals
+            .entry(label)
+            .or_insert_with(|| LabelTotals::zero(measures.len()));
         totals.rows += (end - start) as u64;
         totals.checksum += checksums[start..end]
             .iter()

@@ -447,10 +447,10 @@ impl Capture {
             let Some((label, _)) = relabel.labels.get(label as usize).copied().flatten() else {
                 continue;
             };
-            let total = tally.totals.entry(label).or_insert_with(|| LabelTotals {
-                sums: vec![0.0; totals.sums.len()],
-                ..LabelTotals::default()
-            });
+            let total = tally
+                .totals
+                .entry(label)
+                .or_insert_with(|| LabelTotals::zero(totals.sums.len()));
             total.add(&totals);
         }
         let sealed = match self.files.get() {
