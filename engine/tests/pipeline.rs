@@ -219,6 +219,15 @@ async fn adjustments_runs_read_what_staging_read_once_and_net_to_each_fix() {
             Some(&vec![true]),
             "run {run}"
         );
+        // Nor were any of the proof's sides read again: the stored rows were summed by the net
+        // rows' scans, the adjustments as they were written.
+        for side in ["previous", "ledger", "adjustments", "output"] {
+            assert_eq!(
+                flags.get(&format!("summed the proof's sides/read_{side}")),
+                Some(&vec![false]),
+                "run {run}, {side}"
+            );
+        }
 
         // The ledger's net rows per day (a reversal counts -1 and carries its amount negated)
         // are the day's events as the model of the last run over the day makes them: the fix

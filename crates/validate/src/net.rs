@@ -30,6 +30,12 @@ use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::{register_hash_functions, row_hash_sql};
 use lakefill_table::sqltext::{cast_sql, ident};
 
+mod spill;
+mod streamed;
+
+use spill::IpcSpill;
+pub use streamed::{StreamedNet, register_net_streamed};
+
 /// The net rows of `rows` (a view of the table): every column of `schema` in order, the
 /// measures summed over the rows that are the same but for them and the lineage, kept while the
 /// rows outnumber their reversals; the lineage columns NULL.
@@ -62,13 +68,6 @@ fn net_parts(
     key: &[String],
     adjusted: Option<&str>,
 ) -> (String, Option<String>) {
-    let typed_null = |field: &Field| {
-        format!(
-            "{} AS {}",
-            cast_sql("NULL", field.data_type()),
-            ident(field.name())
-        )
-    };
     // Every column as it is, the lineage NULL.
     let plain: Vec<String> = schema
         .fields()
@@ -92,6 +91,26 @@ fn net_parts(
             None,
         );
     };
+    let hash = group_hash_sql(schema, measures, key);
+    (
+        format!(
+            "SELECT {} FROM {rows} WHERE {} IS NULL AND NOT {adjusted}({hash})",
+            plain.join(", "),
+            ident(KIND_COLUMN)
+        ),
+        Some(grouped_sql(
+            rows,
+            schema,
+            measures,
+            Some(&format!("{adjusted}({hash})")),
+        )),
+    )
+}
+
+/// The net rows of the rows of `rows` that `filter` (an SQL condition, if any) keeps, grouped:
+/// every column of `schema` in order, the measures summed over the rows that are the same but
+/// for them and the lineage, kept while the rows outnumber their reversals; the lineage NULL.
+fn grouped_sql(rows: &str, schema: &Schema, measures: &[String], filter: Option<&str>) -> String {
     let grouped: Vec<String> = group_columns(schema, measures)
         .iter()
         .map(|name| ident(name))
@@ -115,22 +134,24 @@ fn net_parts(
         "CASE WHEN {} = '{REVERSAL}' THEN -1 ELSE 1 END",
         ident(KIND_COLUMN)
     );
-    let kind = ident(KIND_COLUMN);
-    let hash = group_hash_sql(schema, measures, key);
     let group_by = if grouped.is_empty() {
         String::new()
     } else {
         format!(" GROUP BY {}", grouped.join(", "))
     };
-    (
-        format!(
-            "SELECT {} FROM {rows} WHERE {kind} IS NULL AND NOT {adjusted}({hash})",
-            plain.join(", ")
-        ),
-        Some(format!(
-            "SELECT {} FROM {rows} WHERE {adjusted}({hash}){group_by} HAVING SUM({weight}) > 0",
-            select.join(", ")
-        )),
+    let filter = filter.map(|f| format!(" WHERE {f}")).unwrap_or_default();
+    format!(
+        "SELECT {} FROM {rows}{filter}{group_by} HAVING SUM({weight}) > 0",
+        select.join(", ")
+    )
+}
+
+/// `NULL` as a value of `field`, named after it.
+fn typed_null(field: &Field) -> String {
+    format!(
+        "{} AS {}",
+        cast_sql("NULL", field.data_type()),
+        ident(field.name())
     )
 }
 
@@ -336,33 +357,14 @@ async fn register_net_kept(
     disk: Option<&Arc<DiskManager>>,
 ) -> Result<KeptNet> {
     register_hash_functions(ctx);
-    let context = || "cannot net the table's rows (reversals against what they reverse)".into();
     // The groups adjustment rows touch, collected (one hash each) into a function that tells
     // whether a row is in one: a filter on each scan of the rows. (Joined instead, DataFusion
     // repartitions every row of the ledger to meet the few adjusted groups.)
-    let mut kept = KeptNet::default();
     let started = std::time::Instant::now();
-    if schema.field_with_name(KIND_COLUMN).is_ok() {
-        let batches = ctx
-            .sql(&format!(
-                "SELECT DISTINCT {} AS __lf_g FROM {rows} WHERE {} IS NOT NULL",
-                group_hash_sql(schema, measures, key),
-                ident(KIND_COLUMN)
-            ))
-            .await
-            .query_context(context)?
-            .collect()
-            .await
-            .query_context(context)?;
-        let mut hashes = HashSet::default();
-        for batch in &batches {
-            let column = batch.column(0).as_primitive::<UInt64Type>();
-            hashes.extend(column.iter().flatten());
-        }
-        if !hashes.is_empty() {
-            kept.hashes = Some(Arc::new(hashes));
-        }
-    }
+    let mut kept = KeptNet {
+        hashes: adjusted_groups(ctx, rows, schema, measures, key).await?,
+        grouped: None,
+    };
     let found_ms = started.elapsed().as_millis() as u64;
     if let (Some(disk), Some(adjusted)) = (disk, kept.adjusted_function(ctx, name)) {
         let (_, grouped) = net_parts(rows, schema, measures, key, Some(&adjusted));
@@ -379,6 +381,38 @@ async fn register_net_kept(
     kept.register(ctx, name, rows, schema, measures, key)
         .await?;
     Ok(kept)
+}
+
+/// The hashes ([`group_hash_sql`]) of the groups adjustment rows of `rows` touch; `None` when
+/// there are none (or the rows have no lineage columns).
+async fn adjusted_groups(
+    ctx: &SessionContext,
+    rows: &str,
+    schema: &Schema,
+    measures: &[String],
+    key: &[String],
+) -> Result<Option<Arc<GroupHashes>>> {
+    let context = || "cannot find the rows adjustments touch".into();
+    if schema.field_with_name(KIND_COLUMN).is_err() {
+        return Ok(None);
+    }
+    let batches = ctx
+        .sql(&format!(
+            "SELECT DISTINCT {} AS __lf_g FROM {rows} WHERE {} IS NOT NULL",
+            group_hash_sql(schema, measures, key),
+            ident(KIND_COLUMN)
+        ))
+        .await
+        .query_context(context)?
+        .collect()
+        .await
+        .query_context(context)?;
+    let mut hashes = HashSet::default();
+    for batch in &batches {
+        let column = batch.column(0).as_primitive::<UInt64Type>();
+        hashes.extend(column.iter().flatten());
+    }
+    Ok((!hashes.is_empty()).then(|| Arc::new(hashes)))
 }
 
 /// Net rows computed once ([`register_net_spilled`]): the hashes of the groups adjustment rows
@@ -477,77 +511,33 @@ fn sql_name(name: &str) -> String {
         .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
 }
 
-/// Runs `sql` into a spill file of `disk` (Arrow IPC); `None` (nothing run) when the disk
-/// manager's files are not local files, or when a column holds dictionaries (an IPC file takes
-/// one dictionary per column, and batches may each bring theirs).
+/// Runs `sql` into a spill file of `disk` (Arrow IPC); `None` (nothing run) when the rows
+/// cannot be kept in one ([`IpcSpill::create`]).
 async fn spill_rows(
     ctx: &SessionContext,
     sql: &str,
     disk: &Arc<DiskManager>,
 ) -> Result<Option<Arc<dyn SpillFile>>> {
-    use deltalake::arrow::ipc::writer::FileWriter;
     use futures::StreamExt as _;
     let context = || "cannot keep the grouped net rows in a spill file".to_string();
-    let df = ctx.sql(sql).await.query_context(context)?;
-    if df
-        .schema()
-        .fields()
-        .iter()
-        .any(|field| holds_dictionaries(field.data_type()))
-    {
-        return Ok(None);
-    }
-    let file = disk
-        .create_tmp_file("keeping the grouped net rows")
+    let mut rows = ctx
+        .sql(sql)
+        .await
+        .query_context(context)?
+        .execute_stream()
+        .await
         .query_context(context)?;
-    let Some(path) = file.path().map(|p| p.display().to_string()) else {
+    let Some(mut spill) =
+        IpcSpill::create(disk, &rows.schema(), "grouped net rows").query_context(context)?
+    else {
         return Ok(None);
     };
-    let mut rows = df.execute_stream().await.query_context(context)?;
-    let schema = rows.schema();
-    let written = |e: deltalake::arrow::error::ArrowError| {
-        lakefill_table::error::Error::Internal(format!(
-            "cannot write the grouped net rows to the spill file {path}: {e}"
-        ))
-    };
-    let mut writer = FileWriter::try_new(
-        std::io::BufWriter::new(file.open_writer().query_context(context)?),
-        &schema,
-    )
-    .map_err(written)?;
     while let Some(batch) = rows.next().await {
-        writer
+        spill
             .write(&batch.query_context(context)?)
-            .map_err(written)?;
+            .query_context(context)?;
     }
-    writer.finish().map_err(written)?;
-    writer
-        .into_inner()
-        .map_err(written)?
-        .into_inner()
-        .map_err(|e| written(e.into_error().into()))?
-        .finish()
-        .query_context(context)?;
-    Ok(Some(file))
-}
-
-/// Whether values of `data_type` are, or hold, dictionaries.
-fn holds_dictionaries(data_type: &DataType) -> bool {
-    match data_type {
-        DataType::Dictionary(_, _) => true,
-        DataType::List(field)
-        | DataType::LargeList(field)
-        | DataType::ListView(field)
-        | DataType::LargeListView(field)
-        | DataType::FixedSizeList(field, _)
-        | DataType::Map(field, _) => holds_dictionaries(field.data_type()),
-        DataType::Struct(fields) => fields.iter().any(|f| holds_dictionaries(f.data_type())),
-        DataType::Union(fields, _) => fields
-            .iter()
-            .any(|(_, f)| holds_dictionaries(f.data_type())),
-        DataType::RunEndEncoded(_, values) => holds_dictionaries(values.data_type()),
-        _ => false,
-    }
+    Ok(Some(spill.finish().query_context(context)?))
 }
 
 /// The hashes of the groups adjustment rows touch.
@@ -779,6 +769,197 @@ mod tests {
                 ],
                 "key {key:?}, spilled {spilled}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod streamed_tests {
+    use super::*;
+    use deltalake::arrow::array::{DictionaryArray, Int64Array};
+    use deltalake::arrow::datatypes::{Int32Type, Int64Type};
+    use deltalake::datafusion::datasource::MemTable;
+    use futures::TryStreamExt as _;
+    use std::sync::Mutex;
+
+    /// A ledger's rows: id, day (a dictionary, as partition values come), amount, kind.
+    type Row = (i64, &'static str, i64, Option<&'static str>);
+
+    fn ledger(rows: &[Row], with_kind: bool, dictionary: bool) -> RecordBatch {
+        let days: ArrayRef = if dictionary {
+            Arc::new(
+                rows.iter()
+                    .map(|r| r.1)
+                    .collect::<DictionaryArray<Int32Type>>(),
+            )
+        } else {
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            ))
+        };
+        let mut fields = vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("day", days.data_type().clone(), false),
+            Field::new("amount", DataType::Int64, false),
+        ];
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            days,
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+            )),
+        ];
+        if with_kind {
+            fields.push(Field::new(KIND_COLUMN, DataType::Utf8, true));
+            columns.push(Arc::new(StringArray::from(
+                rows.iter().map(|r| r.3).collect::<Vec<_>>(),
+            )));
+        }
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).expect("batch")
+    }
+
+    /// A session with `batch` registered as `ledger`, in batches of 3 rows.
+    fn session(batch: &RecordBatch) -> SessionContext {
+        let ctx = SessionContext::new();
+        let parts: Vec<RecordBatch> = (0..batch.num_rows())
+            .step_by(3)
+            .map(|at| batch.slice(at, 3.min(batch.num_rows() - at)))
+            .collect();
+        let table = MemTable::try_new(batch.schema(), vec![parts]).expect("table");
+        ctx.register_table("ledger", Arc::new(table))
+            .expect("register");
+        ctx
+    }
+
+    /// Every row of `sql` as text (day as text), sorted.
+    async fn rows_of(ctx: &SessionContext, sql: &str) -> Vec<(i64, String, i64, bool)> {
+        let batches: Vec<RecordBatch> = ctx
+            .sql(sql)
+            .await
+            .expect("sql")
+            .execute_stream()
+            .await
+            .expect("stream")
+            .try_collect()
+            .await
+            .expect("rows");
+        let mut rows = Vec::new();
+        for batch in &batches {
+            let day = cast(batch.column(1), &DataType::Utf8).expect("text");
+            let kind = batch.column_by_name(KIND_COLUMN);
+            for row in 0..batch.num_rows() {
+                rows.push((
+                    batch.column(0).as_primitive::<Int64Type>().value(row),
+                    day.as_string::<i32>().value(row).to_string(),
+                    batch.column(2).as_primitive::<Int64Type>().value(row),
+                    kind.is_none_or(|k| k.is_null(row)),
+                ));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    /// Net rows read once in one scan are the net rows of SQL: an adjusted key sums, a key
+    /// reversed away is gone, a row moved to another day nets on each, rows loaded twice and never
+    /// adjusted stay two rows, untouched rows stay; with no adjustment rows, and with no lineage
+    /// columns (netted by SQL, nothing watched). The watcher sees every stored row once; the
+    /// kept rows, registered in another session, are the same net rows.
+    #[tokio::test]
+    async fn net_rows_read_once_are_the_net_rows_of_sql_and_every_stored_row_is_watched() {
+        let adjusted: &[Row] = &[
+            (1, "d1", 10, None),
+            (1, "d1", -10, Some(REVERSAL)),
+            (1, "d1", 12, Some(CORRECTION)),
+            (2, "d1", 5, None),
+            (2, "d1", 5, None),
+            (3, "d2", 7, None),
+            (3, "d2", -7, Some(REVERSAL)),
+            (4, "d2", 1, None),
+            (5, "d1", 3, None),
+            (5, "d1", -3, Some(REVERSAL)),
+            (5, "d2", 3, Some(CORRECTION)),
+        ];
+        let never: &[Row] = &[(1, "d1", 10, None), (2, "d2", 4, None), (2, "d2", 4, None)];
+        // (Grouped rows with dictionaries are not kept: an IPC file takes one per column.)
+        for (rows, with_kind, dictionary, streamed) in [
+            (adjusted, true, false, true),
+            (adjusted, true, true, true),
+            (never, true, false, true),
+            (adjusted, false, false, false),
+        ] {
+            let batch = ledger(rows, with_kind, dictionary);
+            let schema = batch.schema();
+            let measures = ["amount".to_string()];
+            for key in [vec!["id".to_string()], Vec::new()] {
+                let expected = {
+                    let ctx = session(&batch);
+                    register_net(&ctx, "Net", "ledger", &schema, &measures, &key)
+                        .await
+                        .expect("net");
+                    rows_of(&ctx, "SELECT id, day, amount FROM Net").await
+                };
+                let ctx = session(&batch);
+                let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+                let watched = Arc::new(Mutex::new((0usize, 0i64)));
+                let seen = Arc::clone(&watched);
+                let watch: crate::multiset::Watch = Box::new(move |batch, _| {
+                    let mut seen = seen.lock().expect("seen");
+                    seen.0 += batch.num_rows();
+                    let amount = batch.column_by_name("amount").expect("amount");
+                    seen.1 += amount
+                        .as_primitive::<Int64Type>()
+                        .iter()
+                        .flatten()
+                        .sum::<i64>();
+                    Ok(())
+                });
+                let net = register_net_streamed(
+                    &ctx, "Net", "ledger", &schema, &measures, &key, &disk, watch,
+                )
+                .await
+                .expect("net");
+                assert!(!net.watched_every_row(), "nothing read yet");
+                let read = rows_of(&ctx, "SELECT * FROM Net").await;
+                let shown = format!("{rows:?}, key {key:?}, dictionary {dictionary}");
+                assert_eq!(
+                    read.iter()
+                        .map(|(i, d, a, _)| (*i, d.clone(), *a, true))
+                        .collect::<Vec<_>>(),
+                    expected,
+                    "{shown}"
+                );
+                assert!(read.iter().all(|r| r.3), "the lineage is NULL: {shown}");
+                assert_eq!(net.watched_every_row(), streamed, "{shown}");
+                if streamed {
+                    let all = rows.iter().map(|r| r.2).sum::<i64>();
+                    assert_eq!(*watched.lock().expect("seen"), (rows.len(), all), "{shown}");
+                }
+                // Kept for another session: the same rows, without grouping again.
+                let kept = net.kept();
+                assert_eq!(
+                    kept.is_spilled(),
+                    streamed && rows == adjusted && !dictionary,
+                    "{shown}"
+                );
+                let again = session(&batch);
+                kept.register(&again, "Net", "ledger", &schema, &measures, &key)
+                    .await
+                    .expect("registered again");
+                assert_eq!(
+                    rows_of(&again, "SELECT id, day, amount FROM Net").await,
+                    expected,
+                    "{shown}"
+                );
+                drop(net);
+                assert_eq!(
+                    ctx.table("Net").await.is_err(),
+                    streamed,
+                    "read once, dropped with the reader: {shown}"
+                );
+            }
         }
     }
 }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use deltalake::arrow::datatypes::Schema;
 
-use lakefill_recompute::plan::adjust::register_net_rows_spilled;
+use lakefill_recompute::plan::adjust::register_net_rows_streamed;
 use lakefill_table::adjustments::AdjustmentCounts;
 use lakefill_table::error::Result;
 use lakefill_table::staged::StagedTable;
@@ -97,8 +97,16 @@ pub(crate) async fn stage(
         .await?;
     let mut counted = AdjustmentCounts::default();
     let mut records = Vec::with_capacity(staged.len());
+    // The stored rows the balance reads are the range's; the batches' scans read its periods,
+    // which are all of it unless it also takes the rows of no period or is chosen by rows.
+    let range = &plan.report.range;
+    let whole_range = !range.include_null && range.rows.is_none();
     let mut kept = Kept {
-        sums: Some(StagedSums::default()),
+        sums: Some(StagedSums {
+            ledger: whole_range.then(sums::SideSums::default),
+            adjustments: Some(sums::SideSums::default()),
+            ..StagedSums::default()
+        }),
         old_rows: old_rows.clone(),
         ..Kept::default()
     };
@@ -155,9 +163,42 @@ async fn stage_batch(
         include_null: false,
         rows: None,
     };
-    let kept =
-        register_net_rows_spilled(&ctx, "__lf_old", plan, &periods, &resources.disk_manager())
-            .await?;
+    // The proof's sums, taken as the rows stream by, in the buckets validation will use for a
+    // range of this many partitions: of the stored rows as the net rows' scan reads them (the
+    // balance), of the old net rows and the new rows as the difference reads them, of the
+    // adjustments as they are written.
+    let buckets = proof::buckets(report.range.periods().len());
+    let measures = plan.rules.summed_measures();
+    let summer = if layout.rewrites_files(&report.range) {
+        None
+    } else {
+        Some(sums::Summer::new(
+            write_schema,
+            &layout.partition_columns,
+            &measures,
+            buckets,
+            false,
+        )?)
+    };
+    let (ledger, raw) = match &summer {
+        Some(summer) => {
+            let (ledger, raw) = summer.clone().watch();
+            (Some(ledger), raw)
+        }
+        None => {
+            let raw: lakefill_validate::multiset::Watch = Box::new(|_, _| Ok(()));
+            (None, raw)
+        }
+    };
+    let net = register_net_rows_streamed(
+        &ctx,
+        "__lf_old",
+        plan,
+        &periods,
+        &resources.disk_manager(),
+        raw,
+    )
+    .await?;
     let net_ms = started.elapsed().as_millis() as u64;
     StagedTable::register_as(
         &ctx,
@@ -168,7 +209,6 @@ async fn stage_batch(
         &new_rows.files,
         report.run_id.as_str(),
     )?;
-    let measures = plan.rules.summed_measures();
     // The new rows' hashes, if this process staged them (the files are then read once).
     let staged = match hashed {
         Some(hashed) => {
@@ -178,26 +218,18 @@ async fn stage_batch(
         None => None,
     };
     let counted = staged.is_some();
-    // The proof's sums of both sides, taken as the difference reads them; in the buckets
-    // validation will use for a range of this many partitions.
-    let buckets = proof::buckets(report.range.periods().len());
-    let (watchers, summed) = if layout.rewrites_files(&report.range) {
-        (lakefill_validate::multiset::Watchers::default(), None)
-    } else {
-        let summer = sums::Summer::new(
-            write_schema,
-            &layout.partition_columns,
-            &measures,
-            buckets,
-            false,
-        )?;
-        let (previous, old) = summer.clone().watch();
-        let (output, new) = summer.watch();
-        let watchers = lakefill_validate::multiset::Watchers {
-            old: Some(old),
-            new: Some(new),
-        };
-        (watchers, Some((previous, output)))
+    let (watchers, summed) = match &summer {
+        None => (lakefill_validate::multiset::Watchers::default(), None),
+        Some(summer) => {
+            let (previous, old) = summer.clone().watch();
+            let (output, new) = summer.clone().watch();
+            let adjusted = Arc::new(Mutex::new(sums::SideSums::default()));
+            let watchers = lakefill_validate::multiset::Watchers {
+                old: Some(old),
+                new: Some(new),
+            };
+            (watchers, Some((previous, output, adjusted)))
+        }
     };
     // The old net rows hashed for the key merge as they stream by.
     let old_writer = old_rows.map(|c| Arc::new(Mutex::new(Some(c.writer()))));
@@ -227,10 +259,35 @@ async fn stage_batch(
         .iter()
         .map(|f| f.name().clone())
         .collect();
+    // The adjustments summed as they go to their writer.
+    let rows = match &summed {
+        Some((_, _, adjusted)) => {
+            let adjusted = Arc::clone(adjusted);
+            let summer = summer
+                .as_ref()
+                .map(|s| s.for_kinds(true))
+                .ok_or_else(|| lakefill_table::error::Error::Internal("no summer".into()))?;
+            let schema = adjustments.rows.schema();
+            let summed = futures::StreamExt::map(adjustments.rows, move |batch| {
+                let batch = batch?;
+                summer.add(
+                    &mut adjusted.lock().expect("the sums are never poisoned"),
+                    &batch,
+                )?;
+                Ok(batch)
+            });
+            Box::pin(
+                deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                    schema, summed,
+                ),
+            ) as deltalake::datafusion::execution::SendableRecordBatchStream
+        }
+        None => adjustments.rows,
+    };
     let record = lakefill_recompute::stage::write_stream(
         plan,
         batch,
-        adjustments.rows,
+        rows,
         &produced,
         Arc::clone(write_schema),
         Arc::clone(store),
@@ -254,12 +311,15 @@ async fn stage_batch(
     let taken = |sums: std::sync::Arc<std::sync::Mutex<sums::SideSums>>| {
         std::mem::take(&mut *sums.lock().expect("the sums are never poisoned"))
     };
-    let summed = summed.map(|(previous, output)| StagedSums {
+    let watched = net.watched_every_row();
+    let summed = summed.map(|(previous, output, adjusted)| StagedSums {
         buckets,
         previous: taken(previous),
         output: taken(output),
+        ledger: ledger.filter(|_| watched).map(taken),
+        adjustments: Some(taken(adjusted)),
     });
-    Ok((record, counts, kept, summed))
+    Ok((record, counts, net.kept(), summed))
 }
 
 /// `watch` (if any), then `writer` hashing the same rows.

@@ -209,10 +209,13 @@ impl Sums {
             proof: BTreeMap::new(),
             balance: Balances::new(),
         };
+        let mut read = Vec::new();
         for side in sides {
             let kept = staged.and_then(|staged| match side.table {
                 "previous" => Some(&staged.previous),
                 "output" => Some(&staged.output),
+                "__lf_ledger" => staged.ledger.as_ref(),
+                "adjustments" => staged.adjustments.as_ref(),
                 _ => None,
             });
             match kept {
@@ -222,11 +225,19 @@ impl Sums {
                         table = side.table,
                         "summing a side of the adjustments' proof"
                     );
-                    let read = summer.for_kinds(side.kinds).read(ctx, side.table).await?;
-                    sums.absorb(side, &read);
+                    let summed = summer.for_kinds(side.kinds).read(ctx, side.table).await?;
+                    sums.absorb(side, &summed);
+                    read.push(side.table);
                 }
             }
         }
+        tracing::debug!(
+            read_previous = read.contains(&"previous"),
+            read_ledger = read.contains(&"__lf_ledger"),
+            read_adjustments = read.contains(&"adjustments"),
+            read_output = read.contains(&"output"),
+            "summed the proof's sides"
+        );
         Ok(sums)
     }
 
@@ -257,15 +268,17 @@ pub(crate) struct StagedSums {
     pub(crate) buckets: u64,
     pub(crate) previous: SideSums,
     pub(crate) output: SideSums,
+    /// The stored rows (`__lf_ledger`), when staging's scans saw every one.
+    pub(crate) ledger: Option<SideSums>,
+    /// The adjustments, as they went to their writers.
+    pub(crate) adjustments: Option<SideSums>,
 }
 
 impl StagedSums {
     /// Adds the sums of another batch (of other partitions, in as many buckets).
+    /// A side is summed only when every batch summed it.
     pub(crate) fn merge(&mut self, other: StagedSums) {
-        for (mine, theirs) in [
-            (&mut self.previous, other.previous),
-            (&mut self.output, other.output),
-        ] {
+        let add = |mine: &mut SideSums, theirs: SideSums| {
             for (partition, (rows, hashes)) in theirs.proof {
                 let entry = mine.proof.entry(partition).or_default();
                 entry.0 += rows;
@@ -275,6 +288,20 @@ impl StagedSums {
                 add_balances(mine.balance.entry(partition).or_default(), &buckets, 1);
             }
             mine.width = theirs.width;
+        };
+        add(&mut self.previous, other.previous);
+        add(&mut self.output, other.output);
+        for (mine, theirs) in [
+            (&mut self.ledger, other.ledger),
+            (&mut self.adjustments, other.adjustments),
+        ] {
+            *mine = match (mine.take(), theirs) {
+                (Some(mut mine), Some(theirs)) => {
+                    add(&mut mine, theirs);
+                    Some(mine)
+                }
+                _ => None,
+            };
         }
     }
 }
@@ -573,20 +600,57 @@ mod tests {
             partitions: 2,
         };
         let summer = Summer::new(&schema, &day, &amount, buckets(2), false).expect("summer");
-        let staged = StagedSums {
+        let sides = StagedSums {
             buckets: buckets(2),
             previous: summer.read(&ctx, "previous").await.expect("previous"),
             output: summer.read(&ctx, "output").await.expect("output"),
+            ledger: None,
+            adjustments: None,
         };
+        // Every side summed in staging (the stored rows by its scans, the adjustments as they
+        // were written), in two batches merged (a batch that did not sum a side leaves it to
+        // validation).
+        let mut every = StagedSums {
+            ledger: Some(summer.read(&ctx, "__lf_ledger").await.expect("ledger")),
+            adjustments: Some(
+                summer
+                    .for_kinds(true)
+                    .read(&ctx, "adjustments")
+                    .await
+                    .expect("adjustments"),
+            ),
+            ..sides.clone()
+        };
+        every.merge(StagedSums {
+            buckets: buckets(2),
+            ledger: Some(SideSums::default()),
+            adjustments: Some(SideSums::default()),
+            ..StagedSums::default()
+        });
+        let mut partly = every.clone();
+        partly.merge(StagedSums {
+            buckets: buckets(2),
+            adjustments: Some(SideSums::default()),
+            ..StagedSums::default()
+        });
+        assert!(partly.ledger.is_none() && partly.adjustments.is_some());
         // Sums staging took in other buckets are not used.
         let elsewhere = StagedSums {
             buckets: buckets(2) - 1,
-            previous: staged.output.clone(),
-            output: staged.previous.clone(),
+            previous: sides.output.clone(),
+            output: sides.previous.clone(),
+            ledger: sides.previous.clone().into(),
+            adjustments: sides.output.clone().into(),
         };
         let mut checked = Vec::new();
         for previous_is_stored in [false, true] {
-            for staged in [None, Some(&staged), Some(&elsewhere)] {
+            for staged in [
+                None,
+                Some(&sides),
+                Some(&every),
+                Some(&partly),
+                Some(&elsewhere),
+            ] {
                 checked.push(
                     prove(&ctx, &compared(previous_is_stored), 5, staged)
                         .await

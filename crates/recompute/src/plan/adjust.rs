@@ -11,7 +11,9 @@ use lakefill_table::error::{Error, QueryContext, Result};
 use std::sync::Arc;
 
 use deltalake::datafusion::execution::disk_manager::DiskManager;
-use lakefill_validate::net::{KeptNet, register_net, register_net_spilled};
+use lakefill_validate::net::{
+    KeptNet, StreamedNet, register_net, register_net_spilled, register_net_streamed,
+};
 
 /// Checks what adjustments need of the table and the model: a key and measures (signed numbers,
 /// not partition columns), no NULL partition in the range, and the lineage columns as strings
@@ -214,6 +216,31 @@ pub async fn register_net_rows_spilled(
         &plan.rules.summed_measures(),
         &plan.rules.key,
         disk,
+    )
+    .await
+}
+
+/// [`register_net_rows`] for staging's multiset difference, which reads them once: one scan of
+/// the stored rows, each seen by `raw` on the way ([`lakefill_validate::net::register_net_streamed`]);
+/// the grouped rows are kept in a spill file of `disk` for validation.
+pub async fn register_net_rows_streamed(
+    ctx: &SessionContext,
+    name: &str,
+    plan: &crate::plan::BackfillPlan,
+    range: &lakefill_table::partition::PartitionRange,
+    disk: &Arc<DiskManager>,
+    raw: lakefill_validate::multiset::Watch,
+) -> Result<StreamedNet> {
+    let (rows, schema) = register_old_rows(ctx, name, plan, range).await?;
+    register_net_streamed(
+        ctx,
+        name,
+        &rows,
+        &schema,
+        &plan.rules.summed_measures(),
+        &plan.rules.key,
+        disk,
+        raw,
     )
     .await
 }
