@@ -182,7 +182,7 @@ async fn stage_batch(
     };
     let (ledger, raw) = match &summer {
         Some(summer) => {
-            let (ledger, raw) = summer.clone().watch();
+            let (ledger, raw) = summer.balance_only().watch();
             (Some(ledger), raw)
         }
         None => {

@@ -225,7 +225,11 @@ impl Sums {
                         table = side.table,
                         "summing a side of the adjustments' proof"
                     );
-                    let summed = summer.for_kinds(side.kinds).read(ctx, side.table).await?;
+                    let summer = match side.proof {
+                        0 => summer.balance_only(),
+                        _ => summer.for_kinds(side.kinds),
+                    };
+                    let summed = summer.read(ctx, side.table).await?;
                     sums.absorb(side, &summed);
                     read.push(side.table);
                 }
@@ -611,7 +615,13 @@ mod tests {
         // were written), in two batches merged (a batch that did not sum a side leaves it to
         // validation).
         let mut every = StagedSums {
-            ledger: Some(summer.read(&ctx, "__lf_ledger").await.expect("ledger")),
+            ledger: Some(
+                summer
+                    .balance_only()
+                    .read(&ctx, "__lf_ledger")
+                    .await
+                    .expect("ledger"),
+            ),
             adjustments: Some(
                 summer
                     .for_kinds(true)

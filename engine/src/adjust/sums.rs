@@ -95,6 +95,8 @@ pub(crate) struct Summer {
     buckets: u64,
     /// The side is the adjustments: a reversal is an old row taken back, its measures negated.
     kinds: bool,
+    /// The side is in the proof (else only in the balance: its rows' hashes are not taken).
+    proof: bool,
 }
 
 impl Summer {
@@ -144,6 +146,7 @@ impl Summer {
             measures,
             buckets: buckets.max(1),
             kinds,
+            proof: true,
         })
     }
 
@@ -151,6 +154,15 @@ impl Summer {
     pub(crate) fn for_kinds(&self, kinds: bool) -> Self {
         Self {
             kinds,
+            ..self.clone()
+        }
+    }
+
+    /// The same summer, of a side only the balance sums (the stored rows): its rows' hashes,
+    /// and the measures' values hashed into them, are not taken, nor its proof's sums.
+    pub(crate) fn balance_only(&self) -> Self {
+        Self {
+            proof: false,
             ..self.clone()
         }
     }
@@ -181,11 +193,17 @@ impl Summer {
         } else {
             None
         };
-        // Every value in the staged files' type; a reversal's measures negated back.
+        // Every value in the staged files' type (those the sums use); a reversal's measures
+        // negated back.
+        let used = |at: usize| self.proof || self.grouped.contains(&at);
         let values = self
             .values
             .iter()
-            .map(|field| {
+            .enumerate()
+            .map(|(at, field)| {
+                if !used(at) {
+                    return Ok(None);
+                }
                 let value = match batch.column_by_name(field.name()) {
                     Some(column) if column.data_type() == field.data_type() => Arc::clone(column),
                     Some(column) => cast(column, field.data_type())?,
@@ -196,23 +214,34 @@ impl Summer {
                         if self.measures.iter().any(|(m, _)| m == field.name())
                             && reversal.true_count() > 0 =>
                     {
-                        Ok(zip(reversal, &neg_wrapping(&value)?, &value)?)
+                        Ok(Some(zip(reversal, &neg_wrapping(&value)?, &value)?))
                     }
-                    _ => Ok(value),
+                    _ => Ok(Some(value)),
                 }
             })
-            .collect::<DfResult<Vec<ArrayRef>>>()?;
+            .collect::<DfResult<Vec<Option<ArrayRef>>>>()?;
         let hashed = values
             .iter()
-            .map(check_value_hashes)
+            .map(|value| value.as_ref().map(check_value_hashes).transpose())
             .collect::<lakefill_table::error::Result<Vec<_>>>()
             .map_err(|e| DataFusionError::External(e.into()))?;
-        let row_hashes = combine_rows(&hashed.iter().map(Vec::as_slice).collect::<Vec<_>>(), rows);
+        let row_hashes = if self.proof {
+            combine_rows(
+                &hashed
+                    .iter()
+                    .flatten()
+                    .map(Vec::as_slice)
+                    .collect::<Vec<_>>(),
+                rows,
+            )
+        } else {
+            Vec::new()
+        };
         let group_hashes = combine_rows(
             &self
                 .grouped
                 .iter()
-                .map(|i| hashed[*i].as_slice())
+                .filter_map(|i| hashed[*i].as_deref())
                 .collect::<Vec<_>>(),
             rows,
         );
@@ -252,8 +281,12 @@ impl Summer {
         let partition_values: Vec<ArrayRef> = self
             .partitions
             .iter()
-            .map(|i| Arc::clone(&values[*i]))
-            .collect();
+            .map(|i| {
+                values[*i].clone().ok_or_else(|| {
+                    DataFusionError::Internal("a partition column is a measure".into())
+                })
+            })
+            .collect::<DfResult<_>>()?;
         let runs = if partition_values.is_empty() {
             std::iter::once(0..rows).collect()
         } else {
@@ -271,7 +304,9 @@ impl Summer {
                 let reversed = reversal.as_ref().is_some_and(|r| r.value(row));
                 let weight: i64 = if reversed { -1 } else { 1 };
                 count += weight;
-                hash_sum += i128::from(weight) * i128::from(row_hashes[row]);
+                if self.proof {
+                    hash_sum += i128::from(weight) * i128::from(row_hashes[row]);
+                }
                 if width == 0 {
                     continue;
                 }
@@ -300,9 +335,11 @@ impl Summer {
                     }
                 }
             }
-            let proof = sums.proof.entry(partition.clone()).or_default();
-            proof.0 += count;
-            proof.1 += hash_sum;
+            if self.proof {
+                let proof = sums.proof.entry(partition.clone()).or_default();
+                proof.0 += count;
+                proof.1 += hash_sum;
+            }
             if width == 0 {
                 continue;
             }
@@ -487,5 +524,9 @@ mod tests {
         assert_eq!(left.proof, read[1].proof);
         // The proof would see a difference: the two sides' sums are not alike.
         assert_ne!(read[0], read[1]);
+        // A side only the balance sums: the same balance, no proof's sums.
+        let balanced = summer.balance_only().read(&ctx, "old").await.expect("old");
+        assert_eq!(balanced.balance, read[0].balance);
+        assert!(balanced.proof.is_empty() && !read[0].proof.is_empty());
     }
 }
