@@ -962,4 +962,62 @@ mod streamed_tests {
             }
         }
     }
+
+    /// A grouping that fails (here: it has no disk to keep its rows on) fails the reading with
+    /// its own error, whether the scan was still sending it rows or had ended.
+    #[tokio::test]
+    async fn a_grouping_that_fails_fails_the_reading_with_its_error() {
+        use deltalake::datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+        use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        let rows: Vec<Row> = (0..3000)
+            .flat_map(|id| {
+                [
+                    (id, "d1", 10, None),
+                    (id, "d1", -10, Some(REVERSAL)),
+                    (id, "d2", 10, Some(CORRECTION)),
+                ]
+            })
+            .collect();
+        let batch = ledger(&rows, true, false);
+        let runtime = RuntimeEnvBuilder::new()
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+            )
+            .build_arc()
+            .expect("runtime");
+        let ctx = SessionContext::new_with_config_rt(Default::default(), runtime);
+        let parts: Vec<RecordBatch> = (0..batch.num_rows())
+            .step_by(3)
+            .map(|at| batch.slice(at, 3))
+            .collect();
+        let table = MemTable::try_new(batch.schema(), vec![parts]).expect("table");
+        ctx.register_table("ledger", Arc::new(table))
+            .expect("register");
+        let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+        let net = register_net_streamed(
+            &ctx,
+            "Net",
+            "ledger",
+            &batch.schema(),
+            &["amount".to_string()],
+            &["id".to_string()],
+            &disk,
+            Box::new(|_, _| Ok(())),
+        )
+        .await
+        .expect("net");
+        let read: DfResult<Vec<RecordBatch>> = async {
+            ctx.sql("SELECT * FROM Net")
+                .await?
+                .execute_stream()
+                .await?
+                .try_collect()
+                .await
+        }
+        .await;
+        let error = read.expect_err("the grouping has no disk").to_string();
+        assert!(!error.contains("stopped"), "{error}");
+        assert!(error.contains("DiskManager is disabled"), "{error}");
+        drop(net);
+    }
 }

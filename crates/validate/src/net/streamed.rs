@@ -275,6 +275,7 @@ impl Shared {
         let state = Arc::new(Mutex::new(Reading {
             raw,
             sender,
+            task,
             started: std::time::Instant::now(),
             touched_rows: 0,
         }));
@@ -296,7 +297,15 @@ impl Shared {
                             DataFusionError::Internal("the touched rows have no grouping".into())
                         })?;
                         if sender.send(touched).await.is_err() {
-                            // The grouping stopped; its error is the reading's.
+                            // The grouping stopped: its error is the reading's.
+                            let task = state
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .task
+                                .take();
+                            if let Some(task) = task {
+                                task.join().await?;
+                            }
                             return Err(DataFusionError::Execution(
                                 "the grouping of the rows adjustments touch stopped".into(),
                             ));
@@ -308,13 +317,13 @@ impl Shared {
             .try_filter(|batch| futures::future::ready(batch.num_rows() > 0))
         };
         let grouped = futures::stream::once(async move {
-            let (started, touched_rows) = {
+            let (started, touched_rows, task) = {
                 let mut state = state
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 // The grouping's input ends here.
                 state.sender = None;
-                (state.started, state.touched_rows)
+                (state.started, state.touched_rows, state.task.take())
             };
             // The scan has ended: every stored row was watched.
             if watching {
@@ -544,6 +553,8 @@ struct Reading {
     raw: Option<Watch>,
     /// Where the touched rows go, until the scan ends.
     sender: Option<tokio::sync::mpsc::Sender<RecordBatch>>,
+    /// The grouping they go to.
+    task: Option<Task<Grouped>>,
     started: std::time::Instant,
     touched_rows: u64,
 }
