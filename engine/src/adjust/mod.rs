@@ -218,17 +218,21 @@ async fn stage_batch(
         None => None,
     };
     let counted = staged.is_some();
-    let (watchers, summed) = match &summer {
-        None => (lakefill_validate::multiset::Watchers::default(), None),
+    let (watchers, summed, watch_adjustments) = match &summer {
+        None => (lakefill_validate::multiset::Watchers::default(), None, None),
         Some(summer) => {
             let (previous, old) = summer.clone().watch();
             let (output, new) = summer.clone().watch();
-            let adjusted = Arc::new(Mutex::new(sums::SideSums::default()));
+            let (adjusted, adjustments) = summer.for_kinds(true).watch();
             let watchers = lakefill_validate::multiset::Watchers {
                 old: Some(old),
                 new: Some(new),
             };
-            (watchers, Some((previous, output, adjusted)))
+            (
+                watchers,
+                Some((previous, output, adjusted)),
+                Some(adjustments),
+            )
         }
     };
     // The old net rows hashed for the key merge as they stream by.
@@ -260,20 +264,12 @@ async fn stage_batch(
         .map(|f| f.name().clone())
         .collect();
     // The adjustments summed as they go to their writer.
-    let rows = match &summed {
-        Some((_, _, adjusted)) => {
-            let adjusted = Arc::clone(adjusted);
-            let summer = summer
-                .as_ref()
-                .map(|s| s.for_kinds(true))
-                .ok_or_else(|| lakefill_table::error::Error::Internal("no summer".into()))?;
+    let rows = match watch_adjustments {
+        Some(mut watch) => {
             let schema = adjustments.rows.schema();
             let summed = futures::StreamExt::map(adjustments.rows, move |batch| {
                 let batch = batch?;
-                summer.add(
-                    &mut adjusted.lock().expect("the sums are never poisoned"),
-                    &batch,
-                )?;
+                watch(&batch, &[])?;
                 Ok(batch)
             });
             Box::pin(

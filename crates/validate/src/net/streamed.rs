@@ -1,8 +1,9 @@
 //! Net rows for a reader that reads them once, whole (staging's multiset difference), in one scan
 //! of the table's rows: the rows no adjustment touches pass on as they come, the rows of the
-//! groups adjustments touch go to a spill file, grouped once the scan has ended (and kept
-//! grouped, for validation: [`KeptNet`]). A watcher sees every stored row on the way, before any
-//! is netted (the balance of the adjustments' proof sums them, which checks the netting).
+//! groups adjustments touch go to a grouping that runs beside the scan (on a task of its own),
+//! whose rows follow once the scan has ended (kept in a spill file, for validation:
+//! [`KeptNet`]). A watcher sees every stored row on the way, before any is netted (the balance of
+//! the adjustments' proof sums them, which checks the netting).
 //!
 //! [`super::register_net_spilled`] gives the same rows from three scans: the groups adjustments
 //! touch, the rows of those groups (grouped), the other rows (as they are). The first is kept
@@ -118,7 +119,7 @@ pub async fn register_net_streamed(
     }
     let started = std::time::Instant::now();
     let hashes = adjusted_groups(ctx, rows, schema, measures, key).await?;
-    // The rows of the touched groups, kept as they are stored (dictionaries unpacked).
+    // The rows of the touched groups, as they are stored (dictionaries unpacked).
     let touched_schema = Arc::new(Schema::new(
         schema
             .fields()
@@ -166,7 +167,7 @@ pub async fn register_net_streamed(
         disk: Arc::clone(disk),
         out: Arc::clone(&out),
         touched_schema,
-        first: Mutex::new(Some(First { raw: Some(raw) })),
+        raw: Mutex::new(Some(raw)),
         grouped: Mutex::new(None),
         watched: AtomicBool::new(false),
     });
@@ -200,19 +201,14 @@ struct Shared {
     disk: Arc<DiskManager>,
     /// The net rows' columns.
     out: SchemaRef,
-    /// The touched rows' columns in their spill file.
+    /// The touched rows' columns, as the grouping reads them.
     touched_schema: SchemaRef,
-    /// What only the first reading has.
-    first: Mutex<Option<First>>,
+    /// The watcher, which only the first reading has.
+    raw: Mutex<Option<Watch>>,
     /// The grouped rows of the touched groups, once a reading has grouped them.
     grouped: Mutex<Option<Arc<dyn SpillFile>>>,
     /// Whether the watcher saw every stored row.
     watched: AtomicBool,
-}
-
-/// What only the first reading has: the watcher.
-struct First {
-    raw: Option<Watch>,
 }
 
 /// The net rows as a partition of a [`StreamingTable`].
@@ -258,11 +254,10 @@ impl Shared {
         self: Arc<Self>,
     ) -> DfResult<impl futures::Stream<Item = DfResult<RecordBatch>> + Send> {
         let raw = self
-            .first
+            .raw
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .and_then(|first| first.raw);
+            .take();
         let watching = raw.is_some();
         let grouping = match self.hashes {
             Some(_) => Some(Arc::clone(&self).start_grouping().await?),
