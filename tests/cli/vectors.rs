@@ -194,6 +194,126 @@ fn a_fix_by_vectors_is_discarded_whole_or_resumed() {
     assert_eq!(vector_files().len(), 1, "the resumed run's vector file");
 }
 
+/// Validation takes the old rows as staging read them to match the new rows against them (it
+/// does not read them again), and compares exactly as when it reads them: checked against a
+/// resumed run (whose first attempt's reads are gone), which reads them. A partition of the
+/// range the model leaves without rows is not read by staging: validation reads the old side
+/// then, and reports its rows removed. Rows that earlier vectors deleted are not old rows.
+#[test]
+fn validation_takes_the_old_rows_staging_matched() {
+    let lake = lake(Store::Local);
+    let version = lake.open("t").version().unwrap();
+    // The fix, but that it makes no rows of 2026-01-04.
+    lake.model_version(
+        "fix",
+        "v2",
+        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
+        &FIX.replace("$end", "LEAST($end, DATE '2026-01-03')"),
+    );
+    // A second fix, of every day, for files that vectors of the first cut.
+    lake.model_version(
+        "fix",
+        "v3",
+        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
+        "SELECT event_id, CASE WHEN event_id % 100 = 8 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
+         FROM t WHERE event_date BETWEEN $start AND $end",
+    );
+    let run = |model: &str, to: &str, failpoint: Option<&str>| -> (Value, String) {
+        let mut args = BACKFILL.to_vec();
+        args[5] = to;
+        args.extend(["--stage-only", "--batch-partitions", "1", "-v"]);
+        args.extend(["--model-version", model]);
+        if let Some(failpoint) = failpoint {
+            let out = crate::support::lakefill_command(lake.path())
+                .args(&args)
+                .env("LAKEFILL_FAILPOINTS", failpoint)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "stopped at {failpoint}");
+        }
+        let out = crate::support::lakefill_command(lake.path())
+            .args(&args)
+            .env_remove("LAKEFILL_FAILPOINTS")
+            .output()
+            .unwrap();
+        let report: Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+        assert!(report["run_id"].is_string(), "{report}\n{}", stderr(&out));
+        let discarded = lake.run(&["discard", report["run_id"].as_str().unwrap()]);
+        assert!(discarded.status.success(), "{}", stderr(&discarded));
+        (report, stderr(&out))
+    };
+    let comparison = |report: &Value| {
+        let mut comparison = report["validation"]["comparison"].clone();
+        comparison.as_object_mut().unwrap().remove("samples");
+        comparison
+    };
+    // Taken from staging, and read again by a resumed run: the same comparison.
+    let both = |model: &str| {
+        let (taken, log) = run(model, "2026-01-03", None);
+        assert_eq!(taken["outcome"], "staged", "{taken}");
+        assert!(log.contains("old_captured=true"), "{model}: {log}");
+        let (read_again, log) = run(model, "2026-01-03", Some("mid-stage"));
+        assert_eq!(read_again["resumed_batches"], 1, "{read_again}");
+        assert!(log.contains("old_captured=false"), "{model}: {log}");
+        assert_eq!(comparison(&taken), comparison(&read_again), "{model}");
+        taken
+    };
+    let taken = both("v2");
+    // Independently: the old rows of the range, and the fix's.
+    let count = |rows: &Value, to: &str| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r[3].as_str().is_some_and(|d| d <= to))
+            .count() as u64
+    };
+    let old = read(&lake, &["rows", &version.to_string()]);
+    let new = read(&lake, &["expected", &version.to_string()]);
+    let totals = &taken["validation"]["comparison"]["totals"];
+    assert_eq!(totals["old_rows"], count(&old, "2026-01-03"), "{totals}");
+    assert_eq!(totals["new_rows"], count(&new, "2026-01-03"), "{totals}");
+    assert!(totals["changed"].as_u64() > Some(0), "{totals}");
+
+    // The range takes in 2026-01-04, where the model makes no rows.
+    let (dropped, log) = run("v2", "2026-01-04", None);
+    assert!(log.contains("old_captured=false"), "{log}");
+    let day = dropped["validation"]["comparison"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["value"] == "2026-01-04")
+        .cloned();
+    let old_day = count(&old, "2026-01-04") - count(&old, "2026-01-03");
+    assert_eq!(
+        day.as_ref()
+            .map(|p| (p["old_rows"].clone(), p["removed"].clone())),
+        Some((Value::from(old_day), Value::from(old_day))),
+        "{day:?}"
+    );
+
+    // Published, the first fix leaves vectors in the old files: the rows they delete are not
+    // old rows of the second.
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--model-version", "v1"]);
+    let first = json_ok(&lake.run(&args));
+    assert!(
+        first["deletion_vectors"]["files_cut"].as_u64() > Some(0),
+        "{first}"
+    );
+    let taken = both("v3");
+    let fixed = read(&lake, &["rows"]);
+    let totals = &taken["validation"]["comparison"]["totals"];
+    assert_eq!(totals["old_rows"], count(&fixed, "2026-01-03"), "{totals}");
+    let changed = fixed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r[0].as_i64().unwrap() % 100 == 8 && r[3].as_str() <= Some("2026-01-03"))
+        .count();
+    assert_eq!(totals["changed"], changed, "{totals}");
+}
+
 /// A second fix cuts files a first one cut: their new vectors hold the rows the first deleted too,
 /// and the rows read are the second fix's.
 #[test]

@@ -247,6 +247,7 @@ impl BackfillBuilder {
         let hashing = lakefill_recompute::stage::Hashing {
             capture: self.capture(&resources),
             rows: self.staged_hashes(&resources),
+            old: self.old_capture(&resources, false),
         };
 
         let spill = self
@@ -255,10 +256,14 @@ impl BackfillBuilder {
         let kept_net = self
             .adjust_step(&mut journal, &resources, lease, hashing.rows.as_deref())
             .await?;
-        let capture = hashing.capture;
+        let from_staging = crate::run::validation::FromStaging {
+            capture: hashing.capture,
+            kept_net,
+            old_rows: hashing.old,
+        };
         let stage_ms = elapsed_ms(started);
         let validate_started = Instant::now();
-        self.validate_step(&mut journal, &resources, &spill, lease, capture, kept_net)
+        self.validate_step(&mut journal, &resources, &spill, lease, from_staging)
             .await?;
         let validate_ms = elapsed_ms(validate_started);
         let outcome = self
@@ -301,20 +306,24 @@ impl BackfillBuilder {
         .map(Arc::new)
     }
 
-    /// Where the adjustments' difference hashes the old net rows it reads whole for the key
-    /// merge, with their totals, so that validation does not read them again: as
-    /// [`Self::capture`], when the run publishes by adjustments. The checksum covers the
-    /// table's columns but the partition columns; the lineage columns, which the difference
-    /// does not read, are NULL in net rows.
+    /// Where the old rows that staging reads whole are hashed for the key merge, with their
+    /// totals, so that validation does not read them again: as [`Self::capture`]. With
+    /// `adjustments`, the old net rows the adjustments' difference reads, when the run publishes
+    /// by adjustments (the lineage columns, which the difference does not read, are NULL in net
+    /// rows); without, the old files that a run publishing by deletion vectors matches its new
+    /// rows against. The checksum covers the table's columns but the partition columns.
     fn old_capture(
         &self,
         resources: &Resources,
+        adjustments: bool,
     ) -> Option<Arc<lakefill_validate::keymerge::Capture>> {
         let report = &self.plan.report;
-        if report.publish != lakefill_table::adjustments::PublishMode::Adjustments {
+        let by_adjustments =
+            report.publish == lakefill_table::adjustments::PublishMode::Adjustments;
+        if adjustments != by_adjustments || (!adjustments && self.plan.vectors.is_none()) {
             return None;
         }
-        let (schema, parts) = self.compared_columns(true)?;
+        let (schema, parts) = self.compared_columns(adjustments)?;
         let table = crate::run::validation::table_schema(&self.plan).ok()?;
         let checksum: Vec<String> = table
             .fields()
@@ -575,7 +584,7 @@ impl BackfillBuilder {
                 resources,
                 Arc::clone(&store),
                 self.settings.max_parallel,
-                (hashed, self.old_capture(resources)),
+                (hashed, self.old_capture(resources, true)),
             ))
             .await;
         match staged {
@@ -598,8 +607,7 @@ impl BackfillBuilder {
         resources: &Resources,
         spill: &BTreeMap<String, u64>,
         lease: &RunLease,
-        capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
-        kept_net: Option<crate::adjust::Kept>,
+        from_staging: crate::run::validation::FromStaging,
     ) -> Result<()> {
         let plan = &self.plan;
         let report = &plan.report;
@@ -633,7 +641,7 @@ impl BackfillBuilder {
                 extra_checks,
                 resources,
                 self.validate,
-                crate::run::validation::FromStaging { capture, kept_net },
+                from_staging,
             ))
             .await;
         let validation = match validation {

@@ -186,6 +186,9 @@ pub(crate) struct FromStaging {
     pub(crate) capture: Option<Arc<lakefill_validate::keymerge::Capture>>,
     /// Adjustments: the old net rows of each batch, and the proof's sums staging took.
     pub(crate) kept_net: Option<crate::adjust::Kept>,
+    /// By deletion vectors: the old rows as staging hashed them while it matched the new rows
+    /// against them.
+    pub(crate) old_rows: Option<Arc<lakefill_validate::keymerge::Capture>>,
 }
 
 /// Validates the run's staged rows against the old rows at the read version (with what staging
@@ -199,10 +202,18 @@ pub(crate) async fn run_validation(
     compare_rows: bool,
     staged: FromStaging,
 ) -> Result<ValidationReport> {
-    let FromStaging { capture, kept_net } = staged;
+    let FromStaging {
+        capture,
+        kept_net,
+        old_rows: old_files,
+    } = staged;
     let (kept_net, staged_sums, old_rows) = match kept_net {
         Some(kept) => (Some(kept.nets), kept.sums, kept.old_rows),
-        None => (None, None, None),
+        None => (
+            None,
+            None,
+            old_files.filter(|c| read_every_old_file(plan, journal, c)),
+        ),
     };
     let rules = &plan.rules;
     if !compare_rows {
@@ -301,8 +312,10 @@ pub(crate) async fn run_validation(
     }
     // The old net rows as the adjustments' difference hashed them: when it read every batch's
     // (the attempts finished are the journal's adjustment batches) and they are `previous`'s
-    // rows, with the lineage columns it did not read NULL.
+    // rows, with the lineage columns it did not read NULL. (The old files staging read by
+    // deletion vectors were checked above.)
     let old_rows = match old_rows {
+        Some(captured) if !adjustments => (!rounding).then_some(captured),
         Some(captured) if !rounding && previous_lineage_null(&ctx).await? => {
             let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
                 .progress
@@ -724,6 +737,49 @@ fn float_noise(
         samples.len(),
         columns.into_iter().collect::<Vec<_>>().join(", ")
     ))
+}
+
+/// Whether the old rows staging hashed while it matched the new rows against them by deletion
+/// vectors (`captured`) are the old side: every batch of the journal staged by this process
+/// (each attempt finished is a batch, with its files), and every file of the range at the read
+/// version read whole (a partition the model left without rows is not read by staging).
+fn read_every_old_file(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    captured: &lakefill_validate::keymerge::Capture,
+) -> bool {
+    let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
+        .progress
+        .batches
+        .iter()
+        .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
+        .collect();
+    let Some(read) = captured.read_whole() else {
+        return false;
+    };
+    let Ok(snapshot) = plan.target.snapshot() else {
+        return false;
+    };
+    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
+    let old: std::collections::BTreeSet<String> = snapshot
+        .log_data()
+        .iter()
+        .filter(|file| {
+            layout
+                .label_in(range, &file.partition_values_map())
+                .is_some()
+        })
+        .map(|file| file.path().to_string())
+        .collect();
+    let whole = captured.covers(&batches) && read == old;
+    if !whole {
+        tracing::debug!(
+            read = read.len(),
+            old = old.len(),
+            "the old rows staging read by deletion vectors are not the whole old side: read again"
+        );
+    }
+    whole
 }
 
 /// The partitions of `range` at the read version, each with its row checksum when every file

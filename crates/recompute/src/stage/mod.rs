@@ -56,7 +56,7 @@ use lakefill_table::protocol::IdentityColumn;
 use lakefill_table::resources::Resources;
 use lakefill_table::rowhash::{DIGEST_TAG, FileDigest, RowChecksum};
 use lakefill_table::time::Period;
-use lakefill_validate::keymerge::Capture;
+use lakefill_validate::keymerge::{Capture, CaptureWriter};
 use lakefill_validate::multiset::StagedHashes;
 
 /// Rows per Parquet row group: bounds the memory of each open partition writer.
@@ -88,6 +88,9 @@ pub struct Hashing {
     pub capture: Option<Arc<Capture>>,
     /// The whole rows' hashes of the adjustments' multiset difference.
     pub rows: Option<Arc<StagedHashes>>,
+    /// With deletion vectors, the old rows as staging reads them to match them
+    /// ([`Capture::old_side`]), so that validation does not read them again.
+    pub old: Option<Arc<Capture>>,
 }
 
 /// Stages every batch not in `skip` (`done` holds the records of those, from an earlier attempt).
@@ -754,6 +757,8 @@ struct Staging<'a> {
     /// With deletion vectors, each partition's old rows (`None`: it cannot be cut, and is
     /// rewritten).
     old: BTreeMap<Vec<Option<String>>, Option<vectors::OldPartition>>,
+    /// With deletion vectors, where the old rows read go for validation ([`Hashing::old`]).
+    old_capture: Option<CaptureWriter>,
 }
 
 impl<'a> Staging<'a> {
@@ -793,6 +798,11 @@ impl<'a> Staging<'a> {
             closed: Vec::new(),
             rolled: BTreeSet::new(),
             old: BTreeMap::new(),
+            old_capture: spec
+                .vectors
+                .as_ref()
+                .and(hashing.old.as_ref())
+                .map(Capture::writer),
         })
     }
 
@@ -825,15 +835,20 @@ impl<'a> Staging<'a> {
                 &plan.root,
                 label.to_string(),
                 candidates,
-                &self.spec.layout.partition_columns,
-                &typed,
+                (&self.spec.layout.partition_columns, &typed),
                 &self.columns.file_schema,
+                self.old_capture.as_mut(),
             )
             .await?
             .map(|mut old| {
                 old.at = Some((scalars.to_vec(), values.clone()));
                 old
             });
+            if old.is_none()
+                && let Some(capture) = &mut self.old_capture
+            {
+                capture.spoil("a partition's old files were not read whole (it is rewritten)");
+            }
             self.old.insert(key.to_vec(), old);
         }
         match self.old.get_mut(key) {
@@ -1152,6 +1167,7 @@ impl<'a> Staging<'a> {
                 off_grain: self.off_grain,
             });
         }
+        let old_capture = self.old_capture.take();
         let (vectors, mut written_apart) = self.settle_vectors().await?;
         let Hashed {
             checksums,
@@ -1184,7 +1200,7 @@ impl<'a> Staging<'a> {
             }
             files.extend(adds);
         }
-        if let Some(capture) = capture {
+        for capture in [capture, old_capture].into_iter().flatten() {
             capture.finish(self.spec.batch.index, files.iter().map(|a| a.path.clone()));
         }
         if let Some(rows) = rows {

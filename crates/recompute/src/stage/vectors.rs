@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, new_null_array};
 use deltalake::arrow::compute::{cast, filter_record_batch};
-use deltalake::arrow::datatypes::{DataType, SchemaRef};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::common::ScalarValue;
 use deltalake::kernel::Add;
 use deltalake::parquet::arrow::async_reader::{
@@ -36,6 +36,7 @@ use roaring::RoaringTreemap;
 use lakefill_log::journal::VectorCounts;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::rowhash::RowChecksum;
+use lakefill_validate::keymerge::CaptureWriter;
 use lakefill_validate::multiset::Located;
 
 /// The share of a partition's rows a fix may change (deleted plus added, over old plus new) and
@@ -192,8 +193,45 @@ fn as_table(batch: &RecordBatch, file_schema: &SchemaRef) -> Result<RecordBatch>
         .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}")))
 }
 
-fn hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
-    lakefill_table::rowhash::hash_rows(batch.columns(), batch.num_rows())
+/// Hands `batch` (old rows from `position` on, in the table's file columns) to the old side's
+/// `capture`: its rows `before` does not delete, with the partition's values as columns.
+/// `live`: the value hashes of `batch`'s columns, when no row of it is deleted. A failure
+/// spoils the capture (validation then reads the old rows), never the match.
+fn capture_old(
+    capture: &mut CaptureWriter,
+    batch: &RecordBatch,
+    live: Option<&[Vec<u64>]>,
+    (position, before, (columns, values)): (u64, &RoaringTreemap, (&[String], &[ScalarValue])),
+) -> Result<()> {
+    let fail = |e: &dyn std::fmt::Display| {
+        Error::Internal(format!(
+            "cannot hash an old file's rows for validation: {e}"
+        ))
+    };
+    let batch = match live {
+        Some(_) => batch.clone(),
+        None => {
+            let keep: BooleanArray = (position..position + batch.num_rows() as u64)
+                .map(|p| Some(!before.contains(p)))
+                .collect();
+            filter_record_batch(batch, &keep).map_err(|e| fail(&e))?
+        }
+    };
+    let rows = batch.num_rows();
+    let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
+    let mut arrays = batch.columns().to_vec();
+    for (column, value) in columns.iter().zip(values) {
+        fields.push(Arc::new(Field::new(column, value.data_type(), true)));
+        arrays.push(value.to_array_of_size(rows).map_err(|e| fail(&e))?);
+    }
+    let whole =
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| fail(&e))?;
+    let schema = batch.schema();
+    capture.add_batch(&whole, |name| {
+        let at = schema.index_of(name).ok()?;
+        live.and_then(|hashes| hashes.get(at)).map(Vec::as_slice)
+    });
+    Ok(())
 }
 
 fn check_hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
@@ -246,15 +284,16 @@ fn of_partition(file: &Add, columns: &[String], values: &[ScalarValue]) -> bool 
 impl OldPartition {
     /// Reads the old files of the partition whose values are `values` (of `columns`) among
     /// `candidates` (the files of its label); `None` when they cannot be cut (a column of
-    /// another type).
+    /// another type). Their live rows also go to `capture`, with the partition's values, each
+    /// file noted once read whole.
     pub(crate) async fn load(
         store: &Arc<dyn deltalake::ObjectStore>,
         root: &url::Url,
         label: String,
         candidates: &[Add],
-        columns: &[String],
-        values: &[ScalarValue],
+        (columns, values): (&[String], &[ScalarValue]),
         file_schema: &SchemaRef,
+        mut capture: Option<&mut CaptureWriter>,
     ) -> Result<Option<Self>> {
         let mut old = Self {
             label,
@@ -295,7 +334,24 @@ impl OldPartition {
                     Error::Internal(format!("cannot read the old file `{}`: {e}", file.path))
                 })?;
                 let batch = as_table(&batch, file_schema)?;
-                let hashes = hashes(&batch)?;
+                let values_hashed = batch
+                    .columns()
+                    .iter()
+                    .map(lakefill_table::rowhash::value_hashes)
+                    .collect::<Result<Vec<_>>>()?;
+                let hashes = lakefill_table::rowhash::combine_rows(
+                    &values_hashed.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+                    batch.num_rows(),
+                );
+                if let Some(capture) = capture.as_deref_mut() {
+                    let live = (position..position + batch.num_rows() as u64)
+                        .all(|p| !before.contains(p))
+                        .then_some(&values_hashed[..]);
+                    let at = (position, &before, (columns, values));
+                    if let Err(why) = capture_old(capture, &batch, live, at) {
+                        capture.spoil(&why.to_string());
+                    }
+                }
                 old.located
                     .add(index, position, &hashes, |p| before.contains(p))
                     .map_err(|e| Error::Internal(e.to_string()))?;
@@ -310,6 +366,9 @@ impl OldPartition {
                 }
                 checks.extend(batch_checks);
                 position += batch.num_rows() as u64;
+            }
+            if let Some(capture) = capture.as_deref_mut() {
+                capture.read_whole(&file.path);
             }
             old.checks.push(checks);
             old.sums.push(sum);

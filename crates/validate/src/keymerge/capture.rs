@@ -119,6 +119,8 @@ struct Attempt {
     /// The batch, once the attempt finished.
     batch: Option<usize>,
     files: BTreeSet<String>,
+    /// For an old side: the files whose rows it hashed ([`CaptureWriter::read_whole`]).
+    read: BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -288,6 +290,7 @@ impl Capture {
             nulls: BTreeMap::new(),
             totals: HashMap::new(),
             partitions: SideLabels::default(),
+            read: BTreeSet::new(),
         }
     }
 
@@ -319,6 +322,22 @@ impl Capture {
                         .map(|a| &a.files)
                         .eq(std::iter::once(files))
                 })
+        })
+    }
+
+    /// The files whose every row the finished attempts of an old side hashed
+    /// ([`CaptureWriter::read_whole`]): what it holds, for a caller that knows which files the
+    /// old side is; `None` once it cannot be used.
+    pub fn read_whole(&self) -> Option<BTreeSet<String>> {
+        self.with_state(|state| {
+            state.broken.is_none().then(|| {
+                state
+                    .attempts
+                    .iter()
+                    .filter(|a| a.batch.is_some())
+                    .flat_map(|a| a.read.iter().cloned())
+                    .collect()
+            })
         })
     }
 
@@ -598,6 +617,8 @@ pub struct CaptureWriter {
     totals: HashMap<u32, LabelTotals>,
     /// The old side's partition values and their labels ([`Self::add_batch`]).
     partitions: SideLabels,
+    /// The old files whose every row it hashed ([`Self::read_whole`]).
+    read: BTreeSet<String>,
 }
 
 impl CaptureWriter {
@@ -805,11 +826,23 @@ impl CaptureWriter {
         }
     }
 
+    /// The rows of the old file `path` it was given ([`Self::add_batch`]) were every row the
+    /// file holds: the file is on the old side this attempt captured ([`Capture::read_whole`]).
+    pub fn read_whole(&mut self, path: &str) {
+        self.read.insert(path.to_string());
+    }
+
+    /// The capture cannot be used: `why` (an old side's rows it was not given).
+    pub fn spoil(&mut self, why: &str) {
+        self.capture.break_with(why.to_string());
+    }
+
     /// The attempt wrote batch `batch` as `files`: its rows count.
     pub fn finish(mut self, batch: usize, files: impl Iterator<Item = String>) {
         self.flush(true);
         let nulls = std::mem::take(&mut self.nulls);
         let totals = std::mem::take(&mut self.totals);
+        let read = std::mem::take(&mut self.read);
         let attempt = self.attempt;
         self.capture.with_state(|state| {
             for (label, rows) in nulls {
@@ -822,6 +855,7 @@ impl CaptureWriter {
             if let Some(a) = state.attempts.get_mut(attempt) {
                 a.batch = Some(batch);
                 a.files = files.collect();
+                a.read = read;
             }
         });
     }
