@@ -98,12 +98,17 @@ fn pid_namespace() -> Option<String> {
         .and_then(|target| target.to_str().map(str::to_string))
 }
 
-/// Field 22 of `/proc/<pid>/stat`: when the process started.
+/// Field 22 of `/proc/<pid>/stat`: when the process started; `None` when there is no such
+/// process, or it has ended (a zombie, `Z`, or dead, `X`, in field 3): a process killed whose
+/// parent has not waited for it yet no longer runs, and holds nothing.
 fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after the last `)`.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
+    let mut after = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(after.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    after.nth(18)?.parse().ok()
 }
 
 fn now_millis() -> i64 {
@@ -668,5 +673,39 @@ mod tests {
             };
             assert_eq!(ghost.alive_here(), Some(false));
         }
+    }
+
+    /// A process killed and not yet waited for (a zombie) holds nothing: the next command need
+    /// not wait for its lease to expire.
+    #[test]
+    fn a_killed_process_not_yet_waited_for_is_not_alive() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let started = process_start(pid);
+        assert!(started.is_some(), "a running child has a start time");
+        let holder = Holder {
+            pid,
+            started,
+            ..Holder::current()
+        };
+        if holder.boot_id.is_some() {
+            assert_eq!(holder.alive_here(), Some(true));
+        }
+        child.kill().expect("kill");
+        // Not waited for: a zombie until `wait`, once the kernel has ended it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_start(pid).is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a zombie");
+        assert!(state.contains(") Z "), "{state}");
+        assert_eq!(process_start(pid), None);
+        if holder.boot_id.is_some() {
+            assert_eq!(holder.alive_here(), Some(false));
+        }
+        child.wait().expect("wait");
     }
 }
