@@ -316,15 +316,9 @@ pub(crate) async fn run_validation(
     // deletion vectors were checked above.)
     let old_rows = match old_rows {
         Some(captured) if !adjustments => (!rounding).then_some(captured),
-        Some(captured) if !rounding && previous_lineage_null(&ctx).await? => {
-            let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
-                .progress
-                .adjustments
-                .iter()
-                .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
-                .collect();
-            captured.covers(&batches).then_some(captured)
-        }
+        Some(captured) if !rounding && previous_lineage_null(&ctx).await? => captured
+            .covers(&batch_files(&journal.progress.adjustments))
+            .then_some(captured),
         _ => None,
     };
     // The keys around the range, for the key merge to look up (see `crate::run::edges`).
@@ -739,6 +733,15 @@ fn float_noise(
     ))
 }
 
+/// Each batch of `records` with its files' paths: what a capture's finished attempts must be
+/// ([`lakefill_validate::keymerge::Capture::covers`]).
+fn batch_files(records: &[BatchRecord]) -> Vec<(usize, std::collections::BTreeSet<String>)> {
+    records
+        .iter()
+        .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
+        .collect()
+}
+
 /// Whether the old rows staging hashed while it matched the new rows against them by deletion
 /// vectors (`captured`) are the old side: every batch of the journal staged by this process
 /// (each attempt finished is a batch, with its files), and every file of the range at the read
@@ -748,12 +751,7 @@ fn read_every_old_file(
     journal: &Journal,
     captured: &lakefill_validate::keymerge::Capture,
 ) -> bool {
-    let batches: Vec<(usize, std::collections::BTreeSet<String>)> = journal
-        .progress
-        .batches
-        .iter()
-        .map(|b| (b.index, b.files.iter().map(|a| a.path.clone()).collect()))
-        .collect();
+    let batches = batch_files(&journal.progress.batches);
     let Some(read) = captured.read_whole() else {
         return false;
     };
