@@ -26,15 +26,20 @@ FROM t WHERE event_date BETWEEN $start AND $end AND event_id % 1000 <> 3\n\
 UNION ALL\n\
 SELECT event_id + 5000000, amount_cents, country, event_date FROM t WHERE event_date BETWEEN $start AND $end AND event_id % 1000 = 11";
 
+/// The header of the tests' models (`KEYED`: with `event_id` as the key validation compares by).
+const HEADER: &str =
+    "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"";
+const KEYED: &str = "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]";
+
+/// A second fix (`tests/cli/vectors.py second`): every row ending in 08 a cent more.
+const SECOND_FIX: &str = "SELECT event_id, CASE WHEN event_id % 100 = 8 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
+FROM t WHERE event_date BETWEEN $start AND $end";
+
 fn lake(store: Store) -> PythonLake {
     let mut lake = PythonLake::new(store);
     lake.script(&helper(), &["make", &lake.uri("t")]);
     lake.declare("t");
-    lake.model(
-        "fix",
-        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
-        FIX,
-    );
+    lake.model("fix", KEYED, FIX);
     lake
 }
 
@@ -207,17 +212,11 @@ fn validation_takes_the_old_rows_staging_matched() {
     lake.model_version(
         "fix",
         "v2",
-        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
+        KEYED,
         &FIX.replace("$end", "LEAST($end, DATE '2026-01-03')"),
     );
     // A second fix, of every day, for files that vectors of the first cut.
-    lake.model_version(
-        "fix",
-        "v3",
-        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
-        "SELECT event_id, CASE WHEN event_id % 100 = 8 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
-         FROM t WHERE event_date BETWEEN $start AND $end",
-    );
+    lake.model_version("fix", "v3", KEYED, SECOND_FIX);
     let run = |model: &str, to: &str, failpoint: Option<&str>| -> (Value, String) {
         let mut args = BACKFILL.to_vec();
         args[5] = to;
@@ -322,13 +321,7 @@ fn a_second_fix_cuts_files_the_first_one_cut() {
     let first = json_ok(&lake.run(&BACKFILL));
     assert_eq!(first["outcome"], "published", "{first}");
     let cut_before = live_files(&lake);
-    lake.model_version(
-        "fix",
-        "v2",
-        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"",
-        "SELECT event_id, CASE WHEN event_id % 100 = 8 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
-         FROM t WHERE event_date BETWEEN $start AND $end",
-    );
+    lake.model_version("fix", "v2", HEADER, SECOND_FIX);
     let mut args = BACKFILL.to_vec();
     args.extend(["--model-version", "v2"]);
     let second = json_ok(&lake.run(&args));
@@ -364,7 +357,7 @@ fn files_cut_by_vectors_keep_checksums_of_the_rows_they_keep() {
     lake.model_version(
         "fix",
         "v2",
-        "target = \"t\"\npartition_by = \"event_date\"\n[sources.t]\nwindow = \"event_date\"\n[validate]\nkey = [\"event_id\"]",
+        KEYED,
         "SELECT event_id, CASE WHEN event_date = DATE '2026-01-01' AND event_id % 1000 = 5 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents, country, event_date\n\
          FROM t WHERE event_date BETWEEN $start AND $end",
     );
