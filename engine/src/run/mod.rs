@@ -318,9 +318,13 @@ impl BackfillBuilder {
         adjustments: bool,
     ) -> Option<Arc<lakefill_validate::keymerge::Capture>> {
         let report = &self.plan.report;
-        let by_adjustments =
-            report.publish == lakefill_table::adjustments::PublishMode::Adjustments;
-        if adjustments != by_adjustments || (!adjustments && self.plan.vectors.is_none()) {
+        // (A plan by deletion vectors never publishes by adjustments.)
+        let reads_old_whole = if adjustments {
+            report.publish == lakefill_table::adjustments::PublishMode::Adjustments
+        } else {
+            self.plan.vectors.is_some()
+        };
+        if !reads_old_whole {
             return None;
         }
         let (schema, parts) = self.compared_columns(adjustments)?;
