@@ -4,7 +4,9 @@ it that apply deletion vectors (python `deltalake`'s own engine and polars).
     python3 vectors.py make URI               # the table (see `make`)
     python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
     python3 vectors.py polars URI             # its rows by polars, sorted
-    python3 vectors.py expected URI VERSION   # the rows at VERSION with the tests' fix applied
+    python3 vectors.py expected URI VERSION [COUNTRY]
+                                              # the rows at VERSION with the tests' fix applied
+                                              # (to COUNTRY's rows only: `--where country = ...`)
     python3 vectors.py second URI VERSION     # the rows at VERSION with the second fix applied
 
 Rows are [event_id, amount_cents, country, event_date]. S3 options come from the environment
@@ -76,15 +78,16 @@ def polars_rows(uri):
     return as_rows(pl.read_delta(uri, storage_options=storage_options()).to_dicts())
 
 
-def expected(uri, version):
+def expected(uri, version, only=None):
     """The fix of the tests' model, on 2026-01-01 ..= 2026-01-03: rows whose event_id ends in 3
     (mod 1,000) go, every 100th row (and 60% of 2026-01-03's) gets a cent more, a copy of each
     row ending in 11 (mod 1,000) is added as event + 5,000,000, and rows loaded twice are kept
-    once (SELECT DISTINCT)."""
+    once (SELECT DISTINCT). With `only`, the fix of the rows of that country: the others stay
+    as they are (`--where country = 'DE'`)."""
     out = []
     in_range = set()
     for event, amount, country, day in read(uri, version):
-        if day > "2026-01-03":
+        if day > "2026-01-03" or (only is not None and country != only):
             out.append([event, amount, country, day])
             continue
         if event % 1000 == 3:
@@ -93,7 +96,7 @@ def expected(uri, version):
             amount += 1
         in_range.add((event, amount, country, day))
     for event, amount, country, day in read(uri, version):
-        if day <= "2026-01-03" and event % 1000 == 11:
+        if day <= "2026-01-03" and event % 1000 == 11 and only in (None, country):
             in_range.add((event + 5000000, amount, country, day))
     out.extend([list(r) for r in in_range])
     out.sort()
@@ -121,7 +124,8 @@ if __name__ == "__main__":
     elif command == "polars":
         print(json.dumps(polars_rows(sys.argv[2])))
     elif command == "expected":
-        print(json.dumps(expected(sys.argv[2], int(sys.argv[3]))))
+        only = sys.argv[4] if len(sys.argv) > 4 else None
+        print(json.dumps(expected(sys.argv[2], int(sys.argv[3]), only)))
     elif command == "second":
         print(json.dumps(second(sys.argv[2], int(sys.argv[3]))))
     else:

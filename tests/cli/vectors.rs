@@ -442,3 +442,153 @@ fn a_file_with_an_inline_vector_of_another_writer_is_kept() {
         assert!(rows.as_array().unwrap().contains(row), "{row} kept");
     }
 }
+
+/// The checks of a report by name, with whether each passed.
+fn checks(report: &Value) -> BTreeMap<String, bool> {
+    report["validation"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap().to_string(), c["passed"] == true))
+        .collect()
+}
+
+/// `--where` by deletion vectors: only the old rows the predicate selects are the fix's to
+/// delete; the others stay in their files (no batch copies them), and readers read exactly the
+/// fix of the selected rows. A partition the fix changes too much of is rewritten with the rows
+/// it does not select. Validation takes the old side from staging, as a resumed run that reads
+/// it again compares it; the rows kept outside the predicate are checked against an independent
+/// scan. Revert gives the old files back.
+#[test]
+fn a_fix_scoped_by_where_keeps_the_rows_it_does_not_select_in_place() {
+    let lake = lake(Store::Local);
+    let version = lake.open("t").version().unwrap();
+    let before = live_files(&lake);
+    let original = read(&lake, &["rows"]);
+    let scoped = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = BACKFILL.to_vec();
+        args.extend(["--where", "country = 'DE'", "-v"]);
+        args.extend(extra);
+        args
+    };
+    let comparison = |report: &Value| {
+        let mut comparison = report["validation"]["comparison"].clone();
+        comparison.as_object_mut().unwrap().remove("samples");
+        comparison
+    };
+    // Staged and discarded, then staged again after a first attempt stopped mid-stage (its
+    // first batch is resumed: validation reads the old side itself).
+    let staged = |failpoint: Option<&str>| -> (Value, String) {
+        let args = scoped(&["--stage-only", "--batch-partitions", "1"]);
+        if let Some(failpoint) = failpoint {
+            let out = crate::support::lakefill_command(lake.path())
+                .args(&args)
+                .env("LAKEFILL_FAILPOINTS", failpoint)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "stopped at {failpoint}");
+        }
+        let out = crate::support::lakefill_command(lake.path())
+            .args(&args)
+            .env_remove("LAKEFILL_FAILPOINTS")
+            .output()
+            .unwrap();
+        let report: Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+        assert_eq!(report["outcome"], "staged", "{report}\n{}", stderr(&out));
+        let discarded = lake.run(&["discard", report["run_id"].as_str().unwrap()]);
+        assert!(discarded.status.success(), "{}", stderr(&discarded));
+        (report, stderr(&out))
+    };
+    let (taken, log) = staged(None);
+    assert!(log.contains("old_captured=true"), "{log}");
+    let (read_again, log) = staged(Some("mid-stage"));
+    assert!(log.contains("old_captured=false"), "{log}");
+    assert_eq!(comparison(&taken), comparison(&read_again));
+    assert_eq!(live_files(&lake), before, "nothing published");
+
+    let out = lake.run(&scoped(&[]));
+    let report = json_ok(&out);
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(
+        checks(&report).get("carried rows unchanged"),
+        Some(&true),
+        "{report}"
+    );
+    assert_eq!(comparison(&report), comparison(&taken));
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
+    assert_eq!(rewritten, ["2026-01-03"], "60% of its DE rows change: {vectors}");
+
+    // Independently: the fix of the DE rows, the others as they were.
+    let expected = read(&lake, &["expected", &version.to_string(), "DE"]);
+    assert_ne!(expected, original);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+
+    // The cut days' old files stay, with vectors deleting DE rows only; the rewritten day's
+    // are gone; the day outside the range is untouched.
+    let after = live_files(&lake);
+    let deleted: u64 = ["2026-01-01", "2026-01-02"]
+        .iter()
+        .map(|day| vectors["partitions"][day]["deleted"].as_u64().unwrap())
+        .sum();
+    let mut cut_rows = 0;
+    for (path, (size, _)) in &before {
+        if path.contains("2026-01-03") {
+            assert!(!after.contains_key(path), "{path} rewritten");
+        } else if path.contains("2026-01-04") {
+            assert_eq!(after.get(path), before.get(path), "{path} outside the range");
+        } else {
+            assert_eq!(after[path].0, *size, "{path} stays");
+            cut_rows += after[path].1.unwrap_or(0) as u64;
+        }
+    }
+    assert_eq!(cut_rows, deleted, "{after:?}");
+
+    let run_id = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(live_files(&lake), before);
+    assert_eq!(read(&lake, &["rows"]), original, "python deltalake");
+}
+
+/// `--where` by deletion vectors where the model makes no rows the predicate selects: the
+/// partitions it leaves empty are still read, and only their selected rows deleted (a rewrite
+/// would carry the others over; here they stay in their files).
+#[test]
+fn a_where_fix_that_makes_no_rows_deletes_only_the_rows_it_selects() {
+    let lake = lake(Store::Local);
+    let version = lake.open("t").version().unwrap();
+    let before = live_files(&lake);
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--where", "country = 'DE' AND event_id % 1000 = 3"]);
+    let report = json_ok(&lake.run(&args));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(
+        checks(&report).get("carried rows unchanged"),
+        Some(&true),
+        "{report}"
+    );
+    let mut expected = read(&lake, &["rows", &version.to_string()]);
+    let gone = |r: &Value| {
+        r[2] == "DE" && r[0].as_i64().unwrap() % 1000 == 3 && r[3].as_str() <= Some("2026-01-03")
+    };
+    let removed = expected.as_array().unwrap().iter().filter(|r| gone(r)).count();
+    assert!(removed > 0);
+    expected.as_array_mut().unwrap().retain(|r| !gone(r));
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    assert_eq!(
+        report["validation"]["comparison"]["totals"]["removed"],
+        removed,
+        "{report}"
+    );
+    // Every old file stays; the vectors delete exactly the rows gone; nothing is written.
+    let after = live_files(&lake);
+    assert_eq!(after.len(), before.len(), "{after:?}");
+    let deleted: i64 = after.values().filter_map(|(_, dv)| *dv).sum();
+    assert_eq!(deleted as usize, removed, "{after:?}");
+}

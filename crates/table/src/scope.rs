@@ -194,6 +194,21 @@ impl RowPredicate {
             .collect())
     }
 
+    /// The predicate evaluated row by row on batches with `schema` (the target's columns, those
+    /// it reads at least): which rows it selects, as a `WHERE` does (NULL selects none).
+    pub fn selector(&self, schema: &Schema) -> Result<RowSelector> {
+        let expr = self.expr(schema)?;
+        let df_schema = DFSchema::try_from(schema.clone())
+            .map_err(|e| Error::Internal(format!("cannot describe a schema: {e}")))?;
+        let physical = SessionContext::new()
+            .create_physical_expr(expr, &df_schema)
+            .map_err(|e| Error::Internal(format!("cannot plan the predicate: {e}")))?;
+        Ok(RowSelector {
+            physical,
+            sql: self.sql.clone(),
+        })
+    }
+
     /// For each file, whether it may hold rows that match: `false` only when its partition
     /// values or statistics prove that none does. `schema` is the table's.
     pub fn may_match(&self, schema: &Schema, files: &[FileFacts<'_>]) -> Result<Vec<bool>> {
@@ -215,6 +230,36 @@ impl RowPredicate {
         pruning
             .prune(&statistics)
             .map_err(|e| Error::Internal(format!("cannot prune by the predicate: {e}")))
+    }
+}
+
+/// A `--where` predicate planned for a schema ([`RowPredicate::selector`]).
+#[derive(Debug, Clone)]
+pub struct RowSelector {
+    physical: Arc<dyn deltalake::datafusion::physical_plan::PhysicalExpr>,
+    sql: String,
+}
+
+impl RowSelector {
+    /// Whether the predicate selects each row of `batch` (of the selector's schema): `true`
+    /// where it is TRUE, `false` where it is FALSE or NULL.
+    pub fn select(&self, batch: &deltalake::arrow::array::RecordBatch) -> Result<Vec<bool>> {
+        use deltalake::arrow::array::{Array, AsArray};
+        let fail = |e: &dyn std::fmt::Display| {
+            Error::Internal(format!("cannot evaluate `--where {}` on rows: {e}", self.sql))
+        };
+        let value = self
+            .physical
+            .evaluate(batch)
+            .and_then(|v| v.into_array(batch.num_rows()))
+            .map_err(|e| fail(&e))?;
+        if value.data_type() != &DataType::Boolean {
+            return Err(fail(&format!("it gives {}, not booleans", value.data_type())));
+        }
+        let value = value.as_boolean();
+        Ok((0..batch.num_rows())
+            .map(|row| value.is_valid(row) && value.value(row))
+            .collect())
     }
 }
 

@@ -365,9 +365,10 @@ impl BackfillBuilder {
         lineage_as_table: bool,
     ) -> Option<(deltalake::arrow::datatypes::Schema, Vec<String>)> {
         let report = &self.plan.report;
+        // (`--where` by deletion vectors stages only the model's rows: no batch carries any.)
         if !self.validate
             || self.settings.engine.is_some()
-            || report.layout.rewrites_files(&report.range)
+            || (report.layout.rewrites_files(&report.range) && !self.plan.publishes_by_vectors())
         {
             return None;
         }

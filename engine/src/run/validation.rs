@@ -744,8 +744,10 @@ fn batch_files(records: &[BatchRecord]) -> Vec<(usize, std::collections::BTreeSe
 
 /// Whether the old rows staging hashed while it matched the new rows against them by deletion
 /// vectors (`captured`) are the old side: every batch of the journal staged by this process
-/// (each attempt finished is a batch, with its files), and every file of the range at the read
-/// version read whole (a partition the model left without rows is not read by staging).
+/// (each attempt finished is a batch, with its files), and every old file of the plan by vectors
+/// read whole (every file of the range at the read version; with `--where`, every file that may
+/// hold rows it selects). Without `--where`, a partition the model left without rows is not read
+/// by staging.
 fn read_every_old_file(
     plan: &BackfillPlan,
     journal: &Journal,
@@ -755,19 +757,14 @@ fn read_every_old_file(
     let Some(read) = captured.read_whole() else {
         return false;
     };
-    let Ok(snapshot) = plan.target.snapshot() else {
+    let Some(vectors) = &plan.vectors else {
         return false;
     };
-    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
-    let old: std::collections::BTreeSet<String> = snapshot
-        .log_data()
-        .iter()
-        .filter(|file| {
-            layout
-                .label_in(range, &file.partition_values_map())
-                .is_some()
-        })
-        .map(|file| file.path().to_string())
+    let old: std::collections::BTreeSet<String> = vectors
+        .files
+        .values()
+        .flatten()
+        .map(|file| file.path.clone())
         .collect();
     let whole = captured.covers(&batches) && read == old;
     if !whole {

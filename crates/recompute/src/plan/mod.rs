@@ -1114,6 +1114,13 @@ impl BackfillPlan {
             (PublishMode::Rewrite, None) => Publish::Rewrite,
         }
     }
+
+    /// Whether the batches staged here publish by deletion vectors: the target takes them
+    /// ([`Self::vectors`]) and the run is a backfill of its own (a cascade's nodes and reverts,
+    /// whose kind is set after the plan is made, rewrite).
+    pub fn publishes_by_vectors(&self) -> bool {
+        self.vectors.is_some() && self.kind == RunKind::Backfill
+    }
 }
 
 /// The table a companion's adjustments correct, and the companion version whose rows count as

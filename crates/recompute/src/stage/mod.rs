@@ -240,6 +240,15 @@ async fn stage_batch(
 ) -> Result<BatchRecord> {
     tracing::debug!(batch = batch.index, start = %batch.start, end = %batch.end, "staging batch");
     failpoint::reach(CrashPoint::StageBatch(batch.index)).await?;
+    if batch.carry && plan.publishes_by_vectors() {
+        // `--where` by deletion vectors: the rows it does not select stay in their files (the
+        // other batches read them, and count them as carried). The batch stages nothing, and
+        // what hashes the sides for validation knows it finished so.
+        for capture in [&hashing.capture, &hashing.old].into_iter().flatten() {
+            capture.writer().finish(batch.index, std::iter::empty());
+        }
+        return Ok(batch.empty_record());
+    }
     let (_ctx, df) = if batch.carry {
         carried_dataframe(plan, resources).await?
     } else {
@@ -444,7 +453,7 @@ impl WriteSpec {
             vectors: plan
                 .vectors
                 .clone()
-                .filter(|_| !batch.carry && plan.kind == lakefill_log::journal::RunKind::Backfill),
+                .filter(|_| !batch.carry && plan.publishes_by_vectors()),
         }
     }
 
@@ -759,6 +768,11 @@ struct Staging<'a> {
     old: BTreeMap<Vec<Option<String>>, Option<vectors::OldPartition>>,
     /// With deletion vectors, where the old rows read go for validation ([`Hashing::old`]).
     old_capture: Option<CaptureWriter>,
+    /// With deletion vectors and `--where`, the checksum of the old rows it does not select
+    /// (they stay where they are): what the batch carries over.
+    carried: RowChecksum,
+    /// The target's columns as the batch stages them.
+    target_schema: SchemaRef,
 }
 
 impl<'a> Staging<'a> {
@@ -779,7 +793,7 @@ impl<'a> Staging<'a> {
             hashing.capture.as_ref().map(Capture::writer),
             hashing.rows.as_ref().map(StagedHashes::writer),
             Arc::clone(&columns.file_schema),
-            target_schema,
+            Arc::clone(&target_schema),
         );
         Ok(Self {
             spec,
@@ -803,6 +817,8 @@ impl<'a> Staging<'a> {
                 .as_ref()
                 .and(hashing.old.as_ref())
                 .map(Capture::writer),
+            carried: RowChecksum::default(),
+            target_schema,
         })
     }
 
@@ -837,6 +853,7 @@ impl<'a> Staging<'a> {
                 candidates,
                 (&self.spec.layout.partition_columns, &typed),
                 &self.columns.file_schema,
+                plan.rows.as_ref(),
                 self.old_capture.as_mut(),
             )
             .await?
@@ -844,6 +861,9 @@ impl<'a> Staging<'a> {
                 old.at = Some((scalars.to_vec(), values.clone()));
                 old
             });
+            if old.is_none() && plan.rows.is_some() {
+                return Err(self.cannot_cut(label));
+            }
             if old.is_none()
                 && let Some(capture) = &mut self.old_capture
             {
@@ -1081,17 +1101,24 @@ impl<'a> Staging<'a> {
         };
         let mut record = lakefill_log::journal::BatchVectors::default();
         let mut cuts = Vec::new();
+        let unvisited = self.unvisited(&plan).await?;
         let add = |counts: &mut lakefill_log::journal::VectorCounts,
                    more: lakefill_log::journal::VectorCounts| {
             counts.deleted += more.deleted;
             counts.added += more.added;
             counts.rows += more.rows;
         };
-        for (key, old) in std::mem::take(&mut self.old) {
+        let visited = std::mem::take(&mut self.old).into_iter();
+        for ((key, old), unvisited) in visited
+            .map(|entry| (entry, false))
+            .chain(unvisited.into_iter().map(|entry| (entry, true)))
+        {
             let Some(old) = old else { continue };
             old.prove()?;
+            self.carried.merge(&old.carried());
             let counts = old.counts();
-            let over = old.over(plan.threshold);
+            // A partition the model left without rows has no writer: it keeps its files.
+            let over = !unvisited && old.over(plan.threshold);
             written_apart.insert(key.clone(), (!over).then(|| old.written()));
             if over {
                 add(
@@ -1157,6 +1184,101 @@ impl<'a> Staging<'a> {
         Ok((any.then_some(record), written_apart))
     }
 
+    /// With `--where`, the old rows of the partitions of this batch that the model left without
+    /// rows: the rows it selects there are the fix's to delete, and the others stay (no batch
+    /// carries them over). Without, such a partition's files are removed whole, as in a rewrite.
+    async fn unvisited(
+        &mut self,
+        plan: &vectors::VectorPlan,
+    ) -> Result<Vec<(Vec<Option<String>>, Option<vectors::OldPartition>)>> {
+        let Some(rows) = &plan.rows else {
+            return Ok(Vec::new());
+        };
+        let read: BTreeSet<String> = self
+            .old
+            .values()
+            .flatten()
+            .flat_map(|old| old.paths().map(str::to_string))
+            .collect();
+        let columns = &self.spec.layout.partition_columns;
+        let mut partitions: BTreeMap<(String, Vec<Option<String>>), Vec<Add>> = BTreeMap::new();
+        for label in &self.spec.batch.partitions {
+            for file in plan.files.get(label).into_iter().flatten() {
+                if read.contains(&file.path) {
+                    continue;
+                }
+                let key: Vec<Option<String>> = columns
+                    .iter()
+                    .map(|c| file.partition_values.get(c).cloned().flatten())
+                    .collect();
+                partitions
+                    .entry((label.clone(), key))
+                    .or_default()
+                    .push(file.clone());
+            }
+        }
+        let mut loaded = Vec::new();
+        for ((label, key), files) in partitions {
+            let values = columns
+                .iter()
+                .zip(&key)
+                .map(|(column, text)| {
+                    let data_type = self
+                        .target_schema
+                        .field_with_name(column)
+                        .map_err(|e| Error::Internal(format!("partition column `{column}`: {e}")))?
+                        .data_type()
+                        .clone();
+                    match text {
+                        None => ScalarValue::try_from(&data_type),
+                        Some(text) => ScalarValue::Utf8(Some(text.clone())).cast_to(&data_type),
+                    }
+                    .map_err(|e| {
+                        Error::Internal(format!(
+                            "cannot read the value of partition column `{column}`: {e}"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let old = vectors::OldPartition::load(
+                &self.store,
+                &plan.root,
+                label.clone(),
+                &files,
+                (columns, &values),
+                &self.columns.file_schema,
+                Some(rows),
+                self.old_capture.as_mut(),
+            )
+            .await?;
+            if old.is_none() {
+                return Err(self.cannot_cut(&label));
+            }
+            loaded.push((key, old));
+        }
+        Ok(loaded)
+    }
+
+    /// Why a `--where` fix by deletion vectors stops at a partition whose old files it cannot
+    /// cut: no batch carries the rows the predicate does not select, so the partition cannot be
+    /// rewritten instead.
+    fn cannot_cut(&self, label: &str) -> Error {
+        let rows = self.spec.range.rows.as_ref().map_or("", |r| r.sql.as_str());
+        Error::UnsupportedFeature {
+            table: self.spec.target.clone(),
+            feature: "deletionVectors".into(),
+            why: format!(
+                "with `--where {rows}` a fix is published by deletion vectors, which keep the rows \
+                 it does not select in their files; an old file of partition {label} holds a column \
+                 in another type than the table's, so its rows cannot be matched by value and the \
+                 partition cannot be cut; nothing was published"
+            ),
+            hint: "run the fix without `--where` (a partition that cannot be cut is then \
+                   rewritten whole), or rewrite that partition first"
+                .into(),
+        }
+    }
+
     /// Closes every writer: the batch's files, each tagged with its rows' checksum, and its
     /// record. Nothing of a batch that produced rows off the grain is kept.
     async fn finish(mut self) -> Result<Written> {
@@ -1170,7 +1292,7 @@ impl<'a> Staging<'a> {
         let old_capture = self.old_capture.take();
         let (vectors, mut written_apart) = self.settle_vectors().await?;
         let Hashed {
-            checksums,
+            mut checksums,
             mut by_writer,
             capture,
             rows,
@@ -1199,6 +1321,12 @@ impl<'a> Staging<'a> {
                     .insert(DIGEST_TAG.to_string(), Some(tag));
             }
             files.extend(adds);
+        }
+        if self.carried.rows > 0 {
+            checksums
+                .entry(CARRIED_LABEL.to_string())
+                .or_default()
+                .merge(&self.carried);
         }
         for capture in [capture, old_capture].into_iter().flatten() {
             capture.finish(self.spec.batch.index, files.iter().map(|a| a.path.clone()));

@@ -11,6 +11,11 @@
 //! threshold is rewritten instead: its old rows that stay are written after its new ones, and
 //! its old files are removed whole, as in any rewrite.
 //!
+//! With `--where`, only the old rows the predicate selects are matched (and may be deleted): the
+//! others stay in their files, or are written again with a partition rewritten. No batch carries
+//! them over; their checksum goes into the batch's record as the rows carried, which validation
+//! checks against an independent scan of the files.
+//!
 //! What the table then holds is what a rewrite gives, as a multiset of rows: validation reads it
 //! so (the kept files with their new vectors, and the staged files), and compares it with the old
 //! rows and with what staging counted of the model's output.
@@ -36,6 +41,7 @@ use roaring::RoaringTreemap;
 use lakefill_log::journal::VectorCounts;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::rowhash::RowChecksum;
+use lakefill_table::scope::{RowPredicate, RowSelector};
 use lakefill_validate::keymerge::CaptureWriter;
 use lakefill_validate::multiset::Located;
 
@@ -50,16 +56,20 @@ pub struct VectorPlan {
     pub threshold: f64,
     /// The table's root (where its vectors' files are named from).
     pub root: url::Url,
-    /// Every file of each partition of the range at the read version (partition values by
-    /// logical name, as the journal keeps them), by partition label.
+    /// Every file of each partition of the range at the read version (with `--where`, those
+    /// that may hold rows it selects), partition values by logical name as the journal keeps
+    /// them, by partition label.
     pub files: BTreeMap<String, Vec<Add>>,
+    /// `--where`: only the old rows it selects are the fix's to delete; the others stay where
+    /// they are (no batch carries them over).
+    pub rows: Option<RowPredicate>,
 }
 
 impl VectorPlan {
     /// The plan of `plan`'s run, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill of its own
-    /// (not a cascade's node, a revert or adjustments), of a table partitioned by time, without
-    /// a `--where`, column mapping, a change data feed, a model reading its own past, or a
+    /// (not a cascade's node, a revert or adjustments), of a table partitioned by time (not by
+    /// rows), without column mapping, a change data feed, a model reading its own past, or a
     /// feature whose commits lakefill writes itself. Otherwise it rewrites, as it always has.
     pub fn of(plan: &crate::plan::BackfillPlan) -> Result<Option<Arc<Self>>> {
         let report = &plan.report;
@@ -86,15 +96,25 @@ impl VectorPlan {
             && plan.kind.revert_of().is_none()
             && !layout.partition_columns.is_empty()
             && !layout.by_rows
-            && !layout.rewrites_files(range)
             && report.protocol.mapping.is_none()
             && !report.reads_own_past
             && lakefill_log::writer::delta_rs_commits(&plan.target);
         if !eligible {
             return Ok(None);
         }
+        // With `--where`, the files that may hold rows it selects (the others keep all theirs).
+        let affected: Option<std::collections::BTreeSet<&str>> = range
+            .rows
+            .is_some()
+            .then(|| report.affected_files.iter().map(String::as_str).collect());
         let mut files: BTreeMap<String, Vec<Add>> = BTreeMap::new();
         for file in snapshot.log_data().iter() {
+            if affected
+                .as_ref()
+                .is_some_and(|a| !a.contains(file.path().as_ref() as &str))
+            {
+                continue;
+            }
             if let Some(label) = layout.label_in(range, &file.partition_values_map()) {
                 #[expect(
                     deprecated,
@@ -107,6 +127,7 @@ impl VectorPlan {
             threshold: DEFAULT_THRESHOLD,
             root: plan.target.table_url().clone(),
             files,
+            rows: range.rows.clone(),
         })))
     }
 }
@@ -193,29 +214,14 @@ fn as_table(batch: &RecordBatch, file_schema: &SchemaRef) -> Result<RecordBatch>
         .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}")))
 }
 
-/// Hands `batch` (old rows from `position` on, in the table's file columns) to the old side's
-/// `capture`: its rows `before` does not delete, with the partition's values as columns.
-/// `live`: the value hashes of `batch`'s columns, when no row of it is deleted. A failure
-/// spoils the capture (validation then reads the old rows), never the match.
-fn capture_old(
-    capture: &mut CaptureWriter,
+/// `batch` (rows of one partition, in the table's file columns) with the partition's `values`
+/// as columns (named `columns`) after them.
+fn with_partition_columns(
     batch: &RecordBatch,
-    live: Option<&[Vec<u64>]>,
-    (position, before, (columns, values)): (u64, &RoaringTreemap, (&[String], &[ScalarValue])),
-) -> Result<()> {
+    (columns, values): (&[String], &[ScalarValue]),
+) -> Result<RecordBatch> {
     let fail = |e: &dyn std::fmt::Display| {
-        Error::Internal(format!(
-            "cannot hash an old file's rows for validation: {e}"
-        ))
-    };
-    let batch = match live {
-        Some(_) => batch.clone(),
-        None => {
-            let keep: BooleanArray = (position..position + batch.num_rows() as u64)
-                .map(|p| Some(!before.contains(p)))
-                .collect();
-            filter_record_batch(batch, &keep).map_err(|e| fail(&e))?
-        }
+        Error::Internal(format!("cannot add a partition's values to its rows: {e}"))
     };
     let rows = batch.num_rows();
     let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
@@ -224,8 +230,33 @@ fn capture_old(
         fields.push(Arc::new(Field::new(column, value.data_type(), true)));
         arrays.push(value.to_array_of_size(rows).map_err(|e| fail(&e))?);
     }
-    let whole =
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| fail(&e))?;
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| fail(&e))
+}
+
+/// Hands the rows of `batch` (old rows, in the table's file columns) that `scoped` holds (those
+/// live before the fix, and with `--where` selected by it) to the old side's `capture`, with the
+/// partition's values as columns. `hashed`: the value hashes of `batch`'s columns, reused when
+/// every row is in scope. A failure spoils the capture (validation then reads the old rows),
+/// never the match.
+fn capture_old(
+    capture: &mut CaptureWriter,
+    batch: &RecordBatch,
+    (scoped, hashed): (&[bool], &[Vec<u64>]),
+    partition: (&[String], &[ScalarValue]),
+) -> Result<()> {
+    let all = scoped.iter().all(|s| *s);
+    let batch = if all {
+        batch.clone()
+    } else {
+        let keep: BooleanArray = scoped.iter().map(|s| Some(*s)).collect();
+        filter_record_batch(batch, &keep).map_err(|e| {
+            Error::Internal(format!(
+                "cannot hash an old file's rows for validation: {e}"
+            ))
+        })?
+    };
+    let live = all.then_some(hashed);
+    let whole = with_partition_columns(&batch, partition)?;
     let schema = batch.schema();
     capture.add_batch(&whole, |name| {
         let at = schema.index_of(name).ok()?;
@@ -247,7 +278,7 @@ pub(crate) struct OldPartition {
     before: Vec<RoaringTreemap>,
     rows: Vec<u64>,
     located: Located,
-    /// Old rows live before the fix.
+    /// Old rows live before the fix (with `--where`, those it selects).
     live: u64,
     /// New rows seen, and those written (not among the old).
     new_rows: u64,
@@ -256,6 +287,8 @@ pub(crate) struct OldPartition {
     /// checksums, which the files' digests hold ([`lakefill_table::rowhash::FileDigest`]).
     sums: Vec<RowChecksum>,
     written: RowChecksum,
+    /// With `--where`, the live old rows it does not select: they stay where they are.
+    carried: RowChecksum,
     /// The proof ([`Self::prove`]): each old row's check hash (by file and position), and the
     /// sums of the check hashes of the live old rows, the new rows and those written.
     checks: Vec<Vec<u64>>,
@@ -284,8 +317,10 @@ fn of_partition(file: &Add, columns: &[String], values: &[ScalarValue]) -> bool 
 impl OldPartition {
     /// Reads the old files of the partition whose values are `values` (of `columns`) among
     /// `candidates` (the files of its label); `None` when they cannot be cut (a column of
-    /// another type). Their live rows also go to `capture`, with the partition's values, each
-    /// file noted once read whole.
+    /// another type). Their live rows (with `scope`, those it selects: the others are carried,
+    /// never deleted) also go to `capture`, with the partition's values, each file noted once
+    /// read whole.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn load(
         store: &Arc<dyn deltalake::ObjectStore>,
         root: &url::Url,
@@ -293,8 +328,17 @@ impl OldPartition {
         candidates: &[Add],
         (columns, values): (&[String], &[ScalarValue]),
         file_schema: &SchemaRef,
+        scope: Option<&RowPredicate>,
         mut capture: Option<&mut CaptureWriter>,
     ) -> Result<Option<Self>> {
+        let selector: Option<RowSelector> = match scope {
+            Some(rows) => {
+                let empty = RecordBatch::new_empty(Arc::clone(file_schema));
+                let whole = with_partition_columns(&empty, (columns, values))?;
+                Some(rows.selector(&whole.schema())?)
+            }
+            None => None,
+        };
         let mut old = Self {
             label,
             files: Vec::new(),
@@ -303,6 +347,7 @@ impl OldPartition {
             located: Located::default(),
             sums: Vec::new(),
             written: RowChecksum::default(),
+            carried: RowChecksum::default(),
             live: 0,
             new_rows: 0,
             added: 0,
@@ -343,25 +388,49 @@ impl OldPartition {
                     &values_hashed.iter().map(Vec::as_slice).collect::<Vec<_>>(),
                     batch.num_rows(),
                 );
-                if let Some(capture) = capture.as_deref_mut() {
-                    let live = (position..position + batch.num_rows() as u64)
-                        .all(|p| !before.contains(p))
-                        .then_some(&values_hashed[..]);
-                    let at = (position, &before, (columns, values));
-                    if let Err(why) = capture_old(capture, &batch, live, at) {
-                        capture.spoil(&why.to_string());
-                    }
+                // Live before the fix, and in the fix's scope (the rest of them are carried).
+                let live: Vec<bool> = (position..position + batch.num_rows() as u64)
+                    .map(|p| !before.contains(p))
+                    .collect();
+                let scoped: Vec<bool> = match &selector {
+                    Some(selector) => selector
+                        .select(&with_partition_columns(&batch, (columns, values))?)?
+                        .into_iter()
+                        .zip(&live)
+                        .map(|(selected, live)| selected && *live)
+                        .collect(),
+                    None => live.clone(),
+                };
+                if let Some(capture) = capture.as_deref_mut()
+                    && let Err(why) = capture_old(
+                        capture,
+                        &batch,
+                        (&scoped, &values_hashed),
+                        (columns, values),
+                    )
+                {
+                    capture.spoil(&why.to_string());
                 }
                 old.located
-                    .add(index, position, &hashes, |p| before.contains(p))
+                    .add(index, position, &hashes, |p| {
+                        !scoped[usize::try_from(p - position).unwrap_or(usize::MAX)]
+                    })
                     .map_err(|e| Error::Internal(e.to_string()))?;
                 let batch_checks = check_hashes(&batch)?;
-                // The live rows' checksum (the file's digest) and check hashes (the proof).
+                // The live rows' checksum (the file's digest); the check hashes of those in
+                // scope (the proof), and the checksum of those carried.
                 for (offset, (check, hash)) in batch_checks.iter().zip(&hashes).enumerate() {
-                    if !before.contains(position + offset as u64) {
+                    if !live[offset] {
+                        continue;
+                    }
+                    sum.rows += 1;
+                    sum.sum += u128::from(*hash);
+                    if scoped[offset] {
                         old.live_check = old.live_check.wrapping_add(*check);
-                        sum.rows += 1;
-                        sum.sum += u128::from(*hash);
+                        old.live += 1;
+                    } else {
+                        old.carried.rows += 1;
+                        old.carried.sum += u128::from(*hash);
                     }
                 }
                 checks.extend(batch_checks);
@@ -372,7 +441,6 @@ impl OldPartition {
             }
             old.checks.push(checks);
             old.sums.push(sum);
-            old.live += position - before.iter().filter(|p| *p < position).count() as u64;
             old.files.push(file.clone());
             old.before.push(before);
             old.rows.push(position);
@@ -408,6 +476,17 @@ impl OldPartition {
     /// The checksum of the rows written (the new rows the old files lack).
     pub(crate) fn written(&self) -> RowChecksum {
         self.written
+    }
+
+    /// The checksum of the live old rows outside the fix's `--where` (none without one): they
+    /// stay in their files, or, in a partition rewritten, are written again with its rows.
+    pub(crate) fn carried(&self) -> RowChecksum {
+        self.carried
+    }
+
+    /// The paths of its old files.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
+        self.files.iter().map(|f| f.path.as_str())
     }
 
     /// Proves, with a hash independent of the one rows were matched by, that the old rows kept
