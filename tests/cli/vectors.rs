@@ -520,7 +520,11 @@ fn a_fix_scoped_by_where_keeps_the_rows_it_does_not_select_in_place() {
     let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
     assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
     let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
-    assert_eq!(rewritten, ["2026-01-03"], "60% of its DE rows change: {vectors}");
+    assert_eq!(
+        rewritten,
+        ["2026-01-03"],
+        "60% of its DE rows change: {vectors}"
+    );
 
     // Independently: the fix of the DE rows, the others as they were.
     let expected = read(&lake, &["expected", &version.to_string(), "DE"]);
@@ -540,7 +544,11 @@ fn a_fix_scoped_by_where_keeps_the_rows_it_does_not_select_in_place() {
         if path.contains("2026-01-03") {
             assert!(!after.contains_key(path), "{path} rewritten");
         } else if path.contains("2026-01-04") {
-            assert_eq!(after.get(path), before.get(path), "{path} outside the range");
+            assert_eq!(
+                after.get(path),
+                before.get(path),
+                "{path} outside the range"
+            );
         } else {
             assert_eq!(after[path].0, *size, "{path} stays");
             cut_rows += after[path].1.unwrap_or(0) as u64;
@@ -576,14 +584,18 @@ fn a_where_fix_that_makes_no_rows_deletes_only_the_rows_it_selects() {
     let gone = |r: &Value| {
         r[2] == "DE" && r[0].as_i64().unwrap() % 1000 == 3 && r[3].as_str() <= Some("2026-01-03")
     };
-    let removed = expected.as_array().unwrap().iter().filter(|r| gone(r)).count();
+    let removed = expected
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| gone(r))
+        .count();
     assert!(removed > 0);
     expected.as_array_mut().unwrap().retain(|r| !gone(r));
     assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
     assert_eq!(read(&lake, &["polars"]), expected, "polars");
     assert_eq!(
-        report["validation"]["comparison"]["totals"]["removed"],
-        removed,
+        report["validation"]["comparison"]["totals"]["removed"], removed,
         "{report}"
     );
     // Every old file stays; the vectors delete exactly the rows gone; nothing is written.

@@ -246,7 +246,10 @@ impl RowSelector {
     pub fn select(&self, batch: &deltalake::arrow::array::RecordBatch) -> Result<Vec<bool>> {
         use deltalake::arrow::array::{Array, AsArray};
         let fail = |e: &dyn std::fmt::Display| {
-            Error::Internal(format!("cannot evaluate `--where {}` on rows: {e}", self.sql))
+            Error::Internal(format!(
+                "cannot evaluate `--where {}` on rows: {e}",
+                self.sql
+            ))
         };
         let value = self
             .physical
@@ -254,7 +257,10 @@ impl RowSelector {
             .and_then(|v| v.into_array(batch.num_rows()))
             .map_err(|e| fail(&e))?;
         if value.data_type() != &DataType::Boolean {
-            return Err(fail(&format!("it gives {}, not booleans", value.data_type())));
+            return Err(fail(&format!(
+                "it gives {}, not booleans",
+                value.data_type()
+            )));
         }
         let value = value.as_boolean();
         Ok((0..batch.num_rows())
