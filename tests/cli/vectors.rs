@@ -80,6 +80,34 @@ fn live_files(lake: &PythonLake) -> BTreeMap<String, (i64, Option<i64>)> {
         .collect()
 }
 
+/// Runs `args` (a `--stage-only` backfill), after a first attempt stopped at `failpoint` if
+/// given, then discards the run: its report and log.
+fn staged_then_discarded(
+    lake: &PythonLake,
+    args: &[&str],
+    failpoint: Option<&str>,
+) -> (Value, String) {
+    if let Some(failpoint) = failpoint {
+        let out = crate::support::lakefill_command(lake.path())
+            .args(args)
+            .env("LAKEFILL_FAILPOINTS", failpoint)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "stopped at {failpoint}");
+    }
+    let out = crate::support::lakefill_command(lake.path())
+        .args(args)
+        .env_remove("LAKEFILL_FAILPOINTS")
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    assert!(report["run_id"].is_string(), "{report}\n{}", stderr(&out));
+    let discarded = lake.run(&["discard", report["run_id"].as_str().unwrap()]);
+    assert!(discarded.status.success(), "{}", stderr(&discarded));
+    (report, stderr(&out))
+}
+
 fn a_small_fix_is_published_by_deletion_vectors(store: Store) {
     let lake = lake(store);
     let before = live_files(&lake);
@@ -222,25 +250,7 @@ fn validation_takes_the_old_rows_staging_matched() {
         args[5] = to;
         args.extend(["--stage-only", "--batch-partitions", "1", "-v"]);
         args.extend(["--model-version", model]);
-        if let Some(failpoint) = failpoint {
-            let out = crate::support::lakefill_command(lake.path())
-                .args(&args)
-                .env("LAKEFILL_FAILPOINTS", failpoint)
-                .output()
-                .unwrap();
-            assert!(!out.status.success(), "stopped at {failpoint}");
-        }
-        let out = crate::support::lakefill_command(lake.path())
-            .args(&args)
-            .env_remove("LAKEFILL_FAILPOINTS")
-            .output()
-            .unwrap();
-        let report: Value =
-            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
-        assert!(report["run_id"].is_string(), "{report}\n{}", stderr(&out));
-        let discarded = lake.run(&["discard", report["run_id"].as_str().unwrap()]);
-        assert!(discarded.status.success(), "{}", stderr(&discarded));
-        (report, stderr(&out))
+        staged_then_discarded(&lake, &args, failpoint)
     };
     let comparison = |report: &Value| {
         let mut comparison = report["validation"]["comparison"].clone();
@@ -480,25 +490,9 @@ fn a_fix_scoped_by_where_keeps_the_rows_it_does_not_select_in_place() {
     // first batch is resumed: validation reads the old side itself).
     let staged = |failpoint: Option<&str>| -> (Value, String) {
         let args = scoped(&["--stage-only", "--batch-partitions", "1"]);
-        if let Some(failpoint) = failpoint {
-            let out = crate::support::lakefill_command(lake.path())
-                .args(&args)
-                .env("LAKEFILL_FAILPOINTS", failpoint)
-                .output()
-                .unwrap();
-            assert!(!out.status.success(), "stopped at {failpoint}");
-        }
-        let out = crate::support::lakefill_command(lake.path())
-            .args(&args)
-            .env_remove("LAKEFILL_FAILPOINTS")
-            .output()
-            .unwrap();
-        let report: Value =
-            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
-        assert_eq!(report["outcome"], "staged", "{report}\n{}", stderr(&out));
-        let discarded = lake.run(&["discard", report["run_id"].as_str().unwrap()]);
-        assert!(discarded.status.success(), "{}", stderr(&discarded));
-        (report, stderr(&out))
+        let (report, log) = staged_then_discarded(&lake, &args, failpoint);
+        assert_eq!(report["outcome"], "staged", "{report}\n{log}");
+        (report, log)
     };
     let (taken, log) = staged(None);
     assert!(log.contains("old_captured=true"), "{log}");

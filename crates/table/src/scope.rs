@@ -197,16 +197,23 @@ impl RowPredicate {
     /// The predicate evaluated row by row on batches with `schema` (the target's columns, those
     /// it reads at least): which rows it selects, as a `WHERE` does (NULL selects none).
     pub fn selector(&self, schema: &Schema) -> Result<RowSelector> {
+        Ok(RowSelector {
+            physical: self.physical(schema)?,
+            sql: self.sql.clone(),
+        })
+    }
+
+    /// The predicate planned over `schema`, as DataFusion evaluates it.
+    fn physical(
+        &self,
+        schema: &Schema,
+    ) -> Result<Arc<dyn deltalake::datafusion::physical_plan::PhysicalExpr>> {
         let expr = self.expr(schema)?;
         let df_schema = DFSchema::try_from(schema.clone())
             .map_err(|e| Error::Internal(format!("cannot describe a schema: {e}")))?;
-        let physical = SessionContext::new()
+        SessionContext::new()
             .create_physical_expr(expr, &df_schema)
-            .map_err(|e| Error::Internal(format!("cannot plan the predicate: {e}")))?;
-        Ok(RowSelector {
-            physical,
-            sql: self.sql.clone(),
-        })
+            .map_err(|e| Error::Internal(format!("cannot plan the predicate: {e}")))
     }
 
     /// For each file, whether it may hold rows that match: `false` only when its partition
@@ -215,12 +222,7 @@ impl RowPredicate {
         if files.is_empty() {
             return Ok(Vec::new());
         }
-        let expr = self.expr(schema)?;
-        let df_schema = DFSchema::try_from(schema.clone())
-            .map_err(|e| Error::Internal(format!("cannot describe a schema: {e}")))?;
-        let physical = SessionContext::new()
-            .create_physical_expr(expr, &df_schema)
-            .map_err(|e| Error::Internal(format!("cannot plan the predicate: {e}")))?;
+        let physical = self.physical(schema)?;
         let schema: SchemaRef = Arc::new(schema.clone());
         let pruning = PruningPredicateBuilder::new()
             .with_file_schema(Arc::clone(&schema))
