@@ -566,9 +566,16 @@ fn a_where_fix_that_makes_no_rows_deletes_only_the_rows_it_selects() {
     let version = lake.open("t").version().unwrap();
     let before = live_files(&lake);
     let mut args = BACKFILL.to_vec();
-    args.extend(["--where", "country = 'DE' AND event_id % 1000 = 3"]);
-    let report = json_ok(&lake.run(&args));
+    args.extend(["--where", "country = 'DE' AND event_id % 1000 = 3", "-v"]);
+    let out = lake.run(&args);
+    let report = json_ok(&out);
     assert_eq!(report["outcome"], "published", "{report}");
+    // The old rows read when each batch ended are validation's old side.
+    assert!(
+        stderr(&out).contains("old_captured=true"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(
         checks(&report).get("carried rows unchanged"),
         Some(&true),

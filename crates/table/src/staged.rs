@@ -385,7 +385,7 @@ pub struct PinnedFile {
 }
 
 /// A partition value as the log writes it, as a scalar of the column's type.
-fn partition_scalar(data_type: &DataType, value: Option<&str>) -> Result<ScalarValue> {
+pub fn partition_scalar(data_type: &DataType, value: Option<&str>) -> Result<ScalarValue> {
     let null = || {
         ScalarValue::try_from(data_type)
             .map_err(|e| Error::Internal(format!("no NULL of type {data_type}: {e}")))

@@ -1223,21 +1223,10 @@ impl<'a> Staging<'a> {
                 .iter()
                 .zip(&key)
                 .map(|(column, text)| {
-                    let data_type = self
-                        .target_schema
-                        .field_with_name(column)
-                        .map_err(|e| Error::Internal(format!("partition column `{column}`: {e}")))?
-                        .data_type()
-                        .clone();
-                    match text {
-                        None => ScalarValue::try_from(&data_type),
-                        Some(text) => ScalarValue::Utf8(Some(text.clone())).cast_to(&data_type),
-                    }
-                    .map_err(|e| {
-                        Error::Internal(format!(
-                            "cannot read the value of partition column `{column}`: {e}"
-                        ))
-                    })
+                    let field = self.target_schema.field_with_name(column).map_err(|e| {
+                        Error::Internal(format!("partition column `{column}`: {e}"))
+                    })?;
+                    lakefill_table::staged::partition_scalar(field.data_type(), text.as_deref())
                 })
                 .collect::<Result<Vec<_>>>()?;
             let old = vectors::OldPartition::load(
@@ -1289,8 +1278,10 @@ impl<'a> Staging<'a> {
                 off_grain: self.off_grain,
             });
         }
-        let old_capture = self.old_capture.take();
+        // (Settling reads the partitions the model left without rows, with `--where`: their old
+        // rows go to the capture too.)
         let (vectors, mut written_apart) = self.settle_vectors().await?;
+        let old_capture = self.old_capture.take();
         let Hashed {
             mut checksums,
             mut by_writer,
