@@ -1,13 +1,18 @@
 """A table with deletion vectors, as python `deltalake` writes one, and two independent readers of
 it that apply deletion vectors (python `deltalake`'s own engine and polars).
 
-    python3 vectors.py make URI               # the table (see `make`)
+    python3 vectors.py make URI [feed]        # the table (see `make`); `feed`: with the change
+                                              # data feed on too
     python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
     python3 vectors.py polars URI             # its rows by polars, sorted
     python3 vectors.py expected URI VERSION [COUNTRY]
                                               # the rows at VERSION with the tests' fix applied
                                               # (to COUNTRY's rows only: `--where country = ...`)
     python3 vectors.py second URI VERSION     # the rows at VERSION with the second fix applied
+    python3 vectors.py feed URI VERSION       # the change feed of VERSION as python `deltalake`'s
+                                              # `load_cdf` reads it: sorted rows, change type last
+    python3 vectors.py feedof URI VERSION     # the same rows from an independent diff by key
+                                              # (DuckDB over the rows of VERSION - 1 and VERSION)
 
 Rows are [event_id, amount_cents, country, event_date]. S3 options come from the environment
 (delta_tables.py's `storage_options`).
@@ -28,9 +33,12 @@ DAYS = [datetime.date(2026, 1, 1) + datetime.timedelta(days=d) for d in range(4)
 PER_WRITE = 1000
 
 
-def make(uri):
+def make(uri, feed=False):
     """4 days, each in two files (two writes) of 1,000 rows; event 100005 is loaded twice (in
-    both files of 2026-01-01). Deletion vectors on."""
+    both files of 2026-01-01). Deletion vectors on (and with `feed`, the change data feed)."""
+    configuration = {"delta.enableDeletionVectors": "true"}
+    if feed:
+        configuration["delta.enableChangeDataFeed"] = "true"
     for write in range(2):
         ids, amounts, countries, dates = [], [], [], []
         for d, day in enumerate(DAYS):
@@ -55,7 +63,7 @@ def make(uri):
             table,
             mode="append",
             partition_by=["event_date"],
-            configuration={"delta.enableDeletionVectors": "true"},
+            configuration=configuration,
             storage_options=storage_options(),
         )
 
@@ -115,10 +123,51 @@ def second(uri, version):
     return out
 
 
+def feed(uri, version):
+    table = DeltaTable(uri, storage_options=storage_options())
+    changes = pa.table(table.load_cdf(starting_version=version, ending_version=version).read_all())
+    rows = [
+        [r["event_id"], r["amount_cents"], r["country"], r["event_date"].isoformat(), r["_change_type"]]
+        for r in changes.to_pylist()
+    ]
+    return sorted(rows)
+
+
+def feed_of(uri, version):
+    """The exact feed of `version` by key (`event_id`): a key whose rows differ between the
+    versions gives its old rows as `update_preimage` and its new ones as `update_postimage`; a
+    key of one version only, `delete` or `insert`."""
+    import duckdb
+
+    columns = ["event_id", "amount_cents", "country", "event_date"]
+    old = pa.table({c: v for c, v in zip(columns, zip(*read(uri, version - 1)))})  # noqa: B905
+    new = pa.table({c: v for c, v in zip(columns, zip(*read(uri, version)))})  # noqa: B905
+    got = duckdb.sql(
+        """
+        WITH o AS (SELECT event_id, list_sort(list(amount_cents || '/' || country || '/' || event_date)) AS r
+                   FROM old GROUP BY event_id),
+             n AS (SELECT event_id, list_sort(list(amount_cents || '/' || country || '/' || event_date)) AS r
+                   FROM new GROUP BY event_id),
+             changed AS (
+                SELECT COALESCE(o.event_id, n.event_id) AS event_id,
+                       CASE WHEN o.event_id IS NULL THEN 'insert'
+                            WHEN n.event_id IS NULL THEN 'delete' ELSE 'update' END AS kind
+                FROM o FULL OUTER JOIN n ON o.event_id = n.event_id
+                WHERE o.event_id IS NULL OR n.event_id IS NULL OR o.r <> n.r)
+        SELECT old.*, CASE kind WHEN 'delete' THEN 'delete' ELSE 'update_preimage' END
+        FROM old JOIN changed USING (event_id) WHERE kind <> 'insert'
+        UNION ALL
+        SELECT new.*, CASE kind WHEN 'insert' THEN 'insert' ELSE 'update_postimage' END
+        FROM new JOIN changed USING (event_id) WHERE kind <> 'delete'
+        """
+    ).fetchall()
+    return sorted([list(r) for r in got])
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
-        make(sys.argv[2])
+        make(sys.argv[2], feed=len(sys.argv) > 3 and sys.argv[3] == "feed")
     elif command == "rows":
         print(json.dumps(read(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
     elif command == "polars":
@@ -128,6 +177,10 @@ if __name__ == "__main__":
         print(json.dumps(expected(sys.argv[2], int(sys.argv[3]), only)))
     elif command == "second":
         print(json.dumps(second(sys.argv[2], int(sys.argv[3]))))
+    elif command == "feed":
+        print(json.dumps(feed(sys.argv[2], int(sys.argv[3]))))
+    elif command == "feedof":
+        print(json.dumps(feed_of(sys.argv[2], int(sys.argv[3]))))
     else:
         sys.exit(f"unknown command {command}")
     sys.stdout.flush()

@@ -605,3 +605,94 @@ fn a_where_fix_that_makes_no_rows_deletes_only_the_rows_it_selects() {
     let deleted: i64 = after.values().filter_map(|(_, dv)| *dv).sum();
     assert_eq!(deleted as usize, removed, "{after:?}");
 }
+
+/// The change feed of each of `lake`'s table's `version` as python `deltalake`'s `load_cdf`
+/// reads it, and as an independent diff by key of the versions' rows computes it.
+fn feed_and_expected(lake: &PythonLake, version: u64) -> (Value, Value) {
+    let version = version.to_string();
+    (
+        read(lake, &["feed", &version]),
+        read(lake, &["feedof", &version]),
+    )
+}
+
+/// How many rows of each change type `feed` (rows, the change type last) holds, as a report
+/// gives them.
+fn feed_counts(feed: &Value) -> Value {
+    let mut counts =
+        serde_json::json!({"insert": 0, "delete": 0, "update_preimage": 0, "update_postimage": 0});
+    for row in feed.as_array().unwrap() {
+        let kind = row.as_array().unwrap().last().unwrap().as_str().unwrap();
+        counts[kind] = (counts[kind].as_u64().unwrap() + 1).into();
+    }
+    counts
+}
+
+/// On a table with the change data feed on too, a fix is still published by deletion vectors,
+/// and its commit's feed holds exactly the rows it changes, by key (python `deltalake`'s
+/// `load_cdf` against a diff of the versions' rows by DuckDB): the rows its vectors delete and
+/// the rows it writes, and every other row of their keys (a row loaded twice). So do its revert's
+/// and a `--where` fix's (whose rows outside the predicate stay in their files).
+#[test]
+fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t"), "feed"]);
+    lake.declare("t");
+    lake.model("fix", KEYED, FIX);
+    let before = live_files(&lake);
+    let original = read(&lake, &["rows"]);
+
+    let report = json_ok(&lake.run(&BACKFILL));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    assert_eq!(vectors["files_cut"], 4, "{vectors}");
+    let published = report["published_version"].as_u64().unwrap();
+    let (feed, expected) = feed_and_expected(&lake, published);
+    assert_eq!(feed, expected, "python deltalake's load_cdf");
+    assert_eq!(report["change_feed"], feed_counts(&feed), "{report}");
+    // Event 100005, loaded twice and kept once, is an update of its key: both old rows before,
+    // the one new row after.
+    let of_100005: Vec<&str> = feed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row[0] == 100005)
+        .map(|row| row[4].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        of_100005,
+        ["update_postimage", "update_preimage", "update_preimage"]
+    );
+    let expected_rows = read(&lake, &["expected", &(published - 1).to_string()]);
+    assert_eq!(read(&lake, &["rows"]), expected_rows, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected_rows, "polars");
+
+    let run_id = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(live_files(&lake), before);
+    assert_eq!(read(&lake, &["rows"]), original);
+    let version = reverted["published_version"].as_u64().unwrap();
+    let (feed, expected) = feed_and_expected(&lake, version);
+    assert_eq!(feed, expected, "the revert's feed");
+    assert!(!feed.as_array().unwrap().is_empty());
+
+    let mut scoped = BACKFILL.to_vec();
+    scoped.extend(["--where", "country = 'DE'"]);
+    let report = json_ok(&lake.run(&scoped));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report["deletion_vectors"]["files_cut"], 4, "{report}");
+    let published = report["published_version"].as_u64().unwrap();
+    let (feed, expected) = feed_and_expected(&lake, published);
+    assert_eq!(feed, expected, "the `--where` fix's feed");
+    assert!(
+        feed.as_array().unwrap().iter().all(|row| row[2] == "DE"),
+        "only DE rows change"
+    );
+    assert_eq!(
+        read(&lake, &["rows"]),
+        read(&lake, &["expected", &(published - 1).to_string(), "DE"])
+    );
+}

@@ -69,8 +69,9 @@ impl VectorPlan {
     /// The plan of `plan`'s run, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill of its own
     /// (not a cascade's node, a revert or adjustments), of a table partitioned by time (not by
-    /// rows), without column mapping, a change data feed, a model reading its own past, or a
-    /// feature whose commits lakefill writes itself. Otherwise it rewrites, as it always has.
+    /// rows), without column mapping, a model reading its own past, or a feature whose commits
+    /// lakefill writes itself. Otherwise it rewrites, as it always has. (A change data feed is
+    /// computed from the sides as validation reads them, whichever way the run publishes.)
     pub fn of(plan: &crate::plan::BackfillPlan) -> Result<Option<Arc<Self>>> {
         let report = &plan.report;
         let (layout, range) = (&report.layout, &report.range);
@@ -85,7 +86,6 @@ impl VectorPlan {
                 .is_some_and(|v| v.eq_ignore_ascii_case("true"))
         };
         let eligible = on("delta.enableDeletionVectors")
-            && !on("delta.enableChangeDataFeed")
             && snapshot
                 .protocol()
                 .writer_features()
