@@ -631,8 +631,9 @@ fn feed_counts(feed: &Value) -> Value {
 /// On a table with the change data feed on too, a fix is still published by deletion vectors,
 /// and its commit's feed holds exactly the rows it changes, by key (python `deltalake`'s
 /// `load_cdf` against a diff of the versions' rows by DuckDB): the rows its vectors delete and
-/// the rows it writes, and every other row of their keys (a row loaded twice). So do its revert's
-/// and a `--where` fix's (whose rows outside the predicate stay in their files).
+/// the rows it writes, and every other row of their keys (a row loaded twice), comparing only the
+/// rows of the keys staging found it changes. So do its revert's and a resumed `--where` fix's
+/// (whose rows outside the predicate stay in their files), which compare every key.
 #[test]
 fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     let mut lake = PythonLake::new(Store::Local);
@@ -642,8 +643,18 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     let before = live_files(&lake);
     let original = read(&lake, &["rows"]);
 
-    let report = json_ok(&lake.run(&BACKFILL));
+    let mut args = BACKFILL.to_vec();
+    args.push("-v");
+    let out = lake.run(&args);
+    let report = json_ok(&out);
     assert_eq!(report["outcome"], "published", "{report}");
+    // Only the rows of the keys staging found changed were compared: 1,259 updated (event
+    // 100005 among them), 6 deleted, 6 inserted.
+    assert!(
+        stderr(&out).contains("the feed compares the keys staging found changed keys=1271"),
+        "{}",
+        stderr(&out)
+    );
     let vectors = &report["deletion_vectors"];
     let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
     assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
@@ -679,10 +690,23 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     assert_eq!(feed, expected, "the revert's feed");
     assert!(!feed.as_array().unwrap().is_empty());
 
+    // Resumed after staging, the run's staging is another process's: every key is compared.
     let mut scoped = BACKFILL.to_vec();
-    scoped.extend(["--where", "country = 'DE'"]);
-    let report = json_ok(&lake.run(&scoped));
+    scoped.extend(["--where", "country = 'DE'", "-v"]);
+    let out = crate::support::lakefill_command(lake.path())
+        .args(&scoped)
+        .env("LAKEFILL_FAILPOINTS", "after-stage")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "stopped after staging");
+    let out = lake.run(&scoped);
+    let report = json_ok(&out);
     assert_eq!(report["outcome"], "published", "{report}");
+    assert!(
+        stderr(&out).contains("the feed compares every key"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(report["deletion_vectors"]["files_cut"], 4, "{report}");
     let published = report["published_version"].as_u64().unwrap();
     let (feed, expected) = feed_and_expected(&lake, published);

@@ -19,7 +19,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use serde::{Deserialize, Serialize};
 
 use lakefill_table::error::{QueryContext, Result};
-use lakefill_table::rowhash::row_hash_sql;
+use lakefill_table::rowhash::{key_hash_sql, row_hash_sql};
 use lakefill_table::sqltext::{cast_sql, ident};
 
 /// The column of a change data file naming the kind of change, as the Delta protocol names it.
@@ -69,13 +69,17 @@ impl FeedCounts {
 /// The rows of `new` (a registered table: every column of the table after the change, in its
 /// order) that differ from those of `old` (the same columns, or fewer: a column the change adds
 /// is NULL on the old side), and the old rows that differ, each with its [`CHANGE_TYPE`].
-/// `key`: the columns identifying a row (none: whole rows). The session must have the hash
-/// functions registered.
+/// `key`: the columns identifying a row (none: whole rows). `among`, with a key: a registered
+/// table whose column `h` holds the first half of the key hash
+/// ([`lakefill_table::rowhash::key_hash_sql`]) of every key whose rows may differ (others too,
+/// harmlessly); only the rows of those keys, and those with a NULL key column, are compared.
+/// The session must have the hash functions registered.
 pub async fn change_rows(
     ctx: &SessionContext,
     old: &str,
     new: &str,
     key: &[String],
+    among: Option<&str>,
 ) -> Result<DataFrame> {
     let schema = |table: &str| {
         let table = table.to_string();
@@ -110,6 +114,23 @@ pub async fn change_rows(
         })
         .collect();
     let hash = row_hash_sql(&columns);
+    // With `among`, the rows of a key whose hash is among its own, or with a NULL key column
+    // (whose key hash is NULL): a key's rows are all in or all out, so what is left out is the
+    // same on both sides. `among` (small) is the join's build side, the rows stream by.
+    let only = |rows: String| match among.filter(|_| !key.is_empty()) {
+        Some(among) => format!(
+            "SELECT {cols} FROM {among} c RIGHT JOIN (SELECT *, {key_hash} AS __lf_kh FROM ({rows})) s \
+             ON c.h = s.__lf_kh WHERE c.h IS NOT NULL OR s.__lf_kh IS NULL",
+            cols = columns
+                .iter()
+                .map(|c| format!("s.{}", ident(c)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            among = ident(among),
+            key_hash = key_hash_sql(0, key),
+        ),
+        None => rows,
+    };
     let register = |name: &str, sql: String| {
         let name = name.to_string();
         async move {
@@ -125,15 +146,21 @@ pub async fn change_rows(
     register(
         "__lf_feed_old",
         format!(
-            "SELECT *, {hash} AS __lf_h FROM (SELECT {} FROM {})",
-            old_columns.join(", "),
-            ident(old)
+            "SELECT *, {hash} AS __lf_h FROM ({})",
+            only(format!(
+                "SELECT {} FROM {}",
+                old_columns.join(", "),
+                ident(old)
+            ))
         ),
     )
     .await?;
     register(
         "__lf_feed_new",
-        format!("SELECT *, {hash} AS __lf_h FROM {}", ident(new)),
+        format!(
+            "SELECT *, {hash} AS __lf_h FROM ({})",
+            only(format!("SELECT * FROM {}", ident(new)))
+        ),
     )
     .await?;
     let select = |alias: &str| {
@@ -287,7 +314,12 @@ mod tests {
         table(&ctx, "old", old);
         table(&ctx, "new", new);
         let key: Vec<String> = key.iter().map(|k| (*k).to_string()).collect();
-        let batches = change_rows(&ctx, "old", "new", &key)
+        feed_of(&ctx, &key, None).await
+    }
+
+    /// [`change_rows`] of the tables `old` and `new` of `ctx`, as `id:v:change type`, sorted.
+    async fn feed_of(ctx: &SessionContext, key: &[String], among: Option<&str>) -> Vec<String> {
+        let batches = change_rows(ctx, "old", "new", key, among)
             .await
             .expect("feed")
             .collect()
@@ -339,5 +371,39 @@ mod tests {
         assert!(feed(&old, &new, &["id"]).await.is_empty());
         // Identical sides: nothing.
         assert!(feed(&old, &old, &[]).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn among_the_keys_given_only_their_rows_and_null_keys_are_compared() {
+        let ctx = SessionContext::new();
+        lakefill_table::rowhash::register_hash_functions(&ctx);
+        table(
+            &ctx,
+            "old",
+            &[(Some(1), "a"), (Some(2), "b"), (Some(3), "c"), (None, "x")],
+        );
+        table(
+            &ctx,
+            "new",
+            &[(Some(1), "A"), (Some(2), "B"), (Some(4), "d"), (None, "y")],
+        );
+        // Keys 2 and 3 (and 5, which neither side has), not 1 nor 4.
+        let keys: Arc<dyn deltalake::arrow::array::Array> =
+            Arc::new(Int64Array::from(vec![2, 3, 5]));
+        let hashes = lakefill_table::rowhash::key_hashes(0, &[keys], 3).expect("hashes");
+        let among = RecordBatch::try_from_iter([("h", Arc::new(hashes) as _)]).expect("batch");
+        let provider = MemTable::try_new(among.schema(), vec![vec![among]]).expect("table");
+        ctx.register_table("among", Arc::new(provider))
+            .expect("register");
+        assert_eq!(
+            feed_of(&ctx, &["id".to_string()], Some("among")).await,
+            [
+                "2:B:update_postimage",
+                "2:b:update_preimage",
+                "3:c:delete",
+                "null:x:delete",
+                "null:y:insert"
+            ]
+        );
     }
 }

@@ -50,11 +50,14 @@ pub(crate) fn table_records_feed(table: &deltalake::DeltaTable) -> Result<bool> 
 }
 
 /// Computes the run's change data feed and writes its files (after deleting any an interrupted
-/// attempt left in the run's feed directory).
+/// attempt left in the run's feed directory). `changed`: the keys this process's staging found
+/// the fix changes by deletion vectors, if it tracked them; when they cover every batch of the
+/// journal, only the rows of those keys are compared.
 pub(crate) async fn write_change_feed(
     plan: &BackfillPlan,
     journal: &Journal,
     resources: &Resources,
+    changed: Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
     let store = plan.target.object_store();
@@ -68,6 +71,29 @@ pub(crate) async fn write_change_feed(
     let target_schema = table_schema(plan)?;
     register_output(&ctx, plan, journal, &write_schema, &target_schema).await?;
     let (old, new) = differing_sides(&ctx, plan, journal, &target_schema).await?;
+    let among = match changed_keys(plan, journal, changed) {
+        Some(keys) => {
+            tracing::debug!(
+                keys = keys.len(),
+                "the feed compares the keys staging found changed"
+            );
+            let batch = deltalake::arrow::array::RecordBatch::try_from_iter([(
+                "h",
+                Arc::new(deltalake::arrow::array::UInt64Array::from(keys))
+                    as deltalake::arrow::array::ArrayRef,
+            )])
+            .map_err(|e| Error::Internal(format!("cannot hold the changed keys: {e}")))?;
+            let table = deltalake::datafusion::datasource::MemTable::try_new(
+                batch.schema(),
+                vec![vec![batch]],
+            )
+            .query_context(|| "cannot hold the changed keys".into())?;
+            ctx.register_table(CHANGED_KEYS, Arc::new(table))
+                .query_context(|| "cannot register the changed keys".into())?;
+            Some(CHANGED_KEYS)
+        }
+        None => None,
+    };
     let mapping = match &plan.write_schema {
         Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
         None => plan.report.protocol.mapping.clone(),
@@ -75,7 +101,7 @@ pub(crate) async fn write_change_feed(
     let mut feed = write_feed_between(
         &ctx,
         (&old, &new),
-        &plan.rules.key,
+        (&plan.rules.key, among),
         journal,
         &mapping,
         store,
@@ -85,18 +111,40 @@ pub(crate) async fn write_change_feed(
     Ok(feed)
 }
 
+/// The table of the key hashes staging found the fix changes (column `h`).
+const CHANGED_KEYS: &str = "__lf_changed_keys";
+
+/// The key hashes `changed` holds, when they are every key the run's fix changes: this process
+/// staged every batch of the journal by deletion vectors and read every old file of the range.
+fn changed_keys(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    changed: Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
+) -> Option<Vec<u64>> {
+    let indices: Vec<usize> = journal.progress.batches.iter().map(|b| b.index).collect();
+    let keys = changed?.of(&indices, plan.vectors.as_deref()?);
+    if keys.is_none() {
+        tracing::debug!(
+            "the keys staging found changed are not all of them: the feed compares every key"
+        );
+    }
+    keys
+}
+
 /// Writes the change data feed from the rows of `old` to those of `new` (tables registered in
-/// `ctx`, which has the hash functions) into the change data directory of `journal`'s run.
+/// `ctx`, which has the hash functions) into the change data directory of `journal`'s run, by
+/// `key` ([`lakefill_validate::feed::change_rows`]; `among`: the table of the only key hashes
+/// that may have changed).
 pub(crate) async fn write_feed_between(
     ctx: &SessionContext,
     (old, new): (&str, &str),
-    key: &[String],
+    (key, among): (&[String], Option<&str>),
     journal: &Journal,
     mapping: &lakefill_table::mapping::ColumnMapping,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
-    let rows = lakefill_validate::feed::change_rows(ctx, old, new, key).await?;
+    let rows = lakefill_validate::feed::change_rows(ctx, old, new, key, among).await?;
     let streams = rows
         .execute_stream_partitioned()
         .await

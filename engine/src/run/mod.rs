@@ -248,6 +248,7 @@ impl BackfillBuilder {
             capture: self.capture(&resources),
             rows: self.staged_hashes(&resources),
             old: self.old_capture(&resources, false),
+            changed: self.changed_keys()?,
         };
 
         let spill = self
@@ -267,7 +268,13 @@ impl BackfillBuilder {
             .await?;
         let validate_ms = elapsed_ms(validate_started);
         let outcome = self
-            .conclude(&mut journal, &latest, lease, &resources)
+            .conclude(
+                &mut journal,
+                &latest,
+                lease,
+                &resources,
+                hashing.changed.as_deref(),
+            )
             .await?;
 
         let total_ms = elapsed_ms(started);
@@ -304,6 +311,16 @@ impl BackfillBuilder {
             self.sample,
         )
         .map(Arc::new)
+    }
+
+    /// Where staging notes the keys a fix published by deletion vectors changes, for the change
+    /// data feed to compare only their rows: when the run publishes by vectors, compares by a
+    /// key, and its target records a feed.
+    fn changed_keys(&self) -> Result<Option<Arc<lakefill_recompute::stage::vectors::ChangedKeys>>> {
+        let tracked = self.plan.publishes_by_vectors()
+            && !self.plan.rules.key.is_empty()
+            && crate::run::feed::table_records_feed(&self.plan.target)?;
+        Ok(tracked.then(Default::default))
     }
 
     /// Where the old rows that staging reads whole are hashed for the key merge, with their
@@ -684,6 +701,7 @@ impl BackfillBuilder {
         latest: &DeltaTable,
         lease: &RunLease,
         resources: &Resources,
+        changed: Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
     ) -> Result<Outcome> {
         let plan = &self.plan;
         let store = plan.target.object_store();
@@ -714,7 +732,7 @@ impl BackfillBuilder {
             });
             let feed = self
                 .interruptible(crate::run::feed::write_change_feed(
-                    plan, journal, resources,
+                    plan, journal, resources, changed,
                 ))
                 .await;
             match feed {

@@ -405,7 +405,7 @@ async fn revert_held(
         let feed = crate::run::feed::write_feed_between(
             &sides,
             ("previous", "output"),
-            &key,
+            (&key, None),
             &revert,
             &mapping,
             std::sync::Arc::clone(&store),

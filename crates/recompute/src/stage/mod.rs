@@ -91,6 +91,9 @@ pub struct Hashing {
     /// With deletion vectors, the old rows as staging reads them to match them
     /// ([`Capture::old_side`]), so that validation does not read them again.
     pub old: Option<Arc<Capture>>,
+    /// With deletion vectors and a change data feed, the keys the fix changes, so that the
+    /// feed compares only their rows.
+    pub changed: Option<Arc<vectors::ChangedKeys>>,
 }
 
 /// Stages every batch not in `skip` (`done` holds the records of those, from an earlier attempt).
@@ -246,6 +249,9 @@ async fn stage_batch(
         // what hashes the sides for validation knows it finished so.
         for capture in [&hashing.capture, &hashing.old].into_iter().flatten() {
             capture.writer().finish(batch.index, std::iter::empty());
+        }
+        if let Some(changed) = &hashing.changed {
+            changed.finish(batch.index, Some(vectors::Found::default()));
         }
         return Ok(batch.empty_record());
     }
@@ -771,6 +777,11 @@ struct Staging<'a> {
     /// With deletion vectors and `--where`, the checksum of the old rows it does not select
     /// (they stay where they are): what the batch carries over.
     carried: RowChecksum,
+    /// Where the keys the fix changes go ([`Hashing::changed`]), the key columns' positions
+    /// when they are tracked, and those found; `None` once a partition is not matched.
+    changed: Option<Arc<vectors::ChangedKeys>>,
+    changed_key: Option<Vec<usize>>,
+    changed_found: Option<vectors::Found>,
     /// The target's columns as the batch stages them.
     target_schema: SchemaRef,
 }
@@ -789,6 +800,12 @@ impl<'a> Staging<'a> {
             .iter()
             .filter_map(|m| columns.file_schema.index_of(m).ok().map(|i| (m.clone(), i)))
             .collect();
+        // The keys the fix changes are tracked only when the batch publishes by vectors.
+        let changed_key = spec
+            .vectors
+            .as_ref()
+            .and(hashing.changed.as_ref())
+            .and_then(|_| vectors::ChangedKeys::columns(&spec.key, &columns.file_schema));
         let hasher = Hasher::start(
             hashing.capture.as_ref().map(Capture::writer),
             hashing.rows.as_ref().map(StagedHashes::writer),
@@ -818,6 +835,9 @@ impl<'a> Staging<'a> {
                 .and(hashing.old.as_ref())
                 .map(Capture::writer),
             carried: RowChecksum::default(),
+            changed: hashing.changed.clone(),
+            changed_key,
+            changed_found: Some(vectors::Found::default()),
             target_schema,
         })
     }
@@ -853,7 +873,7 @@ impl<'a> Staging<'a> {
                 candidates,
                 (&self.spec.layout.partition_columns, &typed),
                 &self.columns.file_schema,
-                plan.rows.as_ref(),
+                (plan.rows.as_ref(), self.changed_key.as_deref()),
                 self.old_capture.as_mut(),
             )
             .await?
@@ -864,10 +884,11 @@ impl<'a> Staging<'a> {
             if old.is_none() && plan.rows.is_some() {
                 return Err(self.cannot_cut(label));
             }
-            if old.is_none()
-                && let Some(capture) = &mut self.old_capture
-            {
-                capture.spoil("a partition's old files were not read whole (it is rewritten)");
+            if old.is_none() {
+                if let Some(capture) = &mut self.old_capture {
+                    capture.spoil("a partition's old files were not read whole (it is rewritten)");
+                }
+                self.changed_found = None;
             }
             self.old.insert(key.to_vec(), old);
         }
@@ -1115,6 +1136,10 @@ impl<'a> Staging<'a> {
         {
             let Some(old) = old else { continue };
             old.prove()?;
+            if let Some(found) = &mut self.changed_found {
+                found.keys.extend(old.changed_keys());
+                found.read.extend(old.paths().map(str::to_string));
+            }
             self.carried.merge(&old.carried());
             let counts = old.counts();
             // A partition the model left without rows has no writer: it keeps its files.
@@ -1236,7 +1261,7 @@ impl<'a> Staging<'a> {
                 &files,
                 (columns, &values),
                 &self.columns.file_schema,
-                Some(rows),
+                (Some(rows), self.changed_key.as_deref()),
                 self.old_capture.as_mut(),
             )
             .await?;
@@ -1282,6 +1307,14 @@ impl<'a> Staging<'a> {
         // rows go to the capture too.)
         let (vectors, mut written_apart) = self.settle_vectors().await?;
         let old_capture = self.old_capture.take();
+        if let Some(changed) = &self.changed {
+            // Tracked only when the batch published by vectors, with a key the feed can use.
+            let found = self
+                .changed_found
+                .take()
+                .filter(|_| self.changed_key.is_some());
+            changed.finish(self.spec.batch.index, found);
+        }
         let Hashed {
             mut checksums,
             mut by_writer,

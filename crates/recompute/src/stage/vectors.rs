@@ -24,8 +24,8 @@
 //! row is matched by its values as the table's types hold them, and a reader reads the kept rows
 //! by the file's types).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use deltalake::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, new_null_array};
 use deltalake::arrow::compute::{cast, filter_record_batch};
@@ -130,6 +130,94 @@ impl VectorPlan {
             rows: range.rows.clone(),
         })))
     }
+}
+
+/// The keys a fix published by deletion vectors changes, as staging finds them while it
+/// matches: the key hashes ([`lakefill_table::rowhash::key_hashes`], first half) of the old
+/// rows it deletes and of the rows it writes, batch by batch. Every key whose rows differ
+/// between the old and new sides has one of them: a key none of whose rows is deleted or written
+/// has each old row used up by an identical new row, and each new row by an old one. So the
+/// change data feed needs to compare only the rows of these keys (and those with a NULL key
+/// column, which it compares whole); a hash an unchanged key shares only brings that key into
+/// the comparison, which finds it unchanged.
+#[derive(Debug, Default)]
+pub struct ChangedKeys {
+    /// By batch index: what it found, or `None` when a partition of the batch was not matched
+    /// (its old files could not be cut, or it was staged without vectors).
+    batches: Mutex<BTreeMap<usize, Option<Found>>>,
+}
+
+/// What staging found of the keys a batch changes: their hashes, and the old files it read
+/// (the keys of a partition it did not read, whose rows the fix removes whole, are not among
+/// them).
+#[derive(Debug, Default)]
+pub struct Found {
+    pub(crate) keys: HashSet<u64>,
+    pub(crate) read: std::collections::BTreeSet<String>,
+}
+
+impl ChangedKeys {
+    /// The positions of the `key` columns among `file_schema`'s, when each is a column of the
+    /// files (not a partition column) whose values hash alike exactly when SQL's `=` holds
+    /// ([`lakefill_table::rowhash::key_hashable`]); `None` otherwise, or without a key.
+    pub fn columns(key: &[String], file_schema: &Schema) -> Option<Vec<usize>> {
+        if key.is_empty() {
+            return None;
+        }
+        key.iter()
+            .map(|column| {
+                let at = file_schema.index_of(column).ok()?;
+                lakefill_table::rowhash::key_hashable(file_schema.field(at).data_type())
+                    .then_some(at)
+            })
+            .collect()
+    }
+
+    /// Records what the attempt at batch `index` found (a later attempt's replaces it).
+    pub fn finish(&self, index: usize, found: Option<Found>) {
+        self.with_batches(|batches| {
+            batches.insert(index, found);
+        });
+    }
+
+    /// The key hashes of the keys the batches `indices` change, when this process staged
+    /// exactly those, matched every partition of them and read every file of `old` (the old
+    /// files of the plan by vectors).
+    pub fn of(&self, indices: &[usize], old: &VectorPlan) -> Option<Vec<u64>> {
+        self.with_batches(|batches| {
+            if batches.len() != indices.len() || indices.iter().any(|i| !batches.contains_key(i)) {
+                return None;
+            }
+            let (mut keys, mut read) = (HashSet::new(), std::collections::BTreeSet::new());
+            for found in batches.values() {
+                let found = found.as_ref()?;
+                keys.extend(&found.keys);
+                read.extend(found.read.iter().map(String::as_str));
+            }
+            let every_file = old
+                .files
+                .values()
+                .flatten()
+                .all(|file| read.contains(file.path.as_str()));
+            every_file.then(|| keys.into_iter().collect())
+        })
+    }
+
+    fn with_batches<T>(&self, f: impl FnOnce(&mut BTreeMap<usize, Option<Found>>) -> T) -> T {
+        let mut batches = self
+            .batches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut batches)
+    }
+}
+
+/// The first half of the key hash of each row of `batch` by the columns at `key`; a row with a
+/// NULL key column gets 0 (the feed compares such rows whole whatever their hash).
+fn key_hashes(batch: &RecordBatch, key: &[usize]) -> Result<Vec<u64>> {
+    let columns: Vec<ArrayRef> = key.iter().map(|i| Arc::clone(batch.column(*i))).collect();
+    let hashes = lakefill_table::rowhash::key_hashes(0, &columns, batch.num_rows())?;
+    Ok(hashes.iter().map(|h| h.unwrap_or(0)).collect())
 }
 
 /// Whether `file_type` (an old file's column) holds the values of `table_type` as they are: the
@@ -292,6 +380,11 @@ pub(crate) struct OldPartition {
     /// The proof ([`Self::prove`]): each old row's check hash (by file and position), and the
     /// sums of the check hashes of the live old rows, the new rows and those written.
     checks: Vec<Vec<u64>>,
+    /// With the keys the fix changes tracked ([`ChangedKeys`]): the key columns' positions, each
+    /// old row's key hash (by file and position), and the key hashes of the rows written.
+    key: Option<Vec<usize>>,
+    keys: Vec<Vec<u64>>,
+    written_keys: HashSet<u64>,
     live_check: u64,
     new_check: u64,
     added_check: u64,
@@ -319,7 +412,7 @@ impl OldPartition {
     /// `candidates` (the files of its label); `None` when they cannot be cut (a column of
     /// another type). Their live rows (with `scope`, those it selects: the others are carried,
     /// never deleted) also go to `capture`, with the partition's values, each file noted once
-    /// read whole.
+    /// read whole. `key`: the key columns' positions, when the keys the fix changes are tracked.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn load(
         store: &Arc<dyn deltalake::ObjectStore>,
@@ -328,7 +421,7 @@ impl OldPartition {
         candidates: &[Add],
         (columns, values): (&[String], &[ScalarValue]),
         file_schema: &SchemaRef,
-        scope: Option<&RowPredicate>,
+        (scope, key): (Option<&RowPredicate>, Option<&[usize]>),
         mut capture: Option<&mut CaptureWriter>,
     ) -> Result<Option<Self>> {
         let selector: Option<RowSelector> = match scope {
@@ -352,6 +445,9 @@ impl OldPartition {
             new_rows: 0,
             added: 0,
             checks: Vec::new(),
+            key: key.map(<[usize]>::to_vec),
+            keys: Vec::new(),
+            written_keys: HashSet::new(),
             live_check: 0,
             new_check: 0,
             added_check: 0,
@@ -373,6 +469,7 @@ impl OldPartition {
             let index = u32::try_from(old.files.len()).unwrap_or(u32::MAX);
             let mut position = 0u64;
             let mut checks = Vec::new();
+            let mut keys = Vec::new();
             let mut sum = RowChecksum::default();
             while let Some(batch) = stream.next().await {
                 let batch = batch.map_err(|e| {
@@ -434,12 +531,16 @@ impl OldPartition {
                     }
                 }
                 checks.extend(batch_checks);
+                if let Some(key) = key {
+                    keys.extend(key_hashes(&batch, key)?);
+                }
                 position += batch.num_rows() as u64;
             }
             if let Some(capture) = capture.as_deref_mut() {
                 capture.read_whole(&file.path);
             }
             old.checks.push(checks);
+            old.keys.push(keys);
             old.sums.push(sum);
             old.files.push(file.clone());
             old.before.push(before);
@@ -462,6 +563,9 @@ impl OldPartition {
             .map_err(|e| Error::Internal(format!("cannot select the rows to write: {e}")))?;
         self.new_rows += rows as u64;
         self.added += written.num_rows() as u64;
+        if let Some(key) = &self.key {
+            self.written_keys.extend(key_hashes(&written, key)?);
+        }
         for ((check, kept), hash) in check_hashes(part)?.into_iter().zip(kept).zip(hashes) {
             self.new_check = self.new_check.wrapping_add(check);
             if !kept {
@@ -482,6 +586,16 @@ impl OldPartition {
     /// stay in their files, or, in a partition rewritten, are written again with its rows.
     pub(crate) fn carried(&self) -> RowChecksum {
         self.carried
+    }
+
+    /// The key hashes of the old rows the fix deletes and of the rows it writes (none when the
+    /// keys are not tracked): see [`ChangedKeys`].
+    pub(crate) fn changed_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        let deleted = self
+            .located
+            .unused()
+            .filter_map(|(file, position)| self.keys.get(file as usize)?.get(position as usize));
+        self.written_keys.iter().chain(deleted).copied()
     }
 
     /// The paths of its old files.
