@@ -13,8 +13,16 @@
 //! window functions, all of which spill or stream), so this is SQL; only the changed keys are
 //! held in memory, as a table the two scans of whole rows join with.
 
-use deltalake::arrow::datatypes::Schema;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use deltalake::arrow::array::{AsArray, BooleanArray};
+use deltalake::arrow::datatypes::{DataType, Schema, UInt64Type};
+use deltalake::datafusion::common::{DataFusionError, Result as DfResult};
 use deltalake::datafusion::dataframe::DataFrame;
+use deltalake::datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
 use deltalake::datafusion::prelude::SessionContext;
 use serde::{Deserialize, Serialize};
 
@@ -69,17 +77,16 @@ impl FeedCounts {
 /// The rows of `new` (a registered table: every column of the table after the change, in its
 /// order) that differ from those of `old` (the same columns, or fewer: a column the change adds
 /// is NULL on the old side), and the old rows that differ, each with its [`CHANGE_TYPE`].
-/// `key`: the columns identifying a row (none: whole rows). `among`, with a key: a registered
-/// table whose column `h` holds the first half of the key hash
-/// ([`lakefill_table::rowhash::key_hash_sql`]) of every key whose rows may differ (others too,
-/// harmlessly); only the rows of those keys, and those with a NULL key column, are compared.
-/// The session must have the hash functions registered.
+/// `key`: the columns identifying a row (none: whole rows). `among`, with a key: the first half
+/// of the key hash ([`lakefill_table::rowhash::key_hash_sql`]) of every key whose rows may differ
+/// (others too, harmlessly); only the rows of those keys, and those with a NULL key column, are
+/// compared. The session must have the hash functions registered.
 pub async fn change_rows(
     ctx: &SessionContext,
     old: &str,
     new: &str,
     key: &[String],
-    among: Option<&str>,
+    among: Option<Arc<HashSet<u64>>>,
 ) -> Result<DataFrame> {
     let schema = |table: &str| {
         let table = table.to_string();
@@ -114,20 +121,21 @@ pub async fn change_rows(
         })
         .collect();
     let hash = row_hash_sql(&columns);
-    // With `among`, the rows of a key whose hash is among its own, or with a NULL key column
-    // (whose key hash is NULL): a key's rows are all in or all out, so what is left out is the
-    // same on both sides. `among` (small) is the join's build side, the rows stream by.
-    let only = |rows: String| match among.filter(|_| !key.is_empty()) {
-        Some(among) => format!(
-            "SELECT {cols} FROM {among} c RIGHT JOIN (SELECT *, {key_hash} AS __lf_kh FROM ({rows})) s \
-             ON c.h = s.__lf_kh WHERE c.h IS NOT NULL OR s.__lf_kh IS NULL",
-            cols = columns
-                .iter()
-                .map(|c| format!("s.{}", ident(c)))
+    // With `among`, the rows of a key whose hash is among its own, or with a NULL key column: a
+    // key's rows are all in or all out, so what is left out is the same on both sides. A filter
+    // as the rows stream by (a join would sort both sides under a memory limit).
+    let among = among.filter(|_| !key.is_empty());
+    if let Some(among) = &among {
+        ctx.register_udf(ScalarUDF::from(AmongUdf(Arc::clone(among))));
+    }
+    let only = |rows: String| match &among {
+        Some(_) => format!(
+            "SELECT * FROM ({rows}) WHERE {AMONG}({}) OR NOT ({})",
+            key_hash_sql(0, key),
+            key.iter()
+                .map(|k| format!("{} IS NOT NULL", ident(k)))
                 .collect::<Vec<_>>()
-                .join(", "),
-            among = ident(among),
-            key_hash = key_hash_sql(0, key),
+                .join(" AND ")
         ),
         None => rows,
     };
@@ -274,6 +282,57 @@ pub async fn change_rows(
         .query_context(|| "cannot compute the change feed".into())
 }
 
+/// The SQL name of [`AmongUdf`].
+const AMONG: &str = "__lf_among";
+
+/// `__lf_among(h)`: whether the `UInt64` `h` is one of the set's (NULL is not).
+#[derive(Debug)]
+struct AmongUdf(Arc<HashSet<u64>>);
+
+impl PartialEq for AmongUdf {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for AmongUdf {}
+
+impl std::hash::Hash for AmongUdf {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
+impl ScalarUDFImpl for AmongUdf {
+    fn name(&self) -> &str {
+        AMONG
+    }
+
+    fn signature(&self) -> &Signature {
+        static SIGNATURE: std::sync::LazyLock<Signature> = std::sync::LazyLock::new(|| {
+            Signature::exact(vec![DataType::UInt64], Volatility::Immutable)
+        });
+        &SIGNATURE
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let hashes = ColumnarValue::values_to_arrays(&args.args)?;
+        let hashes = hashes
+            .first()
+            .and_then(|h| h.as_primitive_opt::<UInt64Type>())
+            .ok_or_else(|| DataFusionError::Internal(format!("{AMONG} takes a UInt64")))?;
+        let among: BooleanArray = hashes
+            .iter()
+            .map(|h| Some(h.is_some_and(|h| self.0.contains(&h))))
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(among)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,7 +377,11 @@ mod tests {
     }
 
     /// [`change_rows`] of the tables `old` and `new` of `ctx`, as `id:v:change type`, sorted.
-    async fn feed_of(ctx: &SessionContext, key: &[String], among: Option<&str>) -> Vec<String> {
+    async fn feed_of(
+        ctx: &SessionContext,
+        key: &[String],
+        among: Option<Arc<HashSet<u64>>>,
+    ) -> Vec<String> {
         let batches = change_rows(ctx, "old", "new", key, among)
             .await
             .expect("feed")
@@ -391,12 +454,9 @@ mod tests {
         let keys: Arc<dyn deltalake::arrow::array::Array> =
             Arc::new(Int64Array::from(vec![2, 3, 5]));
         let hashes = lakefill_table::rowhash::key_hashes(0, &[keys], 3).expect("hashes");
-        let among = RecordBatch::try_from_iter([("h", Arc::new(hashes) as _)]).expect("batch");
-        let provider = MemTable::try_new(among.schema(), vec![vec![among]]).expect("table");
-        ctx.register_table("among", Arc::new(provider))
-            .expect("register");
+        let among: HashSet<u64> = hashes.iter().flatten().collect();
         assert_eq!(
-            feed_of(&ctx, &["id".to_string()], Some("among")).await,
+            feed_of(&ctx, &["id".to_string()], Some(Arc::new(among))).await,
             [
                 "2:B:update_postimage",
                 "2:b:update_preimage",

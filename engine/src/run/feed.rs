@@ -71,29 +71,7 @@ pub(crate) async fn write_change_feed(
     let target_schema = table_schema(plan)?;
     register_output(&ctx, plan, journal, &write_schema, &target_schema).await?;
     let (old, new) = differing_sides(&ctx, plan, journal, &target_schema).await?;
-    let among = match changed_keys(plan, journal, changed) {
-        Some(keys) => {
-            tracing::debug!(
-                keys = keys.len(),
-                "the feed compares the keys staging found changed"
-            );
-            let batch = deltalake::arrow::array::RecordBatch::try_from_iter([(
-                "h",
-                Arc::new(deltalake::arrow::array::UInt64Array::from(keys))
-                    as deltalake::arrow::array::ArrayRef,
-            )])
-            .map_err(|e| Error::Internal(format!("cannot hold the changed keys: {e}")))?;
-            let table = deltalake::datafusion::datasource::MemTable::try_new(
-                batch.schema(),
-                vec![vec![batch]],
-            )
-            .query_context(|| "cannot hold the changed keys".into())?;
-            ctx.register_table(CHANGED_KEYS, Arc::new(table))
-                .query_context(|| "cannot register the changed keys".into())?;
-            Some(CHANGED_KEYS)
-        }
-        None => None,
-    };
+    let among = changed_keys(plan, journal, changed).map(Arc::new);
     let mapping = match &plan.write_schema {
         Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
         None => plan.report.protocol.mapping.clone(),
@@ -111,34 +89,35 @@ pub(crate) async fn write_change_feed(
     Ok(feed)
 }
 
-/// The table of the key hashes staging found the fix changes (column `h`).
-const CHANGED_KEYS: &str = "__lf_changed_keys";
-
 /// The key hashes `changed` holds, when they are every key the run's fix changes: this process
 /// staged every batch of the journal by deletion vectors and read every old file of the range.
 fn changed_keys(
     plan: &BackfillPlan,
     journal: &Journal,
     changed: Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
-) -> Option<Vec<u64>> {
+) -> Option<std::collections::HashSet<u64>> {
     let indices: Vec<usize> = journal.progress.batches.iter().map(|b| b.index).collect();
     let keys = changed?.of(&indices, plan.vectors.as_deref()?);
-    if keys.is_none() {
-        tracing::debug!(
+    match &keys {
+        Some(keys) => tracing::debug!(
+            keys = keys.len(),
+            "the feed compares the keys staging found changed"
+        ),
+        None => tracing::debug!(
             "the keys staging found changed are not all of them: the feed compares every key"
-        );
+        ),
     }
     keys
 }
 
 /// Writes the change data feed from the rows of `old` to those of `new` (tables registered in
 /// `ctx`, which has the hash functions) into the change data directory of `journal`'s run, by
-/// `key` ([`lakefill_validate::feed::change_rows`]; `among`: the table of the only key hashes
-/// that may have changed).
+/// `key` ([`lakefill_validate::feed::change_rows`]; `among`: the only key hashes that may have
+/// changed).
 pub(crate) async fn write_feed_between(
     ctx: &SessionContext,
     (old, new): (&str, &str),
-    (key, among): (&[String], Option<&str>),
+    (key, among): (&[String], Option<Arc<std::collections::HashSet<u64>>>),
     journal: &Journal,
     mapping: &lakefill_table::mapping::ColumnMapping,
     store: Arc<dyn deltalake::ObjectStore>,

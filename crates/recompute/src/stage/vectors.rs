@@ -183,7 +183,7 @@ impl ChangedKeys {
     /// The key hashes of the keys the batches `indices` change, when this process staged
     /// exactly those, matched every partition of them and read every file of `old` (the old
     /// files of the plan by vectors).
-    pub fn of(&self, indices: &[usize], old: &VectorPlan) -> Option<Vec<u64>> {
+    pub fn of(&self, indices: &[usize], old: &VectorPlan) -> Option<HashSet<u64>> {
         self.with_batches(|batches| {
             if batches.len() != indices.len() || indices.iter().any(|i| !batches.contains_key(i)) {
                 return None;
@@ -199,7 +199,7 @@ impl ChangedKeys {
                 .values()
                 .flatten()
                 .all(|file| read.contains(file.path.as_str()));
-            every_file.then(|| keys.into_iter().collect())
+            every_file.then_some(keys)
         })
     }
 
