@@ -10,8 +10,11 @@
 //!
 //! Rows are compared by a 64-bit hash of every column (partition columns included: a row that
 //! moved to another partition changed). DataFusion has every piece (hash aggregation, joins,
-//! window functions, all of which spill or stream), so this is SQL; only the changed keys are
-//! held in memory, as a table the two scans of whole rows join with.
+//! window functions, all of which spill or stream), so this is SQL. The changed keys come from
+//! one aggregation of both sides by key (no join: under a memory limit joins are sort-merge
+//! joins, which sort both sides) and are held in memory, as a table the two scans of whole rows
+//! join with; when they are few, each scan first leaves out the rows of other keys as they stream
+//! by (by the hash of their key), so that only changed rows are joined.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -88,6 +91,18 @@ pub async fn change_rows(
     key: &[String],
     among: Option<Arc<HashSet<u64>>>,
 ) -> Result<DataFrame> {
+    change_rows_filtering(ctx, (old, new), key, among, MAX_CHANGED_FILTER).await
+}
+
+/// [`change_rows`], the rows of the changed keys left out as they stream by when they are at
+/// most `max_filtered` keys.
+async fn change_rows_filtering(
+    ctx: &SessionContext,
+    (old, new): (&str, &str),
+    key: &[String],
+    among: Option<Arc<HashSet<u64>>>,
+    max_filtered: usize,
+) -> Result<DataFrame> {
     let schema = |table: &str| {
         let table = table.to_string();
         async move {
@@ -126,7 +141,7 @@ pub async fn change_rows(
     // as the rows stream by (a join would sort both sides under a memory limit).
     let among = among.filter(|_| !key.is_empty());
     if let Some(among) = &among {
-        ctx.register_udf(ScalarUDF::from(AmongUdf(Arc::clone(among))));
+        ctx.register_udf(ScalarUDF::from(AmongUdf(AMONG, Arc::clone(among))));
     }
     let only = |rows: String| match &among {
         Some(_) => format!(
@@ -188,33 +203,32 @@ pub async fn change_rows(
     let whole_rows = if keys.is_empty() {
         "TRUE".to_string()
     } else {
-        // The keys whose rows differ, and how: held in memory, joined by both scans.
-        let per_key = |table: &str| {
+        // The keys whose rows differ, and how: one aggregation of both sides by key (it spills;
+        // no join, which would sort both sides under a memory limit), held in memory.
+        let side = |table: &str, side: u8| {
             format!(
-                "SELECT {keys}, COUNT(*) AS __lf_c, MIN(__lf_h) AS __lf_min, MAX(__lf_h) AS __lf_max, BIT_XOR(__lf_h) AS __lf_x \
-                 FROM {table} GROUP BY {keys}",
+                "SELECT {keys}, __lf_h, {side} AS __lf_side FROM {table}",
                 keys = keys.join(", ")
             )
         };
-        let on = |left: &str, right: &str| {
-            keys.iter()
-                .map(|k| format!("{left}.{k} = {right}.{k}"))
-                .collect::<Vec<_>>()
-                .join(" AND ")
+        let of_side = |side: u8| {
+            format!(
+                "COUNT(*) FILTER (WHERE __lf_side = {side}) AS __lf_c{side}, \
+                 MIN(__lf_h) FILTER (WHERE __lf_side = {side}) AS __lf_min{side}, \
+                 MAX(__lf_h) FILTER (WHERE __lf_side = {side}) AS __lf_max{side}, \
+                 BIT_XOR(__lf_h) FILTER (WHERE __lf_side = {side}) AS __lf_x{side}"
+            )
         };
         let changed = format!(
-            "SELECT {coalesced}, CASE WHEN o.__lf_c IS NULL THEN 'insert' WHEN n.__lf_c IS NULL THEN 'delete' ELSE 'update' END AS __lf_kind \
-             FROM ({old}) o FULL OUTER JOIN ({new}) n ON {on} \
-             WHERE o.__lf_c IS NULL OR n.__lf_c IS NULL OR o.__lf_c <> n.__lf_c OR o.__lf_min <> n.__lf_min \
-             OR o.__lf_max <> n.__lf_max OR o.__lf_x <> n.__lf_x",
-            coalesced = keys
-                .iter()
-                .map(|k| format!("COALESCE(o.{k}, n.{k}) AS {k}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            old = per_key("__lf_feed_old"),
-            new = per_key("__lf_feed_new"),
-            on = on("o", "n"),
+            "SELECT {keys}, CASE WHEN __lf_c0 = 0 THEN 'insert' WHEN __lf_c1 = 0 THEN 'delete' ELSE 'update' END AS __lf_kind \
+             FROM (SELECT {keys}, {old}, {new} FROM ({old_rows} UNION ALL {new_rows}) GROUP BY {keys}) \
+             WHERE (__lf_c0 <> __lf_c1) OR (__lf_min0 IS DISTINCT FROM __lf_min1) \
+             OR (__lf_max0 IS DISTINCT FROM __lf_max1) OR (__lf_x0 IS DISTINCT FROM __lf_x1)",
+            keys = keys.join(", "),
+            old = of_side(0),
+            new = of_side(1),
+            old_rows = side("__lf_feed_old", 0),
+            new_rows = side("__lf_feed_new", 1),
         );
         let changed = ctx
             .sql(&changed)
@@ -226,7 +240,7 @@ pub async fn change_rows(
         ctx.register_table("__lf_feed_keys", changed.into_view())
             .query_context(|| "cannot register the changed keys".into())?;
         // Rows with a NULL in a key column group apart (and match nothing by key): only when
-        // some do are rows compared whole too.
+        // some of those groups differ are rows compared whole too.
         let null_keys = ctx
             .sql(&format!(
                 "SELECT 1 FROM __lf_feed_keys WHERE NOT ({no_null_key}) LIMIT 1"
@@ -236,18 +250,46 @@ pub async fn change_rows(
             .count()
             .await
             .query_context(|| "cannot find rows with a NULL key".into())?;
+        // Each side's rows of the changed keys: when they are few, the rows of other keys are
+        // left out as they stream by (their key hash is not among the changed keys'), so that
+        // only the changed rows are joined with the keys.
+        let filtered = match changed_key_hashes(ctx, key, max_filtered).await? {
+            Some(hashes) => {
+                ctx.register_udf(ScalarUDF::from(AmongUdf(CHANGED, Arc::new(hashes))));
+                true
+            }
+            None => false,
+        };
+        let of_changed = |table: &str| {
+            if filtered {
+                format!(
+                    "(SELECT * FROM {table} WHERE {CHANGED}({}))",
+                    key_hash_sql(0, key)
+                )
+            } else {
+                table.to_string()
+            }
+        };
+        let on = |left: &str, right: &str| {
+            keys.iter()
+                .map(|k| format!("{left}.{k} = {right}.{k}"))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        };
         parts.push(format!(
             "SELECT {cols}, CASE WHEN c.__lf_kind = 'delete' THEN 'delete' ELSE 'update_preimage' END AS {ct} \
-             FROM __lf_feed_old o JOIN __lf_feed_keys c ON {on}",
+             FROM {old} o JOIN __lf_feed_keys c ON {on}",
             cols = select("o"),
             ct = ident(CHANGE_TYPE),
+            old = of_changed("__lf_feed_old"),
             on = on("o", "c"),
         ));
         parts.push(format!(
             "SELECT {cols}, CASE WHEN c.__lf_kind = 'insert' THEN 'insert' ELSE 'update_postimage' END AS {ct} \
-             FROM __lf_feed_new n JOIN __lf_feed_keys c ON {on}",
+             FROM {new} n JOIN __lf_feed_keys c ON {on}",
             cols = select("n"),
             ct = ident(CHANGE_TYPE),
+            new = of_changed("__lf_feed_new"),
             on = on("n", "c"),
         ));
         if null_keys == 0 {
@@ -282,16 +324,51 @@ pub async fn change_rows(
         .query_context(|| "cannot compute the change feed".into())
 }
 
-/// The SQL name of [`AmongUdf`].
+/// The SQL name of the [`AmongUdf`] of the keys the caller says may have changed.
 const AMONG: &str = "__lf_among";
 
-/// `__lf_among(h)`: whether the `UInt64` `h` is one of the set's (NULL is not).
+/// The SQL name of the [`AmongUdf`] of the keys found changed.
+const CHANGED: &str = "__lf_changed";
+
+/// Changed keys beyond which the rows of the changed keys are picked by the join alone (the
+/// set of their hashes would take more memory than leaving out the others saves).
+const MAX_CHANGED_FILTER: usize = 1 << 21;
+
+/// The first half of the key hash of each key of `__lf_feed_keys` (NULL keys are not), when
+/// there are at most `max`.
+async fn changed_key_hashes(
+    ctx: &SessionContext,
+    key: &[String],
+    max: usize,
+) -> Result<Option<HashSet<u64>>> {
+    let batches = ctx
+        .sql(&format!(
+            "SELECT {} AS h FROM __lf_feed_keys LIMIT {}",
+            key_hash_sql(0, key),
+            max + 1
+        ))
+        .await
+        .query_context(|| "cannot read the changed keys".into())?
+        .collect()
+        .await
+        .query_context(|| "cannot read the changed keys".into())?;
+    let mut hashes = HashSet::new();
+    for batch in &batches {
+        if let Some(column) = batch.column(0).as_primitive_opt::<UInt64Type>() {
+            hashes.extend(column.iter().flatten());
+        }
+    }
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    Ok((rows <= max).then_some(hashes))
+}
+
+/// `<name>(h)`: whether the `UInt64` `h` is one of the set's (NULL is not).
 #[derive(Debug)]
-struct AmongUdf(Arc<HashSet<u64>>);
+struct AmongUdf(&'static str, Arc<HashSet<u64>>);
 
 impl PartialEq for AmongUdf {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        self.0 == other.0 && Arc::ptr_eq(&self.1, &other.1)
     }
 }
 
@@ -299,13 +376,14 @@ impl Eq for AmongUdf {}
 
 impl std::hash::Hash for AmongUdf {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        Arc::as_ptr(&self.0).hash(state);
+        self.0.hash(state);
+        Arc::as_ptr(&self.1).hash(state);
     }
 }
 
 impl ScalarUDFImpl for AmongUdf {
     fn name(&self) -> &str {
-        AMONG
+        self.0
     }
 
     fn signature(&self) -> &Signature {
@@ -324,10 +402,10 @@ impl ScalarUDFImpl for AmongUdf {
         let hashes = hashes
             .first()
             .and_then(|h| h.as_primitive_opt::<UInt64Type>())
-            .ok_or_else(|| DataFusionError::Internal(format!("{AMONG} takes a UInt64")))?;
+            .ok_or_else(|| DataFusionError::Internal(format!("{} takes a UInt64", self.0)))?;
         let among: BooleanArray = hashes
             .iter()
-            .map(|h| Some(h.is_some_and(|h| self.0.contains(&h))))
+            .map(|h| Some(h.is_some_and(|h| self.1.contains(&h))))
             .collect();
         Ok(ColumnarValue::Array(Arc::new(among)))
     }
@@ -368,12 +446,18 @@ mod tests {
         new: &[(Option<i64>, &str)],
         key: &[&str],
     ) -> Vec<String> {
-        let ctx = SessionContext::new();
-        lakefill_table::rowhash::register_hash_functions(&ctx);
-        table(&ctx, "old", old);
-        table(&ctx, "new", new);
         let key: Vec<String> = key.iter().map(|k| (*k).to_string()).collect();
-        feed_of(&ctx, &key, None).await
+        let session = || {
+            let ctx = SessionContext::new();
+            lakefill_table::rowhash::register_hash_functions(&ctx);
+            table(&ctx, "old", old);
+            table(&ctx, "new", new);
+            ctx
+        };
+        let rows = feed_of(&session(), &key, None, MAX_CHANGED_FILTER).await;
+        // The same rows when the changed keys' rows are picked by the join alone.
+        assert_eq!(feed_of(&session(), &key, None, 0).await, rows);
+        rows
     }
 
     /// [`change_rows`] of the tables `old` and `new` of `ctx`, as `id:v:change type`, sorted.
@@ -381,8 +465,9 @@ mod tests {
         ctx: &SessionContext,
         key: &[String],
         among: Option<Arc<HashSet<u64>>>,
+        max_filtered: usize,
     ) -> Vec<String> {
-        let batches = change_rows(ctx, "old", "new", key, among)
+        let batches = change_rows_filtering(ctx, ("old", "new"), key, among, max_filtered)
             .await
             .expect("feed")
             .collect()
@@ -456,7 +541,13 @@ mod tests {
         let hashes = lakefill_table::rowhash::key_hashes(0, &[keys], 3).expect("hashes");
         let among: HashSet<u64> = hashes.iter().flatten().collect();
         assert_eq!(
-            feed_of(&ctx, &["id".to_string()], Some(Arc::new(among))).await,
+            feed_of(
+                &ctx,
+                &["id".to_string()],
+                Some(Arc::new(among)),
+                MAX_CHANGED_FILTER
+            )
+            .await,
             [
                 "2:B:update_postimage",
                 "2:b:update_preimage",
