@@ -18,6 +18,13 @@ use crate::printer::{Failure, Printer};
 /// in the planner and optimizer. The memory is reserved, not used, until a query needs it.
 const PLANNING_STACK: usize = 512 * 1024 * 1024;
 
+/// Threads the runtime may block on reads. delta-rs reads each deletion vector of a table on a
+/// blocking thread that waits, in `block_on`, for a read that needs another blocking thread: with
+/// more files with vectors than blocking threads (tokio's default is 512), every thread waits on a
+/// read none is left to do, and the scan hangs (seen at 730 files with vectors). Threads are
+/// started only as reads need them.
+const BLOCKING_THREADS: usize = 16_384;
+
 /// Stack of the runtime's worker threads, which execute plans.
 const WORKER_STACK: usize = 64 * 1024 * 1024;
 
@@ -44,6 +51,7 @@ fn lakefill_main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(WORKER_STACK)
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
     {
         Ok(runtime) => runtime,
