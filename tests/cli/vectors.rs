@@ -18,9 +18,9 @@ fn helper() -> PathBuf {
 
 /// The fix `tests/cli/vectors.py expected` applies: on 2026-01-01 and -02 about 1% of the rows
 /// change (every 100th gets a cent more, every 1,000th goes, a copy of every 1,000th is added,
-/// a row loaded twice is kept once); on 2026-01-03 also 60% of the rows change.
+/// a row loaded twice is kept once); on 2026-01-03 every row changes.
 const FIX: &str = "SELECT DISTINCT event_id,\n\
-  CASE WHEN event_id % 100 = 7 OR (event_date = DATE '2026-01-03' AND event_id % 10 < 6) THEN amount_cents + 1 ELSE amount_cents END AS amount_cents,\n\
+  CASE WHEN event_id % 100 = 7 OR event_date = DATE '2026-01-03' THEN amount_cents + 1 ELSE amount_cents END AS amount_cents,\n\
   country, event_date\n\
 FROM t WHERE event_date BETWEEN $start AND $end AND event_id % 1000 <> 3\n\
 UNION ALL\n\
@@ -118,7 +118,7 @@ fn a_small_fix_is_published_by_deletion_vectors(store: Store) {
     let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
     assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
     let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
-    assert_eq!(rewritten, ["2026-01-03"], "60% changed: {vectors}");
+    assert_eq!(rewritten, ["2026-01-03"], "every row changed: {vectors}");
     assert_eq!(vectors["files_cut"], 4, "{vectors}");
     // 2026-01-01: 2 rows go (ending in 003), 1 of a row loaded twice, 20 change; 2 are added.
     assert_eq!(
@@ -517,7 +517,7 @@ fn a_fix_scoped_by_where_keeps_the_rows_it_does_not_select_in_place() {
     assert_eq!(
         rewritten,
         ["2026-01-03"],
-        "60% of its DE rows change: {vectors}"
+        "every DE row changes, a third of its rows: {vectors}"
     );
 
     // Independently: the fix of the DE rows, the others as they were.
@@ -648,13 +648,6 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     let out = lake.run(&args);
     let report = json_ok(&out);
     assert_eq!(report["outcome"], "published", "{report}");
-    // Only the rows of the keys staging found changed were compared: 1,259 updated (event
-    // 100005 among them), 6 deleted, 6 inserted.
-    assert!(
-        stderr(&out).contains("the feed compares the keys staging found changed keys=1271"),
-        "{}",
-        stderr(&out)
-    );
     let vectors = &report["deletion_vectors"];
     let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
     assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
@@ -662,6 +655,19 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     let published = report["published_version"].as_u64().unwrap();
     let (feed, expected) = feed_and_expected(&lake, published);
     assert_eq!(feed, expected, "python deltalake's load_cdf");
+    // Only the rows of the keys staging found changed were compared: exactly the keys of the
+    // independent feed, none more.
+    let changed: std::collections::BTreeSet<i64> = expected
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row[0].as_i64().unwrap())
+        .collect();
+    let said = format!(
+        "the feed compares the keys staging found changed keys={}",
+        changed.len()
+    );
+    assert!(stderr(&out).contains(&said), "{said}\n{}", stderr(&out));
     assert_eq!(report["change_feed"], feed_counts(&feed), "{report}");
     // Event 100005, loaded twice and kept once, is an update of its key: both old rows before,
     // the one new row after.
@@ -719,4 +725,63 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
         read(&lake, &["rows"]),
         read(&lake, &["expected", &(published - 1).to_string(), "DE"])
     );
+}
+
+/// A `--where` fix that changes every row it selects, a sixth of each partition: the rows it does
+/// not select count in the share that decides a partition's publish (as a rewrite would carry
+/// them), so the partitions are cut by vectors, not rewritten, and python `deltalake` reads the
+/// fix of exactly the selected rows.
+#[test]
+fn a_where_fix_of_every_selected_row_cuts_partitions_it_changes_a_sixth_of() {
+    let lake = lake(Store::Local);
+    lake.model_version(
+        "fix",
+        "v2",
+        KEYED,
+        "SELECT event_id, amount_cents + 1 AS amount_cents, country, event_date FROM t \
+         WHERE event_date BETWEEN $start AND $end",
+    );
+    let original = read(&lake, &["rows"]);
+    let report = json_ok(&lake.run(&[
+        "backfill",
+        "fix",
+        "--model-version",
+        "v2",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--where",
+        "country = 'DE' AND event_id % 2 = 0",
+        "--output-format",
+        "json",
+    ]));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    assert!(
+        vectors["rewritten"]
+            .as_object()
+            .is_none_or(|r| r.is_empty()),
+        "{vectors}"
+    );
+    let expected: Vec<Value> = original
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let (event, day) = (row[0].as_i64().unwrap(), row[3].as_str().unwrap());
+            let mut row = row.clone();
+            if day <= "2026-01-02" && row[2] == "DE" && event % 2 == 0 {
+                row[1] = (row[1].as_i64().unwrap() + 1).into();
+            }
+            row
+        })
+        .collect();
+    let mut expected = expected;
+    expected.sort_by_key(|r| r.to_string());
+    let mut got: Vec<Value> = read(&lake, &["rows"]).as_array().unwrap().clone();
+    got.sort_by_key(|r| r.to_string());
+    assert_eq!(got, expected, "python deltalake");
 }
