@@ -143,14 +143,16 @@ async fn change_rows_filtering(
     if let Some(among) = &among {
         ctx.register_udf(ScalarUDF::from(AmongUdf(AMONG, Arc::clone(among))));
     }
+    let keys: Vec<String> = key.iter().map(|k| ident(k)).collect();
+    let no_null_key = keys
+        .iter()
+        .map(|k| format!("{k} IS NOT NULL"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
     let only = |rows: String| match &among {
         Some(_) => format!(
-            "SELECT * FROM ({rows}) WHERE {AMONG}({}) OR NOT ({})",
+            "SELECT * FROM ({rows}) WHERE {AMONG}({}) OR NOT ({no_null_key})",
             key_hash_sql(0, key),
-            key.iter()
-                .map(|k| format!("{} IS NOT NULL", ident(k)))
-                .collect::<Vec<_>>()
-                .join(" AND ")
         ),
         None => rows,
     };
@@ -193,12 +195,6 @@ async fn change_rows_filtering(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let keys: Vec<String> = key.iter().map(|k| ident(k)).collect();
-    let no_null_key = keys
-        .iter()
-        .map(|k| format!("{k} IS NOT NULL"))
-        .collect::<Vec<_>>()
-        .join(" AND ");
     let mut parts = Vec::new();
     let whole_rows = if keys.is_empty() {
         "TRUE".to_string()
