@@ -14,19 +14,26 @@
 //! one aggregation of both sides by key (no join: under a memory limit joins are sort-merge
 //! joins, which sort both sides) and are held in memory, as a table the two scans of whole rows
 //! join with; when they are few, each scan first leaves out the rows of other keys as they stream
-//! by (by the hash of their key), so that only changed rows are joined.
+//! by (by the hash of their key), so that only changed rows are joined. When the caller knows
+//! which keys may have changed (a fix published by deletion vectors: staging found them) and
+//! their rows are few, each side's rows of those keys are read once, into the session's memory,
+//! and both the aggregation and the join read them there.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use deltalake::arrow::array::{AsArray, BooleanArray};
+use deltalake::arrow::array::{AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Schema, UInt64Type};
+use deltalake::datafusion::catalog::TableProvider;
 use deltalake::datafusion::common::{DataFusionError, Result as DfResult};
 use deltalake::datafusion::dataframe::DataFrame;
+use deltalake::datafusion::datasource::MemTable;
+use deltalake::datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use deltalake::datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use deltalake::datafusion::prelude::SessionContext;
+use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
 use lakefill_table::error::{QueryContext, Result};
@@ -90,19 +97,43 @@ pub async fn change_rows(
     new: &str,
     key: &[String],
     among: Option<Arc<HashSet<u64>>>,
-) -> Result<DataFrame> {
-    change_rows_filtering(ctx, (old, new), key, among, MAX_CHANGED_FILTER).await
+) -> Result<ChangeRows> {
+    let limits = Limits {
+        filtered_keys: MAX_CHANGED_FILTER,
+        held_bytes: MAX_HELD_BYTES,
+    };
+    change_rows_within(ctx, (old, new), key, among, limits).await
+}
+
+/// The rows of a change data feed ([`change_rows`]), and the memory that holds what they are
+/// computed from: keep it until they have been read.
+pub struct ChangeRows {
+    /// The feed's rows, each with its [`CHANGE_TYPE`].
+    pub rows: DataFrame,
+    /// The session's memory the sides held in memory take, if they are.
+    _held: Option<MemoryReservation>,
+}
+
+/// How much of the work [`change_rows_within`] may do in memory.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Changed keys up to which each scan leaves out the rows of other keys as they stream by.
+    filtered_keys: usize,
+    /// Bytes of the sides' rows of the keys given that may be held in memory, so that both
+    /// passes read them there instead of scanning each side twice.
+    held_bytes: usize,
 }
 
 /// [`change_rows`], the rows of the changed keys left out as they stream by when they are at
-/// most `max_filtered` keys.
-async fn change_rows_filtering(
+/// most `limits.filtered_keys` keys, and the rows of the keys given held in memory when they
+/// take at most `limits.held_bytes`.
+async fn change_rows_within(
     ctx: &SessionContext,
     (old, new): (&str, &str),
     key: &[String],
     among: Option<Arc<HashSet<u64>>>,
-    max_filtered: usize,
-) -> Result<DataFrame> {
+    limits: Limits,
+) -> Result<ChangeRows> {
     let schema = |table: &str| {
         let table = table.to_string();
         async move {
@@ -156,38 +187,65 @@ async fn change_rows_filtering(
         ),
         None => rows,
     };
-    let register = |name: &str, sql: String| {
-        let name = name.to_string();
-        async move {
-            let rows = ctx
-                .sql(&sql)
-                .await
-                .query_context(|| format!("cannot prepare the change feed's `{name}`"))?;
-            ctx.register_table(name.as_str(), rows.into_view())
-                .query_context(|| format!("cannot register the change feed's `{name}`"))?;
-            Ok::<(), lakefill_table::error::Error>(())
+    let prepare = |name: &'static str, sql: String| async move {
+        ctx.sql(&sql)
+            .await
+            .query_context(|| format!("cannot prepare the change feed's `{name}`"))
+    };
+    let sides = [
+        (
+            "__lf_feed_old",
+            prepare(
+                "__lf_feed_old",
+                format!(
+                    "SELECT *, {hash} AS __lf_h FROM ({})",
+                    only(format!(
+                        "SELECT {} FROM {}",
+                        old_columns.join(", "),
+                        ident(old)
+                    ))
+                ),
+            )
+            .await?,
+        ),
+        (
+            "__lf_feed_new",
+            prepare(
+                "__lf_feed_new",
+                format!(
+                    "SELECT *, {hash} AS __lf_h FROM ({})",
+                    only(format!("SELECT * FROM {}", ident(new)))
+                ),
+            )
+            .await?,
+        ),
+    ];
+    // The rows of the keys given are read once, into memory, when they are few: both passes
+    // below (how each key changed, then its rows) read them there. Otherwise each pass scans
+    // the sides.
+    let held = match &among {
+        Some(among) if among.len() <= limits.filtered_keys => {
+            hold_sides(ctx, &sides, limits.held_bytes).await?
+        }
+        _ => None,
+    };
+    let held = match held {
+        Some((tables, reservation)) => {
+            for ((name, _), table) in sides.iter().zip(tables) {
+                ctx.register_table(*name, table)
+                    .query_context(|| format!("cannot register the change feed's `{name}`"))?;
+            }
+            Some(reservation)
+        }
+        None => {
+            for (name, rows) in sides {
+                ctx.register_table(name, rows.into_view())
+                    .query_context(|| format!("cannot register the change feed's `{name}`"))?;
+            }
+            None
         }
     };
-    register(
-        "__lf_feed_old",
-        format!(
-            "SELECT *, {hash} AS __lf_h FROM ({})",
-            only(format!(
-                "SELECT {} FROM {}",
-                old_columns.join(", "),
-                ident(old)
-            ))
-        ),
-    )
-    .await?;
-    register(
-        "__lf_feed_new",
-        format!(
-            "SELECT *, {hash} AS __lf_h FROM ({})",
-            only(format!("SELECT * FROM {}", ident(new)))
-        ),
-    )
-    .await?;
+    let done = |rows: DataFrame| ChangeRows { rows, _held: held };
     let select = |alias: &str| {
         columns
             .iter()
@@ -249,7 +307,7 @@ async fn change_rows_filtering(
         // Each side's rows of the changed keys: when they are few, the rows of other keys are
         // left out as they stream by (their key hash is not among the changed keys'), so that
         // only the changed rows are joined with the keys.
-        let filtered = match changed_key_hashes(ctx, key, max_filtered).await? {
+        let filtered = match changed_key_hashes(ctx, key, limits.filtered_keys).await? {
             Some(hashes) => {
                 ctx.register_udf(ScalarUDF::from(AmongUdf(CHANGED, Arc::new(hashes))));
                 true
@@ -292,7 +350,8 @@ async fn change_rows_filtering(
             return ctx
                 .sql(&parts.join(" UNION ALL "))
                 .await
-                .query_context(|| "cannot compute the change feed".into());
+                .query_context(|| "cannot compute the change feed".into())
+                .map(done);
         }
         format!("NOT ({no_null_key})")
     };
@@ -318,6 +377,49 @@ async fn change_rows_filtering(
     ctx.sql(&parts.join(" UNION ALL "))
         .await
         .query_context(|| "cannot compute the change feed".into())
+        .map(done)
+}
+
+/// Each of `sides` read into memory, as tables of as many partitions as the session's scans
+/// have, with the reservation of the session's memory they take; `None` when they would take
+/// more than `max_bytes` or than the session's memory pool grants (what was read is dropped).
+async fn hold_sides(
+    ctx: &SessionContext,
+    sides: &[(&'static str, DataFrame)],
+    max_bytes: usize,
+) -> Result<Option<(Vec<Arc<dyn TableProvider>>, MemoryReservation)>> {
+    let reservation = MemoryConsumer::new("change feed: the changed keys' rows")
+        .register(&ctx.runtime_env().memory_pool);
+    let partitions = ctx.state().config().target_partitions().max(1);
+    let mut tables: Vec<Arc<dyn TableProvider>> = Vec::with_capacity(sides.len());
+    for (name, rows) in sides {
+        let context = || format!("cannot read the change feed's `{name}`");
+        let schema = Arc::new(rows.schema().as_arrow().clone());
+        let mut stream = rows.clone().execute_stream().await.query_context(context)?;
+        let mut held: Vec<Vec<RecordBatch>> = vec![Vec::new(); partitions];
+        let mut next = 0;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.query_context(context)?;
+            let size = batch.get_array_memory_size();
+            if reservation.size() + size > max_bytes || reservation.try_grow(size).is_err() {
+                tracing::debug!(
+                    side = *name,
+                    held_bytes = reservation.size(),
+                    "the changed keys' rows take too much memory to hold: both passes scan"
+                );
+                return Ok(None);
+            }
+            held[next % partitions].push(batch);
+            next += 1;
+        }
+        let table = MemTable::try_new(schema, held).query_context(context)?;
+        tables.push(Arc::new(table));
+    }
+    tracing::debug!(
+        held_bytes = reservation.size(),
+        "holds the changed keys' rows of both sides in memory"
+    );
+    Ok(Some((tables, reservation)))
 }
 
 /// The SQL name of the [`AmongUdf`] of the keys the caller says may have changed.
@@ -329,6 +431,11 @@ const CHANGED: &str = "__lf_changed";
 /// Changed keys beyond which the rows of the changed keys are picked by the join alone (the
 /// set of their hashes would take more memory than leaving out the others saves).
 const MAX_CHANGED_FILTER: usize = 1 << 21;
+
+/// The most memory the rows of the keys given may take to be held for both passes (about
+/// 2,000,000 rows of ten narrow columns; the aggregation and the join that read them keep the
+/// rest of the session's pool).
+const MAX_HELD_BYTES: usize = 256 << 20;
 
 /// The first half of the key hash of each key of `__lf_feed_keys` (NULL keys are not), when
 /// there are at most `max`.
@@ -450,22 +557,33 @@ mod tests {
             table(&ctx, "new", new);
             ctx
         };
-        let rows = feed_of(&session(), &key, None, MAX_CHANGED_FILTER).await;
+        let rows = feed_of(&session(), &key, None, LIMITS).await;
         // The same rows when the changed keys' rows are picked by the join alone.
-        assert_eq!(feed_of(&session(), &key, None, 0).await, rows);
+        let limits = Limits {
+            filtered_keys: 0,
+            ..LIMITS
+        };
+        assert_eq!(feed_of(&session(), &key, None, limits).await, rows);
         rows
     }
+
+    /// The limits [`change_rows`] uses.
+    const LIMITS: Limits = Limits {
+        filtered_keys: MAX_CHANGED_FILTER,
+        held_bytes: MAX_HELD_BYTES,
+    };
 
     /// [`change_rows`] of the tables `old` and `new` of `ctx`, as `id:v:change type`, sorted.
     async fn feed_of(
         ctx: &SessionContext,
         key: &[String],
         among: Option<Arc<HashSet<u64>>>,
-        max_filtered: usize,
+        limits: Limits,
     ) -> Vec<String> {
-        let batches = change_rows_filtering(ctx, ("old", "new"), key, among, max_filtered)
+        let batches = change_rows_within(ctx, ("old", "new"), key, among, limits)
             .await
             .expect("feed")
+            .rows
             .collect()
             .await
             .expect("rows");
@@ -519,38 +637,62 @@ mod tests {
 
     #[tokio::test]
     async fn among_the_keys_given_only_their_rows_and_null_keys_are_compared() {
-        let ctx = SessionContext::new();
-        lakefill_table::rowhash::register_hash_functions(&ctx);
-        table(
-            &ctx,
-            "old",
-            &[(Some(1), "a"), (Some(2), "b"), (Some(3), "c"), (None, "x")],
-        );
-        table(
-            &ctx,
-            "new",
-            &[(Some(1), "A"), (Some(2), "B"), (Some(4), "d"), (None, "y")],
-        );
+        let session = || {
+            let ctx = SessionContext::new();
+            lakefill_table::rowhash::register_hash_functions(&ctx);
+            table(
+                &ctx,
+                "old",
+                &[(Some(1), "a"), (Some(2), "b"), (Some(3), "c"), (None, "x")],
+            );
+            table(
+                &ctx,
+                "new",
+                &[(Some(1), "A"), (Some(2), "B"), (Some(4), "d"), (None, "y")],
+            );
+            ctx
+        };
         // Keys 2 and 3 (and 5, which neither side has), not 1 nor 4.
         let keys: Arc<dyn deltalake::arrow::array::Array> =
             Arc::new(Int64Array::from(vec![2, 3, 5]));
         let hashes = lakefill_table::rowhash::key_hashes(0, &[keys], 3).expect("hashes");
-        let among: HashSet<u64> = hashes.iter().flatten().collect();
+        let among: Arc<HashSet<u64>> = Arc::new(hashes.iter().flatten().collect());
+        let expected = [
+            "2:B:update_postimage",
+            "2:b:update_preimage",
+            "3:c:delete",
+            "null:x:delete",
+            "null:y:insert",
+        ];
+        let key = ["id".to_string()];
+        // The sides' rows of those keys held in memory for both passes.
+        let ctx = session();
+        let feed = change_rows_within(&ctx, ("old", "new"), &key, Some(Arc::clone(&among)), LIMITS)
+            .await
+            .expect("feed");
+        for side in ["__lf_feed_old", "__lf_feed_new"] {
+            let provider = ctx.table_provider(side).await.expect("side");
+            assert!(provider.is::<MemTable>(), "{side} is held in memory");
+        }
+        drop(feed);
         assert_eq!(
-            feed_of(
-                &ctx,
-                &["id".to_string()],
-                Some(Arc::new(among)),
-                MAX_CHANGED_FILTER
-            )
-            .await,
-            [
-                "2:B:update_postimage",
-                "2:b:update_preimage",
-                "3:c:delete",
-                "null:x:delete",
-                "null:y:insert"
-            ]
+            feed_of(&session(), &key, Some(Arc::clone(&among)), LIMITS).await,
+            expected
         );
+        // The same rows whatever memory may hold (none, part of a side, one side but not the
+        // other, both) and however the changed keys' rows are picked.
+        for held_bytes in (0..16 * 1024).step_by(256).chain([usize::MAX]) {
+            for filtered_keys in [0, MAX_CHANGED_FILTER] {
+                let limits = Limits {
+                    filtered_keys,
+                    held_bytes,
+                };
+                assert_eq!(
+                    feed_of(&session(), &key, Some(Arc::clone(&among)), limits).await,
+                    expected,
+                    "{limits:?}"
+                );
+            }
+        }
     }
 }

@@ -123,8 +123,11 @@ pub(crate) async fn write_feed_between(
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
-    let rows = lakefill_validate::feed::change_rows(ctx, old, new, key, among).await?;
-    let streams = rows
+    // (The rows it holds in memory, if any, are held until the feed is written.)
+    let changes = lakefill_validate::feed::change_rows(ctx, old, new, key, among).await?;
+    let streams = changes
+        .rows
+        .clone()
         .execute_stream_partitioned()
         .await
         .query_context(|| "cannot compute the change feed".into())?;
@@ -137,6 +140,7 @@ pub(crate) async fn write_feed_between(
         store,
     )
     .await?;
+    drop(changes);
     Ok(ChangeFeed {
         files: written.files,
         counts: written.counts,
