@@ -225,7 +225,10 @@ async fn change_rows_within(
     // the sides.
     let held = match &among {
         Some(among) if among.len() <= limits.filtered_keys => {
-            hold_sides(ctx, &sides, limits.held_bytes).await?
+            match held_bytes(ctx, limits.held_bytes) {
+                0 => None,
+                budget => hold_sides(ctx, &sides, budget).await?,
+            }
         }
         _ => None,
     };
@@ -380,6 +383,22 @@ async fn change_rows_within(
         .map(done)
 }
 
+/// The bytes the sides' rows may take in memory: at most `max`, and an eighth of the session's
+/// memory pool when it has a limit; nothing under a pool of less than [`MIN_POOL_TO_HOLD`]. The
+/// aggregation and the join that read them, and the sorts of the sort-merge join, need the rest:
+/// under `--memory-limit 64MiB`, 6 MB held left a sort of the join 0.9 MB and failed the run.
+fn held_bytes(ctx: &SessionContext, max: usize) -> usize {
+    use deltalake::datafusion::execution::memory_pool::MemoryLimit;
+    match ctx.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(pool) if pool < MIN_POOL_TO_HOLD => 0,
+        MemoryLimit::Finite(pool) => max.min(pool / 8),
+        _ => max,
+    }
+}
+
+/// The smallest memory pool of a session in which the feed holds rows in memory.
+const MIN_POOL_TO_HOLD: usize = 256 << 20;
+
 /// Each of `sides` read into memory, as tables of as many partitions as the session's scans
 /// have, with the reservation of the session's memory they take; `None` when they would take
 /// more than `max_bytes` or than the session's memory pool grants (what was read is dropped).
@@ -433,8 +452,8 @@ const CHANGED: &str = "__lf_changed";
 const MAX_CHANGED_FILTER: usize = 1 << 21;
 
 /// The most memory the rows of the keys given may take to be held for both passes (about
-/// 2,000,000 rows of ten narrow columns; the aggregation and the join that read them keep the
-/// rest of the session's pool).
+/// 2,000,000 rows of ten narrow columns), and at most an eighth of the session's pool
+/// ([`held_bytes`]).
 const MAX_HELD_BYTES: usize = 256 << 20;
 
 /// The first half of the key hash of each key of `__lf_feed_keys` (NULL keys are not), when
@@ -633,6 +652,37 @@ mod tests {
         assert!(feed(&old, &new, &["id"]).await.is_empty());
         // Identical sides: nothing.
         assert!(feed(&old, &old, &[]).await.is_empty());
+    }
+
+    #[test]
+    fn rows_are_held_in_an_eighth_of_a_pool_large_enough() {
+        use deltalake::datafusion::execution::memory_pool::FairSpillPool;
+        use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        let with_pool = |bytes: usize| {
+            let runtime = RuntimeEnvBuilder::new()
+                .with_memory_pool(Arc::new(FairSpillPool::new(bytes)))
+                .build_arc()
+                .expect("runtime");
+            SessionContext::new_with_config_rt(Default::default(), runtime)
+        };
+        assert_eq!(
+            held_bytes(&SessionContext::new(), MAX_HELD_BYTES),
+            MAX_HELD_BYTES
+        );
+        assert_eq!(held_bytes(&with_pool(64 << 20), MAX_HELD_BYTES), 0);
+        assert_eq!(
+            held_bytes(&with_pool(MIN_POOL_TO_HOLD - 1), MAX_HELD_BYTES),
+            0
+        );
+        assert_eq!(
+            held_bytes(&with_pool(MIN_POOL_TO_HOLD), MAX_HELD_BYTES),
+            32 << 20
+        );
+        assert_eq!(held_bytes(&with_pool(1 << 30), MAX_HELD_BYTES), 128 << 20);
+        assert_eq!(
+            held_bytes(&with_pool(64 << 30), MAX_HELD_BYTES),
+            MAX_HELD_BYTES
+        );
     }
 
     #[tokio::test]
