@@ -117,7 +117,8 @@ pub struct ChangeRows {
 /// How much of the work [`change_rows_within`] may do in memory.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
-    /// Changed keys up to which each scan leaves out the rows of other keys as they stream by.
+    /// Changed keys (found, or given) up to which each scan leaves out the rows of other keys
+    /// as they stream by; beyond it, the rows of the keys given are not held either.
     filtered_keys: usize,
     /// Bytes of the sides' rows of the keys given that may be held in memory, so that both
     /// passes read them there instead of scanning each side twice.
