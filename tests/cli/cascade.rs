@@ -1201,3 +1201,131 @@ fn issue_33_a_cascade_node_keeps_its_tables_rules() {
     assert_eq!(forced.status.code(), Some(2), "{}", stderr(&forced));
     assert_eq!(versions(&lake), before);
 }
+
+/// Turns `delta.enableDeletionVectors` on for `table` (the protocol takes the feature), as a team
+/// does with `ALTER TABLE … SET TBLPROPERTIES`.
+fn enable_deletion_vectors(lake: &TestLake, table: &str) {
+    runtime()
+        .block_on(
+            lake.open(table)
+                .set_tbl_properties()
+                .with_properties(
+                    [(
+                        "delta.enableDeletionVectors".to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                )
+                .into_future(),
+        )
+        .expect("deletion vectors on");
+}
+
+/// What `rows` of `tests/cli/cascade_vectors.py` reads of `table` (at `version`): every row, by
+/// python `deltalake`'s own engine, which applies deletion vectors.
+fn python_rows(lake: &TestLake, table: &str, version: Option<u64>) -> serde_json::Value {
+    let path = lake.table_path(table).display().to_string();
+    let version = version.map(|v| v.to_string());
+    let mut args = vec!["rows", path.as_str()];
+    args.extend(version.as_deref());
+    crate::support::python_json("cascade_vectors.py", &args)
+}
+
+/// A cascade whose tables take deletion vectors publishes each node by them where its fix changes
+/// little of a partition, and a child reads a parent published so as the commit will leave it (the
+/// parent's kept rows through their new vectors, and its written rows): each level read by python
+/// `deltalake` equals DuckDB's recompute of it from the level above. Reverting the cascade puts
+/// every table's rows back.
+#[test]
+fn a_cascade_publishes_by_deletion_vectors_where_its_tables_take_them() {
+    let lake = TestLake::new();
+    add_rolling(&lake);
+    for table in ["events", "daily_revenue", "rolling_7d"] {
+        enable_deletion_vectors(&lake, table);
+    }
+    // v1's dates with a cent more on DE events whose id is 2 mod 5: about 2.5% of an events
+    // partition, one row of about 8 of a daily_revenue partition, every rolling_7d row.
+    let v1 = std::fs::read_to_string(lake.path().join("sql/events/v1.sql")).unwrap();
+    let v3 = v1
+        .replacen(
+            "  amount_cents,\n",
+            "  amount_cents + CASE WHEN country = 'DE' AND event_id % 5 = 2 THEN 1 ELSE 0 END AS amount_cents,\n",
+            1,
+        )
+        .replacen("*/", "[validate]\nkey = [\"event_id\"]\n*/", 1);
+    assert_ne!(v3.matches("% 5 = 2").count(), 0);
+    std::fs::write(lake.path().join("sql/events/v3.sql"), v3).unwrap();
+    let before = versions(&lake);
+    let tables = ["events", "daily_revenue", "rolling_7d"];
+    let old_rows: Vec<_> = tables.iter().map(|t| python_rows(&lake, t, None)).collect();
+
+    let report = json_ok(&cascade(&lake, 3, 4, &["--output-format", "json"]));
+    assert_eq!(report["outcome"], "published", "{report:#}");
+    assert_eq!(
+        versions(&lake),
+        before.iter().map(|v| v + 1).collect::<Vec<_>>()
+    );
+    let node = |table: &str| {
+        report["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["table"] == table)
+            .unwrap_or_else(|| panic!("no node of {table}: {report:#}"))
+            .clone()
+    };
+    let (d3, d4) = (lake.day(3), lake.day(4));
+    let cut = |table: &str| -> Vec<String> {
+        node(table)["deletion_vectors"]["partitions"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{table} not by vectors: {:#}", node(table)))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    assert_eq!(cut("events"), [d3.clone(), d4.clone()]);
+    assert_eq!(
+        cut("daily_revenue"),
+        [d3, d4],
+        "one country's row of each day"
+    );
+    let rolling = node("rolling_7d");
+    assert!(
+        rolling["deletion_vectors"]["partitions"]
+            .as_object()
+            .is_none_or(|p| p.is_empty()),
+        "every rolling_7d row changes: rewritten, {rolling:#}"
+    );
+
+    // Each level, read by python `deltalake`, is DuckDB's recompute of it from the level above.
+    let path = |t: &str| lake.table_path(t).display().to_string();
+    let chain = crate::support::python_json(
+        "cascade_vectors.py",
+        &[
+            "chain",
+            &path("raw_events"),
+            &path("events"),
+            &path("daily_revenue"),
+            &path("rolling_7d"),
+            &lake.day(0),
+            &lake.day(9),
+            &lake.day(3),
+            &lake.day(4),
+        ],
+    );
+    for table in tables {
+        let [missing, extra, rows] = [0, 1, 2].map(|i| chain[table][i].as_u64().unwrap());
+        assert_eq!((missing, extra), (0, 0), "{table}: {chain}");
+        assert!(rows > 0, "{table}: {chain}");
+    }
+
+    // Reverted, every table reads as before the cascade.
+    let id = report["cascade_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", id, "--output-format", "json"]));
+    for node in reverted["nodes"].as_array().unwrap() {
+        assert_eq!(node["outcome"], "reverted", "{reverted:#}");
+    }
+    for (table, old) in tables.iter().zip(&old_rows) {
+        assert_eq!(&python_rows(&lake, table, None), old, "{table} reverted");
+    }
+}

@@ -1116,10 +1116,10 @@ impl BackfillPlan {
     }
 
     /// Whether the batches staged here publish by deletion vectors: the target takes them
-    /// ([`Self::vectors`]) and the run is a backfill of its own (a cascade's nodes and reverts,
-    /// whose kind is set after the plan is made, rewrite).
+    /// ([`Self::vectors`]) and the run is a backfill, of its own or a cascade's node (a revert,
+    /// whose kind is set after the plan is made, puts files back or rewrites).
     pub fn publishes_by_vectors(&self) -> bool {
-        self.vectors.is_some() && self.kind == RunKind::Backfill
+        self.vectors.is_some() && self.kind.revert_of().is_none()
     }
 }
 

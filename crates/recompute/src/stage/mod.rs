@@ -455,7 +455,7 @@ impl WriteSpec {
                 None => plan.report.protocol.mapping.clone(),
             },
             identity: Vec::new(),
-            // A cascade's nodes and reverts rewrite (their kind is set after the plan is made).
+            // Reverts rewrite (their kind is set after the plan is made).
             vectors: plan
                 .vectors
                 .clone()

@@ -67,11 +67,14 @@ pub struct VectorPlan {
 
 impl VectorPlan {
     /// The plan of `plan`'s run, if its target takes deletion vectors
-    /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill of its own
-    /// (not a cascade's node, a revert or adjustments), of a table partitioned by time (not by
+    /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
+    /// a cascade's node; not a revert or adjustments), of a table partitioned by time (not by
     /// rows), without column mapping, a model reading its own past, or a feature whose commits
-    /// lakefill writes itself. Otherwise it rewrites, as it always has. (A change data feed is
-    /// computed from the sides as validation reads them, whichever way the run publishes.)
+    /// lakefill writes itself. A cascade's child reads such a node's new rows as validation
+    /// does: its kept files through their new vectors, and its staged files
+    /// ([`lakefill_log::journal::Journal::new_row_files`]). Otherwise it rewrites, as it always
+    /// has. (A change data feed is computed from the sides as validation reads them, whichever
+    /// way the run publishes.)
     pub fn of(plan: &crate::plan::BackfillPlan) -> Result<Option<Arc<Self>>> {
         let report = &plan.report;
         let (layout, range) = (&report.layout, &report.range);
@@ -92,7 +95,6 @@ impl VectorPlan {
                 .is_some_and(|features| features.iter().any(|f| f.as_ref() == "deletionVectors"))
             && report.publish == lakefill_table::adjustments::PublishMode::Rewrite
             && plan.adjusted.is_none()
-            && plan.kind.cascade().is_none()
             && plan.kind.revert_of().is_none()
             && !layout.partition_columns.is_empty()
             && !layout.by_rows
