@@ -1,7 +1,9 @@
 """Tables written the way Spark writes them, where python `deltalake` cannot: Parquet files from
 pyarrow with Spark's options, and a Delta log written by hand exactly as the protocol says.
 
-    python3 spark_tables.py int96 DIR        # project DIR with table `scd` (INT96 timestamps)
+    python3 spark_tables.py int96 DIR [vectors]
+                                             # project DIR with table `scd` (INT96 timestamps;
+                                             # `vectors`: deletion vectors on)
     python3 spark_tables.py plain DIR        # project DIR with table `t`: 3 appends by hand
     python3 spark_tables.py vacuum_check DIR # project DIR with table `t` whose version 1 adds the
                                              # reader feature vacuumProtocolCheck
@@ -53,19 +55,31 @@ def rows():
     return out
 
 
-def int96(directory):
+def int96(directory, vectors=False):
+    """With `vectors`, the table takes deletion vectors (`delta.enableDeletionVectors`, as a
+    Databricks table created since 2024 does)."""
     table_dir = os.path.join(directory, "lake", "scd")
     log = os.path.join(table_dir, "_delta_log")
     os.makedirs(log)
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 2}
+    configuration = {}
+    if vectors:
+        protocol = {
+            "minReaderVersion": 3,
+            "minWriterVersion": 7,
+            "readerFeatures": ["deletionVectors"],
+            "writerFeatures": ["deletionVectors"],
+        }
+        configuration = {"delta.enableDeletionVectors": "true"}
     actions = [
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"protocol": protocol},
         {
             "metaData": {
                 "id": str(uuid.uuid4()),
                 "format": {"provider": "parquet", "options": {}},
                 "schemaString": json.dumps(SCHEMA),
                 "partitionColumns": ["day"],
-                "configuration": {},
+                "configuration": configuration,
                 "createdTime": 1767225600000,
             }
         },
@@ -247,7 +261,7 @@ def timestamps(uri):
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "int96":
-        int96(sys.argv[2])
+        int96(sys.argv[2], vectors=sys.argv[3:] == ["vectors"])
     elif command == "plain":
         plain(sys.argv[2])
     elif command == "vacuum_check":

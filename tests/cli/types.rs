@@ -88,6 +88,71 @@ fn issue_32_spark_int96_timestamps_keep_their_values() {
     );
 }
 
+/// On a table that takes deletion vectors, a partition whose old files Spark wrote with INT96
+/// timestamps is never cut: a row is matched by its values in the table's types, and a reader
+/// would read a kept row by its file's. Scoped by `--where` (whose rows outside the predicate stay
+/// in their files, so no batch carries them), the fix stops with a clear error, exit 2, and the
+/// table is as it was; unscoped, each partition is rewritten whole, its timestamps exact.
+#[test]
+fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    spark(&["int96", path, "vectors"]);
+    let table = dir.path().join("lake/scd");
+    let table = table.to_str().unwrap();
+    let before: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let log = || crate::support::files_under(&dir.path().join("lake/scd/_delta_log"));
+    let log_before = log();
+    let backfill = |extra: &[&str]| {
+        let mut args = vec![
+            "backfill",
+            "scd",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--output-format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        run_in(dir.path(), &args)
+    };
+
+    let refused = backfill(&["--where", "id % 100 = 1"]);
+    crate::support::assert_refused(&refused, 2, "cannot be cut");
+    let message = crate::support::stderr(&refused);
+    assert!(message.contains("without `--where`"), "{message}");
+    assert_eq!(log(), log_before, "nothing committed");
+    let unchanged: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    assert_eq!(unchanged, before);
+
+    let report = json_ok(&backfill(&[]));
+    assert_eq!(report["state"], "published", "{report}");
+    // No partition is cut (nor counted: the threshold did not decide it).
+    let vectors = &report["deletion_vectors"];
+    assert!(
+        vectors.is_null() || vectors["partitions"].as_object().unwrap().is_empty(),
+        "{vectors}"
+    );
+    let after: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let after = after.as_array().unwrap();
+    assert_eq!(
+        after.len(),
+        12,
+        "every row once, no old file kept: {after:?}"
+    );
+    for (old, new) in before.as_array().unwrap().iter().zip(after) {
+        assert_eq!(new["id"], old["id"]);
+        assert_eq!(new["valid_from"], old["valid_from"], "{new}");
+        assert_eq!(new["valid_to"], old["valid_to"], "{new}");
+        assert_eq!(
+            new["name"],
+            old["name"].as_str().unwrap().to_uppercase(),
+            "{new}"
+        );
+    }
+}
+
 fn nested(args: &[&str]) -> Value {
     crate::support::python_json("nested.py", args)
 }
