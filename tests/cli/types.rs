@@ -128,11 +128,35 @@ fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
 
     let report = json_ok(&backfill(&[]));
     assert_eq!(report["state"], "published", "{report}");
-    // No partition is cut (nor counted: the threshold did not decide it).
+    // No partition is cut, nor counted (the threshold did not decide it): each is named as
+    // rewritten because it cannot be cut.
     let vectors = &report["deletion_vectors"];
     assert!(
-        vectors.is_null() || vectors["partitions"].as_object().unwrap().is_empty(),
+        vectors["partitions"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{report:#}"))
+            .is_empty(),
         "{vectors}"
+    );
+    assert_eq!(
+        vectors["uncut"],
+        serde_json::json!(["2026-01-01", "2026-01-02", "2026-01-03"]),
+        "{vectors}"
+    );
+    assert_eq!(vectors["files_cut"], 0, "{vectors}");
+    let commit = std::fs::read_to_string(
+        dir.path()
+            .join("lake/scd/_delta_log/00000000000000000001.json"),
+    )
+    .unwrap();
+    let info = commit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find_map(|a| a.get("commitInfo").cloned())
+        .unwrap();
+    assert_eq!(
+        info["lakefill"]["deletion_vectors"]["uncut"], vectors["uncut"],
+        "the commit metadata says so too: {info}"
     );
     let after: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
     let after = after.as_array().unwrap();

@@ -163,7 +163,7 @@ fn details(report: &RunReport, out: &mut String) {
     if let Some(vectors) = report
         .deletion_vectors
         .as_ref()
-        .filter(|v| v.files_cut > 0 || !v.rewritten.is_empty())
+        .filter(|v| v.files_cut > 0 || !v.rewritten.is_empty() || !v.uncut.is_empty())
     {
         let sum = |f: fn(&lakefill::VectorCounts) -> u64| -> u64 {
             vectors.partitions.values().map(f).sum()
@@ -177,6 +177,14 @@ fn details(report: &RunReport, out: &mut String) {
             sum(|c| c.added),
             vectors.rewritten.len(),
         );
+        if !vectors.uncut.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {} partitions rewritten whole: a column of their old files is not of the table's type, and such files are never cut ({})",
+                vectors.uncut.len(),
+                vectors.uncut.iter().cloned().collect::<Vec<_>>().join(", "),
+            );
+        }
     }
     if let Some(counts) = &report.adjustments {
         let _ = writeln!(

@@ -396,6 +396,10 @@ pub struct BatchVectors {
     /// rows: rewritten, with the counts that decided it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rewritten: BTreeMap<String, VectorCounts>,
+    /// The partitions the target would take by vectors whose old files cannot be cut (a column
+    /// of an old file is not of the table's type, as Spark's INT96 timestamps): rewritten whole.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub uncut: BTreeSet<String>,
 }
 
 /// How a run published by deletion vectors, as its report and commit metadata say.
@@ -406,6 +410,10 @@ pub struct VectorSummary {
     /// The partitions rewritten because the fix changes too much of them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rewritten: BTreeMap<String, VectorCounts>,
+    /// The partitions rewritten because their old files cannot be cut (see
+    /// [`BatchVectors::uncut`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub uncut: BTreeSet<String>,
     /// Old files given a deletion vector (not rewritten).
     pub files_cut: usize,
 }
@@ -595,6 +603,7 @@ impl Journal {
             let summary = summary.get_or_insert_with(VectorSummary::default);
             summary.partitions.extend(vectors.partitions.clone());
             summary.rewritten.extend(vectors.rewritten.clone());
+            summary.uncut.extend(vectors.uncut.iter().cloned());
             summary.files_cut += vectors.cut.len();
         }
         summary

@@ -772,6 +772,8 @@ struct Staging<'a> {
     /// With deletion vectors, each partition's old rows (`None`: it cannot be cut, and is
     /// rewritten).
     old: BTreeMap<Vec<Option<String>>, Option<vectors::OldPartition>>,
+    /// With deletion vectors, the labels of the partitions that cannot be cut.
+    uncut: BTreeSet<String>,
     /// With deletion vectors, where the old rows read go for validation ([`Hashing::old`]).
     old_capture: Option<CaptureWriter>,
     /// With deletion vectors and `--where`, the checksum of the old rows it does not select
@@ -829,6 +831,7 @@ impl<'a> Staging<'a> {
             closed: Vec::new(),
             rolled: BTreeSet::new(),
             old: BTreeMap::new(),
+            uncut: BTreeSet::new(),
             old_capture: spec
                 .vectors
                 .as_ref()
@@ -885,6 +888,7 @@ impl<'a> Staging<'a> {
                 return Err(self.cannot_cut(label));
             }
             if old.is_none() {
+                self.uncut.insert(label.to_string());
                 if let Some(capture) = &mut self.old_capture {
                     capture.spoil("a partition's old files were not read whole (it is rewritten)");
                 }
@@ -1120,7 +1124,10 @@ impl<'a> Staging<'a> {
         let Some(plan) = self.spec.vectors.clone() else {
             return Ok((None, written_apart));
         };
-        let mut record = lakefill_log::journal::BatchVectors::default();
+        let mut record = lakefill_log::journal::BatchVectors {
+            uncut: std::mem::take(&mut self.uncut),
+            ..Default::default()
+        };
         let mut cuts = Vec::new();
         let unvisited = self.unvisited(&plan).await?;
         let add = |counts: &mut lakefill_log::journal::VectorCounts,
@@ -1205,7 +1212,9 @@ impl<'a> Staging<'a> {
                 record.kept.push(add);
             }
         }
-        let any = !record.partitions.is_empty() || !record.rewritten.is_empty();
+        let any = !record.partitions.is_empty()
+            || !record.rewritten.is_empty()
+            || !record.uncut.is_empty();
         Ok((any.then_some(record), written_apart))
     }
 
