@@ -1029,3 +1029,75 @@ fn a_writer_that_wins_the_race_for_the_version_is_read_before_lakefill_commits()
         );
     }
 }
+
+/// A table mapped by column name that takes deletion vectors (as Databricks makes them) takes a
+/// small fix by vectors: its old files, whose columns have physical names (one renamed and one
+/// dropped since they were written, a struct's fields too), are read by those names, the rows
+/// the fix changes are deleted in place, and python `deltalake` reads the fix. The commit keys
+/// the cut files' partition values and statistics by physical name; a revert gives back the
+/// rows before.
+#[test]
+fn a_column_mapped_table_takes_a_small_fix_by_deletion_vectors() {
+    let kind = "name+dv";
+    let table = FeatureTable::make(kind);
+    let before = table.rows(None);
+    let meta = table.meta();
+    // One row of each day's four changes: a quarter of the partition's rows, cut.
+    let columns = fix_columns(&meta).replace(
+        "amount_cents + 1 AS amount_cents",
+        "CASE WHEN event_id % 4 = 1 THEN amount_cents + 1 ELSE amount_cents END AS amount_cents",
+    );
+    table.model("fix", &columns, "");
+    let report = table.backfill("fix");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"]
+        .as_object()
+        .unwrap_or_else(|| panic!("not by vectors: {report:#}"))
+        .keys()
+        .collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    let expected = Value::Array(
+        before
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                let mut row = row.clone();
+                if row["event_date"].as_str().unwrap() <= "2026-01-02"
+                    && row["event_id"].as_i64().unwrap() % 4 == 1
+                {
+                    row["amount_cents"] = json!(row["amount_cents"].as_i64().unwrap() + 1);
+                }
+                row
+            })
+            .collect(),
+    );
+    assert_ne!(expected, before);
+    assert_eq!(table.rows(None), expected, "python deltalake");
+    let published = report["published_version"].as_u64().unwrap();
+    let actions = commit_actions(&table, published);
+    let (cut, written): (Vec<&Value>, Vec<&Value>) = actions
+        .iter()
+        .filter_map(|a| a.get("add"))
+        .partition(|a| a["deletionVector"].is_object());
+    assert!(!cut.is_empty() && !written.is_empty(), "{actions:?}");
+    check_mapped_files(kind, &table, &meta, &written);
+    // A cut file keeps its partition values as the log had them (by physical name).
+    for add in cut {
+        let remove = actions
+            .iter()
+            .filter_map(|a| a.get("remove"))
+            .find(|r| r["path"] == add["path"])
+            .unwrap_or_else(|| panic!("the cut file's remove: {actions:?}"));
+        assert_eq!(add["partitionValues"], remove["partitionValues"], "{add}");
+    }
+    let after = table.meta();
+    for part in ["protocol", "configuration", "schema", "partitionColumns"] {
+        assert_eq!(after[part], meta[part], "{part}");
+    }
+
+    let run_id = report["run_id"].as_str().unwrap();
+    let revert = json_ok(&table.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(revert["state"], "published", "{revert}");
+    assert_eq!(table.rows(None), before, "reverted");
+}

@@ -467,6 +467,15 @@ fn physical_type(data_type: &DataType, mapped: &[MappedField]) -> DataType {
     }
 }
 
+/// `column` with the type `to`, which differs from its own only in the names (and metadata) of
+/// nested fields: the same buffers. An old file's nested column read as the table's.
+pub fn renamed(
+    column: &deltalake::arrow::array::ArrayRef,
+    to: &DataType,
+) -> Result<deltalake::arrow::array::ArrayRef> {
+    retype(column.to_data(), to).map(make_array)
+}
+
 /// `data` with the type `to`, which differs only in the names of nested fields: the same buffers.
 fn retype(data: ArrayData, to: &DataType) -> Result<ArrayData> {
     if data.data_type() == to {

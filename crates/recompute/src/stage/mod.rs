@@ -609,6 +609,14 @@ impl Columns {
         Ok(columns)
     }
 
+    /// The file columns as deletion vectors read old files: by the names the files give them.
+    pub(crate) fn old(&self) -> vectors::OldColumns {
+        vectors::OldColumns {
+            table: Arc::clone(&self.file_schema),
+            files: Arc::clone(&self.physical_schema),
+        }
+    }
+
     /// The partition columns of `layout` and the file columns of `target_schema` (also what the
     /// change feed's files are written by), without a time column.
     pub(crate) fn split(
@@ -875,7 +883,7 @@ impl<'a> Staging<'a> {
                 label.to_string(),
                 candidates,
                 (&self.spec.layout.partition_columns, &typed),
-                &self.columns.file_schema,
+                &self.columns.old(),
                 (plan.rows.as_ref(), self.changed_key.as_deref()),
                 self.old_capture.as_mut(),
             )
@@ -1161,13 +1169,10 @@ impl<'a> Staging<'a> {
                     Error::Internal("a partition's old rows without its values".into())
                 })?;
                 let label = old.label.clone();
-                let (store, schema) = (
-                    Arc::clone(&self.store),
-                    Arc::clone(&self.columns.file_schema),
-                );
+                let (store, columns) = (Arc::clone(&self.store), self.columns.old());
                 for (file, deleted) in old.rewritten() {
                     let mut rows =
-                        std::pin::pin!(vectors::kept_rows(&store, &file, deleted, &schema).await?);
+                        std::pin::pin!(vectors::kept_rows(&store, &file, deleted, &columns).await?);
                     while let Some(rows) = rows.next().await {
                         let rows = rows?;
                         if rows.num_rows() > 0 {
@@ -1269,7 +1274,7 @@ impl<'a> Staging<'a> {
                 label.clone(),
                 &files,
                 (columns, &values),
-                &self.columns.file_schema,
+                &self.columns.old(),
                 (Some(rows), self.changed_key.as_deref()),
                 self.old_capture.as_mut(),
             )

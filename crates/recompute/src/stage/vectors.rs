@@ -69,8 +69,9 @@ impl VectorPlan {
     /// The plan of `plan`'s run, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
     /// a cascade's node; not a revert or adjustments), of a table partitioned by time (not by
-    /// rows), without column mapping, a model reading its own past, or a feature whose commits
-    /// lakefill writes itself. A cascade's child reads such a node's new rows as validation
+    /// rows), without column mapping by id (by name, old files are read by the physical names),
+    /// a model reading its own past, or a feature whose commits lakefill writes itself. A
+    /// cascade's child reads such a node's new rows as validation
     /// does: its kept files through their new vectors, and its staged files
     /// ([`lakefill_log::journal::Journal::new_row_files`]). Otherwise it rewrites, as it always
     /// has. (A change data feed is computed from the sides as validation reads them, whichever
@@ -98,7 +99,7 @@ impl VectorPlan {
             && plan.kind.revert_of().is_none()
             && !layout.partition_columns.is_empty()
             && !layout.by_rows
-            && report.protocol.mapping.is_none()
+            && report.protocol.mapping.mode != lakefill_table::mapping::MappingMode::Id
             && !report.reads_own_past
             && lakefill_log::writer::delta_rs_commits(&plan.target);
         if !eligible {
@@ -109,6 +110,7 @@ impl VectorPlan {
             .rows
             .is_some()
             .then(|| report.affected_files.iter().map(String::as_str).collect());
+        let mapping = &report.protocol.mapping;
         let mut files: BTreeMap<String, Vec<Add>> = BTreeMap::new();
         for file in snapshot.log_data().iter() {
             if affected
@@ -117,12 +119,17 @@ impl VectorPlan {
             {
                 continue;
             }
-            if let Some(label) = layout.label_in(range, &file.partition_values_map()) {
+            let values = mapping.logical_values(file.partition_values_map());
+            if let Some(label) = layout.label_in(range, &values) {
                 #[expect(
                     deprecated,
                     reason = "a kept file is published with the log's own add entry"
                 )]
-                files.entry(label).or_default().push(file.add_action());
+                let mut add = file.add_action();
+                // Its partition values by logical name, as the journal keeps them (the publish
+                // names them physically again).
+                add.partition_values = mapping.logical_values(add.partition_values);
+                files.entry(label).or_default().push(add);
             }
         }
         Ok(Some(Arc::new(Self {
@@ -224,7 +231,8 @@ fn key_hashes(batch: &RecordBatch, key: &[usize]) -> Result<Vec<u64>> {
 
 /// Whether `file_type` (an old file's column) holds the values of `table_type` as they are: the
 /// same type, up to the flavour of strings and binaries, a dictionary's encoding, and the
-/// spelling of a UTC time zone.
+/// spelling of a UTC time zone; a nested type, up to its fields' metadata and nullability (see
+/// [`same_nesting`]). `table_type` names nested fields as the files do (column mapping).
 fn same_values(file_type: &DataType, table_type: &DataType) -> bool {
     use DataType::*;
     fn utc(tz: &Option<Arc<str>>) -> Option<&str> {
@@ -241,11 +249,45 @@ fn same_values(file_type: &DataType, table_type: &DataType) -> bool {
         (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
         (Binary | LargeBinary | BinaryView, Binary | LargeBinary | BinaryView) => true,
         (Timestamp(a, tz_a), Timestamp(b, tz_b)) => a == b && utc(tz_a) == utc(tz_b),
+        (a, b) if a.is_nested() => same_nesting(a, b),
         (a, b) => a == b,
     }
 }
 
-/// One old file's rows, batch by batch in file order, as the table's `file_schema` types them.
+/// Whether the nested `file_type` is `table_type` up to the metadata and nullability of its
+/// fields (a writer's field ids, a list's element name): the same fields by name, in order, of
+/// exactly the same types inside. Such a column is the table's by renaming alone (the same
+/// buffers, [`lakefill_table::mapping::renamed`]); any other difference is not cut.
+fn same_nesting(file_type: &DataType, table_type: &DataType) -> bool {
+    use DataType::*;
+    match (file_type, table_type) {
+        (Struct(a), Struct(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b.iter()).all(|(a, b)| {
+                    a.name() == b.name() && same_nesting(a.data_type(), b.data_type())
+                })
+        }
+        (List(a), List(b)) | (LargeList(a), LargeList(b)) => {
+            same_nesting(a.data_type(), b.data_type())
+        }
+        (Map(a, sorted_a), Map(b, sorted_b)) => {
+            sorted_a == sorted_b && same_nesting(a.data_type(), b.data_type())
+        }
+        (a, b) => a == b,
+    }
+}
+
+/// The table's file columns (`table`), and the same columns as the files name them (`files`:
+/// [`lakefill_table::mapping::ColumnMapping::physical_schema`]; the same names without column
+/// mapping), field by field: an old file's columns are found by the names of `files`, and read
+/// as `table` types them.
+#[derive(Debug, Clone)]
+pub(crate) struct OldColumns {
+    pub(crate) table: SchemaRef,
+    pub(crate) files: SchemaRef,
+}
+
+/// One old file's rows, batch by batch in file order, for [`as_table`] to type as the table does.
 /// `Ok(None)`: a column of the file is not of the table's type (see [`same_values`]).
 #[expect(
     deprecated,
@@ -255,7 +297,7 @@ fn same_values(file_type: &DataType, table_type: &DataType) -> bool {
 async fn read_old(
     store: &Arc<dyn deltalake::ObjectStore>,
     file: &Add,
-    file_schema: &SchemaRef,
+    columns: &OldColumns,
 ) -> Result<
     Option<ParquetRecordBatchStream<deltalake::parquet::arrow::async_reader::ParquetObjectReader>>,
 > {
@@ -271,7 +313,7 @@ async fn read_old(
         .await
         .map_err(|e| fail(&e))?;
     let schema = Arc::clone(builder.schema());
-    for field in file_schema.fields() {
+    for field in columns.files.fields() {
         if let Ok(column) = schema.field_with_name(field.name())
             && !same_values(column.data_type(), field.data_type())
         {
@@ -287,20 +329,27 @@ async fn read_old(
     Ok(Some(stream))
 }
 
-/// `batch` (rows of an old file) with the table's file columns in the table's types; a column
-/// the file lacks (added later) is NULL, as a reader reads it.
-fn as_table(batch: &RecordBatch, file_schema: &SchemaRef) -> Result<RecordBatch> {
-    let columns = file_schema
+/// `batch` (rows of an old file, checked by [`read_old`]) with the table's file columns in the
+/// table's types and names; a column the file lacks (added later) is NULL, as a reader reads it.
+fn as_table(batch: &RecordBatch, columns: &OldColumns) -> Result<RecordBatch> {
+    let typed = columns
+        .table
         .fields()
         .iter()
-        .map(|field| match batch.column_by_name(field.name()) {
-            Some(column) if column.data_type() == field.data_type() => Ok(Arc::clone(column)),
-            Some(column) => cast(column, field.data_type()),
-            None => Ok(new_null_array(field.data_type(), batch.num_rows())),
-        })
-        .collect::<std::result::Result<Vec<ArrayRef>, _>>()
-        .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}")))?;
-    RecordBatch::try_new(Arc::clone(file_schema), columns)
+        .zip(columns.files.fields())
+        .map(
+            |(field, in_files)| match batch.column_by_name(in_files.name()) {
+                Some(column) if column.data_type() == field.data_type() => Ok(Arc::clone(column)),
+                Some(column) if column.data_type().is_nested() => {
+                    lakefill_table::mapping::renamed(column, field.data_type())
+                }
+                Some(column) => cast(column, field.data_type())
+                    .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}"))),
+                None => Ok(new_null_array(field.data_type(), batch.num_rows())),
+            },
+        )
+        .collect::<Result<Vec<ArrayRef>>>()?;
+    RecordBatch::try_new(Arc::clone(&columns.table), typed)
         .map_err(|e| Error::Internal(format!("cannot type an old file's rows: {e}")))
 }
 
@@ -422,13 +471,13 @@ impl OldPartition {
         label: String,
         candidates: &[Add],
         (columns, values): (&[String], &[ScalarValue]),
-        file_schema: &SchemaRef,
+        old_columns: &OldColumns,
         (scope, key): (Option<&RowPredicate>, Option<&[usize]>),
         mut capture: Option<&mut CaptureWriter>,
     ) -> Result<Option<Self>> {
         let selector: Option<RowSelector> = match scope {
             Some(rows) => {
-                let empty = RecordBatch::new_empty(Arc::clone(file_schema));
+                let empty = RecordBatch::new_empty(Arc::clone(&old_columns.table));
                 let whole = with_partition_columns(&empty, (columns, values))?;
                 Some(rows.selector(&whole.schema())?)
             }
@@ -465,7 +514,7 @@ impl OldPartition {
                 file.deletion_vector.as_ref(),
             )
             .await?;
-            let Some(mut stream) = read_old(store, file, file_schema).await? else {
+            let Some(mut stream) = read_old(store, file, old_columns).await? else {
                 return Ok(None);
             };
             let index = u32::try_from(old.files.len()).unwrap_or(u32::MAX);
@@ -477,7 +526,7 @@ impl OldPartition {
                 let batch = batch.map_err(|e| {
                     Error::Internal(format!("cannot read the old file `{}`: {e}", file.path))
                 })?;
-                let batch = as_table(&batch, file_schema)?;
+                let batch = as_table(&batch, old_columns)?;
                 let values_hashed = batch
                     .columns()
                     .iter()
@@ -683,20 +732,20 @@ impl OldPartition {
     }
 }
 
-/// The rows of the old `file` not in `deleted`, as the table's `file_schema` types them.
+/// The rows of the old `file` not in `deleted`, as the table types them.
 pub(crate) async fn kept_rows(
     store: &Arc<dyn deltalake::ObjectStore>,
     file: &Add,
     deleted: RoaringTreemap,
-    file_schema: &SchemaRef,
+    columns: &OldColumns,
 ) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + use<>> {
-    let Some(stream) = read_old(store, file, file_schema).await? else {
+    let Some(stream) = read_old(store, file, columns).await? else {
         return Err(Error::Internal(format!(
             "the old file `{}` changed types while it was read",
             file.path
         )));
     };
-    let (path, schema) = (file.path.clone(), Arc::clone(file_schema));
+    let (path, columns) = (file.path.clone(), columns.clone());
     let mut position = 0u64;
     Ok(stream
         .map_err(move |e| Error::Internal(format!("cannot read the old file `{path}`: {e}")))
@@ -705,7 +754,7 @@ pub(crate) async fn kept_rows(
                 .map(|p| Some(!deleted.contains(p)))
                 .collect();
             position += batch.num_rows() as u64;
-            let kept = as_table(&batch, &schema).and_then(|batch| {
+            let kept = as_table(&batch, &columns).and_then(|batch| {
                 filter_record_batch(&batch, &keep)
                     .map_err(|e| Error::Internal(format!("cannot select the rows kept: {e}")))
             });
@@ -748,5 +797,55 @@ mod tests {
             &DataType::LargeUtf8
         ));
         assert!(!same_values(&DataType::Int32, &DataType::Int64));
+    }
+
+    /// A nested column is the table's when only its fields' metadata (a writer's field ids) and
+    /// nullability differ; a field named otherwise, or of another flavour inside, is not.
+    #[test]
+    fn nested_values_are_alike_up_to_metadata_and_nullability() {
+        use std::collections::HashMap;
+        let field = |name: &str, data_type: DataType, nullable: bool, id: Option<&str>| {
+            let field = Field::new(name, data_type, nullable);
+            match id {
+                Some(id) => field.with_metadata(HashMap::from([(
+                    "PARQUET:field_id".to_string(),
+                    id.to_string(),
+                )])),
+                None => field,
+            }
+        };
+        let point = |x: &str, tag: DataType, nullable: bool, id: Option<&str>| {
+            DataType::Struct(
+                vec![
+                    field(x, DataType::Int64, nullable, id),
+                    field("col-tag", tag, true, None),
+                ]
+                .into(),
+            )
+        };
+        let table = point("col-x", DataType::Utf8, true, None);
+        assert!(same_values(
+            &point("col-x", DataType::Utf8, false, Some("7")),
+            &table
+        ));
+        assert!(!same_values(
+            &point("x", DataType::Utf8, true, None),
+            &table
+        ));
+        assert!(!same_values(
+            &point("col-x", DataType::LargeUtf8, true, None),
+            &table
+        ));
+        let list = |element: &str, inner: DataType| {
+            DataType::List(Arc::new(Field::new(element, inner, true)))
+        };
+        assert!(same_values(
+            &list("element", table.clone()),
+            &list("item", table.clone())
+        ));
+        assert!(!same_values(
+            &list("element", DataType::Int32),
+            &list("element", DataType::Int64)
+        ));
     }
 }
