@@ -1030,15 +1030,20 @@ fn a_writer_that_wins_the_race_for_the_version_is_read_before_lakefill_commits()
     }
 }
 
-/// A table mapped by column name that takes deletion vectors (as Databricks makes them) takes a
-/// small fix by vectors: its old files, whose columns have physical names (one renamed and one
-/// dropped since they were written, a struct's fields too), are read by those names, the rows
-/// the fix changes are deleted in place, and python `deltalake` reads the fix. The commit keys
-/// the cut files' partition values and statistics by physical name; a revert gives back the
-/// rows before.
+/// A column-mapped table (mode name, then mode id) that takes deletion vectors (as Databricks
+/// makes them) takes a small fix by vectors: its old files, whose columns have physical names
+/// (and field ids; one renamed and one dropped since they were written, a struct's fields too),
+/// are read by those names, the rows the fix changes are deleted in place, and python
+/// `deltalake` reads the fix. The commit keys the cut files' partition values and statistics by
+/// physical name; a revert gives back the rows before.
 #[test]
-fn a_column_mapped_table_takes_a_small_fix_by_deletion_vectors() {
-    let kind = "name+dv";
+fn column_mapped_tables_take_a_small_fix_by_deletion_vectors() {
+    for kind in ["name+dv", "id+dv"] {
+        small_fix_by_vectors(kind);
+    }
+}
+
+fn small_fix_by_vectors(kind: &str) {
     let table = FeatureTable::make(kind);
     let before = table.rows(None);
     let meta = table.meta();
@@ -1052,10 +1057,10 @@ fn a_column_mapped_table_takes_a_small_fix_by_deletion_vectors() {
     let vectors = &report["deletion_vectors"];
     let cut: Vec<&String> = vectors["partitions"]
         .as_object()
-        .unwrap_or_else(|| panic!("not by vectors: {report:#}"))
+        .unwrap_or_else(|| panic!("{kind} not by vectors: {report:#}"))
         .keys()
         .collect();
-    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{kind}: {vectors}");
     let expected = Value::Array(
         before
             .as_array()
@@ -1073,7 +1078,7 @@ fn a_column_mapped_table_takes_a_small_fix_by_deletion_vectors() {
             .collect(),
     );
     assert_ne!(expected, before);
-    assert_eq!(table.rows(None), expected, "python deltalake");
+    assert_eq!(table.rows(None), expected, "{kind}: python deltalake");
     let published = report["published_version"].as_u64().unwrap();
     let actions = commit_actions(&table, published);
     let (cut, written): (Vec<&Value>, Vec<&Value>) = actions
@@ -1093,11 +1098,11 @@ fn a_column_mapped_table_takes_a_small_fix_by_deletion_vectors() {
     }
     let after = table.meta();
     for part in ["protocol", "configuration", "schema", "partitionColumns"] {
-        assert_eq!(after[part], meta[part], "{part}");
+        assert_eq!(after[part], meta[part], "{kind}: {part}");
     }
 
     let run_id = report["run_id"].as_str().unwrap();
     let revert = json_ok(&table.run(&["revert", run_id, "--output-format", "json"]));
     assert_eq!(revert["state"], "published", "{revert}");
-    assert_eq!(table.rows(None), before, "reverted");
+    assert_eq!(table.rows(None), before, "{kind}: reverted");
 }

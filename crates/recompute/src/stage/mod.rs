@@ -586,6 +586,8 @@ pub(crate) struct Columns {
     pub(crate) file_schema: SchemaRef,
     /// The file columns as the files name them (column mapping).
     pub(crate) physical_schema: SchemaRef,
+    /// Column mapping by id (readers find the files' columns by field id).
+    by_id: bool,
     pub(crate) converter: RowConverter,
     time: Option<usize>,
 }
@@ -614,6 +616,7 @@ impl Columns {
         vectors::OldColumns {
             table: Arc::clone(&self.file_schema),
             files: Arc::clone(&self.physical_schema),
+            by_id: self.by_id,
         }
     }
 
@@ -658,6 +661,7 @@ impl Columns {
             file,
             file_schema,
             physical_schema,
+            by_id: mapping.mode == lakefill_table::mapping::MappingMode::Id,
             converter,
             time: None,
         })

@@ -69,9 +69,9 @@ impl VectorPlan {
     /// The plan of `plan`'s run, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
     /// a cascade's node; not a revert or adjustments), of a table partitioned by time (not by
-    /// rows), without column mapping by id (by name, old files are read by the physical names),
-    /// a model reading its own past, or a feature whose commits lakefill writes itself. A
-    /// cascade's child reads such a node's new rows as validation
+    /// rows), not a model reading its own past, nor a feature whose commits lakefill writes
+    /// itself (with column mapping, old files are read by the physical names). A cascade's
+    /// child reads such a node's new rows as validation
     /// does: its kept files through their new vectors, and its staged files
     /// ([`lakefill_log::journal::Journal::new_row_files`]). Otherwise it rewrites, as it always
     /// has. (A change data feed is computed from the sides as validation reads them, whichever
@@ -99,7 +99,6 @@ impl VectorPlan {
             && plan.kind.revert_of().is_none()
             && !layout.partition_columns.is_empty()
             && !layout.by_rows
-            && report.protocol.mapping.mode != lakefill_table::mapping::MappingMode::Id
             && !report.reads_own_past
             && lakefill_log::writer::delta_rs_commits(&plan.target);
         if !eligible {
@@ -285,6 +284,30 @@ fn same_nesting(file_type: &DataType, table_type: &DataType) -> bool {
 pub(crate) struct OldColumns {
     pub(crate) table: SchemaRef,
     pub(crate) files: SchemaRef,
+    /// Column mapping by id: readers find a file's columns by their field ids, so a file whose
+    /// column of a field's id has another name than the field's physical one (or whose column
+    /// of that name has another id) is not cut.
+    pub(crate) by_id: bool,
+}
+
+/// Whether `file`'s column of `field` (as [`OldColumns::files`] names it, with its field id in
+/// its metadata) is the one of its name: the same column found by id and by name, or neither.
+fn same_column(file: &Schema, field: &Field) -> bool {
+    let id = |f: &Field| {
+        f.metadata()
+            .get(lakefill_table::mapping::PARQUET_FIELD_ID)
+            .cloned()
+    };
+    let wanted = id(field);
+    let by_id = file
+        .fields()
+        .iter()
+        .find(|f| wanted.is_some() && id(f) == wanted);
+    match (file.field_with_name(field.name()).ok(), by_id) {
+        (None, None) => true,
+        (Some(named), Some(by_id)) => named.name() == by_id.name(),
+        _ => false,
+    }
 }
 
 /// One old file's rows, batch by batch in file order, for [`as_table`] to type as the table does.
@@ -314,6 +337,11 @@ async fn read_old(
         .map_err(|e| fail(&e))?;
     let schema = Arc::clone(builder.schema());
     for field in columns.files.fields() {
+        if columns.by_id && !same_column(&schema, field) {
+            tracing::debug!(file = %file.path, column = %field.name(),
+                "an old file's column of this field id is not the one of its name: rewritten");
+            return Ok(None);
+        }
         if let Ok(column) = schema.field_with_name(field.name())
             && !same_values(column.data_type(), field.data_type())
         {
@@ -797,6 +825,29 @@ mod tests {
             &DataType::LargeUtf8
         ));
         assert!(!same_values(&DataType::Int32, &DataType::Int64));
+    }
+
+    /// By column id, a file's column is read by its physical name only when the column of the
+    /// field's id is that one (a column added later is in neither).
+    #[test]
+    fn by_id_the_column_of_a_name_is_the_column_of_its_id() {
+        use std::collections::HashMap;
+        let field = |name: &str, id: &str| {
+            Field::new(name, DataType::Int64, true).with_metadata(HashMap::from([(
+                lakefill_table::mapping::PARQUET_FIELD_ID.to_string(),
+                id.to_string(),
+            )]))
+        };
+        let wanted = field("col-a", "1");
+        let file = |fields: Vec<Field>| Schema::new(fields);
+        assert!(same_column(&file(vec![field("col-a", "1")]), &wanted));
+        assert!(same_column(&file(vec![field("col-b", "2")]), &wanted));
+        assert!(!same_column(&file(vec![field("col-b", "1")]), &wanted));
+        assert!(!same_column(&file(vec![field("col-a", "2")]), &wanted));
+        assert!(!same_column(
+            &file(vec![field("col-a", "2"), field("col-b", "1")]),
+            &wanted
+        ));
     }
 
     /// A nested column is the table's when only its fields' metadata (a writer's field ids) and
