@@ -6,6 +6,18 @@ use serde_json::Value;
 
 use crate::support::{json_ok, run_in, stdout};
 
+/// The fix of the Spark tables' model `scd` over their three days, reported as JSON.
+const SCD_FIX: [&str; 8] = [
+    "backfill",
+    "scd",
+    "--from",
+    "2026-01-01",
+    "--to",
+    "2026-01-03",
+    "--output-format",
+    "json",
+];
+
 fn spark(args: &[&str]) -> String {
     crate::support::python_script("spark_tables.py", args)
 }
@@ -42,19 +54,7 @@ fn issue_32_spark_int96_timestamps_keep_their_values() {
         "{text}"
     );
 
-    let report = json_ok(&run_in(
-        dir.path(),
-        &[
-            "backfill",
-            "scd",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-03",
-            "--output-format",
-            "json",
-        ],
-    ));
+    let report = json_ok(&run_in(dir.path(), &SCD_FIX));
     assert_eq!(report["state"], "published", "{report}");
     // Every row changed its name, and nothing else.
     assert_eq!(
@@ -104,16 +104,7 @@ fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
     let log = || crate::support::files_under(&dir.path().join("lake/scd/_delta_log"));
     let log_before = log();
     let backfill = |extra: &[&str]| {
-        let mut args = vec![
-            "backfill",
-            "scd",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-03",
-            "--output-format",
-            "json",
-        ];
+        let mut args = SCD_FIX.to_vec();
         args.extend_from_slice(extra);
         run_in(dir.path(), &args)
     };
