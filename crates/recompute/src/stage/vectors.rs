@@ -70,12 +70,11 @@ impl VectorPlan {
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
     /// a cascade's node; not a revert or adjustments), of a table partitioned by time (not by
     /// rows), not a model reading its own past, nor a feature whose commits lakefill writes
-    /// itself (with column mapping, old files are read by the physical names). A cascade's
-    /// child reads such a node's new rows as validation
-    /// does: its kept files through their new vectors, and its staged files
-    /// ([`lakefill_log::journal::Journal::new_row_files`]). Otherwise it rewrites, as it always
-    /// has. (A change data feed is computed from the sides as validation reads them, whichever
-    /// way the run publishes.)
+    /// itself (with column mapping, old files are read by the physical names). A cascade's child
+    /// reads such a node's new rows as validation does: its kept files through their new
+    /// vectors, and its staged files ([`lakefill_log::journal::Journal::new_row_files`]).
+    /// Otherwise it rewrites, as it always has. (A change data feed is computed from the sides as
+    /// validation reads them, whichever way the run publishes.)
     pub fn of(plan: &crate::plan::BackfillPlan) -> Result<Option<Arc<Self>>> {
         let report = &plan.report;
         let (layout, range) = (&report.layout, &report.range);
