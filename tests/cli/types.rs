@@ -61,18 +61,8 @@ fn issue_32_spark_int96_timestamps_keep_their_values() {
         report["validation"]["comparison"]["totals"]["changed"], 12,
         "{report}"
     );
-    let after: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
-    let after = after.as_array().unwrap();
-    assert_eq!(after.len(), 12);
-    for (old, new) in before.as_array().unwrap().iter().zip(after) {
-        assert_eq!(new["id"], old["id"]);
-        assert_eq!(new["valid_from"], old["valid_from"], "{new}");
-        assert_eq!(new["valid_to"], old["valid_to"], "{new}");
-        assert_eq!(
-            new["name"],
-            old["name"].as_str().unwrap().to_uppercase(),
-            "{new}"
-        );
+    let after = uppercased(&before, table);
+    for new in &after {
         // lakefill writes microseconds as INT64, as Delta's own writers do.
         assert_eq!(new["physical"], "INT64");
     }
@@ -149,14 +139,20 @@ fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
         info["lakefill"]["deletion_vectors"]["uncut"], vectors["uncut"],
         "the commit metadata says so too: {info}"
     );
+    uppercased(&before, table);
+}
+
+/// The rows of the Spark table `table` now (pyarrow on its live files): each row of `before`
+/// once, in order, with its name uppercased and its timestamps exact.
+fn uppercased(before: &Value, table: &str) -> Vec<Value> {
     let after: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
-    let after = after.as_array().unwrap();
+    let after = after.as_array().unwrap().clone();
     assert_eq!(
         after.len(),
         12,
         "every row once, no old file kept: {after:?}"
     );
-    for (old, new) in before.as_array().unwrap().iter().zip(after) {
+    for (old, new) in before.as_array().unwrap().iter().zip(&after) {
         assert_eq!(new["id"], old["id"]);
         assert_eq!(new["valid_from"], old["valid_from"], "{new}");
         assert_eq!(new["valid_to"], old["valid_to"], "{new}");
@@ -166,6 +162,7 @@ fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
             "{new}"
         );
     }
+    after
 }
 
 fn nested(args: &[&str]) -> Value {
