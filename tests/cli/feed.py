@@ -5,6 +5,10 @@
                                             # declares `key = ["event_id"]` or no key)
     python3 feed.py bump DIR DAY            # writes `sql/events/v2.sql`: v1, with `amount + 1`
                                             # for the events of UTC date DAY only
+    python3 feed.py reshape DIR             # writes `sql/events/v4.sql`: v1 without the events
+                                            # whose id is 3 mod 7, with `amount + 1` for those
+                                            # whose id is 0 mod 5, and with a copy of those whose
+                                            # id is 4 mod 11 under a new id (+ 10,000,000)
     python3 feed.py feed DIR VERSION        # the change feed of VERSION as python `deltalake`'s
                                             # `load_cdf` reads it: sorted rows
                                             # [event_id, country, amount, event_date, change]
@@ -70,6 +74,24 @@ def bump(directory, day):
     )
     assert v2 != v1
     open(os.path.join(directory, "sql", "events", "v2.sql"), "w").write(v2)
+
+
+def reshape(directory):
+    v1 = open(os.path.join(directory, "sql", "events", "v1.sql")).read()
+    head, select = v1.split("*/", 1)
+    assert "WHERE CAST(ts AS DATE) BETWEEN $start AND $end" in select
+    window = "CAST(ts AS DATE) BETWEEN $start AND $end"
+    body = f"""
+SELECT event_id, country, CASE WHEN event_id % 5 = 0 THEN amount + 1 ELSE amount END AS amount,
+       ts, CAST(ts AS DATE) AS event_date
+FROM raw
+WHERE {window} AND event_id % 7 <> 3
+UNION ALL
+SELECT event_id + 10000000 AS event_id, country, amount, ts, CAST(ts AS DATE) AS event_date
+FROM raw
+WHERE {window} AND event_id % 11 = 4
+"""
+    open(os.path.join(directory, "sql", "events", "v4.sql"), "w").write(head + "*/" + body)
 
 
 def feed(directory, version):
@@ -196,6 +218,8 @@ def main():
         make(directory, sys.argv[3], sys.argv[4])
     elif command == "bump":
         bump(directory, sys.argv[3])
+    elif command == "reshape":
+        reshape(directory)
     elif command == "feed":
         print(json.dumps(feed(directory, int(sys.argv[3]))))
     elif command == "expect":

@@ -198,6 +198,26 @@ fn a_fix_feeds_exactly_the_rows_it_changes_and_nothing_for_partitions_it_leaves_
                 .exists(),
             "{keyed}"
         );
+
+        // v4 removes events, adds others and changes amounts: every kind of change at once.
+        python(&["reshape", path.to_str().unwrap()]);
+        let report = backfill(path, &[&range[..], &["--model-version", "v4"]].concat());
+        assert_eq!(report["published_version"], 3, "{keyed}: {report}");
+        let (got, expected) = feed_and_expected(path, 3, keyed);
+        assert_eq!(
+            got, expected,
+            "{keyed}: the feed is the diff of versions 2 and 3"
+        );
+        assert_eq!(reported(&report), counts(&got), "{keyed}");
+        let kinds: Vec<&str> = match keyed {
+            "key" => vec!["delete", "insert", "update_postimage", "update_preimage"],
+            _ => vec!["delete", "insert"],
+        };
+        assert_eq!(
+            counts(&got).keys().map(String::as_str).collect::<Vec<_>>(),
+            kinds,
+            "{keyed}"
+        );
     }
 }
 

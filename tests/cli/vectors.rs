@@ -655,7 +655,7 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     let published = report["published_version"].as_u64().unwrap();
     let (feed, expected) = feed_and_expected(&lake, published);
     assert_eq!(feed, expected, "python deltalake's load_cdf");
-    // Only the rows of the keys staging found changed were compared: exactly the keys of the
+    // Only the rows of the keys validation found changed were read: exactly the keys of the
     // independent feed, none more.
     let changed: std::collections::BTreeSet<i64> = expected
         .as_array()
@@ -664,7 +664,7 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
         .map(|row| row[0].as_i64().unwrap())
         .collect();
     let said = format!(
-        "the feed compares the keys staging found changed keys={}",
+        "the feed takes the changed keys validation found keys={}",
         changed.len()
     );
     assert!(stderr(&out).contains(&said), "{said}\n{}", stderr(&out));
@@ -696,7 +696,8 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     assert_eq!(feed, expected, "the revert's feed");
     assert!(!feed.as_array().unwrap().is_empty());
 
-    // Resumed after staging, the run's staging is another process's: every key is compared.
+    // Resumed after staging, the run's staging is another process's, its validation this
+    // one's: the feed takes the keys validation found.
     let mut scoped = BACKFILL.to_vec();
     scoped.extend(["--where", "country = 'DE'", "-v"]);
     let out = crate::support::lakefill_command(lake.path())
@@ -709,7 +710,7 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     let report = json_ok(&out);
     assert_eq!(report["outcome"], "published", "{report}");
     assert!(
-        stderr(&out).contains("the feed compares every key"),
+        stderr(&out).contains("the feed takes the changed keys validation found"),
         "{}",
         stderr(&out)
     );

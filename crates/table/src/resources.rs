@@ -74,6 +74,13 @@ impl Resources {
         }
     }
 
+    /// The memory pool of the shared runtime (what `--memory-limit` bounds).
+    pub fn memory_pool(
+        &self,
+    ) -> Arc<dyn deltalake::datafusion::execution::memory_pool::MemoryPool> {
+        Arc::clone(&self.runtime.memory_pool)
+    }
+
     /// The disk manager of the shared runtime (its spill files).
     pub fn disk_manager(&self) -> Arc<deltalake::datafusion::execution::disk_manager::DiskManager> {
         Arc::clone(&self.runtime.disk_manager)

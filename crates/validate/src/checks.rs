@@ -34,6 +34,8 @@ pub struct Known {
     pub old_captured: Option<std::sync::Arc<super::keymerge::Capture>>,
     /// The keys around the range, for the key merge to look up (see [`super::edges`]).
     pub edges: Option<std::sync::Arc<super::edges::EdgeProbe>>,
+    /// Where the key merge records how each changed key changed, for the change data feed.
+    pub changes: Option<std::sync::Arc<super::keymerge::KeyChanges>>,
     /// The table whose rows the commit appends, which the table's own rules must hold for:
     /// `output`, or with adjustments `adjustments` (#33).
     pub appended: &'static str,
@@ -57,6 +59,7 @@ pub async fn validate(
         sample,
         checksum_columns: Some(checksum_columns),
         edges: known.edges.clone(),
+        changes: known.changes.clone(),
     };
     // The old side is scanned but where its logged checksums settle a partition (its files' own,
     // never of a file with a deletion vector): its counts then honour deletion vectors, which

@@ -299,6 +299,9 @@ async fn compare_sides(
         let merged = match fused_diff {
             Some(diff) => diff,
             None => {
+                if let Some(changes) = &spec.changes {
+                    changes.start(labels.clone());
+                }
                 merge_diff(
                     ctx,
                     spec,
@@ -317,6 +320,9 @@ async fn compare_sides(
                 diff
             }
             None => {
+                if let Some(changes) = &spec.changes {
+                    changes.give_up();
+                }
                 let (old_rows, new_rows) = differing_views(ctx, differing).await?;
                 row_diff(ctx, spec, &old_rows, &new_rows).await?
             }
@@ -834,6 +840,7 @@ mod tests {
             sample: 4,
             checksum_columns: Some(vec!["id".into(), "s".into(), "v".into()]),
             edges: None,
+            changes: None,
         }
     }
 

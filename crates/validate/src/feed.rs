@@ -22,7 +22,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use deltalake::arrow::array::{AsArray, BooleanArray, RecordBatch};
+use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StringArray};
 use deltalake::arrow::datatypes::{DataType, Schema, UInt64Type};
 use deltalake::datafusion::catalog::TableProvider;
 use deltalake::datafusion::common::{DataFusionError, Result as DfResult};
@@ -36,6 +36,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
+use crate::keymerge::{ChangedKeys, KeyChange};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::{key_hash_sql, row_hash_sql};
 use lakefill_table::sqltext::{cast_sql, ident};
@@ -90,19 +91,22 @@ impl FeedCounts {
 /// `key`: the columns identifying a row (none: whole rows). `among`, with a key: the first half
 /// of the key hash ([`lakefill_table::rowhash::key_hash_sql`]) of every key whose rows may differ
 /// (others too, harmlessly); only the rows of those keys, and those with a NULL key column, are
-/// compared. The session must have the hash functions registered.
+/// compared. `found`, with a key: how each key of the sides changed, as the key merge found it
+/// comparing exactly these sides ([`ChangedKeys`]): each side is then read once, its rows of
+/// changed keys kept, instead of grouping both by key (`among` is not needed then). The session
+/// must have the hash functions registered.
 pub async fn change_rows(
     ctx: &SessionContext,
     old: &str,
     new: &str,
     key: &[String],
-    among: Option<Arc<HashSet<u64>>>,
+    (among, found): (Option<Arc<HashSet<u64>>>, Option<Arc<ChangedKeys>>),
 ) -> Result<ChangeRows> {
     let limits = Limits {
         filtered_keys: MAX_CHANGED_FILTER,
         held_bytes: MAX_HELD_BYTES,
     };
-    change_rows_within(ctx, (old, new), key, among, limits).await
+    change_rows_within(ctx, (old, new), key, (among, found), limits).await
 }
 
 /// The rows of a change data feed ([`change_rows`]), and the memory that holds what they are
@@ -132,7 +136,7 @@ async fn change_rows_within(
     ctx: &SessionContext,
     (old, new): (&str, &str),
     key: &[String],
-    among: Option<Arc<HashSet<u64>>>,
+    (among, found): (Option<Arc<HashSet<u64>>>, Option<Arc<ChangedKeys>>),
     limits: Limits,
 ) -> Result<ChangeRows> {
     let schema = |table: &str| {
@@ -171,7 +175,8 @@ async fn change_rows_within(
     // With `among`, the rows of a key whose hash is among its own, or with a NULL key column: a
     // key's rows are all in or all out, so what is left out is the same on both sides. A filter
     // as the rows stream by (a join would sort both sides under a memory limit).
-    let among = among.filter(|_| !key.is_empty());
+    let found = found.filter(|_| !key.is_empty());
+    let among = among.filter(|_| !key.is_empty() && found.is_none());
     if let Some(among) = &among {
         ctx.register_udf(ScalarUDF::from(AmongUdf(AMONG, Arc::clone(among))));
     }
@@ -260,6 +265,31 @@ async fn change_rows_within(
     let mut parts = Vec::new();
     let whole_rows = if keys.is_empty() {
         "TRUE".to_string()
+    } else if let Some(found) = &found {
+        // How each key changed is known: each side's rows of changed keys, as they stream by.
+        ctx.register_udf(ScalarUDF::from(ChangeUdf(Arc::clone(found))));
+        let all = columns
+            .iter()
+            .map(|c| ident(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for (table, is_new) in [("__lf_feed_old", false), ("__lf_feed_new", true)] {
+            parts.push(format!(
+                "SELECT {all}, {ct} FROM (SELECT {all}, {CHANGE}({k1}, {k2}, {is_new}) AS {ct} \
+                 FROM {table}) WHERE {ct} IS NOT NULL",
+                ct = ident(CHANGE_TYPE),
+                k1 = key_hash_sql(0, key),
+                k2 = key_hash_sql(1, key),
+            ));
+        }
+        if !found.null_keys() {
+            return ctx
+                .sql(&parts.join(" UNION ALL "))
+                .await
+                .query_context(|| "cannot compute the change feed".into())
+                .map(done);
+        }
+        format!("NOT ({no_null_key})")
     } else {
         // The keys whose rows differ, and how: one aggregation of both sides by key (it spills;
         // no join, which would sort both sides under a memory limit), held in memory.
@@ -485,6 +515,82 @@ async fn changed_key_hashes(
     Ok((rows <= max).then_some(hashes))
 }
 
+/// The SQL name of the [`ChangeUdf`].
+const CHANGE: &str = "__lf_change";
+
+/// `__lf_change(k1, k2, is_new)`: the `_change_type` of a row of the new side (`is_new`) or the
+/// old one whose key hash halves are `k1` and `k2`, as [`ChangedKeys`] tells how the key
+/// changed; NULL for a key that did not change (or a NULL key).
+#[derive(Debug)]
+struct ChangeUdf(Arc<ChangedKeys>);
+
+impl PartialEq for ChangeUdf {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ChangeUdf {}
+
+impl std::hash::Hash for ChangeUdf {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
+impl ScalarUDFImpl for ChangeUdf {
+    fn name(&self) -> &str {
+        CHANGE
+    }
+
+    fn signature(&self) -> &Signature {
+        static SIGNATURE: std::sync::LazyLock<Signature> = std::sync::LazyLock::new(|| {
+            Signature::exact(
+                vec![DataType::UInt64, DataType::UInt64, DataType::Boolean],
+                Volatility::Immutable,
+            )
+        });
+        &SIGNATURE
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let wrong =
+            || DataFusionError::Internal(format!("{CHANGE} takes two UInt64 and a Boolean"));
+        let (Some(k1), Some(k2), Some(is_new)) = (
+            arrays
+                .first()
+                .and_then(|a| a.as_primitive_opt::<UInt64Type>()),
+            arrays
+                .get(1)
+                .and_then(|a| a.as_primitive_opt::<UInt64Type>()),
+            arrays.get(2).and_then(|a| a.as_boolean_opt()),
+        ) else {
+            return Err(wrong());
+        };
+        let change_types: StringArray = (0..k1.len())
+            .map(|row| {
+                if k1.is_null(row) || k2.is_null(row) {
+                    return None;
+                }
+                let change = self.0.change(k1.value(row), k2.value(row))?;
+                match (change, is_new.is_valid(row) && is_new.value(row)) {
+                    (KeyChange::Insert, true) => Some("insert"),
+                    (KeyChange::Update, true) => Some("update_postimage"),
+                    (KeyChange::Delete, false) => Some("delete"),
+                    (KeyChange::Update, false) => Some("update_preimage"),
+                    _ => None,
+                }
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(change_types)))
+    }
+}
+
 /// `<name>(h)`: whether the `UInt64` `h` is one of the set's (NULL is not).
 #[derive(Debug)]
 struct AmongUdf(&'static str, Arc<HashSet<u64>>);
@@ -600,7 +706,7 @@ mod tests {
         among: Option<Arc<HashSet<u64>>>,
         limits: Limits,
     ) -> Vec<String> {
-        let batches = change_rows_within(ctx, ("old", "new"), key, among, limits)
+        let batches = change_rows_within(ctx, ("old", "new"), key, (among, None), limits)
             .await
             .expect("feed")
             .rows
@@ -718,9 +824,15 @@ mod tests {
         let key = ["id".to_string()];
         // The sides' rows of those keys held in memory for both passes.
         let ctx = session();
-        let feed = change_rows_within(&ctx, ("old", "new"), &key, Some(Arc::clone(&among)), LIMITS)
-            .await
-            .expect("feed");
+        let feed = change_rows_within(
+            &ctx,
+            ("old", "new"),
+            &key,
+            (Some(Arc::clone(&among)), None),
+            LIMITS,
+        )
+        .await
+        .expect("feed");
         for side in ["__lf_feed_old", "__lf_feed_new"] {
             let provider = ctx.table_provider(side).await.expect("side");
             assert!(provider.is::<MemTable>(), "{side} is held in memory");

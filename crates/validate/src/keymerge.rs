@@ -34,8 +34,10 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt;
 
 mod capture;
+mod changes;
 
 pub use capture::{Capture, CaptureWriter};
+pub use changes::{ChangedKeys, KeyChange, KeyChanges};
 
 use super::edges::{EdgeProbe, Hit};
 use super::rowdiff::{
@@ -74,6 +76,7 @@ pub async fn merge_diff(
     let Some(columns) = Columns::of(ctx, spec, old, new).await? else {
         return Ok(None);
     };
+    columns.may_record_changes(spec);
     let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
     let captured = captured.filter(|(c, _)| columns.fit(spec, c, buckets));
     let Columns {
@@ -125,6 +128,9 @@ pub async fn merge_diff(
         let mut merge = Merge::new(spec, parts.len());
         merge.run(ctx, &old_sql, new_side, buckets).await?;
         let (counts, sampled, facts) = merge.finish();
+        if let Some(changes) = &spec.changes {
+            changes.finish();
+        }
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
         Ok::<_, Error>((RowDiff { counts, samples }, facts))
     }
@@ -171,6 +177,7 @@ pub async fn merge_diff_whole_old(
     let Some(columns) = Columns::of(ctx, spec, old, new).await? else {
         return Ok(None);
     };
+    let record_changes = columns.records_changes();
     let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
     let captured = captured.filter(|c| columns.fit(spec, c, buckets));
     let old_captured = old_captured.filter(|c| columns.fit_old(spec, c, buckets, checksum_columns));
@@ -247,6 +254,12 @@ pub async fn merge_diff_whole_old(
         Decision::Identical => return Ok(Some((by_text, None))),
         Decision::Diff(differing) => differing,
     };
+    if let Some(changes) = &spec.changes {
+        match record_changes {
+            true => changes.start(differing.as_ref().map(|(_, labels)| labels.clone())),
+            false => changes.give_up(),
+        }
+    }
     let keep: Option<Arc<Vec<bool>>> = differing.as_ref().map(|(_, labels)| {
         Arc::new(
             merge
@@ -298,6 +311,9 @@ pub async fn merge_diff_whole_old(
             .run_new(ctx, old_rows, new_side, buckets, keep, started, old_ms)
             .await?;
         let (counts, sampled, facts) = merge.finish();
+        if let Some(changes) = &spec.changes {
+            changes.finish();
+        }
         let samples = read_back(ctx, spec, &common, &hash, old, new, &parts, sampled).await?;
         Ok::<_, Error>((RowDiff { counts, samples }, facts))
     }
@@ -370,6 +386,37 @@ impl Columns {
             old_schema,
             new_schema,
         }))
+    }
+
+    /// Whether the merge tells each changed key as the change data feed does: the row hash
+    /// covers every column of the new side (but the key), each of the old side's type (in
+    /// another Arrow flavour, `Utf8View` or a dictionary, which hash alike).
+    fn records_changes(&self) -> bool {
+        let differing = self.new_schema.fields().iter().find(|field| {
+            !self
+                .old_schema
+                .field_with_name(field.name())
+                .is_ok_and(|old| {
+                    key_type_class(old.data_type()) == key_type_class(field.data_type())
+                })
+        });
+        if let Some(field) = differing {
+            tracing::debug!(
+                column = field.name().as_str(),
+                "the sides differ in a column: the merge does not record the changed keys"
+            );
+        }
+        differing.is_none()
+    }
+
+    /// Gives up the changes `spec` records (started by the caller) if the merge cannot tell
+    /// them ([`Self::records_changes`]).
+    fn may_record_changes(&self, spec: &CompareSpec) {
+        if let Some(changes) = &spec.changes
+            && !self.records_changes()
+        {
+            changes.give_up();
+        }
     }
 
     /// Whether `capture` hashed the new side as a merge of `buckets` buckets would.
@@ -763,16 +810,18 @@ fn radix_sort(records: &[u8], fixed: u32, groups: &mut Vec<usize>, out: &mut Vec
     }
 }
 
-/// Pairs both sides' rows of a bucket, each sorted by key hash.
+/// Pairs both sides' rows of a bucket, each sorted by key hash; `record`: also tell how each
+/// changed key changed ([`KeyChanges`]).
 fn pair_bucket(
     old: &[Entry],
     new: &[Entry],
     nullable: &[bool],
-    sample: usize,
+    (sample, record): (usize, bool),
     edges: Option<&Arc<EdgeProbe>>,
 ) -> Tally {
     let mut tally = Tally::new(nullable.len(), sample);
     tally.edges = edges.cloned();
+    tally.changes = record.then(Vec::new);
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < new.len() {
         let key = match (old.get(i), new.get(j)) {
@@ -808,6 +857,8 @@ struct Tally {
     edges: Option<Arc<EdgeProbe>>,
     /// Added (`true`) and removed keys the probe holds, with their labels.
     edge_hits: Vec<(bool, u32, (u64, u32))>,
+    /// When recorded: how each changed key changed, in order.
+    changes: Option<Vec<(u64, u32, KeyChange)>>,
 }
 
 /// A sampled difference, before its label is known for sure.
@@ -830,6 +881,7 @@ impl Tally {
             duplicate_keys: 0,
             edges: None,
             edge_hits: Vec::new(),
+            changes: None,
         }
     }
 
@@ -872,6 +924,9 @@ impl Tally {
     /// Pairs the rows of one first half of a key hash (almost always one row a side); rows whose
     /// second halves differ have different keys.
     fn pair(&mut self, k1: u64, old: &[Entry], new: &[Entry], nullable: &[bool]) {
+        if let Some(changes) = &mut self.changes {
+            record_changes(k1, old, new, changes);
+        }
         // The common cases, without sorting anything out: one row a side, or one side alone.
         match (old, new) {
             ([o], [n]) if o.k2 == n.k2 => {
@@ -921,6 +976,60 @@ impl Tally {
                 }
             }
         }
+    }
+}
+
+/// How the keys of one first half of a key hash changed, as the change data feed tells them:
+/// the rows of a key in the differing partitions (every old row; the new rows flagged) are
+/// compared as multisets of row hashes. A key the partitions not compared also hold is told by
+/// its rows in the compared ones (the others hold the same rows on both sides).
+fn record_changes(k1: u64, old: &[Entry], new: &[Entry], out: &mut Vec<(u64, u32, KeyChange)>) {
+    // The common cases, as in `Tally::pair`.
+    match (old, new) {
+        ([o], [n]) if o.k2 == n.k2 => {
+            match (n.diffed(), o.hash == n.hash) {
+                (true, true) => {}
+                (true, false) => out.push((k1, o.k2, KeyChange::Update)),
+                (false, _) => out.push((k1, o.k2, KeyChange::Delete)),
+            }
+            return;
+        }
+        ([o], []) => {
+            out.push((k1, o.k2, KeyChange::Delete));
+            return;
+        }
+        ([], [n]) => {
+            if n.diffed() {
+                out.push((k1, n.k2, KeyChange::Insert));
+            }
+            return;
+        }
+        _ => {}
+    }
+    let mut k2s: Vec<u32> = old.iter().chain(new).map(|e| e.k2).collect();
+    k2s.sort_unstable();
+    k2s.dedup();
+    for k2 in k2s {
+        let mut olds: Vec<u64> = old.iter().filter(|e| e.k2 == k2).map(|e| e.hash).collect();
+        let mut news: Vec<u64> = new
+            .iter()
+            .filter(|e| e.k2 == k2 && e.diffed())
+            .map(|e| e.hash)
+            .collect();
+        let change = match (olds.is_empty(), news.is_empty()) {
+            (true, true) => continue,
+            (true, false) => KeyChange::Insert,
+            (false, true) => KeyChange::Delete,
+            (false, false) => {
+                olds.sort_unstable();
+                news.sort_unstable();
+                if olds == news {
+                    continue;
+                }
+                KeyChange::Update
+            }
+        };
+        out.push((k1, k2, change));
     }
 }
 
@@ -1040,6 +1149,7 @@ impl<'a> Merge<'a> {
                 .collect(),
         );
         let sample = self.spec.sample;
+        let record = self.spec.changes.as_ref().is_some_and(|c| c.recording());
         let edges = self.spec.edges.clone();
         if let Some(edges) = &edges {
             edges.consulted();
@@ -1057,7 +1167,13 @@ impl<'a> Merge<'a> {
                 }
                 old_rows.sort_unstable_by_key(|e| e.k1);
                 new_rows.sort_unstable_by_key(|e| e.k1);
-                let tally = pair_bucket(&old_rows, &new_rows, &nullable, sample, edges.as_ref());
+                let tally = pair_bucket(
+                    &old_rows,
+                    &new_rows,
+                    &nullable,
+                    (sample, record),
+                    edges.as_ref(),
+                );
                 self.absorb(tally)?;
             }
             (Err(mut old_files), Err(mut new_files)) => {
@@ -1108,7 +1224,7 @@ impl<'a> Merge<'a> {
                                     &scratch.old,
                                     &scratch.new,
                                     &nullable,
-                                    sample,
+                                    (sample, record),
                                     edges.as_ref(),
                                 );
                                 drop((old, new));
@@ -1236,6 +1352,12 @@ impl<'a> Merge<'a> {
             if !kept(label) {
                 continue;
             }
+            // (What a reading task settles itself are the rows with a NULL key.)
+            if let Some(changes) = &self.spec.changes
+                && counts.iter().any(|c| *c > 0)
+            {
+                changes.null_keys();
+            }
             for (t, c) in self.counts[label as usize].iter_mut().zip(counts) {
                 *t += c;
             }
@@ -1263,6 +1385,9 @@ impl<'a> Merge<'a> {
             self.counts[label as usize][CHANGED] += n;
         }
         self.facts.duplicate_keys += tally.duplicate_keys;
+        if let (Some(changes), Some(found)) = (&self.spec.changes, tally.changes) {
+            changes.add(found);
+        }
         if let Some(edges) = &self.spec.edges
             && !tally.edge_hits.is_empty()
         {

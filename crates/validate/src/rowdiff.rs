@@ -842,6 +842,7 @@ mod tests {
                 sample: 5,
                 checksum_columns: None,
                 edges: None,
+                changes: None,
             };
             let hashed = row_diff(&ctx, &spec, "previous", "output")
                 .await
@@ -866,6 +867,123 @@ mod tests {
         }
     }
 
+    /// The change data feed from `old` to `new` (in a session of their own), each row as its
+    /// JSON, sorted.
+    async fn feed_rows(
+        (old, new): (&[Row], &[Row]),
+        key: &[String],
+        found: Option<Arc<crate::keymerge::ChangedKeys>>,
+    ) -> Vec<String> {
+        let ctx = session(old, new).await;
+        let feed = crate::feed::change_rows(&ctx, "previous", "output", key, (None, found))
+            .await
+            .expect("feed");
+        let batches = feed.rows.collect().await.expect("rows");
+        let mut rows: Vec<String> = batches
+            .iter()
+            .flat_map(|b| crate::rows::batch_to_json(b, usize::MAX).expect("json"))
+            .map(|row| row.to_string())
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    #[tokio::test]
+    async fn the_changes_the_merge_records_give_the_feed_that_grouping_both_sides_gives() {
+        use crate::keymerge::{KeyChanges, merge_diff};
+        use deltalake::datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+        // Changed, removed, added and moved rows, a repeated key, NULL keys, floats, structs;
+        // and keys repeated on both sides: 900's rows change as many as they were, 901's come
+        // back the same in another order, 902's move between partitions.
+        let (mut old, mut new) = sides();
+        let row = |d: &'static str, id: i64, s: &'static str| -> Row {
+            (Some(d), Some(id), None, Some(s), None, None)
+        };
+        old.extend([row("a", 900, "p"), row("a", 900, "q")]);
+        new.extend([row("a", 900, "p"), row("a", 900, "r")]);
+        old.extend([row("a", 901, "p"), row("b", 901, "q")]);
+        new.extend([row("b", 901, "q"), row("a", 901, "p")]);
+        old.extend([row("a", 902, "p"), row("a", 902, "q")]);
+        new.extend([row("a", 902, "p"), row("b", 902, "q")]);
+        let ctx = session(&old, &new).await;
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        for key in [vec!["id"], vec!["id", "s"], vec!["d", "id"]] {
+            let key: Vec<String> = key.iter().map(|k| k.to_string()).collect();
+            let reference = feed_rows((&old, &new), &key, None).await;
+            assert!(reference.len() > 100, "key {key:?}: {}", reference.len());
+            // In memory, through buckets on disk, and with the new side as staging hashed it.
+            for (captured, in_files, expected_rows) in [
+                (false, false, 0),
+                (false, false, 1 << 30),
+                (true, false, 0),
+                (true, true, 1 << 25),
+            ] {
+                let changes = KeyChanges::new(&pool, usize::MAX);
+                let spec = CompareSpec {
+                    partitions: PartitionKey::Column("d".into()),
+                    key: key.clone(),
+                    measures: Vec::new(),
+                    sample: 5,
+                    checksum_columns: None,
+                    edges: None,
+                    changes: Some(Arc::clone(&changes)),
+                };
+                let capture = captured.then(|| capture_of(&ctx, &new, &old, &key, in_files));
+                changes.start(None);
+                merge_diff(
+                    &ctx,
+                    &spec,
+                    "previous",
+                    "output",
+                    None,
+                    expected_rows,
+                    capture.as_ref().map(|c| (c.as_ref(), None)),
+                )
+                .await
+                .expect("merge")
+                .expect("hashable");
+                let found = changes.found().expect("every changed key recorded");
+                assert!(found.null_keys(), "the sides have NULL keys");
+                let what = format!("key {key:?} captured {captured} files {in_files}");
+                assert_eq!(
+                    feed_rows((&old, &new), &key, Some(found)).await,
+                    reference,
+                    "{what}"
+                );
+            }
+        }
+        // A side whose column types differ is not recorded (the feed compares it cast).
+        let changes = KeyChanges::new(&pool, usize::MAX);
+        let recast = SessionContext::new();
+        lakefill_table::rowhash::register_hash_functions(&recast);
+        let previous = ctx.table("previous").await.expect("previous");
+        let output = ctx
+            .sql("SELECT d, id, CAST(x AS FLOAT) AS x, s, st, l FROM output")
+            .await
+            .expect("recast");
+        recast
+            .register_table("previous", previous.into_view())
+            .expect("register");
+        recast
+            .register_table("output", output.into_view())
+            .expect("register");
+        let spec = CompareSpec {
+            partitions: PartitionKey::Column("d".into()),
+            key: vec!["id".into()],
+            measures: Vec::new(),
+            sample: 5,
+            checksum_columns: None,
+            edges: None,
+            changes: Some(Arc::clone(&changes)),
+        };
+        changes.start(None);
+        merge_diff(&recast, &spec, "previous", "output", None, 0, None)
+            .await
+            .expect("merge")
+            .expect("hashable");
+        assert!(changes.found().is_none(), "a recast side is not recorded");
+    }
+
     #[tokio::test]
     async fn the_merge_of_key_hashes_gives_exactly_the_whole_row_join_and_counts_keys() {
         use crate::keymerge::{KeyFacts, merge_diff};
@@ -879,6 +997,7 @@ mod tests {
                 sample: 5,
                 checksum_columns: None,
                 edges: None,
+                changes: None,
             };
             // In memory, and through buckets on disk (as for a side of a billion rows).
             let (merged, facts) = merge_diff(&ctx, &spec, "previous", "output", None, 0, None)
@@ -987,6 +1106,7 @@ mod tests {
             sample: 5,
             checksum_columns: None,
             edges: None,
+            changes: None,
         };
         let (merged, _) = merge_diff(&ctx, &whole_key, "narrow_old", "narrow_new", None, 0, None)
             .await
@@ -1005,6 +1125,7 @@ mod tests {
             sample: 5,
             checksum_columns: None,
             edges: None,
+            changes: None,
         };
         assert!(
             merge_diff(&ctx, &spec("x"), "previous", "output", None, 0, None)
@@ -1041,6 +1162,7 @@ mod tests {
             sample: 3,
             checksum_columns: None,
             edges: None,
+            changes: None,
         };
         let only_a = col("d").eq(lit("a"));
         let (merged, facts) = merge_diff(

@@ -129,6 +129,9 @@ pub struct CompareSpec {
     /// The keys of the partitions around the range, which the key merge looks up for every key
     /// it finds added or removed (see [`super::edges`]).
     pub edges: Option<Arc<super::edges::EdgeProbe>>,
+    /// Where the key merge records how each changed key changed, for the change data feed
+    /// ([`super::keymerge::KeyChanges`]).
+    pub changes: Option<Arc<super::keymerge::KeyChanges>>,
 }
 
 /// Old versus new, per partition and in total.

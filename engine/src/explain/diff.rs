@@ -173,6 +173,7 @@ pub async fn diff(
         sample,
         checksum_columns: None,
         edges: None,
+        changes: None,
     };
     // The log counts stored rows; net rows, and the rows a predicate selects, are counted by
     // the scan.

@@ -19,10 +19,14 @@ use lakefill_recompute::plan::BackfillPlan;
 use lakefill_table::adjustments::PublishMode;
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::resources::Resources;
+use lakefill_validate::keymerge::ChangedKeys;
 
 use crate::run::validation::{
     comparison_session, logged_checksums, register_output, staged_checksums, table_schema,
 };
+
+/// First halves of key hashes ([`lakefill_table::rowhash::key_hash_sql`]).
+type KeyHashes = std::collections::HashSet<u64>;
 
 /// The table property that turns the change data feed on.
 const FEED_PROPERTY: &str = "delta.enableChangeDataFeed";
@@ -52,12 +56,17 @@ pub(crate) fn table_records_feed(table: &deltalake::DeltaTable) -> Result<bool> 
 /// Computes the run's change data feed and writes its files (after deleting any an interrupted
 /// attempt left in the run's feed directory). `changed`: the keys this process's staging found
 /// the fix changes by deletion vectors, if it tracked them; when they cover every batch of the
-/// journal, only the rows of those keys are compared.
+/// journal, only the rows of those keys are compared. `found`: how each key changed, as this
+/// process's validation found it: then each side is read once, for the rows of those keys, in
+/// the partitions validation compared.
 pub(crate) async fn write_change_feed(
     plan: &BackfillPlan,
     journal: &Journal,
     resources: &Resources,
-    changed: Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
+    (changed, found): (
+        Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
+        Option<Arc<ChangedKeys>>,
+    ),
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
     let store = plan.target.object_store();
@@ -70,8 +79,29 @@ pub(crate) async fn write_change_feed(
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
     register_output(&ctx, plan, journal, &write_schema, &target_schema).await?;
-    let (old, new) = differing_sides(&ctx, plan, journal, &target_schema).await?;
-    let among = changed_keys(plan, journal, changed).map(Arc::new);
+    let found = match found {
+        Some(found) => compared_sides(&ctx, journal, &found)
+            .await?
+            .map(|sides| (sides, found)),
+        None => None,
+    };
+    let (old, new, found) = match found {
+        Some(((old, new), found)) => (old, new, Some(found)),
+        None => {
+            let (old, new) = differing_sides(&ctx, plan, journal, &target_schema).await?;
+            (old, new, None)
+        }
+    };
+    if let Some(found) = &found {
+        tracing::debug!(
+            keys = found.len(),
+            "the feed takes the changed keys validation found"
+        );
+    }
+    let among = match found {
+        Some(_) => None,
+        None => changed_keys(plan, journal, changed).map(Arc::new),
+    };
     let mapping = match &plan.write_schema {
         Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
         None => plan.report.protocol.mapping.clone(),
@@ -79,7 +109,7 @@ pub(crate) async fn write_change_feed(
     let mut feed = write_feed_between(
         &ctx,
         (&old, &new),
-        (&plan.rules.key, among),
+        (&plan.rules.key, among, found),
         journal,
         &mapping,
         store,
@@ -117,14 +147,14 @@ fn changed_keys(
 pub(crate) async fn write_feed_between(
     ctx: &SessionContext,
     (old, new): (&str, &str),
-    (key, among): (&[String], Option<Arc<std::collections::HashSet<u64>>>),
+    (key, among, found): (&[String], Option<Arc<KeyHashes>>, Option<Arc<ChangedKeys>>),
     journal: &Journal,
     mapping: &lakefill_table::mapping::ColumnMapping,
     store: Arc<dyn deltalake::ObjectStore>,
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
     // (The rows it holds in memory, if any, are held until the feed is written.)
-    let changes = lakefill_validate::feed::change_rows(ctx, old, new, key, among).await?;
+    let changes = lakefill_validate::feed::change_rows(ctx, old, new, key, (among, found)).await?;
     let streams = changes
         .rows
         .clone()
@@ -146,6 +176,41 @@ pub(crate) async fn write_feed_between(
         counts: written.counts,
         elapsed_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// The sides validation's key merge compared (`found`): `previous` and `output`, or their
+/// partitions it compared; `None` when they cannot be selected so (by rows, only whole sides).
+async fn compared_sides(
+    ctx: &SessionContext,
+    journal: &Journal,
+    found: &ChangedKeys,
+) -> Result<Option<(String, String)>> {
+    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
+    let Some(labels) = found.labels() else {
+        return Ok(Some(("previous".to_string(), "output".to_string())));
+    };
+    if layout.rewrites_files(range) || layout.is_timeless() {
+        return Ok(None);
+    }
+    let schema = ctx
+        .table("previous")
+        .await
+        .query_context(|| "table `previous` is not registered".into())?
+        .schema()
+        .as_arrow()
+        .clone();
+    let labels: Vec<&String> = labels.iter().collect();
+    let predicate = if labels.is_empty() {
+        Some(deltalake::datafusion::prelude::lit(false))
+    } else {
+        lakefill_validate::compare::periods_predicate(layout, &labels, &schema)?
+    };
+    match predicate {
+        Some(predicate) => Ok(Some(
+            lakefill_validate::compare::differing_views(ctx, Some(predicate)).await?,
+        )),
+        None => Ok(None),
+    }
 }
 
 /// The old and new sides to compare: `previous` and `output`, or only their partitions whose

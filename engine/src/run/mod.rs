@@ -62,6 +62,10 @@ use lakefill_table::time::now;
 use lakefill_validate::CheckResult;
 use lakefill_validate::ValidationReport;
 
+/// The most memory validation's record of the changed keys may take for the change data feed
+/// ([`lakefill_validate::keymerge::KeyChanges`]): 16 million keys.
+const MAX_KEY_CHANGES_BYTES: usize = 256 << 20;
+
 /// Default number of sample rows per kind of difference.
 pub const DEFAULT_SAMPLE: usize = 5;
 
@@ -257,10 +261,12 @@ impl BackfillBuilder {
         let kept_net = self
             .adjust_step(&mut journal, &resources, lease, hashing.rows.as_deref())
             .await?;
+        let changes = self.key_changes(&journal, &resources)?;
         let from_staging = crate::run::validation::FromStaging {
             capture: hashing.capture,
             kept_net,
             old_rows: hashing.old,
+            changes: changes.clone(),
         };
         let stage_ms = elapsed_ms(started);
         let validate_started = Instant::now();
@@ -273,7 +279,7 @@ impl BackfillBuilder {
                 &latest,
                 lease,
                 &resources,
-                hashing.changed.as_deref(),
+                (hashing.changed.as_deref(), changes.as_deref()),
             )
             .await?;
 
@@ -321,6 +327,28 @@ impl BackfillBuilder {
             && !self.plan.rules.key.is_empty()
             && crate::run::feed::table_records_feed(&self.plan.target)?;
         Ok(tracked.then(Default::default))
+    }
+
+    /// Where validation's key merge records how each changed key changed, for the change data
+    /// feed: when the run writes one and compares by a key. It may hold 16 bytes a changed key,
+    /// up to 256 MiB and an eighth of the memory limit, reserved from the run's memory.
+    fn key_changes(
+        &self,
+        journal: &Journal,
+        resources: &Resources,
+    ) -> Result<Option<Arc<lakefill_validate::keymerge::KeyChanges>>> {
+        use deltalake::datafusion::execution::memory_pool::MemoryLimit;
+        if self.plan.rules.key.is_empty() || !crate::run::feed::records_feed(&self.plan, journal)? {
+            return Ok(None);
+        }
+        let pool = resources.memory_pool();
+        let max_bytes = match pool.memory_limit() {
+            MemoryLimit::Finite(limit) => (limit / 8).min(MAX_KEY_CHANGES_BYTES),
+            _ => MAX_KEY_CHANGES_BYTES,
+        };
+        Ok(Some(lakefill_validate::keymerge::KeyChanges::new(
+            &pool, max_bytes,
+        )))
     }
 
     /// Where the old rows that staging reads whole are hashed for the key merge, with their
@@ -701,7 +729,10 @@ impl BackfillBuilder {
         latest: &DeltaTable,
         lease: &RunLease,
         resources: &Resources,
-        changed: Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
+        (changed, changes): (
+            Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
+            Option<&lakefill_validate::keymerge::KeyChanges>,
+        ),
     ) -> Result<Outcome> {
         let plan = &self.plan;
         let store = plan.target.object_store();
@@ -732,7 +763,10 @@ impl BackfillBuilder {
             });
             let feed = self
                 .interruptible(crate::run::feed::write_change_feed(
-                    plan, journal, resources, changed,
+                    plan,
+                    journal,
+                    resources,
+                    (changed, changes.and_then(|c| c.found())),
                 ))
                 .await;
             match feed {

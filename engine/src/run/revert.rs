@@ -405,7 +405,7 @@ async fn revert_held(
         let feed = crate::run::feed::write_feed_between(
             &sides,
             ("previous", "output"),
-            (&key, None),
+            (&key, None, None),
             &revert,
             &mapping,
             std::sync::Arc::clone(&store),
@@ -651,6 +651,7 @@ async fn compare_versions(
         sample: crate::run::DEFAULT_SAMPLE,
         checksum_columns: None,
         edges: None,
+        changes: None,
     };
     let comparison = compare(&ctx, &spec, None, None).await?;
     // The rows put back must keep the table's rules as they are now (a constraint may have been

@@ -189,6 +189,8 @@ pub(crate) struct FromStaging {
     /// By deletion vectors: the old rows as staging hashed them while it matched the new rows
     /// against them.
     pub(crate) old_rows: Option<Arc<lakefill_validate::keymerge::Capture>>,
+    /// Where the key merge records how each changed key changed, for the change data feed.
+    pub(crate) changes: Option<Arc<lakefill_validate::keymerge::KeyChanges>>,
 }
 
 /// Validates the run's staged rows against the old rows at the read version (with what staging
@@ -206,6 +208,7 @@ pub(crate) async fn run_validation(
         capture,
         kept_net,
         old_rows: old_files,
+        changes,
     } = staged;
     let (kept_net, staged_sums, old_rows) = match kept_net {
         Some(kept) => (Some(kept.nets), kept.sums, kept.old_rows),
@@ -335,6 +338,7 @@ pub(crate) async fn run_validation(
             old_checksums: logged,
             old_captured: old_rows,
             edges: edges.as_ref().map(crate::run::edges::EdgeScan::probe),
+            changes,
             appended: if adjustments { "adjustments" } else { "output" },
         },
         checksum_columns,
