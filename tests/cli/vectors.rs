@@ -354,6 +354,53 @@ fn a_second_fix_cuts_files_the_first_one_cut() {
     assert_eq!(read(&lake, &["polars"]), expected, "polars");
 }
 
+/// A logical revert (`revert --logical`, when a later commit blocks putting files back) of a fix
+/// published by vectors is published by vectors too: the rows the fix added are deleted in place,
+/// the rows it deleted written again, and the range reads as it was before the fix (the later
+/// fix's changes in it replaced too), to python `deltalake` and polars.
+#[test]
+fn a_logical_revert_is_published_by_deletion_vectors() {
+    // Without a key: the rows put back repeat one (a row loaded twice), as they did before.
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t")]);
+    lake.declare("t");
+    lake.model("fix", HEADER, FIX);
+    let original = read(&lake, &["rows"]);
+    let first = json_ok(&lake.run(&BACKFILL));
+    assert_eq!(first["outcome"], "published", "{first}");
+    lake.model_version("fix", "v2", HEADER, SECOND_FIX);
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--model-version", "v2"]);
+    let second = json_ok(&lake.run(&args));
+    assert_eq!(second["outcome"], "published", "{second}");
+    let run_id = first["run_id"].as_str().unwrap();
+    let by_files = lake.run(&["revert", run_id]);
+    assert_eq!(by_files.status.code(), Some(4), "{}", stderr(&by_files));
+    let cut_before = live_files(&lake);
+
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--logical", "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    let vectors = &reverted["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    // 2026-01-03, where every row changed, is rewritten (as the fix rewrote it).
+    let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
+    assert_eq!(rewritten, ["2026-01-03"], "{vectors}");
+    // On the cut days, every row the table's own files still hold is a row of before the
+    // fixes: they keep their vectors. The files the fixes wrote hold none: they are removed
+    // whole (not kept behind a vector that deletes every row).
+    let after = live_files(&lake);
+    let cut_days = |p: &String| p.contains("2026-01-01") || p.contains("2026-01-02");
+    for (path, file) in cut_before.iter().filter(|(p, _)| cut_days(p)) {
+        match path.contains("lakefill-") {
+            true => assert!(!after.contains_key(path), "{path} is still live"),
+            false => assert_eq!(after.get(path), Some(file), "{path}"),
+        }
+    }
+    assert_eq!(read(&lake, &["rows"]), original, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), original, "polars");
+}
+
 /// A file the fix cuts by a vector carries the checksum of the rows it keeps, and the file of the
 /// rows it adds its own: the next fix compares a partition it does not change by those checksums,
 /// without reading it, and one it changes by its rows. (A file another writer cut, or wrote,

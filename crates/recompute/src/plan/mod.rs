@@ -1116,10 +1116,10 @@ impl BackfillPlan {
     }
 
     /// Whether the batches staged here publish by deletion vectors: the target takes them
-    /// ([`Self::vectors`]) and the run is a backfill, of its own or a cascade's node (a revert,
-    /// whose kind is set after the plan is made, puts files back or rewrites).
+    /// ([`Self::vectors`]) and the run recomputes rows (a backfill, of its own or a cascade's
+    /// node, or a logical revert; a revert by files puts files back).
     pub fn publishes_by_vectors(&self) -> bool {
-        self.vectors.is_some() && self.kind.revert_of().is_none()
+        self.vectors.is_some() && !self.kind.reverts_files()
     }
 }
 

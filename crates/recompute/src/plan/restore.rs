@@ -193,6 +193,9 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     plan.rules.identity_kept = identity_kept;
     plan.write_schema = Some(write_schema);
     plan.report.added_columns = added_columns;
+    // On a table that takes deletion vectors, the rows the range gets back are published by
+    // them too: the rows the run added are deleted in place, the rows it deleted written again.
+    plan.vectors = crate::stage::vectors::VectorPlan::of(&plan)?;
     Ok(plan)
 }
 

@@ -1191,6 +1191,11 @@ impl<'a> Staging<'a> {
                     counts,
                 );
                 for (file, deleted, cut, kept) in old.cut() {
+                    if cut && kept.rows == 0 {
+                        // Every row of it deleted: removed whole, as Delta's own DELETE does,
+                        // rather than kept behind a vector that hides all of it.
+                        continue;
+                    }
                     if cut {
                         cuts.push((file, deleted, kept));
                     } else {

@@ -68,7 +68,8 @@ pub struct VectorPlan {
 impl VectorPlan {
     /// The plan of `plan`'s run, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
-    /// a cascade's node; not a revert or adjustments), of a table partitioned by time (not by
+    /// a cascade's node) or a logical revert (not a revert by files, nor adjustments, which
+    /// only append), of a table partitioned by time (not by
     /// rows), not a model reading its own past, nor a feature whose commits lakefill writes
     /// itself (with column mapping, old files are read by the physical names). A cascade's child
     /// reads such a node's new rows as validation does: its kept files through their new
@@ -95,7 +96,7 @@ impl VectorPlan {
                 .is_some_and(|features| features.iter().any(|f| f.as_ref() == "deletionVectors"))
             && report.publish == lakefill_table::adjustments::PublishMode::Rewrite
             && plan.adjusted.is_none()
-            && plan.kind.revert_of().is_none()
+            && !plan.kind.reverts_files()
             && !layout.partition_columns.is_empty()
             && !layout.by_rows
             && !report.reads_own_past
