@@ -1,8 +1,10 @@
 """A table with deletion vectors, as python `deltalake` writes one, and two independent readers of
 it that apply deletion vectors (python `deltalake`'s own engine and polars).
 
-    python3 vectors.py make URI [feed]        # the table (see `make`); `feed`: with the change
-                                              # data feed on too
+    python3 vectors.py make URI [feed|flat|flatbig]
+                                              # the table (see `make`); `feed`: with the change
+                                              # data feed on too; `flat`: not partitioned;
+                                              # `flatbig`: the same, 20,000 rows a write
     python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
     python3 vectors.py polars URI             # its rows by polars, sorted
     python3 vectors.py expected URI VERSION [COUNTRY]
@@ -33,17 +35,18 @@ DAYS = [datetime.date(2026, 1, 1) + datetime.timedelta(days=d) for d in range(4)
 PER_WRITE = 1000
 
 
-def make(uri, feed=False):
+def make(uri, feed=False, partitioned=True, per_write=PER_WRITE):
     """4 days, each in two files (two writes) of 1,000 rows; event 100005 is loaded twice (in
-    both files of 2026-01-01). Deletion vectors on (and with `feed`, the change data feed)."""
+    both files of 2026-01-01). Deletion vectors on (and with `feed`, the change data feed).
+    Not `partitioned`: the same rows in two files, `event_date` a column like the others."""
     configuration = {"delta.enableDeletionVectors": "true"}
     if feed:
         configuration["delta.enableChangeDataFeed"] = "true"
     for write in range(2):
         ids, amounts, countries, dates = [], [], [], []
         for d, day in enumerate(DAYS):
-            for i in range(PER_WRITE):
-                event = 100000 * (d + 1) + write * PER_WRITE + i
+            for i in range(per_write):
+                event = 100000 * (d + 1) + write * per_write + i
                 if write == 1 and d == 0 and i == 0:
                     event = 100005  # the same row as write 0's event 100005
                 ids.append(event)
@@ -62,7 +65,7 @@ def make(uri, feed=False):
             uri,
             table,
             mode="append",
-            partition_by=["event_date"],
+            partition_by=["event_date"] if partitioned else None,
             configuration=configuration,
             storage_options=storage_options(),
         )
@@ -167,7 +170,13 @@ def feed_of(uri, version):
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
-        make(sys.argv[2], feed=len(sys.argv) > 3 and sys.argv[3] == "feed")
+        option = sys.argv[3] if len(sys.argv) > 3 else None
+        make(
+            sys.argv[2],
+            feed=option == "feed",
+            partitioned=option not in ("flat", "flatbig"),
+            per_write=20 * PER_WRITE if option == "flatbig" else PER_WRITE,
+        )
     elif command == "rows":
         print(json.dumps(read(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
     elif command == "polars":

@@ -354,6 +354,128 @@ fn a_second_fix_cuts_files_the_first_one_cut() {
     assert_eq!(read(&lake, &["polars"]), expected, "polars");
 }
 
+/// The model of the unpartitioned table: the tests' fix (`FIX`) of 2026-01-01 ..= 2026-01-03, the
+/// other rows as they are (the run's scope is the whole table).
+const FLAT_FIX: &str = "SELECT DISTINCT event_id,\n\
+  CASE WHEN event_date <= DATE '2026-01-03' AND (event_id % 100 = 7 OR event_date = DATE '2026-01-03') THEN amount_cents + 1 ELSE amount_cents END AS amount_cents,\n\
+  country, event_date\n\
+FROM t WHERE event_date > DATE '2026-01-03' OR event_id % 1000 <> 3\n\
+UNION ALL\n\
+SELECT event_id + 5000000, amount_cents, country, event_date FROM t WHERE event_date <= DATE '2026-01-03' AND event_id % 1000 = 11";
+
+/// An unpartitioned table without a time column (the whole table is the run's one partition)
+/// takes a small fix by vectors too: both of its files are cut, nothing else is written but the
+/// rows the fix adds, python `deltalake` and polars read the fix, `revert` puts the files back,
+/// and a `--where` fix keeps the rows it does not select where they are.
+#[test]
+fn an_unpartitioned_table_takes_a_fix_by_deletion_vectors() {
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t"), "flat"]);
+    lake.declare("t");
+    lake.model(
+        "fix",
+        "target = \"t\"\n[sources.t]\n[validate]\nkey = [\"event_id\"]",
+        FLAT_FIX,
+    );
+    let before = live_files(&lake);
+    assert_eq!(before.len(), 2, "two writes of 4,000 rows: {before:?}");
+    let original = read(&lake, &["rows"]);
+    let backfill = ["backfill", "fix", "--output-format", "json"];
+    let report = json_ok(&lake.run(&backfill));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["(all)"], "{vectors}");
+    assert_eq!(vectors["files_cut"], 2, "{vectors}");
+    assert!(
+        vectors["rewritten"]
+            .as_object()
+            .is_none_or(|r| r.is_empty()),
+        "{vectors}"
+    );
+    // 2,044 rows written of 7,999 (a quarter of them changes), in one file.
+    assert_eq!(report["files_written"], 1, "{report}");
+    let after = live_files(&lake);
+    for path in before.keys() {
+        assert!(after[path].1.is_some(), "{path} is cut: {after:?}");
+    }
+    let expected = read(&lake, &["expected", "1"]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+
+    let run_id = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(live_files(&lake), before);
+    assert_eq!(read(&lake, &["rows"]), original);
+
+    let mut scoped = backfill.to_vec();
+    scoped.extend(["--where", "country = 'DE'"]);
+    let report = json_ok(&lake.run(&scoped));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report["deletion_vectors"]["files_cut"], 2, "{report}");
+    assert_eq!(report["rows_carried"], 0, "{report}");
+    let expected = read(&lake, &["expected", "1", "DE"]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+}
+
+/// A partition with more live rows than matching may hold in memory (a quarter of the run's
+/// memory limit, at 64 bytes a row) is not cut: it is rewritten, streaming, and the report names
+/// it `uncut`; with `--where`, which cannot rewrite it, the run stops before publishing anything
+/// and says why. The whole unpartitioned table of 160,000 rows is one such partition under
+/// `--memory-limit 16MiB` (65,536 rows), and is cut without it.
+#[test]
+fn a_partition_too_large_to_match_in_memory_is_rewritten_not_cut() {
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t"), "flatbig"]);
+    lake.declare("t");
+    lake.model(
+        "fix",
+        "target = \"t\"\n[sources.t]\n[validate]\nkey = [\"event_id\"]",
+        FLAT_FIX,
+    );
+    let log = lake.path().join("lake/t/_delta_log");
+    let versions = || std::fs::read_dir(&log).unwrap().count();
+    let before = versions();
+    let limited = [
+        "backfill",
+        "fix",
+        "--memory-limit",
+        "16MiB",
+        "--output-format",
+        "json",
+    ];
+    let mut scoped = limited.to_vec();
+    scoped.extend(["--where", "country = 'DE'"]);
+    let out = lake.run(&scoped);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    for said in [
+        "160000 live rows",
+        "65536 rows",
+        "cannot be cut",
+        "--memory-limit",
+    ] {
+        assert!(stderr(&out).contains(said), "{said}: {}", stderr(&out));
+    }
+    assert_eq!(versions(), before, "nothing published");
+
+    let report = json_ok(&lake.run(&limited));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    assert_eq!(vectors["uncut"], serde_json::json!(["(all)"]), "{vectors}");
+    assert_eq!(vectors["files_cut"], 0, "{vectors}");
+    let expected = read(&lake, &["expected", "1"]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    assert!(
+        live_files(&lake)
+            .values()
+            .all(|(_, vector)| vector.is_none()),
+        "rewritten: no file has a vector"
+    );
+}
+
 /// A logical revert (`revert --logical`, when a later commit blocks putting files back) of a fix
 /// published by vectors is published by vectors too: the rows the fix added are deleted in place,
 /// the rows it deleted written again, and the range reads as it was before the fix (the later

@@ -36,7 +36,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
-use crate::keymerge::{ChangedKeys, KeyChange};
+use crate::keymerge::{FoundChanges, KeyChange};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::{key_hash_sql, row_hash_sql};
 use lakefill_table::sqltext::{cast_sql, ident};
@@ -92,7 +92,7 @@ impl FeedCounts {
 /// of the key hash ([`lakefill_table::rowhash::key_hash_sql`]) of every key whose rows may differ
 /// (others too, harmlessly); only the rows of those keys, and those with a NULL key column, are
 /// compared. `found`, with a key: how each key of the sides changed, as the key merge found it
-/// comparing exactly these sides ([`ChangedKeys`]): each side is then read once, its rows of
+/// comparing exactly these sides ([`FoundChanges`]): each side is then read once, its rows of
 /// changed keys kept, instead of grouping both by key (`among` is not needed then). The session
 /// must have the hash functions registered.
 pub async fn change_rows(
@@ -100,7 +100,7 @@ pub async fn change_rows(
     old: &str,
     new: &str,
     key: &[String],
-    (among, found): (Option<Arc<HashSet<u64>>>, Option<Arc<ChangedKeys>>),
+    (among, found): (Option<Arc<HashSet<u64>>>, Option<Arc<FoundChanges>>),
 ) -> Result<ChangeRows> {
     let limits = Limits {
         filtered_keys: MAX_CHANGED_FILTER,
@@ -136,7 +136,7 @@ async fn change_rows_within(
     ctx: &SessionContext,
     (old, new): (&str, &str),
     key: &[String],
-    (among, found): (Option<Arc<HashSet<u64>>>, Option<Arc<ChangedKeys>>),
+    (among, found): (Option<Arc<HashSet<u64>>>, Option<Arc<FoundChanges>>),
     limits: Limits,
 ) -> Result<ChangeRows> {
     let schema = |table: &str| {
@@ -519,10 +519,10 @@ async fn changed_key_hashes(
 const CHANGE: &str = "__lf_change";
 
 /// `__lf_change(k1, k2, is_new)`: the `_change_type` of a row of the new side (`is_new`) or the
-/// old one whose key hash halves are `k1` and `k2`, as [`ChangedKeys`] tells how the key
+/// old one whose key hash halves are `k1` and `k2`, as [`FoundChanges`] tells how the key
 /// changed; NULL for a key that did not change (or a NULL key).
 #[derive(Debug)]
-struct ChangeUdf(Arc<ChangedKeys>);
+struct ChangeUdf(Arc<FoundChanges>);
 
 impl PartialEq for ChangeUdf {
     fn eq(&self, other: &Self) -> bool {

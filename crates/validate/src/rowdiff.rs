@@ -872,7 +872,7 @@ mod tests {
     async fn feed_rows(
         (old, new): (&[Row], &[Row]),
         key: &[String],
-        found: Option<Arc<crate::keymerge::ChangedKeys>>,
+        found: Option<Arc<crate::keymerge::FoundChanges>>,
     ) -> Vec<String> {
         let ctx = session(old, new).await;
         let feed = crate::feed::change_rows(&ctx, "previous", "output", key, (None, found))

@@ -19,7 +19,7 @@ use lakefill_recompute::plan::BackfillPlan;
 use lakefill_table::adjustments::PublishMode;
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::resources::Resources;
-use lakefill_validate::keymerge::ChangedKeys;
+use lakefill_validate::keymerge::FoundChanges;
 
 use crate::run::validation::{
     comparison_session, logged_checksums, register_output, staged_checksums, table_schema,
@@ -65,7 +65,7 @@ pub(crate) async fn write_change_feed(
     resources: &Resources,
     (changed, found): (
         Option<&lakefill_recompute::stage::vectors::ChangedKeys>,
-        Option<Arc<ChangedKeys>>,
+        Option<Arc<FoundChanges>>,
     ),
 ) -> Result<ChangeFeed> {
     let started = Instant::now();
@@ -147,7 +147,7 @@ fn changed_keys(
 pub(crate) async fn write_feed_between(
     ctx: &SessionContext,
     (old, new): (&str, &str),
-    (key, among, found): (&[String], Option<Arc<KeyHashes>>, Option<Arc<ChangedKeys>>),
+    (key, among, found): (&[String], Option<Arc<KeyHashes>>, Option<Arc<FoundChanges>>),
     journal: &Journal,
     mapping: &lakefill_table::mapping::ColumnMapping,
     store: Arc<dyn deltalake::ObjectStore>,
@@ -183,7 +183,7 @@ pub(crate) async fn write_feed_between(
 async fn compared_sides(
     ctx: &SessionContext,
     journal: &Journal,
-    found: &ChangedKeys,
+    found: &FoundChanges,
 ) -> Result<Option<(String, String)>> {
     let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
     let Some(labels) = found.labels() else {

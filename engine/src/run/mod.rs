@@ -170,7 +170,12 @@ impl BackfillBuilder {
     }
 
     #[tracing::instrument(skip_all, fields(table = %self.plan.report.target, model = %self.plan.report.model, version = %self.plan.report.model_version))]
-    async fn run(self) -> Result<RunReport> {
+    async fn run(mut self) -> Result<RunReport> {
+        // Partitions are matched by deletion vectors within the run's memory limit.
+        if let Some(vectors) = &self.plan.vectors {
+            let bounded = vectors.with_memory_limit(self.settings.memory_limit);
+            self.plan.vectors = Some(Arc::new(bounded));
+        }
         let report = &self.plan.report;
         let store = self.plan.target.object_store();
         if self

@@ -881,23 +881,31 @@ impl<'a> Staging<'a> {
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| Error::Internal(format!("cannot read a partition value: {e}")))?;
             let candidates = plan.files.get(label).map_or(&[][..], Vec::as_slice);
-            let old = vectors::OldPartition::load(
-                &self.store,
-                &plan.root,
-                label.to_string(),
-                candidates,
-                (&self.spec.layout.partition_columns, &typed),
-                &self.columns.old(),
-                (plan.rows.as_ref(), self.changed_key.as_deref()),
-                self.old_capture.as_mut(),
-            )
-            .await?
-            .map(|mut old| {
-                old.at = Some((scalars.to_vec(), values.clone()));
-                old
-            });
+            // A partition too large to match in memory is not read: it is rewritten.
+            let too_large = vectors::too_large(plan, candidates);
+            if let (Some(why), Some(_)) = (&too_large, &plan.rows) {
+                return Err(self.cannot_cut(label, why));
+            }
+            let old = match too_large {
+                Some(_) => None,
+                None => vectors::OldPartition::load(
+                    &self.store,
+                    &plan.root,
+                    label.to_string(),
+                    candidates,
+                    (&self.spec.layout.partition_columns, &typed),
+                    &self.columns.old(),
+                    (plan.rows.as_ref(), self.changed_key.as_deref()),
+                    self.old_capture.as_mut(),
+                )
+                .await?
+                .map(|mut old| {
+                    old.at = Some((scalars.to_vec(), values.clone()));
+                    old
+                }),
+            };
             if old.is_none() && plan.rows.is_some() {
-                return Err(self.cannot_cut(label));
+                return Err(self.cannot_cut(label, vectors::OTHER_TYPE));
             }
             if old.is_none() {
                 self.uncut.insert(label.to_string());
@@ -1277,6 +1285,9 @@ impl<'a> Staging<'a> {
                     lakefill_table::staged::partition_scalar(field.data_type(), text.as_deref())
                 })
                 .collect::<Result<Vec<_>>>()?;
+            if let Some(why) = vectors::too_large(plan, &files) {
+                return Err(self.cannot_cut(&label, &why));
+            }
             let old = vectors::OldPartition::load(
                 &self.store,
                 &plan.root,
@@ -1289,7 +1300,7 @@ impl<'a> Staging<'a> {
             )
             .await?;
             if old.is_none() {
-                return Err(self.cannot_cut(&label));
+                return Err(self.cannot_cut(&label, vectors::OTHER_TYPE));
             }
             loaded.push((key, old));
         }
@@ -1299,16 +1310,15 @@ impl<'a> Staging<'a> {
     /// Why a `--where` fix by deletion vectors stops at a partition whose old files it cannot
     /// cut: no batch carries the rows the predicate does not select, so the partition cannot be
     /// rewritten instead.
-    fn cannot_cut(&self, label: &str) -> Error {
+    fn cannot_cut(&self, label: &str, why: &str) -> Error {
         let rows = self.spec.range.rows.as_ref().map_or("", |r| r.sql.as_str());
         Error::UnsupportedFeature {
             table: self.spec.target.clone(),
             feature: "deletionVectors".into(),
             why: format!(
                 "with `--where {rows}` a fix is published by deletion vectors, which keep the rows \
-                 it does not select in their files; an old file of partition {label} holds a column \
-                 in another type than the table's, so its rows cannot be matched by value and the \
-                 partition cannot be cut; nothing was published"
+                 it does not select in their files; partition {label} {why}, so it cannot be cut; \
+                 nothing was published"
             ),
             hint: "run the fix without `--where` (a partition that cannot be cut is then \
                    rewritten whole), or rewrite that partition first"

@@ -63,9 +63,76 @@ pub struct VectorPlan {
     /// `--where`: only the old rows it selects are the fix's to delete; the others stay where
     /// they are (no batch carries them over).
     pub rows: Option<RowPredicate>,
+    /// The most live old rows of one partition that staging matches in memory
+    /// ([`Self::with_memory_limit`]); a partition with more cannot be cut, and is rewritten.
+    pub max_rows: u64,
+}
+
+/// What matching holds in memory per old row of a partition, at most: its place among the rows
+/// of its hash (16 bytes) and the hash's entry (about 20), its check hash and key hash (8 each).
+pub const BYTES_PER_MATCHED_ROW: u64 = 64;
+
+/// The memory a run's matching assumes when the run's queries have no limit: the built-in
+/// share's order of magnitude.
+const UNLIMITED_MATCH_MEMORY: u64 = 1 << 30;
+
+/// The live rows of `files` by their statistics (each record count less the rows its deletion
+/// vector removes); a file without statistics counts none.
+pub fn live_rows(files: &[Add]) -> u64 {
+    files
+        .iter()
+        .map(|file| {
+            let records = file
+                .get_stats()
+                .ok()
+                .flatten()
+                .and_then(|stats| u64::try_from(stats.num_records).ok())
+                .unwrap_or(0);
+            let deleted = file
+                .deletion_vector
+                .as_ref()
+                .map_or(0, |dv| u64::try_from(dv.cardinality).unwrap_or(0));
+            records.saturating_sub(deleted)
+        })
+        .sum()
+}
+
+/// Why a partition whose old files hold a column in another type than the table's cannot be cut.
+pub(crate) const OTHER_TYPE: &str = "has an old file with a column in another type than the table's (its rows cannot be matched \
+     by value)";
+
+/// Why the partition of `files` cannot be cut under `plan`, if it holds more live old rows than
+/// its matching may hold in memory ([`VectorPlan::max_rows`]).
+pub(crate) fn too_large(plan: &VectorPlan, files: &[Add]) -> Option<String> {
+    let live = live_rows(files);
+    (live > plan.max_rows).then(|| {
+        tracing::debug!(
+            live,
+            max_rows = plan.max_rows,
+            "too many old rows to match in memory: the partition is not cut"
+        );
+        format!(
+            "holds {live} live rows, more than matching them in memory may take under the run's \
+             memory limit ({} rows: a quarter of it, at {BYTES_PER_MATCHED_ROW} bytes a row; \
+             a larger `--memory-limit` would let it be cut)",
+            plan.max_rows
+        )
+    })
 }
 
 impl VectorPlan {
+    /// The plan for a run whose queries may use `memory_limit` bytes (`None`: unbounded): a
+    /// partition is matched in memory when its live old rows take at most a quarter of it
+    /// ([`BYTES_PER_MATCHED_ROW`]); a larger one is rewritten, as before vectors, streaming.
+    #[must_use]
+    pub fn with_memory_limit(&self, memory_limit: Option<u64>) -> Self {
+        let memory = memory_limit.unwrap_or(UNLIMITED_MATCH_MEMORY);
+        Self {
+            max_rows: memory / 4 / BYTES_PER_MATCHED_ROW,
+            ..self.clone()
+        }
+    }
+
     /// The plan of `plan`'s run, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
     /// a cascade's node) or a logical revert (not a revert by files, nor adjustments, which
@@ -97,7 +164,7 @@ impl VectorPlan {
             && report.publish == lakefill_table::adjustments::PublishMode::Rewrite
             && plan.adjusted.is_none()
             && !plan.kind.reverts_files()
-            && !layout.partition_columns.is_empty()
+            && (!layout.partition_columns.is_empty() || layout.is_timeless())
             && !layout.by_rows
             && !report.reads_own_past
             && lakefill_log::writer::delta_rs_commits(&plan.target);
@@ -136,6 +203,7 @@ impl VectorPlan {
             root: plan.target.table_url().clone(),
             files,
             rows: range.rows.clone(),
+            max_rows: UNLIMITED_MATCH_MEMORY / 4 / BYTES_PER_MATCHED_ROW,
         })))
     }
 }

@@ -56,7 +56,7 @@ enum State {
     /// A merge is recording.
     Recording(Recorded),
     /// The merge finished: every changed key is here.
-    Found(Arc<ChangedKeys>),
+    Found(Arc<FoundChanges>),
 }
 
 struct Recorded {
@@ -151,13 +151,13 @@ impl KeyChanges {
     pub(crate) fn finish(&self) {
         self.with_state(|state| {
             if let State::Recording(recorded) = std::mem::take(state) {
-                *state = State::Found(Arc::new(ChangedKeys::of(recorded)));
+                *state = State::Found(Arc::new(FoundChanges::of(recorded)));
             }
         });
     }
 
     /// Every key the finished merge found changed, if it recorded them all.
-    pub fn found(&self) -> Option<Arc<ChangedKeys>> {
+    pub fn found(&self) -> Option<Arc<FoundChanges>> {
         self.with_state(|state| match state {
             State::Found(found) => Some(Arc::clone(found)),
             _ => None,
@@ -167,7 +167,7 @@ impl KeyChanges {
 
 /// The keys a merge found changed, and how: looked up by the halves of a key hash
 /// ([`lakefill_table::rowhash::key_hash_sql`]).
-pub struct ChangedKeys {
+pub struct FoundChanges {
     /// The partitions the merge compared (all of them: `None`); the rows of the others are the
     /// same on both sides.
     labels: Option<BTreeSet<String>>,
@@ -181,20 +181,20 @@ pub struct ChangedKeys {
     _reservation: MemoryReservation,
 }
 
-impl std::fmt::Debug for ChangedKeys {
+impl std::fmt::Debug for FoundChanges {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChangedKeys")
+        f.debug_struct("FoundChanges")
             .field("keys", &self.keys.len())
             .field("null_keys", &self.null_keys)
             .finish_non_exhaustive()
     }
 }
 
-/// Bits of a key hash's first half that index the directory of [`ChangedKeys`]: about a key
+/// Bits of a key hash's first half that index the directory of [`FoundChanges`]: about a key
 /// per slot at a million keys, 4 MiB.
 const DIRECTORY_BITS: u32 = 20;
 
-impl ChangedKeys {
+impl FoundChanges {
     fn of(recorded: Recorded) -> Self {
         let Recorded {
             labels,
