@@ -263,8 +263,9 @@ async fn change_rows_within(
             .join(", ")
     };
     let mut parts = Vec::new();
+    // The rows compared whole (without a key, or with a NULL key column), if any are.
     let whole_rows = if keys.is_empty() {
-        "TRUE".to_string()
+        Some("TRUE".to_string())
     } else if let Some(found) = &found {
         // How each key changed is known: each side's rows of changed keys, as they stream by.
         ctx.register_udf(ScalarUDF::from(ChangeUdf(Arc::clone(found))));
@@ -282,14 +283,7 @@ async fn change_rows_within(
                 k2 = key_hash_sql(1, key),
             ));
         }
-        if !found.null_keys() {
-            return ctx
-                .sql(&parts.join(" UNION ALL "))
-                .await
-                .query_context(|| "cannot compute the change feed".into())
-                .map(done);
-        }
-        format!("NOT ({no_null_key})")
+        found.null_keys().then(|| format!("NOT ({no_null_key})"))
     } else {
         // The keys whose rows differ, and how: one aggregation of both sides by key (it spills;
         // no join, which would sort both sides under a memory limit), held in memory.
@@ -380,33 +374,28 @@ async fn change_rows_within(
             new = of_changed("__lf_feed_new"),
             on = on("n", "c"),
         ));
-        if null_keys == 0 {
-            return ctx
-                .sql(&parts.join(" UNION ALL "))
-                .await
-                .query_context(|| "cannot compute the change feed".into())
-                .map(done);
-        }
-        format!("NOT ({no_null_key})")
+        (null_keys > 0).then(|| format!("NOT ({no_null_key})"))
     };
     // Whole rows: the n-th copy of a row on one side pairs with the n-th copy on the other.
-    let numbered = |table: &str, columns: &str| {
-        format!(
-            "SELECT {columns}, ROW_NUMBER() OVER (PARTITION BY __lf_h) AS __lf_n FROM {table} WHERE {whole_rows}"
-        )
-    };
-    for (from, other, change) in [
-        ("__lf_feed_old", "__lf_feed_new", "delete"),
-        ("__lf_feed_new", "__lf_feed_old", "insert"),
-    ] {
-        parts.push(format!(
-            "SELECT {cols}, '{change}' AS {ct} FROM ({rows}) r LEFT ANTI JOIN ({others}) x \
-             ON r.__lf_h = x.__lf_h AND r.__lf_n = x.__lf_n",
-            cols = select("r"),
-            ct = ident(CHANGE_TYPE),
-            rows = numbered(from, "*"),
-            others = numbered(other, "__lf_h"),
-        ));
+    if let Some(whole_rows) = whole_rows {
+        let numbered = |table: &str, columns: &str| {
+            format!(
+                "SELECT {columns}, ROW_NUMBER() OVER (PARTITION BY __lf_h) AS __lf_n FROM {table} WHERE {whole_rows}"
+            )
+        };
+        for (from, other, change) in [
+            ("__lf_feed_old", "__lf_feed_new", "delete"),
+            ("__lf_feed_new", "__lf_feed_old", "insert"),
+        ] {
+            parts.push(format!(
+                "SELECT {cols}, '{change}' AS {ct} FROM ({rows}) r LEFT ANTI JOIN ({others}) x \
+                 ON r.__lf_h = x.__lf_h AND r.__lf_n = x.__lf_n",
+                cols = select("r"),
+                ct = ident(CHANGE_TYPE),
+                rows = numbered(from, "*"),
+                others = numbered(other, "__lf_h"),
+            ));
+        }
     }
     ctx.sql(&parts.join(" UNION ALL "))
         .await

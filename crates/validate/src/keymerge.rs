@@ -949,10 +949,7 @@ impl Tally {
             }
             _ => {}
         }
-        let mut k2s: Vec<u32> = old.iter().chain(new).map(|e| e.k2).collect();
-        k2s.sort_unstable();
-        k2s.dedup();
-        for k2 in k2s {
+        for k2 in second_halves(old, new) {
             if new.iter().filter(|e| e.k2 == k2).count() > 1 {
                 self.duplicate_keys += 1;
             }
@@ -977,6 +974,15 @@ impl Tally {
             }
         }
     }
+}
+
+/// The distinct second halves (of key hashes with one first half) of the rows of both sides: the
+/// keys they are.
+fn second_halves(old: &[Entry], new: &[Entry]) -> Vec<u32> {
+    let mut k2s: Vec<u32> = old.iter().chain(new).map(|e| e.k2).collect();
+    k2s.sort_unstable();
+    k2s.dedup();
+    k2s
 }
 
 /// How the keys of one first half of a key hash changed, as the change data feed tells them:
@@ -1006,10 +1012,7 @@ fn record_changes(k1: u64, old: &[Entry], new: &[Entry], out: &mut Vec<(u64, u32
         }
         _ => {}
     }
-    let mut k2s: Vec<u32> = old.iter().chain(new).map(|e| e.k2).collect();
-    k2s.sort_unstable();
-    k2s.dedup();
-    for k2 in k2s {
+    for k2 in second_halves(old, new) {
         let mut olds: Vec<u64> = old.iter().filter(|e| e.k2 == k2).map(|e| e.hash).collect();
         let mut news: Vec<u64> = new
             .iter()

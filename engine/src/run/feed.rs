@@ -192,6 +192,16 @@ async fn compared_sides(
     if layout.rewrites_files(range) || layout.is_timeless() {
         return Ok(None);
     }
+    sides_of(ctx, layout, &labels.iter().collect::<Vec<_>>()).await
+}
+
+/// `previous` and `output` narrowed to the partitions `labels` (none: no rows), or `None` when
+/// they cannot be selected by a short predicate.
+async fn sides_of(
+    ctx: &SessionContext,
+    layout: &lakefill_table::partition::Layout,
+    labels: &[&String],
+) -> Result<Option<(String, String)>> {
     let schema = ctx
         .table("previous")
         .await
@@ -199,11 +209,10 @@ async fn compared_sides(
         .schema()
         .as_arrow()
         .clone();
-    let labels: Vec<&String> = labels.iter().collect();
     let predicate = if labels.is_empty() {
         Some(deltalake::datafusion::prelude::lit(false))
     } else {
-        lakefill_validate::compare::periods_predicate(layout, &labels, &schema)?
+        lakefill_validate::compare::periods_predicate(layout, labels, &schema)?
     };
     match predicate {
         Some(predicate) => Ok(Some(
@@ -252,20 +261,8 @@ async fn differing_sides(
     if differing.len() == labels.len() {
         return whole();
     }
-    let schema = ctx
-        .table("previous")
-        .await
-        .query_context(|| "table `previous` is not registered".into())?
-        .schema()
-        .as_arrow()
-        .clone();
-    let predicate = if differing.is_empty() {
-        Some(deltalake::datafusion::prelude::lit(false))
-    } else {
-        lakefill_validate::compare::periods_predicate(layout, &differing, &schema)?
-    };
-    let Some(predicate) = predicate else {
-        return whole();
-    };
-    lakefill_validate::compare::differing_views(ctx, Some(predicate)).await
+    match sides_of(ctx, layout, &differing).await? {
+        Some(sides) => Ok(sides),
+        None => whole(),
+    }
 }
