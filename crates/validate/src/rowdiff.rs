@@ -907,6 +907,16 @@ mod tests {
         new.extend([row("a", 902, "p"), row("b", 902, "q")]);
         let ctx = session(&old, &new).await;
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        // A comparison by `key` whose merge records its changes in `changes`.
+        let spec_of = |key: Vec<String>, changes: &Arc<KeyChanges>| CompareSpec {
+            partitions: PartitionKey::Column("d".into()),
+            key,
+            measures: Vec::new(),
+            sample: 5,
+            checksum_columns: None,
+            edges: None,
+            changes: Some(Arc::clone(changes)),
+        };
         for key in [vec!["id"], vec!["id", "s"], vec!["d", "id"]] {
             let key: Vec<String> = key.iter().map(|k| k.to_string()).collect();
             let reference = feed_rows((&old, &new), &key, None).await;
@@ -919,15 +929,7 @@ mod tests {
                 (true, true, 1 << 25),
             ] {
                 let changes = KeyChanges::new(&pool, usize::MAX);
-                let spec = CompareSpec {
-                    partitions: PartitionKey::Column("d".into()),
-                    key: key.clone(),
-                    measures: Vec::new(),
-                    sample: 5,
-                    checksum_columns: None,
-                    edges: None,
-                    changes: Some(Arc::clone(&changes)),
-                };
+                let spec = spec_of(key.clone(), &changes);
                 let capture = captured.then(|| capture_of(&ctx, &new, &old, &key, in_files));
                 changes.start(None);
                 merge_diff(
@@ -967,15 +969,7 @@ mod tests {
         recast
             .register_table("output", output.into_view())
             .expect("register");
-        let spec = CompareSpec {
-            partitions: PartitionKey::Column("d".into()),
-            key: vec!["id".into()],
-            measures: Vec::new(),
-            sample: 5,
-            checksum_columns: None,
-            edges: None,
-            changes: Some(Arc::clone(&changes)),
-        };
+        let spec = spec_of(vec!["id".into()], &changes);
         changes.start(None);
         merge_diff(&recast, &spec, "previous", "output", None, 0, None)
             .await
