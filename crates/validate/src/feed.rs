@@ -22,7 +22,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StringArray};
+use deltalake::arrow::array::{AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array};
+use deltalake::arrow::compute::take;
 use deltalake::arrow::datatypes::{DataType, Schema, UInt64Type};
 use deltalake::datafusion::catalog::TableProvider;
 use deltalake::datafusion::common::{DataFusionError, Result as DfResult};
@@ -38,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::keymerge::{FoundChanges, KeyChange};
 use lakefill_table::error::{QueryContext, Result};
-use lakefill_table::rowhash::{key_hash_sql, row_hash_sql};
+use lakefill_table::rowhash::{key_hash_sql, key_hashes, row_hash_sql};
 use lakefill_table::sqltext::{cast_sql, ident};
 
 /// The column of a change data file naming the kind of change, as the Delta protocol names it.
@@ -268,19 +269,20 @@ async fn change_rows_within(
         Some("TRUE".to_string())
     } else if let Some(found) = &found {
         // How each key changed is known: each side's rows of changed keys, as they stream by.
-        ctx.register_udf(ScalarUDF::from(ChangeUdf(Arc::clone(found))));
         let all = columns
             .iter()
             .map(|c| ident(c))
             .collect::<Vec<_>>()
             .join(", ");
         for (table, is_new) in [("__lf_feed_old", false), ("__lf_feed_new", true)] {
+            let udf = ChangeUdf::new(Arc::clone(found), is_new);
+            let name = udf.name;
+            ctx.register_udf(ScalarUDF::from(udf));
             parts.push(format!(
-                "SELECT {all}, {ct} FROM (SELECT {all}, {CHANGE}({k1}, {k2}, {is_new}) AS {ct} \
+                "SELECT {all}, {ct} FROM (SELECT {all}, {name}({keys}) AS {ct} \
                  FROM {table}) WHERE {ct} IS NOT NULL",
                 ct = ident(CHANGE_TYPE),
-                k1 = key_hash_sql(0, key),
-                k2 = key_hash_sql(1, key),
+                keys = keys.join(", "),
             ));
         }
         found.null_keys().then(|| format!("NOT ({no_null_key})"))
@@ -504,18 +506,37 @@ async fn changed_key_hashes(
     Ok((rows <= max).then_some(hashes))
 }
 
-/// The SQL name of the [`ChangeUdf`].
-const CHANGE: &str = "__lf_change";
-
-/// `__lf_change(k1, k2, is_new)`: the `_change_type` of a row of the new side (`is_new`) or the
-/// old one whose key hash halves are `k1` and `k2`, as [`FoundChanges`] tells how the key
-/// changed; NULL for a key that did not change (or a NULL key).
+/// `__lf_change_old(key columns)` and `__lf_change_new(key columns)`: the `_change_type` of a
+/// row of that side, as [`FoundChanges`] tells how its key changed; NULL for a key that did not
+/// change (or a NULL key). The first half of the key hash is computed for every row, the second
+/// only for the rows whose first half a changed key has (one function, so that a side of few
+/// changed keys is hashed about once, not twice).
 #[derive(Debug)]
-struct ChangeUdf(Arc<FoundChanges>);
+struct ChangeUdf {
+    found: Arc<FoundChanges>,
+    is_new: bool,
+    name: &'static str,
+    signature: Signature,
+}
+
+impl ChangeUdf {
+    fn new(found: Arc<FoundChanges>, is_new: bool) -> Self {
+        Self {
+            found,
+            is_new,
+            name: if is_new {
+                "__lf_change_new"
+            } else {
+                "__lf_change_old"
+            },
+            signature: Signature::variadic_any(Volatility::Immutable),
+        }
+    }
+}
 
 impl PartialEq for ChangeUdf {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.found, &other.found) && self.is_new == other.is_new
     }
 }
 
@@ -523,23 +544,18 @@ impl Eq for ChangeUdf {}
 
 impl std::hash::Hash for ChangeUdf {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        Arc::as_ptr(&self.0).hash(state);
+        Arc::as_ptr(&self.found).hash(state);
+        self.is_new.hash(state);
     }
 }
 
 impl ScalarUDFImpl for ChangeUdf {
     fn name(&self) -> &str {
-        CHANGE
+        self.name
     }
 
     fn signature(&self) -> &Signature {
-        static SIGNATURE: std::sync::LazyLock<Signature> = std::sync::LazyLock::new(|| {
-            Signature::exact(
-                vec![DataType::UInt64, DataType::UInt64, DataType::Boolean],
-                Volatility::Immutable,
-            )
-        });
-        &SIGNATURE
+        &self.signature
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> DfResult<DataType> {
@@ -547,36 +563,39 @@ impl ScalarUDFImpl for ChangeUdf {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let wrong =
-            || DataFusionError::Internal(format!("{CHANGE} takes two UInt64 and a Boolean"));
-        let (Some(k1), Some(k2), Some(is_new)) = (
-            arrays
-                .first()
-                .and_then(|a| a.as_primitive_opt::<UInt64Type>()),
-            arrays
-                .get(1)
-                .and_then(|a| a.as_primitive_opt::<UInt64Type>()),
-            arrays.get(2).and_then(|a| a.as_boolean_opt()),
-        ) else {
-            return Err(wrong());
-        };
-        let change_types: StringArray = (0..k1.len())
-            .map(|row| {
-                if k1.is_null(row) || k2.is_null(row) {
-                    return None;
-                }
-                let change = self.0.change(k1.value(row), k2.value(row))?;
-                match (change, is_new.is_valid(row) && is_new.value(row)) {
-                    (KeyChange::Insert, true) => Some("insert"),
-                    (KeyChange::Update, true) => Some("update_postimage"),
-                    (KeyChange::Delete, false) => Some("delete"),
-                    (KeyChange::Update, false) => Some("update_preimage"),
-                    _ => None,
-                }
-            })
+        let rows = args.number_rows;
+        let keys = ColumnarValue::values_to_arrays(&args.args)?;
+        let external = |e: lakefill_table::error::Error| DataFusionError::External(Box::new(e));
+        let k1 = key_hashes(0, &keys, rows).map_err(external)?;
+        // The rows whose first half a changed key has (a NULL key has none).
+        let candidates: UInt32Array = k1
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.is_some_and(|h| self.found.may_have(h)))
+            .map(|(row, _)| row as u32)
             .collect();
-        Ok(ColumnarValue::Array(Arc::new(change_types)))
+        let mut change_types: Vec<Option<&str>> = vec![None; rows];
+        if !candidates.is_empty() {
+            let picked = keys
+                .iter()
+                .map(|column| take(column.as_ref(), &candidates, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let k2 = key_hashes(1, &picked, candidates.len()).map_err(external)?;
+            for (at, row) in candidates.values().iter().enumerate() {
+                let row = *row as usize;
+                let change = self.found.change(k1.value(row), k2.value(at));
+                change_types[row] = match (change, self.is_new) {
+                    (Some(KeyChange::Insert), true) => Some("insert"),
+                    (Some(KeyChange::Update), true) => Some("update_postimage"),
+                    (Some(KeyChange::Delete), false) => Some("delete"),
+                    (Some(KeyChange::Update), false) => Some("update_preimage"),
+                    _ => None,
+                };
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(StringArray::from(
+            change_types,
+        ))))
     }
 }
 

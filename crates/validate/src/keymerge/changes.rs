@@ -238,19 +238,28 @@ impl FoundChanges {
 
     /// How the key of these hash halves changed (`None`: it did not, or is not known).
     pub fn change(&self, k1: u64, k2: u64) -> Option<KeyChange> {
-        let slot = match self.bits {
-            0 => 0,
-            bits => (k1 >> (64 - bits)) as usize,
-        };
-        let (from, to) = (
-            self.directory[slot] as usize,
-            self.directory[slot + 1] as usize,
-        );
-        let keys = &self.keys[from..to];
+        let keys = self.slot(k1);
         let at = keys.partition_point(|k| (k.0, k.1) < (k1, k2 as u32));
         keys.get(at)
             .filter(|k| k.0 == k1 && k.1 == k2 as u32)
             .map(|k| k.2)
+    }
+
+    /// Whether a changed key has `k1` as the first half of its hash: when not, the key did
+    /// not change, and the second half need not be computed to look it up.
+    pub fn may_have(&self, k1: u64) -> bool {
+        let keys = self.slot(k1);
+        let at = keys.partition_point(|k| k.0 < k1);
+        keys.get(at).is_some_and(|k| k.0 == k1)
+    }
+
+    /// The keys in the directory's slot of `k1`.
+    fn slot(&self, k1: u64) -> &[(u64, u32, KeyChange)] {
+        let slot = match self.bits {
+            0 => 0,
+            bits => (k1 >> (64 - bits)) as usize,
+        };
+        &self.keys[self.directory[slot] as usize..self.directory[slot + 1] as usize]
     }
 
     /// The partitions the merge compared (`None`: all of them).
@@ -300,9 +309,11 @@ mod tests {
             assert_eq!(found.len() as u64, count);
             for (i, (k1, k2, kind)) in all.iter().enumerate() {
                 assert_eq!(found.change(*k1, u64::from(*k2)), Some(*kind), "key {i}");
+                assert!(found.may_have(*k1), "key {i}");
                 // The same first half with another second half is another key.
                 assert_eq!(found.change(*k1, u64::from(*k2) + 100), None);
                 assert_eq!(found.change(k1 ^ 1, u64::from(*k2)), None);
+                assert!(!found.may_have(k1 ^ 1), "key {i}");
             }
         }
         // Past the budget, or what the pool grants, the record is given up.
