@@ -249,6 +249,16 @@ pub struct Located {
 }
 
 impl Located {
+    /// Room for `rows` old rows, so that adding them does not grow the table as it goes (a
+    /// partition's live rows are known from the log's statistics before its files are read).
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            heads: HashMap::with_capacity_and_hasher(rows, BuildHasherDefault::default()),
+            entries: Vec::with_capacity(rows),
+            used: 0,
+        }
+    }
+
     /// Adds the old rows of `file` whose hashes are `hashes`, at positions `first..`, skipping
     /// those `deleted` says the file no longer holds.
     pub fn add(

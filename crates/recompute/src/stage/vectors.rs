@@ -579,12 +579,19 @@ impl OldPartition {
             }
             None => None,
         };
+        let mine: Vec<Add> = candidates
+            .iter()
+            .filter(|f| of_partition(f, columns, values))
+            .cloned()
+            .collect();
         let mut old = Self {
             label,
             files: Vec::new(),
             before: Vec::new(),
             rows: Vec::new(),
-            located: Located::default(),
+            // The partition's live rows by the log's statistics (at most the plan's
+            // `max_rows`: a larger partition is not read, [`too_large`]).
+            located: Located::with_capacity(usize::try_from(live_rows(&mine)).unwrap_or(0)),
             sums: Vec::new(),
             written: RowChecksum::default(),
             carried: RowChecksum::default(),
@@ -600,10 +607,7 @@ impl OldPartition {
             added_check: 0,
             at: None,
         };
-        for file in candidates
-            .iter()
-            .filter(|f| of_partition(f, columns, values))
-        {
+        for file in &mine {
             let before = lakefill_table::vectors::deleted_rows(
                 store.as_ref(),
                 root,
@@ -633,9 +637,13 @@ impl OldPartition {
                     batch.num_rows(),
                 );
                 // Live before the fix, and in the fix's scope (the rest of them are carried).
-                let live: Vec<bool> = (position..position + batch.num_rows() as u64)
-                    .map(|p| !before.contains(p))
-                    .collect();
+                let live: Vec<bool> = if before.is_empty() {
+                    vec![true; batch.num_rows()]
+                } else {
+                    (position..position + batch.num_rows() as u64)
+                        .map(|p| !before.contains(p))
+                        .collect()
+                };
                 let scoped: Vec<bool> = match &selector {
                     Some(selector) => selector
                         .select(&with_partition_columns(&batch, (columns, values))?)?
