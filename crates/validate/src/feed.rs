@@ -37,7 +37,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
-use crate::keymerge::{FoundChanges, KeyChange};
+use crate::keymerge::{FirstOf, FoundChanges, KeyChange};
 use lakefill_table::error::{QueryContext, Result};
 use lakefill_table::rowhash::{key_hash_sql, key_hashes, row_hash_sql};
 use lakefill_table::sqltext::{cast_sql, ident};
@@ -567,23 +567,29 @@ impl ScalarUDFImpl for ChangeUdf {
         let keys = ColumnarValue::values_to_arrays(&args.args)?;
         let external = |e: lakefill_table::error::Error| DataFusionError::External(Box::new(e));
         let k1 = key_hashes(0, &keys, rows).map_err(external)?;
-        // The rows whose first half a changed key has (a NULL key has none).
-        let candidates: UInt32Array = k1
+        // The rows whose first half a changed key has (a NULL key has none), and where.
+        let (candidates, firsts): (Vec<u32>, Vec<FirstOf>) = k1
             .iter()
             .enumerate()
-            .filter(|(_, h)| h.is_some_and(|h| self.found.may_have(h)))
-            .map(|(row, _)| row as u32)
-            .collect();
+            .filter_map(|(row, h)| Some((row as u32, self.found.first_of(h?)?)))
+            .unzip();
         let mut change_types: Vec<Option<&str>> = vec![None; rows];
         if !candidates.is_empty() {
-            let picked = keys
-                .iter()
-                .map(|column| take(column.as_ref(), &candidates, None))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let k2 = key_hashes(1, &picked, candidates.len()).map_err(external)?;
-            for (at, row) in candidates.values().iter().enumerate() {
+            // Every row's key (a partition whose every key changed): hashed as it is.
+            let k2 = if candidates.len() == rows {
+                key_hashes(1, &keys, rows)
+            } else {
+                let candidates = UInt32Array::from(candidates.clone());
+                let picked = keys
+                    .iter()
+                    .map(|column| take(column.as_ref(), &candidates, None))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                key_hashes(1, &picked, candidates.len())
+            }
+            .map_err(external)?;
+            for (at, (row, first)) in candidates.iter().zip(firsts).enumerate() {
                 let row = *row as usize;
-                let change = self.found.change(k1.value(row), k2.value(at));
+                let change = self.found.change_at(first, k1.value(row), k2.value(at));
                 change_types[row] = match (change, self.is_new) {
                     (Some(KeyChange::Insert), true) => Some("insert"),
                     (Some(KeyChange::Update), true) => Some("update_postimage"),

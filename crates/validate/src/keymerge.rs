@@ -37,7 +37,7 @@ mod capture;
 mod changes;
 
 pub use capture::{Capture, CaptureWriter};
-pub use changes::{FoundChanges, KeyChange, KeyChanges};
+pub use changes::{FirstOf, FoundChanges, KeyChange, KeyChanges};
 
 use super::edges::{EdgeProbe, Hit};
 use super::rowdiff::{

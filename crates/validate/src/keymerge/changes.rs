@@ -190,6 +190,10 @@ impl std::fmt::Debug for FoundChanges {
     }
 }
 
+/// Where the changed keys of one first half of a key hash start ([`FoundChanges::first_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstOf(usize);
+
 /// Bits of a key hash's first half that index the directory of [`FoundChanges`]: about a key
 /// per slot at a million keys, 4 MiB.
 const DIRECTORY_BITS: u32 = 20;
@@ -238,28 +242,33 @@ impl FoundChanges {
 
     /// How the key of these hash halves changed (`None`: it did not, or is not known).
     pub fn change(&self, k1: u64, k2: u64) -> Option<KeyChange> {
-        let keys = self.slot(k1);
-        let at = keys.partition_point(|k| (k.0, k.1) < (k1, k2 as u32));
-        keys.get(at)
-            .filter(|k| k.0 == k1 && k.1 == k2 as u32)
-            .map(|k| k.2)
+        self.first_of(k1).and_then(|at| self.change_at(at, k1, k2))
     }
 
-    /// Whether a changed key has `k1` as the first half of its hash: when not, the key did
-    /// not change, and the second half need not be computed to look it up.
-    pub fn may_have(&self, k1: u64) -> bool {
-        let keys = self.slot(k1);
-        let at = keys.partition_point(|k| k.0 < k1);
-        keys.get(at).is_some_and(|k| k.0 == k1)
-    }
-
-    /// The keys in the directory's slot of `k1`.
-    fn slot(&self, k1: u64) -> &[(u64, u32, KeyChange)] {
+    /// Where the changed keys whose first half is `k1` start, if any has it: when none does,
+    /// the key did not change, and its second half need not be computed to look it up
+    /// ([`Self::change_at`] then finds it without searching again).
+    pub fn first_of(&self, k1: u64) -> Option<FirstOf> {
         let slot = match self.bits {
             0 => 0,
             bits => (k1 >> (64 - bits)) as usize,
         };
-        &self.keys[self.directory[slot] as usize..self.directory[slot + 1] as usize]
+        let from = self.directory[slot] as usize;
+        let keys = &self.keys[from..self.directory[slot + 1] as usize];
+        let at = keys.partition_point(|k| k.0 < k1);
+        keys.get(at)
+            .filter(|k| k.0 == k1)
+            .map(|_| FirstOf(from + at))
+    }
+
+    /// How the key of these hash halves changed, its first half's keys starting at `at`
+    /// ([`Self::first_of`] of `k1`).
+    pub fn change_at(&self, at: FirstOf, k1: u64, k2: u64) -> Option<KeyChange> {
+        self.keys[at.0..]
+            .iter()
+            .take_while(|k| k.0 == k1)
+            .find(|k| k.1 == k2 as u32)
+            .map(|k| k.2)
     }
 
     /// The partitions the merge compared (`None`: all of them).
@@ -309,11 +318,12 @@ mod tests {
             assert_eq!(found.len() as u64, count);
             for (i, (k1, k2, kind)) in all.iter().enumerate() {
                 assert_eq!(found.change(*k1, u64::from(*k2)), Some(*kind), "key {i}");
-                assert!(found.may_have(*k1), "key {i}");
+                let first = found.first_of(*k1).expect("first half recorded");
+                assert_eq!(found.change_at(first, *k1, u64::from(*k2)), Some(*kind));
                 // The same first half with another second half is another key.
                 assert_eq!(found.change(*k1, u64::from(*k2) + 100), None);
                 assert_eq!(found.change(k1 ^ 1, u64::from(*k2)), None);
-                assert!(!found.may_have(k1 ^ 1), "key {i}");
+                assert_eq!(found.first_of(k1 ^ 1), None, "key {i}");
             }
         }
         // Past the budget, or what the pool grants, the record is given up.
