@@ -25,6 +25,7 @@ import os
 import struct
 import sys
 import uuid
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -227,17 +228,44 @@ def inline_vector(positions):
     return {"storageType": "i", "pathOrInlineDv": text, "sizeInBytes": len(data), "cardinality": len(positions)}
 
 
-def deleted_positions(vector):
-    """The positions an inline vector (as `inline_vector` writes them) deletes."""
-    assert vector["storageType"] == "i", vector
-    text = vector["pathOrInlineDv"]
+def z85_decode(text):
     data = b""
     for i in range(0, len(text), 5):
         value = 0
         for c in text[i : i + 5]:
             value = value * 85 + Z85.index(c)
         data += struct.pack(">I", value)
-    data = data[: vector["sizeInBytes"]]
+    return data
+
+
+def vector_bytes(root, vector):
+    """The bytes of a deletion vector (the magic, then the bitmap), inline or from its file as the
+    protocol's "Deletion Vector File Storage Format" says: a random prefix and a Z85-encoded UUID
+    name `<prefix>/deletion_vector_<uuid>.bin`, where at `offset` come the data's size (4 bytes,
+    big-endian), the data, and its CRC-32."""
+    if vector["storageType"] == "i":
+        return z85_decode(vector["pathOrInlineDv"])[: vector["sizeInBytes"]]
+    assert vector["storageType"] == "u", vector
+    encoded = vector["pathOrInlineDv"]
+    prefix, token = encoded[:-20], encoded[-20:]
+    name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(token))}.bin"
+    with open(os.path.join(root, prefix, name), "rb") as f:
+        blob = f.read()
+    assert blob[0] == 1, "format version 1"
+    offset = vector.get("offset") or 1
+    (size,) = struct.unpack(">I", blob[offset : offset + 4])
+    assert size == vector["sizeInBytes"], vector
+    data = blob[offset + 4 : offset + 4 + size]
+    (crc,) = struct.unpack(">I", blob[offset + 4 + size : offset + 8 + size])
+    assert crc == zlib.crc32(data), "the vector's checksum"
+    return data
+
+
+def deleted_positions(root, vector):
+    """The positions a deletion vector deletes (array containers only, as small vectors are)."""
+    data = vector_bytes(root, vector)
+    (magic,) = struct.unpack("<I", data[:4])
+    assert magic == DV_MAGIC, magic
     (buckets,) = struct.unpack("<Q", data[4:12])
     offset, out = 12, set()
     for _ in range(buckets):
@@ -564,7 +592,7 @@ def raw(root):
             if f.metadata and b"PARQUET:field_id" in f.metadata:
                 by_id[int(f.metadata[b"PARQUET:field_id"])] = table.column(i)
         vector = add.get("deletionVector")
-        deleted = deleted_positions(vector) if vector else set()
+        deleted = deleted_positions(root, vector) if vector else set()
         for index in range(table.num_rows):
             if index in deleted:
                 continue

@@ -137,8 +137,12 @@ impl VectorPlan {
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
     /// a cascade's node) or a logical revert (not a revert by files, nor adjustments, which
     /// only append), of a table partitioned by time (not by
-    /// rows), not a model reading its own past, nor a feature whose commits lakefill writes
-    /// itself (with column mapping, old files are read by the physical names). A cascade's child
+    /// rows), not a model reading its own past. Tables whose commits lakefill writes itself (row
+    /// tracking, in-commit timestamps, identity columns) take vectors too: a file cut keeps its
+    /// `add`'s row ids and commit version (its rows that stay keep their stable ids, as the
+    /// protocol's row tracking asks), and the files written get fresh ones
+    /// ([`lakefill_log::writer::complete`]); with column mapping, old files are read by their
+    /// physical names or field ids ([`OldColumns`]). A cascade's child
     /// reads such a node's new rows as validation does: its kept files through their new
     /// vectors, and its staged files ([`lakefill_log::journal::Journal::new_row_files`]).
     /// Otherwise it rewrites, as it always has. (A change data feed is computed from the sides as
@@ -166,8 +170,7 @@ impl VectorPlan {
             && !plan.kind.reverts_files()
             && (!layout.partition_columns.is_empty() || layout.is_timeless())
             && !layout.by_rows
-            && !report.reads_own_past
-            && lakefill_log::writer::delta_rs_commits(&plan.target);
+            && !report.reads_own_past;
         if !eligible {
             return Ok(None);
         }
