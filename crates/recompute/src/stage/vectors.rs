@@ -142,7 +142,7 @@ impl VectorPlan {
     /// `add`'s row ids and commit version (its rows that stay keep their stable ids, as the
     /// protocol's row tracking asks), and the files written get fresh ones
     /// ([`lakefill_log::writer::complete`]); with column mapping, old files are read by their
-    /// physical names or field ids ([`OldColumns`]). A cascade's child
+    /// physical names or field ids (`OldColumns`). A cascade's child
     /// reads such a node's new rows as validation does: its kept files through their new
     /// vectors, and its staged files ([`lakefill_log::journal::Journal::new_row_files`]).
     /// Otherwise it rewrites, as it always has. (A change data feed is computed from the sides as
