@@ -573,13 +573,13 @@ impl ScalarUDFImpl for ChangeUdf {
             .enumerate()
             .filter_map(|(row, h)| Some((row as u32, self.found.first_of(h?)?)))
             .unzip();
+        let candidates = UInt32Array::from(candidates);
         let mut change_types: Vec<Option<&str>> = vec![None; rows];
         if !candidates.is_empty() {
             // Every row's key (a partition whose every key changed): hashed as it is.
             let k2 = if candidates.len() == rows {
                 key_hashes(1, &keys, rows)
             } else {
-                let candidates = UInt32Array::from(candidates.clone());
                 let picked = keys
                     .iter()
                     .map(|column| take(column.as_ref(), &candidates, None))
@@ -587,7 +587,7 @@ impl ScalarUDFImpl for ChangeUdf {
                 key_hashes(1, &picked, candidates.len())
             }
             .map_err(external)?;
-            for (at, (row, first)) in candidates.iter().zip(firsts).enumerate() {
+            for (at, (row, first)) in candidates.values().iter().zip(firsts).enumerate() {
                 let row = *row as usize;
                 let change = self.found.change_at(first, k1.value(row), k2.value(at));
                 change_types[row] = match (change, self.is_new) {

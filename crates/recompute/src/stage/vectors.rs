@@ -610,14 +610,14 @@ impl OldPartition {
             added_check: 0,
             at: None,
         };
-        for file in &mine {
+        for file in mine {
             let before = lakefill_table::vectors::deleted_rows(
                 store.as_ref(),
                 root,
                 file.deletion_vector.as_ref(),
             )
             .await?;
-            let Some(mut stream) = read_old(store, file, old_columns).await? else {
+            let Some(mut stream) = read_old(store, &file, old_columns).await? else {
                 return Ok(None);
             };
             let index = u32::try_from(old.files.len()).unwrap_or(u32::MAX);
@@ -700,7 +700,7 @@ impl OldPartition {
             old.checks.push(checks);
             old.keys.push(keys);
             old.sums.push(sum);
-            old.files.push(file.clone());
+            old.files.push(file);
             old.before.push(before);
             old.rows.push(position);
         }
