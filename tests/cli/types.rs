@@ -273,3 +273,60 @@ fn issue_32_float_noise_is_named_and_decimals_compare_to_places() {
     assert_eq!(rounded["validation"]["comparison"]["totals"]["changed"], 0);
     assert_eq!(floats(&["rows", path]), before, "nothing published");
 }
+
+/// By rows (`range_column`) on a table that takes deletion vectors, old files Spark wrote with
+/// INT96 timestamps cannot be cut either, and since a fix by rows by vectors carries no rows
+/// over, it is published by rewriting those files instead (their footers are read before
+/// staging): the rows of the range fixed, the files' other rows carried over with their
+/// timestamps exact, nothing refused.
+#[test]
+fn int96_files_of_a_fix_by_rows_are_rewritten_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    spark(&["int96", path, "vectors"]);
+    let table = dir.path().join("lake/scd");
+    let table = table.to_str().unwrap();
+    let before: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    // The rows that became valid on 2021-01-01 (one a day), by rows of `valid_from`.
+    std::fs::write(
+        dir.path().join("sql/scd/v2.sql"),
+        "/*\ntarget = \"scd\"\npartition_by = \"day\"\nrange_column = \"valid_from\"\ngrain = \"day\"\n\
+         [sources.scd]\n[validate]\nkey = [\"id\"]\n*/\n\
+         SELECT id, upper(name) AS name, valid_from, valid_to, day FROM scd\n\
+         WHERE valid_from >= TIMESTAMP '2021-01-01' AND valid_from < TIMESTAMP '2021-01-02'\n",
+    )
+    .unwrap();
+    let report = json_ok(&run_in(
+        dir.path(),
+        &[
+            "backfill",
+            "scd",
+            "--model-version",
+            "v2",
+            "--from",
+            "2021-01-01",
+            "--to",
+            "2021-01-01",
+            "--output-format",
+            "json",
+        ],
+    ));
+    assert_eq!(report["state"], "published", "{report}");
+    assert!(report["deletion_vectors"].is_null(), "rewritten: {report}");
+    assert_eq!(
+        report["validation"]["comparison"]["totals"]["changed"], 3,
+        "{report}"
+    );
+    let after: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let after = after.as_array().unwrap();
+    assert_eq!(after.len(), 12, "every row once: {after:?}");
+    for (old, new) in before.as_array().unwrap().iter().zip(after) {
+        let mut expected = old.clone();
+        if old["id"].as_i64().unwrap() % 100 == 1 {
+            expected["name"] = old["name"].as_str().unwrap().to_uppercase().into();
+        }
+        for column in ["id", "name", "valid_from", "valid_to"] {
+            assert_eq!(new[column], expected[column], "{new}");
+        }
+    }
+}

@@ -1,12 +1,13 @@
 """A table with deletion vectors, as python `deltalake` writes one, and two independent readers of
 it that apply deletion vectors (python `deltalake`'s own engine and polars).
 
-    python3 vectors.py make URI [feed|flat|flatbig]
-                                              # the table (see `make`); `feed`: with the change
+    python3 vectors.py make URI [OPTION,...]  # the table (see `make`); `feed`: with the change
                                               # data feed on too; `flat`: not partitioned;
-                                              # `flatbig`: the same, 20,000 rows a write
+                                              # `flatbig`: the same, 20,000 rows a write;
+                                              # `daily`: by country, a file a day (or two)
     python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
     python3 vectors.py polars URI             # its rows by polars, sorted
+    python3 vectors.py spans URI              # each live file's first and last event_date
     python3 vectors.py expected URI VERSION [COUNTRY]
                                               # the rows at VERSION with the tests' fix applied
                                               # (to COUNTRY's rows only: `--where country = ...`)
@@ -35,10 +36,13 @@ DAYS = [datetime.date(2026, 1, 1) + datetime.timedelta(days=d) for d in range(4)
 PER_WRITE = 1000
 
 
-def make(uri, feed=False, partitioned=True, per_write=PER_WRITE):
+def make(uri, feed=False, partitioned=True, per_write=PER_WRITE, daily=False):
     """4 days, each in two files (two writes) of 1,000 rows; event 100005 is loaded twice (in
     both files of 2026-01-01). Deletion vectors on (and with `feed`, the change data feed).
-    Not `partitioned`: the same rows in two files, `event_date` a column like the others."""
+    Not `partitioned`: the same rows in two files, `event_date` a column like the others.
+    `daily`: partitioned by `country` instead, each write's days appended one by one (a file
+    holds one day of one country), but for its rows of 2026-01-02 and -03, appended at once:
+    those files hold both days."""
     configuration = {"delta.enableDeletionVectors": "true"}
     if feed:
         configuration["delta.enableChangeDataFeed"] = "true"
@@ -61,14 +65,38 @@ def make(uri, feed=False, partitioned=True, per_write=PER_WRITE):
                 "event_date": pa.array(dates, pa.date32()),
             }
         )
-        write_deltalake(
-            uri,
-            table,
-            mode="append",
-            partition_by=["event_date"] if partitioned else None,
-            configuration=configuration,
-            storage_options=storage_options(),
-        )
+        if daily:
+            days = [[DAYS[0]], [DAYS[1]], [DAYS[2]], [DAYS[3]]]
+            if write == 1:
+                days = [[DAYS[0]], [DAYS[1], DAYS[2]], [DAYS[3]]]
+            parts = [
+                table.filter(pa.array([d in these for d in dates])) for these in days
+            ]
+        else:
+            parts = [table]
+        for part in parts:
+            write_deltalake(
+                uri,
+                part,
+                mode="append",
+                partition_by=["country"] if daily else ["event_date"] if partitioned else None,
+                configuration=configuration,
+                storage_options=storage_options(),
+            )
+
+
+def spans(uri):
+    """Each live file's path (as the log names it) and the first and last `event_date` it holds,
+    read by pyarrow from the file itself (its deleted rows too)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = DeltaTable(uri, storage_options=storage_options())
+    out = {}
+    for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        days = pq.read_table(os.path.join(uri, add["path"]), columns=["event_date"])["event_date"]
+        out[add["path"]] = [pc.min(days).as_py().isoformat(), pc.max(days).as_py().isoformat()]
+    return out
 
 
 def as_rows(rows):
@@ -170,15 +198,18 @@ def feed_of(uri, version):
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
-        option = sys.argv[3] if len(sys.argv) > 3 else None
+        options = sys.argv[3].split(",") if len(sys.argv) > 3 else []
         make(
             sys.argv[2],
-            feed=option == "feed",
-            partitioned=option not in ("flat", "flatbig"),
-            per_write=20 * PER_WRITE if option == "flatbig" else PER_WRITE,
+            feed="feed" in options,
+            partitioned="flat" not in options and "flatbig" not in options,
+            per_write=20 * PER_WRITE if "flatbig" in options else PER_WRITE,
+            daily="daily" in options,
         )
     elif command == "rows":
         print(json.dumps(read(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
+    elif command == "spans":
+        print(json.dumps(spans(sys.argv[2])))
     elif command == "polars":
         print(json.dumps(polars_rows(sys.argv[2])))
     elif command == "expected":

@@ -474,6 +474,20 @@ fn a_partition_too_large_to_match_in_memory_is_rewritten_not_cut() {
             .all(|(_, vector)| vector.is_none()),
         "rewritten: no file has a vector"
     );
+
+    // By rows (the second fix), whose fix by vectors carries no rows over either, the run is not
+    // refused: its batch's files are too large to match, so it rewrites them as before vectors,
+    // carrying their rows of 2026-01-04 over.
+    let version = lake.open("t").version().unwrap().to_string();
+    by_rows_model(&lake, None, "v2", SECOND_FIX);
+    let mut by_rows = BACKFILL.to_vec();
+    by_rows.extend(["--memory-limit", "16MiB", "--model-version", "v2"]);
+    let report = json_ok(&lake.run(&by_rows));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert!(report["deletion_vectors"].is_null(), "{report}");
+    assert_eq!(report["rows_carried"], 40000, "{report}");
+    let expected = read(&lake, &["second", &version]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
 }
 
 /// A logical revert (`revert --logical`, when a later commit blocks putting files back) of a fix
@@ -954,4 +968,204 @@ fn a_where_fix_of_every_selected_row_cuts_partitions_it_changes_a_sixth_of() {
     let mut got: Vec<Value> = read(&lake, &["rows"]).as_array().unwrap().clone();
     got.sort_by_key(|r| r.to_string());
     assert_eq!(got, expected, "python deltalake");
+}
+
+/// The tests' fix by rows (`range_column = "event_date"`) on a table partitioned by
+/// `partition_by` (none: unpartitioned), keyed by `event_id`, as version `version` of `sql`.
+fn by_rows_model(lake: &PythonLake, partition_by: Option<&str>, version: &str, sql: &str) {
+    let partition_by = partition_by.map_or(String::new(), |c| format!("partition_by = \"{c}\"\n"));
+    lake.model_version(
+        "fix",
+        version,
+        &format!(
+            "target = \"t\"\n{partition_by}range_column = \"event_date\"\n[sources.t]\n\
+             window = \"event_date\"\n[validate]\nkey = [\"event_id\"]"
+        ),
+        sql,
+    );
+}
+
+/// Each live file's first and last `event_date`, read from the file.
+fn spans(lake: &PythonLake) -> BTreeMap<String, (String, String)> {
+    let spans = read(lake, &["spans"]);
+    spans
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(path, days)| {
+            let day = |i: usize| days[i].as_str().unwrap().to_string();
+            (path.clone(), (day(0), day(1)))
+        })
+        .collect()
+}
+
+/// A fix by rows (`range_column`) on an unpartitioned table whose two files each hold every day
+/// is published by deletion vectors: each file has one vector, so the batches its rows reach are
+/// joined into one (`--batch-partitions 1` plans one batch of the three days); the rows of
+/// 2026-01-04 stay in the files cut, neither deleted nor written again (`rows_carried` 0, and
+/// the `carried rows unchanged` check compares them with a scan of the files); python
+/// `deltalake` and polars read exactly the fix. `--where` narrows it the same way, and revert
+/// puts the files back with the rows they had.
+#[test]
+fn a_fix_by_rows_cuts_the_files_it_reads_and_keeps_their_rows_outside_the_range() {
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t"), "flat"]);
+    lake.declare("t");
+    by_rows_model(&lake, None, "v1", FIX);
+    let before = live_files(&lake);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let original = read(&lake, &["rows"]);
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--batch-partitions", "1"]);
+    let mut plan = args.clone();
+    plan[0] = "plan";
+    let planned = json_ok(&lake.run(&plan));
+    let batches: Vec<(&str, &str, bool)> = planned["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["start"].as_str().unwrap(),
+                b["end"].as_str().unwrap(),
+                b["carry"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(
+        batches,
+        [
+            ("2026-01-01", "2026-01-03", false),
+            ("2026-01-01", "2026-01-03", true)
+        ],
+        "{planned}"
+    );
+
+    let report = json_ok(&lake.run(&args));
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    assert_eq!(vectors["files_cut"], 2, "{vectors}");
+    let counts = &vectors["partitions"]["2026-01-01..2026-01-03"];
+    // 2,000 rows of 2026-01-03 and 1% of the others change; the rows of 2026-01-04 count in
+    // the share (as a rewrite would carry them), so the files are cut, not rewritten.
+    assert_eq!(
+        counts,
+        &serde_json::json!({"deleted": 2045, "added": 2044, "rows": 5999}),
+        "{vectors}"
+    );
+    assert_eq!(report["rows_carried"], 0, "{report}");
+    assert_eq!(report["files_written"], 1, "{report}");
+    assert_eq!(
+        checks(&report).get("carried rows unchanged"),
+        Some(&true),
+        "{report}"
+    );
+    let after = live_files(&lake);
+    for (path, (size, _)) in &before {
+        assert_eq!(after[path].0, *size, "{path} stays");
+    }
+    // Each file keeps its 1,000 rows of 2026-01-04 and loses the range's that changed.
+    let cut: i64 = before.keys().map(|p| after[p].1.unwrap()).sum();
+    assert_eq!(cut, 2045, "{after:?}");
+    let expected = read(&lake, &["expected", "1"]);
+    assert_ne!(expected, original);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+
+    let run_id = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(live_files(&lake), before);
+    assert_eq!(read(&lake, &["rows"]), original);
+
+    let version = lake.open("t").version().unwrap().to_string();
+    args.extend(["--where", "country = 'DE'"]);
+    let report = json_ok(&lake.run(&args));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report["deletion_vectors"]["files_cut"], 2, "{report}");
+    assert_eq!(report["rows_carried"], 0, "{report}");
+    let expected = read(&lake, &["expected", &version, "DE"]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+}
+
+/// A fix by rows of a table partitioned by `country` whose files each hold a day, but for one
+/// write's files of 2026-01-02 and -03, which hold both: only those two days' batches are
+/// joined. The first day's files are cut (1% changes), the joined batch's files rewritten
+/// (every row of 2026-01-03 changes: over the threshold), the files of 2026-01-04 are not in
+/// the commit at all. A first attempt stopped before its commit leaves the table as it was, and
+/// the run resumes; its change data feed is exactly the rows it changes (python `deltalake`'s
+/// `load_cdf` against DuckDB's diff by key), and revert puts every file back.
+#[test]
+fn a_fix_by_rows_joins_only_the_batches_a_file_reaches() {
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t"), "daily,feed"]);
+    lake.declare("t");
+    by_rows_model(&lake, Some("country"), "v1", FIX);
+    let before = live_files(&lake);
+    let spans = spans(&lake);
+    assert_eq!(before.len(), 21, "{before:?}");
+    let original = read(&lake, &["rows"]);
+    let version = lake.open("t").version().unwrap();
+    let mut args = BACKFILL.to_vec();
+    args.extend(["--batch-partitions", "1"]);
+    let mut plan = args.clone();
+    plan[0] = "plan";
+    let planned = json_ok(&lake.run(&plan));
+    let batches: Vec<(&str, &str)> = planned["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["carry"].as_bool() != Some(true))
+        .map(|b| (b["start"].as_str().unwrap(), b["end"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        batches,
+        [("2026-01-01", "2026-01-01"), ("2026-01-02", "2026-01-03")],
+        "{planned}"
+    );
+
+    let out = crate::support::lakefill_command(lake.path())
+        .args(&args)
+        .env("LAKEFILL_FAILPOINTS", "before-commit")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "stopped before the commit");
+    assert_eq!(live_files(&lake), before, "nothing published");
+    assert_eq!(read(&lake, &["rows"]), original);
+
+    let report = json_ok(&lake.run(&args));
+    assert_eq!(report["outcome"], "published", "{report}");
+    assert_eq!(report["resumed_batches"], 3, "{report}");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01"], "{vectors}");
+    let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
+    assert_eq!(rewritten, ["2026-01-02..2026-01-03"], "{vectors}");
+    assert_eq!(
+        vectors["files_cut"], 6,
+        "two writes' files of 2026-01-01: {vectors}"
+    );
+    let after = live_files(&lake);
+    for (path, (first, last)) in &spans {
+        let (kept, cut) = (after.get(path), after.get(path).and_then(|f| f.1));
+        match (first.as_str(), last.as_str()) {
+            ("2026-01-04", _) => assert_eq!(kept, before.get(path), "{path}: outside the range"),
+            ("2026-01-01", "2026-01-01") => assert!(cut.is_some(), "{path} cut: {after:?}"),
+            _ => assert!(kept.is_none(), "{path} rewritten: {after:?}"),
+        }
+    }
+    let published = report["published_version"].as_u64().unwrap();
+    let expected = read(&lake, &["expected", &version.to_string()]);
+    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    let (feed, of_versions) = feed_and_expected(&lake, published);
+    assert_eq!(feed, of_versions, "python deltalake's load_cdf");
+    assert_eq!(report["change_feed"], feed_counts(&feed), "{report}");
+
+    let run_id = report["run_id"].as_str().unwrap();
+    let reverted = json_ok(&lake.run(&["revert", run_id, "--output-format", "json"]));
+    assert_eq!(reverted["outcome"], "reverted", "{reverted}");
+    assert_eq!(live_files(&lake), before);
+    assert_eq!(read(&lake, &["rows"]), original);
 }

@@ -120,27 +120,31 @@ impl TimeColumn {
         let (Some(first), Some(last)) = (range.first(), range.last()) else {
             return true;
         };
-        let Some(stats) = stats.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-        else {
-            return true;
-        };
-        let Some(column) = self.encoding.columns().first().copied() else {
-            // No time: every file is of the whole table.
-            return true;
-        };
-        let instant = |value: &serde_json::Value| self.instant_of(value.as_str()?);
-        if range.include_null && stats["nullCount"][column].as_u64() != Some(0) {
-            return true;
+        match self.file_span(stats, range.include_null) {
+            Some((min, max)) => min < last.end() && max > first.start(),
+            None => true,
         }
-        let (Some(min), Some(max)) = (
-            instant(&stats["minValues"][column]),
-            instant(&stats["maxValues"][column]),
-        ) else {
-            return true;
-        };
-        // Statistics of timestamps are cut to milliseconds: the true maximum may be a little later.
-        let max = max + chrono::TimeDelta::milliseconds(1);
-        min < last.end() && max > first.start()
+    }
+
+    /// The times a file's rows may hold by its statistics (`stats`, the log's JSON): from its
+    /// minimum to just past its maximum (statistics of timestamps are cut to milliseconds: the
+    /// true maximum may be a little later). `None` when they do not say, or, with `null`, when
+    /// the file may hold a NULL time.
+    pub fn file_span(
+        &self,
+        stats: Option<&str>,
+        null: bool,
+    ) -> Option<(NaiveDateTime, NaiveDateTime)> {
+        let stats = stats.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())?;
+        // No time: every file is of the whole table.
+        let column = self.encoding.columns().first().copied()?;
+        let instant = |value: &serde_json::Value| self.instant_of(value.as_str()?);
+        if null && stats["nullCount"][column].as_u64() != Some(0) {
+            return None;
+        }
+        let min = instant(&stats["minValues"][column])?;
+        let max = instant(&stats["maxValues"][column])?;
+        Some((min, max + chrono::TimeDelta::milliseconds(1)))
     }
 
     /// The instant a value of the column names, as its statistics or partition values write it

@@ -199,7 +199,7 @@ impl RowPredicate {
     pub fn selector(&self, schema: &Schema) -> Result<RowSelector> {
         Ok(RowSelector {
             physical: self.physical(schema)?,
-            sql: self.sql.clone(),
+            sql: format!("--where {}", self.sql),
         })
     }
 
@@ -243,15 +243,23 @@ pub struct RowSelector {
 }
 
 impl RowSelector {
+    /// `predicate` (over `schema`) evaluated row by row, as [`RowPredicate::selector`] does a
+    /// `--where`; `sql` names it in errors.
+    pub fn of_expr(predicate: Expr, schema: &Schema, sql: String) -> Result<Self> {
+        let df_schema = DFSchema::try_from(schema.clone())
+            .map_err(|e| Error::Internal(format!("cannot describe a schema: {e}")))?;
+        let physical = SessionContext::new()
+            .create_physical_expr(predicate, &df_schema)
+            .map_err(|e| Error::Internal(format!("cannot plan the predicate `{sql}`: {e}")))?;
+        Ok(Self { physical, sql })
+    }
+
     /// Whether the predicate selects each row of `batch` (of the selector's schema): `true`
     /// where it is TRUE, `false` where it is FALSE or NULL.
     pub fn select(&self, batch: &deltalake::arrow::array::RecordBatch) -> Result<Vec<bool>> {
         use deltalake::arrow::array::{Array, AsArray};
         let fail = |e: &dyn std::fmt::Display| {
-            Error::Internal(format!(
-                "cannot evaluate `--where {}` on rows: {e}",
-                self.sql
-            ))
+            Error::Internal(format!("cannot evaluate `{}` on rows: {e}", self.sql))
         };
         let value = self
             .physical

@@ -172,10 +172,9 @@ impl BackfillBuilder {
     #[tracing::instrument(skip_all, fields(table = %self.plan.report.target, model = %self.plan.report.model, version = %self.plan.report.model_version))]
     async fn run(mut self) -> Result<RunReport> {
         // Partitions are matched by deletion vectors within the run's memory limit.
-        if let Some(vectors) = &self.plan.vectors {
-            let bounded = vectors.with_memory_limit(self.settings.memory_limit);
-            self.plan.vectors = Some(Arc::new(bounded));
-        }
+        self.plan.vectors =
+            lakefill_recompute::stage::vectors_for_run(&self.plan, self.settings.memory_limit)
+                .await?;
         let report = &self.plan.report;
         let store = self.plan.target.object_store();
         if self

@@ -418,7 +418,7 @@ impl PlanBuilder {
         query::check_checks(&plan, &self.project, &write_schema).await?;
         plan.write_schema = Some(write_schema);
         plan.report.added_columns = added_columns;
-        plan.vectors = crate::stage::vectors::VectorPlan::of(&plan)?;
+        crate::stage::vectors::VectorPlan::set(&mut plan)?;
         Ok(plan)
     }
 

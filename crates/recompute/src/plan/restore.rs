@@ -195,7 +195,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
     plan.report.added_columns = added_columns;
     // On a table that takes deletion vectors, the rows the range gets back are published by
     // them too: the rows the run added are deleted in place, the rows it deleted written again.
-    plan.vectors = crate::stage::vectors::VectorPlan::of(&plan)?;
+    crate::stage::vectors::VectorPlan::set(&mut plan)?;
     Ok(plan)
 }
 

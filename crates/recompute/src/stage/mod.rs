@@ -121,6 +121,43 @@ pub async fn stage(
     .await
 }
 
+/// The plan by deletion vectors of `plan`'s run, whose queries may use `memory_limit` bytes
+/// ([`vectors::VectorPlan::with_memory_limit`]). By rows, where a partition that cannot be cut
+/// stops the run (no batch carries the rows outside the range), none when an old file cannot
+/// be cut (a column in another type than the table's, as its footer says: Spark's INT96
+/// timestamps): the run then rewrites, as before vectors.
+pub async fn vectors_for_run(
+    plan: &BackfillPlan,
+    memory_limit: Option<u64>,
+) -> Result<Option<Arc<vectors::VectorPlan>>> {
+    let Some(bounded) = plan
+        .vectors
+        .as_ref()
+        .and_then(|v| v.with_memory_limit(memory_limit))
+    else {
+        return Ok(None);
+    };
+    if plan.report.layout.by_rows && plan.publishes_by_vectors() {
+        let target_schema = target_schema(plan)?;
+        let mapping = plan
+            .report
+            .protocol
+            .mapping
+            .clone()
+            .with_added(&target_schema);
+        let columns = Columns::split(&plan.report.layout, &mapping, &target_schema)?;
+        let store = plan.target.object_store();
+        if !vectors::every_file_cuttable(&bounded, &store, &columns.old()).await? {
+            tracing::info!(
+                "an old file holds a column in another type than the table's: the fix by rows is \
+                 published by rewriting its files"
+            );
+            return Ok(None);
+        }
+    }
+    Ok(Some(Arc::new(bounded)))
+}
+
 /// Stages a model that reads its own past (see [`crate::plan`]'s `recursive`): one batch (of one
 /// partition) at a time, in order, each reading its target as this run will publish it so far,
 /// the rows at the read version with every partition staged before overlaid.
@@ -880,10 +917,13 @@ impl<'a> Staging<'a> {
                 .map(|i| ScalarValue::try_from_array(record_batch.column(*i), first_row))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| Error::Internal(format!("cannot read a partition value: {e}")))?;
-            let candidates = plan.files.get(label).map_or(&[][..], Vec::as_slice);
+            let candidates = plan
+                .files
+                .get(plan.unit(&self.spec.batch, label))
+                .map_or(&[][..], Vec::as_slice);
             // A partition too large to match in memory is not read: it is rewritten.
             let too_large = vectors::too_large(plan, candidates);
-            if let (Some(why), Some(_)) = (&too_large, &plan.rows) {
+            if let (Some(why), true) = (&too_large, plan.scoped()) {
                 return Err(self.cannot_cut(label, why));
             }
             let old = match too_large {
@@ -891,11 +931,11 @@ impl<'a> Staging<'a> {
                 None => vectors::OldPartition::load(
                     &self.store,
                     &plan.root,
-                    label.to_string(),
+                    plan.counted_as(&self.spec.batch, label),
                     candidates,
                     (&self.spec.layout.partition_columns, &typed),
                     &self.columns.old(),
-                    (plan.rows.as_ref(), self.changed_key.as_deref()),
+                    (plan.scope.as_ref(), self.changed_key.as_deref()),
                     self.old_capture.as_mut(),
                 )
                 .await?
@@ -904,7 +944,7 @@ impl<'a> Staging<'a> {
                     old
                 }),
             };
-            if old.is_none() && plan.rows.is_some() {
+            if old.is_none() && plan.scoped() {
                 return Err(self.cannot_cut(label, vectors::OTHER_TYPE));
             }
             if old.is_none() {
@@ -1247,7 +1287,7 @@ impl<'a> Staging<'a> {
         &mut self,
         plan: &vectors::VectorPlan,
     ) -> Result<Vec<(Vec<Option<String>>, Option<vectors::OldPartition>)>> {
-        let Some(rows) = &plan.rows else {
+        let Some(scope) = &plan.scope else {
             return Ok(Vec::new());
         };
         let read: BTreeSet<String> = self
@@ -1258,8 +1298,16 @@ impl<'a> Staging<'a> {
             .collect();
         let columns = &self.spec.layout.partition_columns;
         let mut partitions: BTreeMap<(String, Vec<Option<String>>), Vec<Add>> = BTreeMap::new();
-        for label in &self.spec.batch.partitions {
-            for file in plan.files.get(label).into_iter().flatten() {
+        let batch = &self.spec.batch;
+        // By rows, the batch's files are under its first period, for each of its periods.
+        let units: BTreeSet<&str> = batch
+            .partitions
+            .iter()
+            .map(|label| plan.unit(batch, label))
+            .collect();
+        for unit in units {
+            let label = plan.counted_as(batch, unit);
+            for file in plan.files.get(unit).into_iter().flatten() {
                 if read.contains(&file.path) {
                     continue;
                 }
@@ -1295,7 +1343,7 @@ impl<'a> Staging<'a> {
                 &files,
                 (columns, &values),
                 &self.columns.old(),
-                (Some(rows), self.changed_key.as_deref()),
+                (Some(scope), self.changed_key.as_deref()),
                 self.old_capture.as_mut(),
             )
             .await?;
@@ -1307,22 +1355,35 @@ impl<'a> Staging<'a> {
         Ok(loaded)
     }
 
-    /// Why a `--where` fix by deletion vectors stops at a partition whose old files it cannot
-    /// cut: no batch carries the rows the predicate does not select, so the partition cannot be
-    /// rewritten instead.
+    /// Why a fix by deletion vectors scoped to some rows of the files it reads (`--where`, by
+    /// rows) stops at a partition whose old files it cannot cut: no batch carries the rows
+    /// outside the scope, so the partition cannot be rewritten instead.
     fn cannot_cut(&self, label: &str, why: &str) -> Error {
-        let rows = self.spec.range.rows.as_ref().map_or("", |r| r.sql.as_str());
+        let scope = self
+            .spec
+            .vectors
+            .as_ref()
+            .and_then(|plan| plan.scope.as_ref())
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let hint = if self.spec.layout.by_rows {
+            // (Not expected: a fix by rows is published by rewriting when a file's footer or the
+            // log's statistics say it cannot be cut, before staging.)
+            "run the fix again: its old files are checked before staging, and a fix by rows \
+             whose files cannot be cut is published by rewriting them"
+        } else {
+            "run the fix without `--where` (a partition that cannot be cut is then rewritten \
+             whole), or rewrite that partition first"
+        };
         Error::UnsupportedFeature {
             table: self.spec.target.clone(),
             feature: "deletionVectors".into(),
             why: format!(
-                "with `--where {rows}` a fix is published by deletion vectors, which keep the rows \
-                 it does not select in their files; partition {label} {why}, so it cannot be cut; \
-                 nothing was published"
+                "with {scope} a fix is published by deletion vectors, which keep the rows outside \
+                 it in their files; partition {label} {why}, so it cannot be cut; nothing was \
+                 published"
             ),
-            hint: "run the fix without `--where` (a partition that cannot be cut is then \
-                   rewritten whole), or rewrite that partition first"
-                .into(),
+            hint: hint.into(),
         }
     }
 

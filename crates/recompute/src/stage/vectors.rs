@@ -60,12 +60,58 @@ pub struct VectorPlan {
     /// that may hold rows it selects), partition values by logical name as the journal keeps
     /// them, by partition label.
     pub files: BTreeMap<String, Vec<Add>>,
-    /// `--where`: only the old rows it selects are the fix's to delete; the others stay where
-    /// they are (no batch carries them over).
-    pub rows: Option<RowPredicate>,
+    /// With `--where`, or by rows: only the old rows it selects are the fix's to delete; the
+    /// others stay where they are (no batch carries them over).
+    pub scope: Option<Scope>,
     /// The most live old rows of one partition that staging matches in memory
     /// ([`Self::with_memory_limit`]); a partition with more cannot be cut, and is rewritten.
     pub max_rows: u64,
+}
+
+/// Which old rows of the files read are the fix's to match, and delete: the others stay in
+/// their files (no batch carries them over), their checksum counted as the rows carried.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// `--where`: the rows it selects.
+    Rows(RowPredicate),
+    /// By rows (`range_column`): the rows of the range (and of `--where`, if given). The files
+    /// of each batch hold rows of its periods only ([`VectorPlan::set`]).
+    Range {
+        /// The target's layout (by rows).
+        layout: Box<lakefill_table::partition::Layout>,
+        /// The run's range.
+        range: Box<lakefill_table::partition::PartitionRange>,
+    },
+}
+
+impl Scope {
+    /// The scope evaluated row by row on batches of `schema` (the table's columns).
+    pub(crate) fn selector(&self, schema: &Schema) -> Result<RowSelector> {
+        match self {
+            Self::Rows(rows) => rows.selector(schema),
+            Self::Range { layout, range } => RowSelector::of_expr(
+                layout.range_predicate(range, schema)?,
+                schema,
+                self.to_string(),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Rows(rows) => write!(f, "--where {rows}"),
+            Self::Range { layout, range } => {
+                let column = layout.time.encoding.columns().join(", ");
+                write!(f, "the range {}..={} of `{column}`", range.from, range.to)?;
+                match &range.rows {
+                    Some(rows) => write!(f, " and --where {rows}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
 }
 
 /// What matching holds in memory per old row of a partition, at most: its place among the rows
@@ -124,20 +170,37 @@ impl VectorPlan {
     /// The plan for a run whose queries may use `memory_limit` bytes (`None`: unbounded): a
     /// partition is matched in memory when its live old rows take at most a quarter of it
     /// ([`BYTES_PER_MATCHED_ROW`]); a larger one is rewritten, as before vectors, streaming.
+    /// By rows, where a partition that cannot be cut stops the run (no batch carries the rows
+    /// outside the range), `None` when a batch's old files are that large: the run rewrites, as
+    /// before vectors.
     #[must_use]
-    pub fn with_memory_limit(&self, memory_limit: Option<u64>) -> Self {
+    pub fn with_memory_limit(&self, memory_limit: Option<u64>) -> Option<Self> {
         let memory = memory_limit.unwrap_or(UNLIMITED_MATCH_MEMORY);
-        Self {
+        let bounded = Self {
             max_rows: memory / 4 / BYTES_PER_MATCHED_ROW,
             ..self.clone()
+        };
+        // (Staging decides by the files of a batch, as here.)
+        if matches!(self.scope, Some(Scope::Range { .. }))
+            && bounded
+                .files
+                .values()
+                .any(|files| too_large(&bounded, files).is_some())
+        {
+            tracing::info!(
+                "a batch's old files hold more rows than matching may hold in memory: the fix by \
+                 rows is published by rewriting them"
+            );
+            return None;
         }
+        Some(bounded)
     }
 
-    /// The plan of `plan`'s run, if its target takes deletion vectors
+    /// Sets `plan`'s plan by vectors, if its target takes deletion vectors
     /// (`delta.enableDeletionVectors`) and the run may publish by them: a backfill (on its own or
     /// a cascade's node) or a logical revert (not a revert by files, nor adjustments, which
-    /// only append), of a table partitioned by time (not by
-    /// rows), not a model reading its own past. Tables whose commits lakefill writes itself (row
+    /// only append), not a model reading its own past; by rows (`range_column`), one whose range
+    /// takes no NULL times. Tables whose commits lakefill writes itself (row
     /// tracking, in-commit timestamps, identity columns) take vectors too: a file cut keeps its
     /// `add`'s row ids and commit version (its rows that stay keep their stable ids, as the
     /// protocol's row tracking asks), and the files written get fresh ones
@@ -147,12 +210,19 @@ impl VectorPlan {
     /// vectors, and its staged files ([`lakefill_log::journal::Journal::new_row_files`]).
     /// Otherwise it rewrites, as it always has. (A change data feed is computed from the sides as
     /// validation reads them, whichever way the run publishes.)
-    pub fn of(plan: &crate::plan::BackfillPlan) -> Result<Option<Arc<Self>>> {
+    ///
+    /// By rows, an old file may hold rows of several batches, and a file has one vector: the
+    /// batches an old file holds rows of (by its statistics of the time) are joined into one
+    /// ([`joined_batches`]), so that each old file is matched, and cut, in one batch. Files that
+    /// each hold a day's rows leave daily batches as they were; files of a month make batches
+    /// of months; a file without statistics of the time makes the range one batch.
+    pub fn set(plan: &mut crate::plan::BackfillPlan) -> Result<()> {
+        plan.vectors = None;
         let report = &plan.report;
         let (layout, range) = (&report.layout, &report.range);
         let snapshot = match plan.target.snapshot() {
             Ok(snapshot) => snapshot,
-            Err(_) => return Ok(None),
+            Err(_) => return Ok(()),
         };
         let configuration = snapshot.metadata().configuration();
         let on = |key: &str| {
@@ -168,19 +238,20 @@ impl VectorPlan {
             && report.publish == lakefill_table::adjustments::PublishMode::Rewrite
             && plan.adjusted.is_none()
             && !plan.kind.reverts_files()
-            && (!layout.partition_columns.is_empty() || layout.is_timeless())
-            && !layout.by_rows
+            && (!layout.partition_columns.is_empty() || layout.is_timeless() || layout.by_rows)
+            && !(layout.by_rows && range.include_null)
             && !report.reads_own_past;
         if !eligible {
-            return Ok(None);
+            return Ok(());
         }
-        // With `--where`, the files that may hold rows it selects (the others keep all theirs).
-        let affected: Option<std::collections::BTreeSet<&str>> = range
-            .rows
-            .is_some()
+        // By rows or with `--where`, the files that may hold rows of the scope (the others keep
+        // all theirs).
+        let affected: Option<std::collections::BTreeSet<&str>> = layout
+            .rewrites_files(range)
             .then(|| report.affected_files.iter().map(String::as_str).collect());
         let mapping = &report.protocol.mapping;
         let mut files: BTreeMap<String, Vec<Add>> = BTreeMap::new();
+        let mut by_rows: Vec<(Add, Option<Span>)> = Vec::new();
         for file in snapshot.log_data().iter() {
             if affected
                 .as_ref()
@@ -189,26 +260,167 @@ impl VectorPlan {
                 continue;
             }
             let values = mapping.logical_values(file.partition_values_map());
-            if let Some(label) = layout.label_in(range, &values) {
-                #[expect(
-                    deprecated,
-                    reason = "a kept file is published with the log's own add entry"
-                )]
-                let mut add = file.add_action();
-                // Its partition values by logical name, as the journal keeps them (the publish
-                // names them physically again).
-                add.partition_values = mapping.logical_values(add.partition_values);
-                files.entry(label).or_default().push(add);
+            let label = layout.label_in(range, &values);
+            if label.is_none() && !layout.by_rows {
+                continue;
+            }
+            #[expect(
+                deprecated,
+                reason = "a kept file is published with the log's own add entry"
+            )]
+            let mut add = file.add_action();
+            // Its partition values by logical name, as the journal keeps them (the publish
+            // names them physically again).
+            add.partition_values = mapping.logical_values(add.partition_values);
+            match label {
+                _ if layout.by_rows => {
+                    let span = layout.time.file_span(add.stats.as_deref(), false);
+                    by_rows.push((add, span));
+                }
+                Some(label) => files.entry(label).or_default().push(add),
+                None => {}
             }
         }
-        Ok(Some(Arc::new(Self {
+        let mut joined = None;
+        let scope = if layout.by_rows {
+            let spans: Vec<Option<Span>> = by_rows.iter().map(|(_, span)| *span).collect();
+            let (batches, of_file) = joined_batches(&report.batches, &spans, range.grain);
+            for ((add, _), batch) in by_rows.into_iter().zip(of_file) {
+                files
+                    .entry(batches[batch].start.clone())
+                    .or_default()
+                    .push(add);
+            }
+            joined = Some(batches);
+            Some(Scope::Range {
+                layout: Box::new(layout.clone()),
+                range: Box::new(range.clone()),
+            })
+        } else {
+            range.rows.clone().map(Scope::Rows)
+        };
+        plan.vectors = Some(Arc::new(Self {
             threshold: DEFAULT_THRESHOLD,
             root: plan.target.table_url().clone(),
             files,
-            rows: range.rows.clone(),
+            scope,
             max_rows: UNLIMITED_MATCH_MEMORY / 4 / BYTES_PER_MATCHED_ROW,
-        })))
+        }));
+        if let Some(batches) = joined {
+            plan.report.batches = batches;
+        }
+        Ok(())
     }
+
+    /// Whether the rows outside the fix's scope stay in the files read (`--where`, by rows):
+    /// then no batch carries them over, and a partition that cannot be cut stops the run.
+    pub fn scoped(&self) -> bool {
+        self.scope.is_some()
+    }
+
+    /// The key of [`Self::files`] the old files of the rows of `batch` in the period `label` are
+    /// under: by rows, the batch's first period (its files hold rows of its periods only); else
+    /// the period's own.
+    pub(crate) fn unit<'b>(&self, batch: &'b crate::plan::BatchPlan, label: &'b str) -> &'b str {
+        match self.scope {
+            Some(Scope::Range { .. }) => &batch.start,
+            _ => label,
+        }
+    }
+
+    /// By rows, the label the counts of the rows of `batch` go under ("first..last" of its
+    /// periods); else the period's own (`label`).
+    pub(crate) fn counted_as(&self, batch: &crate::plan::BatchPlan, label: &str) -> String {
+        match self.scope {
+            Some(Scope::Range { .. }) if batch.start != batch.end => {
+                format!("{}..{}", batch.start, batch.end)
+            }
+            Some(Scope::Range { .. }) => batch.start.clone(),
+            _ => label.to_string(),
+        }
+    }
+}
+
+/// The times an old file's rows may hold, by its statistics
+/// ([`lakefill_table::partition::TimeColumn::file_span`]).
+type Span = (chrono::NaiveDateTime, chrono::NaiveDateTime);
+
+/// `batches` (the batches of the range's periods, in order, then the carry batch) with those one
+/// of `spans` (each old file's times; `None`: unknown, every batch) reaches joined into one, and
+/// for each span the index of its batch among them. Batches keep their order and are numbered
+/// again; the carry batch stays last.
+pub(crate) fn joined_batches(
+    batches: &[crate::plan::BatchPlan],
+    spans: &[Option<Span>],
+    grain: lakefill_table::time::Grain,
+) -> (Vec<crate::plan::BatchPlan>, Vec<usize>) {
+    use lakefill_table::time::Period;
+    let (periods, others): (Vec<_>, Vec<_>) =
+        batches.iter().cloned().partition(|b| !b.carry && !b.null);
+    let bounds: Vec<Option<Span>> = periods
+        .iter()
+        .map(|b| {
+            let first = Period::from_label(grain, &b.start)?;
+            let last = Period::from_label(grain, &b.end)?;
+            Some((first.start(), last.end()))
+        })
+        .collect();
+    let count = periods.len();
+    // The batches each span reaches: the first and the last (as `file_may_hold` decides).
+    let reach = |span: &Option<Span>| -> (usize, usize) {
+        let all = (0, count.saturating_sub(1));
+        let Some((min, max)) = span else { return all };
+        if bounds.iter().any(Option::is_none) {
+            return all;
+        }
+        let first = bounds.partition_point(|b| b.is_some_and(|(_, end)| end <= *min));
+        let after = bounds.partition_point(|b| b.is_some_and(|(start, _)| start < *max));
+        if first >= after {
+            // Reaches none (the plan found it may hold rows of the range): the nearest.
+            let at = first.min(count.saturating_sub(1));
+            return (at, at);
+        }
+        (first, after - 1)
+    };
+    let reached: Vec<(usize, usize)> = spans.iter().map(reach).collect();
+    // joined[k]: batches k and k + 1 are one (a span reaches both), by a running count.
+    let mut starts = vec![0i64; count + 1];
+    for (first, last) in &reached {
+        if first < last {
+            starts[*first] += 1;
+            starts[*last] -= 1;
+        }
+    }
+    let mut group_of = Vec::with_capacity(count);
+    let mut joined: Vec<crate::plan::BatchPlan> = Vec::new();
+    let mut open = 0i64;
+    let mut previous_joined = false;
+    for (k, batch) in periods.into_iter().enumerate() {
+        match joined.last_mut() {
+            Some(last) if previous_joined => {
+                last.end = batch.end;
+                last.partitions.extend(batch.partitions);
+            }
+            _ => joined.push(crate::plan::BatchPlan {
+                index: joined.len(),
+                ..batch
+            }),
+        }
+        group_of.push(joined.len() - 1);
+        open += starts[k];
+        previous_joined = open > 0;
+    }
+    for batch in others {
+        joined.push(crate::plan::BatchPlan {
+            index: joined.len(),
+            ..batch
+        });
+    }
+    let of_span = reached
+        .iter()
+        .map(|(first, _)| group_of.get(*first).copied().unwrap_or(0))
+        .collect();
+    (joined, of_span)
 }
 
 /// The keys a fix published by deletion vectors changes, as staging finds them while it
@@ -381,8 +593,50 @@ fn same_column(file: &Schema, field: &Field) -> bool {
     }
 }
 
+/// The reader of one old file, its footer read.
+#[expect(
+    deprecated,
+    reason = "parquet's object store reader is what DataFusion 55 reads with too; its successor is \
+              not in parquet 59's API yet"
+)]
+async fn open_old(
+    store: &Arc<dyn deltalake::ObjectStore>,
+    file: &Add,
+) -> Result<
+    ParquetRecordBatchStreamBuilder<deltalake::parquet::arrow::async_reader::ParquetObjectReader>,
+> {
+    let reader = deltalake::parquet::arrow::async_reader::ParquetObjectReader::new(
+        Arc::clone(store),
+        lakefill_table::storage::object_path(&file.path),
+    )
+    .with_file_size(u64::try_from(file.size).unwrap_or(0));
+    ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| Error::Internal(format!("cannot read the old file `{}`: {e}", file.path)))
+}
+
+/// Whether an old file of `schema` (its footer's) holds the table's columns as they are, so its
+/// rows can be matched by value (see [`same_values`]; by id, [`same_column`]).
+fn cuttable(schema: &Schema, file: &Add, columns: &OldColumns) -> bool {
+    for field in columns.files.fields() {
+        if columns.by_id && !same_column(schema, field) {
+            tracing::debug!(file = %file.path, column = %field.name(),
+                "an old file's column of this field id is not the one of its name: rewritten");
+            return false;
+        }
+        if let Ok(column) = schema.field_with_name(field.name())
+            && !same_values(column.data_type(), field.data_type())
+        {
+            tracing::debug!(file = %file.path, column = %field.name(), file_type = %column.data_type(),
+                table_type = %field.data_type(), "an old file's column is not of the table's type: rewritten");
+            return false;
+        }
+    }
+    true
+}
+
 /// One old file's rows, batch by batch in file order, for [`as_table`] to type as the table does.
-/// `Ok(None)`: a column of the file is not of the table's type (see [`same_values`]).
+/// `Ok(None)`: a column of the file is not of the table's type (see [`cuttable`]).
 #[expect(
     deprecated,
     reason = "parquet's object store reader is what DataFusion 55 reads with too; its successor is \
@@ -395,37 +649,39 @@ async fn read_old(
 ) -> Result<
     Option<ParquetRecordBatchStream<deltalake::parquet::arrow::async_reader::ParquetObjectReader>>,
 > {
-    let fail = |e: &dyn std::fmt::Display| {
-        Error::Internal(format!("cannot read the old file `{}`: {e}", file.path))
-    };
-    let reader = deltalake::parquet::arrow::async_reader::ParquetObjectReader::new(
-        Arc::clone(store),
-        lakefill_table::storage::object_path(&file.path),
-    )
-    .with_file_size(u64::try_from(file.size).unwrap_or(0));
-    let builder = ParquetRecordBatchStreamBuilder::new(reader)
-        .await
-        .map_err(|e| fail(&e))?;
-    let schema = Arc::clone(builder.schema());
-    for field in columns.files.fields() {
-        if columns.by_id && !same_column(&schema, field) {
-            tracing::debug!(file = %file.path, column = %field.name(),
-                "an old file's column of this field id is not the one of its name: rewritten");
-            return Ok(None);
-        }
-        if let Ok(column) = schema.field_with_name(field.name())
-            && !same_values(column.data_type(), field.data_type())
-        {
-            tracing::debug!(file = %file.path, column = %field.name(), file_type = %column.data_type(),
-                table_type = %field.data_type(), "an old file's column is not of the table's type: rewritten");
-            return Ok(None);
-        }
+    let builder = open_old(store, file).await?;
+    if !cuttable(builder.schema(), file, columns) {
+        return Ok(None);
     }
     let stream = builder
         .with_batch_size(8192)
         .build()
-        .map_err(|e| fail(&e))?;
+        .map_err(|e| Error::Internal(format!("cannot read the old file `{}`: {e}", file.path)))?;
     Ok(Some(stream))
+}
+
+/// Whether every file of `plan` can be cut (by their footers: [`cuttable`]).
+pub(crate) async fn every_file_cuttable(
+    plan: &VectorPlan,
+    store: &Arc<dyn deltalake::ObjectStore>,
+    columns: &OldColumns,
+) -> Result<bool> {
+    let files: Vec<Add> = plan.files.values().flatten().cloned().collect();
+    let mut footers = futures::stream::iter(files)
+        .map(|file| {
+            let (store, columns) = (Arc::clone(store), columns.clone());
+            async move {
+                let builder = open_old(&store, &file).await?;
+                Ok::<_, Error>(cuttable(builder.schema(), &file, &columns))
+            }
+        })
+        .buffer_unordered(16);
+    while let Some(cuttable) = footers.next().await {
+        if !cuttable? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// `batch` (rows of an old file, checked by [`read_old`]) with the table's file columns in the
@@ -571,7 +827,7 @@ impl OldPartition {
         candidates: &[Add],
         (columns, values): (&[String], &[ScalarValue]),
         old_columns: &OldColumns,
-        (scope, key): (Option<&RowPredicate>, Option<&[usize]>),
+        (scope, key): (Option<&Scope>, Option<&[usize]>),
         mut capture: Option<&mut CaptureWriter>,
     ) -> Result<Option<Self>> {
         let selector: Option<RowSelector> = match scope {
@@ -887,6 +1143,85 @@ fn with_row_count(mut file: Add, rows: u64) -> Add {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// By rows, batches join where an old file's times reach over their boundary, and only
+    /// there: a file of one day leaves its batch alone, a file reaching into the next day joins
+    /// its batch, a file of unknown times joins them all; the carry batch stays last, numbered
+    /// again.
+    #[test]
+    fn batches_join_where_an_old_file_reaches_over_their_boundary() {
+        use lakefill_table::time::Grain;
+        let day = |d: u32| format!("2026-01-{d:02}");
+        let batch = |index: usize, from: u32, to: u32| crate::plan::BatchPlan {
+            index,
+            start: day(from),
+            end: day(to),
+            partitions: (from..=to).map(day).collect(),
+            null: false,
+            carry: false,
+        };
+        let carry = crate::plan::BatchPlan {
+            carry: true,
+            ..batch(5, 1, 10)
+        };
+        // Five batches of two days: 1-2, 3-4, 5-6, 7-8, 9-10.
+        let batches: Vec<_> = (0..5)
+            .map(|i| batch(i, 2 * i as u32 + 1, 2 * i as u32 + 2))
+            .chain([carry])
+            .collect();
+        let at = |d: u32, h: u32| {
+            chrono::NaiveDate::from_ymd_opt(2026, 1, d)
+                .unwrap()
+                .and_hms_opt(h, 0, 0)
+                .unwrap()
+        };
+        let ms = chrono::TimeDelta::milliseconds(1);
+        let joined = |spans: &[Option<Span>]| {
+            let (batches, of) = joined_batches(&batches, spans, Grain::Day);
+            let bounds: Vec<(usize, String, String, bool)> = batches
+                .iter()
+                .map(|b| (b.index, b.start.clone(), b.end.clone(), b.carry))
+                .collect();
+            (bounds, of)
+        };
+        let bounds = |pairs: &[(u32, u32)]| -> Vec<(usize, String, String, bool)> {
+            pairs
+                .iter()
+                .enumerate()
+                .map(|(i, (from, to))| (i, day(*from), day(*to), false))
+                .chain([(pairs.len(), day(1), day(10), true)])
+                .collect()
+        };
+        // Files of a day (a DATE's: its one instant, and a millisecond): batches as they were.
+        let (got, of) = joined(&[
+            Some((at(1, 0), at(1, 0) + ms)),
+            Some((at(4, 0), at(4, 0) + ms)),
+            Some((at(9, 5), at(9, 6))),
+        ]);
+        assert_eq!(got, bounds(&[(1, 2), (3, 4), (5, 6), (7, 8), (9, 10)]));
+        assert_eq!(of, [0, 1, 4]);
+        // A file from day 4 to day 5 (noon) joins 3-4 and 5-6; one from 6 to 7, those and 7-8.
+        let (got, of) = joined(&[
+            Some((at(4, 0), at(5, 12))),
+            Some((at(6, 0), at(7, 1))),
+            Some((at(10, 0), at(10, 1))),
+        ]);
+        assert_eq!(got, bounds(&[(1, 2), (3, 8), (9, 10)]));
+        assert_eq!(of, [1, 1, 2]);
+        // Times outside the range on both sides reach the first and last batch.
+        let (got, _) = joined(&[Some((at(1, 0) - chrono::TimeDelta::days(30), at(2, 0)))]);
+        assert_eq!(got, bounds(&[(1, 2), (3, 4), (5, 6), (7, 8), (9, 10)]));
+        // Unknown times: one batch.
+        let (got, of) = joined(&[Some((at(1, 0), at(1, 1))), None]);
+        assert_eq!(got, bounds(&[(1, 10)]));
+        assert_eq!(of, [0, 0]);
+        assert_eq!(
+            joined_batches(&batches, &[None], Grain::Day).0[0]
+                .partitions
+                .len(),
+            10
+        );
+    }
 
     #[test]
     fn values_are_alike_only_in_the_same_type() {
