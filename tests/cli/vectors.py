@@ -8,6 +8,9 @@ it that apply deletion vectors (python `deltalake`'s own engine and polars).
     python3 vectors.py rows URI [VERSION]     # its rows by python deltalake's engine, sorted
     python3 vectors.py polars URI             # its rows by polars, sorted
     python3 vectors.py spans URI              # each live file's first and last event_date
+    python3 vectors.py sums URI CHILD         # CHILD: the sums of URI by day and country
+    python3 vectors.py sumsof URI             # those sums, by DuckDB over URI's rows now
+    python3 vectors.py sumsrows CHILD         # CHILD's rows
     python3 vectors.py expected URI VERSION [COUNTRY]
                                               # the rows at VERSION with the tests' fix applied
                                               # (to COUNTRY's rows only: `--where country = ...`)
@@ -97,6 +100,51 @@ def spans(uri):
         days = pq.read_table(os.path.join(uri, add["path"]), columns=["event_date"])["event_date"]
         out[add["path"]] = [pc.min(days).as_py().isoformat(), pc.max(days).as_py().isoformat()]
     return out
+
+
+SUMS = """SELECT CAST(event_date AS DATE) AS event_date, country,
+       CAST(SUM(amount_cents) AS BIGINT) AS cents, CAST(COUNT(*) AS BIGINT) AS n
+FROM t GROUP BY ALL ORDER BY ALL"""
+
+
+def sums_of(uri):
+    """The sums of the table's rows by day and country (what the tests' child model computes),
+    by DuckDB over python `deltalake`'s read of it: [day, country, cents, rows], sorted."""
+    import duckdb
+
+    columns = ["event_id", "amount_cents", "country", "event_date"]
+    t = pa.table({c: v for c, v in zip(columns, zip(*read(uri)))})  # noqa: B905, F841
+    return [[r[0].isoformat(), r[1], r[2], r[3]] for r in duckdb.sql(SUMS).fetchall()]
+
+
+def make_sums(uri, child):
+    """The child table of the sums of `uri`'s rows, partitioned by `event_date`, with deletion
+    vectors on."""
+    rows = sums_of(uri)
+    table = pa.table(
+        {
+            "event_date": pa.array([datetime.date.fromisoformat(r[0]) for r in rows], pa.date32()),
+            "country": pa.array([r[1] for r in rows], pa.string()),
+            "cents": pa.array([r[2] for r in rows], pa.int64()),
+            "n": pa.array([r[3] for r in rows], pa.int64()),
+        }
+    )
+    write_deltalake(
+        child,
+        table,
+        partition_by=["event_date"],
+        configuration={"delta.enableDeletionVectors": "true"},
+        storage_options=storage_options(),
+    )
+
+
+def sums_rows(uri):
+    """The child table's rows by python `deltalake`: [day, country, cents, rows], sorted."""
+    table = DeltaTable(uri, storage_options=storage_options())
+    rows = pa.table(QueryBuilder().register("s", table).execute("SELECT * FROM s").read_all())
+    return sorted(
+        [[r["event_date"].isoformat(), r["country"], r["cents"], r["n"]] for r in rows.to_pylist()]
+    )
 
 
 def as_rows(rows):
@@ -208,6 +256,12 @@ if __name__ == "__main__":
         )
     elif command == "rows":
         print(json.dumps(read(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))
+    elif command == "sums":
+        make_sums(sys.argv[2], sys.argv[3])
+    elif command == "sumsof":
+        print(json.dumps(sums_of(sys.argv[2])))
+    elif command == "sumsrows":
+        print(json.dumps(sums_rows(sys.argv[2])))
     elif command == "spans":
         print(json.dumps(spans(sys.argv[2])))
     elif command == "polars":
