@@ -1020,6 +1020,7 @@ fn a_fix_by_rows_cuts_the_files_it_reads_and_keeps_their_rows_outside_the_range(
     let mut plan = args.clone();
     plan[0] = "plan";
     let planned = json_ok(&lake.run(&plan));
+    assert_eq!(planned["by_vectors"], 0.3, "{planned}");
     let batches: Vec<(&str, &str, bool)> = planned["batches"]
         .as_array()
         .unwrap()

@@ -72,6 +72,13 @@ fn header(plan: &PlanReport, out: &mut String) {
         "  grain         {} ({})",
         layout.time.grain, layout.time.grain_reason
     );
+    if let Some(threshold) = plan.by_vectors {
+        let _ = writeln!(
+            out,
+            "  publish       by deletion vectors (the table takes them): in a partition the fix changes {}% or less of, old rows are deleted in place and only new ones written; above, rewritten",
+            (threshold * 100.0).round()
+        );
+    }
     if plan.publish == lakefill::PublishMode::Adjustments {
         let _ = writeln!(
             out,
@@ -287,7 +294,10 @@ fn partitions(plan: &PlanReport, out: &mut String) {
 fn batches(plan: &PlanReport, out: &mut String) {
     let _ = writeln!(out, "\nbatches");
     for batch in &plan.batches {
-        let what = if batch.carry {
+        let what = if batch.carry && plan.by_vectors.is_some() {
+            "stages nothing: the files' other rows stay where they are, cut by deletion vectors"
+                .to_string()
+        } else if batch.carry {
             "the other rows of the files rewritten, carried over".to_string()
         } else if batch.null {
             "the rows whose time is NULL".to_string()

@@ -377,6 +377,7 @@ impl PlanBuilder {
             publish,
             edges,
             reads_own_past: own_past,
+            by_vectors: None,
         };
         let mut plan = BackfillPlan {
             target_config,
@@ -1434,6 +1435,12 @@ pub struct PlanReport {
     /// in order, each reading the rows staged before it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub reads_own_past: bool,
+    /// When the run publishes by deletion vectors ([`crate::stage::vectors`]: the target takes
+    /// them and the run may), the share of a partition's rows a fix may change and still be cut
+    /// (above it, the partition is rewritten). By rows, a run whose old files turn out too large
+    /// to match or of another type rewrites them instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_vectors: Option<f64>,
 }
 
 /// Current state of one affected partition, from the Delta log.

@@ -158,6 +158,7 @@ pub async fn restore_plan(restore: Restore<'_>) -> Result<BackfillPlan> {
         // The range as it was, read from the table itself: no row changes partition.
         edges: None,
         reads_own_past: false,
+        by_vectors: None,
     };
     let mut plan = BackfillPlan {
         target_config: (*config).clone(),

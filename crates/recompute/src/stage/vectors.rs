@@ -218,6 +218,7 @@ impl VectorPlan {
     /// of months; a file without statistics of the time makes the range one batch.
     pub fn set(plan: &mut crate::plan::BackfillPlan) -> Result<()> {
         plan.vectors = None;
+        plan.report.by_vectors = None;
         let report = &plan.report;
         let (layout, range) = (&report.layout, &report.range);
         let snapshot = match plan.target.snapshot() {
@@ -309,6 +310,7 @@ impl VectorPlan {
         if let Some(batches) = joined {
             plan.report.batches = batches;
         }
+        plan.report.by_vectors = Some(DEFAULT_THRESHOLD);
         Ok(())
     }
 
