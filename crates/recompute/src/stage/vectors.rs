@@ -213,7 +213,7 @@ impl VectorPlan {
     ///
     /// By rows, an old file may hold rows of several batches, and a file has one vector: the
     /// batches an old file holds rows of (by its statistics of the time) are joined into one
-    /// ([`joined_batches`]), so that each old file is matched, and cut, in one batch. Files that
+    /// (`joined_batches`), so that each old file is matched, and cut, in one batch. Files that
     /// each hold a day's rows leave daily batches as they were; files of a month make batches
     /// of months; a file without statistics of the time makes the range one batch.
     pub fn set(plan: &mut crate::plan::BackfillPlan) -> Result<()> {
