@@ -18,6 +18,18 @@ const SCD_FIX: [&str; 8] = [
     "json",
 ];
 
+/// A project with Spark's INT96 table `scd` (`options`: `vectors`, deletion vectors on), the
+/// table's path, and its rows as pyarrow reads them from the raw files.
+fn int96_lake(options: &[&str]) -> (tempfile::TempDir, String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["int96", dir.path().to_str().unwrap()];
+    args.extend_from_slice(options);
+    spark(&args);
+    let table = dir.path().join("lake/scd").to_str().unwrap().to_string();
+    let before: Value = serde_json::from_str(&spark(&["timestamps", &table])).unwrap();
+    (dir, table, before)
+}
+
 fn spark(args: &[&str]) -> String {
     crate::support::python_script("spark_tables.py", args)
 }
@@ -27,12 +39,8 @@ fn spark(args: &[&str]) -> String {
 /// 1816). A fix of another column rewrites them exactly, and `sql` reads them right.
 #[test]
 fn issue_32_spark_int96_timestamps_keep_their_values() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_str().unwrap();
-    spark(&["int96", path]);
-    let table = dir.path().join("lake/scd");
-    let table = table.to_str().unwrap();
-    let before: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let (dir, table, before) = int96_lake(&[]);
+    let table = table.as_str();
     assert!(
         before
             .as_array()
@@ -85,12 +93,8 @@ fn issue_32_spark_int96_timestamps_keep_their_values() {
 /// table is as it was; unscoped, each partition is rewritten whole, its timestamps exact.
 #[test]
 fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_str().unwrap();
-    spark(&["int96", path, "vectors"]);
-    let table = dir.path().join("lake/scd");
-    let table = table.to_str().unwrap();
-    let before: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let (dir, table, before) = int96_lake(&["vectors"]);
+    let table = table.as_str();
     let log = || crate::support::files_under(&dir.path().join("lake/scd/_delta_log"));
     let log_before = log();
     let backfill = |extra: &[&str]| {
@@ -281,12 +285,8 @@ fn issue_32_float_noise_is_named_and_decimals_compare_to_places() {
 /// timestamps exact, nothing refused.
 #[test]
 fn int96_files_of_a_fix_by_rows_are_rewritten_not_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_str().unwrap();
-    spark(&["int96", path, "vectors"]);
-    let table = dir.path().join("lake/scd");
-    let table = table.to_str().unwrap();
-    let before: Value = serde_json::from_str(&spark(&["timestamps", table])).unwrap();
+    let (dir, table, before) = int96_lake(&["vectors"]);
+    let table = table.as_str();
     // The rows that became valid on 2021-01-01 (one a day), by rows of `valid_from`.
     std::fs::write(
         dir.path().join("sql/scd/v2.sql"),

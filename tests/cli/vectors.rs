@@ -409,15 +409,22 @@ fn an_unpartitioned_table_takes_a_fix_by_deletion_vectors() {
     assert_eq!(live_files(&lake), before);
     assert_eq!(read(&lake, &["rows"]), original);
 
-    let mut scoped = backfill.to_vec();
+    where_de_cuts_both_files(&lake, &backfill, "1");
+}
+
+/// `args` (a fix of the unpartitioned table) with `--where country = 'DE'`: published by
+/// vectors, both files cut, no row written again, and the table reads as the fix of the DE rows
+/// of version `version`, the others as they were.
+fn where_de_cuts_both_files(lake: &PythonLake, args: &[&str], version: &str) {
+    let mut scoped = args.to_vec();
     scoped.extend(["--where", "country = 'DE'"]);
     let report = json_ok(&lake.run(&scoped));
     assert_eq!(report["outcome"], "published", "{report}");
     assert_eq!(report["deletion_vectors"]["files_cut"], 2, "{report}");
     assert_eq!(report["rows_carried"], 0, "{report}");
-    let expected = read(&lake, &["expected", "1", "DE"]);
-    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
-    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    let expected = read(lake, &["expected", version, "DE"]);
+    assert_eq!(read(lake, &["rows"]), expected, "python deltalake");
+    assert_eq!(read(lake, &["polars"]), expected, "polars");
 }
 
 /// A partition with more live rows than matching may hold in memory (a quarter of the run's
@@ -1080,14 +1087,7 @@ fn a_fix_by_rows_cuts_the_files_it_reads_and_keeps_their_rows_outside_the_range(
     assert_eq!(read(&lake, &["rows"]), original);
 
     let version = lake.open("t").version().unwrap().to_string();
-    args.extend(["--where", "country = 'DE'"]);
-    let report = json_ok(&lake.run(&args));
-    assert_eq!(report["outcome"], "published", "{report}");
-    assert_eq!(report["deletion_vectors"]["files_cut"], 2, "{report}");
-    assert_eq!(report["rows_carried"], 0, "{report}");
-    let expected = read(&lake, &["expected", &version, "DE"]);
-    assert_eq!(read(&lake, &["rows"]), expected, "python deltalake");
-    assert_eq!(read(&lake, &["polars"]), expected, "polars");
+    where_de_cuts_both_files(&lake, &args, &version);
 }
 
 /// A fix by rows of a table partitioned by `country` whose files each hold a day, but for one
