@@ -170,11 +170,22 @@ impl EdgeProbe {
         let mut keys = self.keys;
         let hits = self.hits.into_inner().unwrap_or_default();
         let mut found = Vec::with_capacity(hits.len());
+        // The hits name a few partitions: each label is parsed once, not once a hit.
+        let mut periods: std::collections::HashMap<String, Option<Period>> =
+            std::collections::HashMap::new();
         for hit in hits {
-            if let (Some(sightings), Some(period)) = (
-                keys.get_mut(&hit.key),
-                Period::from_label(grain, &hit.label),
-            ) {
+            let Some(sightings) = keys.get_mut(&hit.key) else {
+                continue;
+            };
+            let period = match periods.get(&hit.label) {
+                Some(period) => *period,
+                None => {
+                    let period = Period::from_label(grain, &hit.label);
+                    periods.insert(hit.label, period);
+                    period
+                }
+            };
+            if let Some(period) = period {
                 sightings.add(hit.added, period);
                 found.push(hit.key);
             }
