@@ -53,19 +53,7 @@ fn reported(report: &Value, kind: &str) -> Value {
 
 /// The `commitInfo` of the latest commit of `events`, read from the log's JSON.
 fn last_commit_info(dir: &Path) -> Value {
-    let log = dir.join("lake/events/_delta_log");
-    let mut commits: Vec<_> = std::fs::read_dir(&log)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    commits.sort();
-    let text = std::fs::read_to_string(commits.last().unwrap()).unwrap();
-    text.lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .find_map(|v| v.get("commitInfo").cloned())
-        .unwrap()
+    crate::support::last_commit_info(&dir.join("lake/events/_delta_log"))
 }
 
 fn suggested(report: &Value) -> (String, String) {

@@ -951,3 +951,20 @@ impl PythonLake {
             .collect()
     }
 }
+
+/// The `commitInfo` of the latest commit in the Delta log at `log` (a `_delta_log` directory),
+/// read from its JSON.
+pub(crate) fn last_commit_info(log: &Path) -> serde_json::Value {
+    let mut commits: Vec<_> = std::fs::read_dir(log)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    commits.sort();
+    let text = std::fs::read_to_string(commits.last().unwrap()).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find_map(|v| v.get("commitInfo").cloned())
+        .unwrap()
+}

@@ -128,6 +128,10 @@ fn int96_partitions_are_rewritten_not_cut_and_a_where_fix_of_them_is_refused() {
         serde_json::json!(["2026-01-01", "2026-01-02", "2026-01-03"]),
         "{vectors}"
     );
+    assert!(
+        vectors["too_large"].is_null(),
+        "not for their size: {vectors}"
+    );
     assert_eq!(vectors["files_cut"], 0, "{vectors}");
     let commit = std::fs::read_to_string(
         dir.path()

@@ -177,12 +177,30 @@ fn details(report: &RunReport, out: &mut String) {
             sum(|c| c.added),
             vectors.rewritten.len(),
         );
-        if !vectors.uncut.is_empty() {
+        let other_type: Vec<&str> = vectors
+            .uncut
+            .difference(&vectors.too_large)
+            .map(String::as_str)
+            .collect();
+        if !other_type.is_empty() {
             let _ = writeln!(
                 out,
                 "  {} partitions rewritten whole: a column of their old files is not of the table's type, and such files are never cut ({})",
-                vectors.uncut.len(),
-                vectors.uncut.iter().cloned().collect::<Vec<_>>().join(", "),
+                other_type.len(),
+                other_type.join(", "),
+            );
+        }
+        if !vectors.too_large.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {} partitions rewritten whole: more live rows than matching may hold in memory (a quarter of --memory-limit, 64 bytes a row); raise it to cut them ({})",
+                vectors.too_large.len(),
+                vectors
+                    .too_large
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
             );
         }
     }

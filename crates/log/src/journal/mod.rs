@@ -397,9 +397,14 @@ pub struct BatchVectors {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rewritten: BTreeMap<String, VectorCounts>,
     /// The partitions the target would take by vectors whose old files cannot be cut (a column
-    /// of an old file is not of the table's type, as Spark's INT96 timestamps): rewritten whole.
+    /// of an old file is not of the table's type, as Spark's INT96 timestamps, or more live rows
+    /// than matching may hold in memory): rewritten whole.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub uncut: BTreeSet<String>,
+    /// Those of `uncut` not read because their live rows are more than matching may hold in
+    /// memory (the others have a column of another type).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub too_large: BTreeSet<String>,
 }
 
 /// How a run published by deletion vectors, as its report and commit metadata say.
@@ -414,6 +419,9 @@ pub struct VectorSummary {
     /// [`BatchVectors::uncut`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub uncut: BTreeSet<String>,
+    /// Those of `uncut` too large to match in memory ([`BatchVectors::too_large`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub too_large: BTreeSet<String>,
     /// Old files given a deletion vector (not rewritten).
     pub files_cut: usize,
 }
@@ -604,6 +612,7 @@ impl Journal {
             summary.partitions.extend(vectors.partitions.clone());
             summary.rewritten.extend(vectors.rewritten.clone());
             summary.uncut.extend(vectors.uncut.iter().cloned());
+            summary.too_large.extend(vectors.too_large.iter().cloned());
             summary.files_cut += vectors.cut.len();
         }
         summary

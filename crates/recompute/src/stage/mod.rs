@@ -821,8 +821,10 @@ struct Staging<'a> {
     /// With deletion vectors, each partition's old rows (`None`: it cannot be cut, and is
     /// rewritten).
     old: BTreeMap<Vec<Option<String>>, Option<vectors::OldPartition>>,
-    /// With deletion vectors, the labels of the partitions that cannot be cut.
+    /// With deletion vectors, the labels of the partitions that cannot be cut, and of those
+    /// among them too large to match in memory.
     uncut: BTreeSet<String>,
+    too_large: BTreeSet<String>,
     /// With deletion vectors, where the old rows read go for validation ([`Hashing::old`]).
     old_capture: Option<CaptureWriter>,
     /// With deletion vectors and `--where`, the checksum of the old rows it does not select
@@ -881,6 +883,7 @@ impl<'a> Staging<'a> {
             rolled: BTreeSet::new(),
             old: BTreeMap::new(),
             uncut: BTreeSet::new(),
+            too_large: BTreeSet::new(),
             old_capture: spec
                 .vectors
                 .as_ref()
@@ -927,7 +930,10 @@ impl<'a> Staging<'a> {
                 return Err(self.cannot_cut(label, why));
             }
             let old = match too_large {
-                Some(_) => None,
+                Some(_) => {
+                    self.too_large.insert(label.to_string());
+                    None
+                }
                 None => vectors::OldPartition::load(
                     &self.store,
                     &plan.root,
@@ -1186,6 +1192,7 @@ impl<'a> Staging<'a> {
         };
         let mut record = lakefill_log::journal::BatchVectors {
             uncut: std::mem::take(&mut self.uncut),
+            too_large: std::mem::take(&mut self.too_large),
             ..Default::default()
         };
         let mut cuts = Vec::new();
