@@ -471,6 +471,7 @@ fn a_partition_too_large_to_match_in_memory_is_rewritten_not_cut() {
     // commit metadata names it.
     let out = lake.run(&limited[..limited.len() - 2]);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(versions(), before + 1, "published in one commit");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(

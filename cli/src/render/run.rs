@@ -198,7 +198,7 @@ fn details(report: &RunReport, out: &mut String) {
                 vectors
                     .too_large
                     .iter()
-                    .cloned()
+                    .map(String::as_str)
                     .collect::<Vec<_>>()
                     .join(", "),
             );
