@@ -428,10 +428,10 @@ fn where_de_cuts_both_files(lake: &PythonLake, args: &[&str], version: &str) {
 }
 
 /// A partition with more live rows than matching may hold in memory (a quarter of the run's
-/// memory limit, at 64 bytes a row) is not cut: it is rewritten, streaming, and the report names
+/// memory limit, at 96 bytes a row) is not cut: it is rewritten, streaming, and the report names
 /// it `uncut`; with `--where`, which cannot rewrite it, the run stops before publishing anything
 /// and says why. The whole unpartitioned table of 160,000 rows is one such partition under
-/// `--memory-limit 16MiB` (65,536 rows), and is cut without it.
+/// `--memory-limit 16MiB` (43,690 rows), and is cut without it.
 #[test]
 fn a_partition_too_large_to_match_in_memory_is_rewritten_not_cut() {
     let mut lake = PythonLake::new(Store::Local);
@@ -459,7 +459,7 @@ fn a_partition_too_large_to_match_in_memory_is_rewritten_not_cut() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     for said in [
         "160000 live rows",
-        "65536 rows",
+        "43690 rows",
         "cannot be cut",
         "--memory-limit",
     ] {

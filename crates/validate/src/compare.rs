@@ -742,15 +742,15 @@ mod tests {
 
     type Row = (Option<i32>, Option<i64>, Option<&'static str>, Option<i64>);
 
-    fn table(rows: &[Row]) -> MemTable {
+    fn batch_of(rows: &[Row]) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),
             Field::new("s", DataType::Utf8, true),
             Field::new("v", DataType::Int64, true),
             Field::new("day", DataType::Date32, true),
         ]));
-        let batch = RecordBatch::try_new(
-            Arc::clone(&schema),
+        RecordBatch::try_new(
+            schema,
             vec![
                 Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.1))),
                 Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2))),
@@ -758,7 +758,12 @@ mod tests {
                 Arc::new(Date32Array::from_iter(rows.iter().map(|r| r.0))),
             ],
         )
-        .expect("batch");
+        .expect("batch")
+    }
+
+    fn table(rows: &[Row]) -> MemTable {
+        let batch = batch_of(rows);
+        let schema = batch.schema();
         let half = batch.num_rows() / 2;
         let parts = vec![
             vec![batch.slice(0, half)],
@@ -1221,5 +1226,181 @@ mod tests {
             serde_json::to_value(&unused).expect("json"),
             serde_json::to_value(&read).expect("json")
         );
+    }
+
+    /// The old rows and new rows of a fix by deletion vectors as staging captures them: each
+    /// new row that uses up an identical old row of its day (by a multiset match, as staging's)
+    /// is flagged as its twin, and the old side's capture holds every old row back and is given
+    /// only those no new row used up. `memory_rows`: what each capture keeps in memory.
+    fn capture_with_twins(
+        ctx: &SessionContext,
+        (old, new): (&[Row], &[Row]),
+        spec: &CompareSpec,
+        memory_rows: usize,
+    ) -> (Arc<Capture>, Arc<Capture>) {
+        use deltalake::datafusion::common::ScalarValue;
+        use std::collections::HashMap;
+        let disk = Arc::clone(&ctx.runtime_env().disk_manager);
+        let schema = batch_of(old).schema();
+        let days = ["day".to_string()];
+        let mut left: HashMap<Row, Vec<usize>> = HashMap::new();
+        for (i, row) in old.iter().enumerate() {
+            left.entry(*row).or_default().push(i);
+        }
+        let mut used = vec![false; old.len()];
+        let twins: Vec<bool> = new
+            .iter()
+            .map(|row| match left.get_mut(row).and_then(Vec::pop) {
+                Some(i) => {
+                    used[i] = true;
+                    true
+                }
+                None => false,
+            })
+            .collect();
+        let old_side = Capture::old_side(
+            Arc::clone(&disk),
+            &schema,
+            &spec.key,
+            &days,
+            spec.sample,
+            spec.checksum_columns.as_deref().expect("checksum columns"),
+            &spec.measures,
+            &[],
+        )
+        .expect("a capture")
+        .with_memory_rows(memory_rows);
+        let old_side = Arc::new(old_side);
+        let mut writer = old_side.writer();
+        let mut held = Vec::new();
+        for at in (0..old.len()).step_by(97) {
+            let rows = &old[at..old.len().min(at + 97)];
+            held.extend(writer.hold_batch(&batch_of(rows), |_| None));
+        }
+        assert_eq!(held.len(), old.len());
+        writer.release(
+            held.into_iter()
+                .zip(&used)
+                .filter(|(_, used)| !**used)
+                .filter_map(|(held, _)| held),
+        );
+        writer.finish(0, ["a".to_string()].into_iter());
+        let new_side = Capture::new(disk, &schema, &spec.key, &days, spec.sample)
+            .expect("a capture")
+            .with_memory_rows(memory_rows);
+        let new_side = Arc::new(new_side);
+        let mut writer = new_side.writer();
+        let mut by_day: BTreeMap<Option<i32>, Vec<usize>> = BTreeMap::new();
+        for (i, row) in new.iter().enumerate() {
+            by_day.entry(row.0).or_default().push(i);
+        }
+        for (day, rows) in by_day {
+            let part: Vec<Row> = rows.iter().map(|i| new[*i]).collect();
+            let flags: Vec<bool> = rows.iter().map(|i| twins[*i]).collect();
+            let batch = batch_of(&part);
+            writer.add(
+                |name| batch.column_by_name(name).cloned(),
+                |_| None,
+                (part.len(), Some(&flags)),
+                |_| Some(vec![ScalarValue::Date32(day)]),
+            );
+        }
+        writer.finish(0, ["b".to_string()].into_iter());
+        (old_side, new_side)
+    }
+
+    /// A fix by deletion vectors leaves out of the old side's capture the old rows that new rows
+    /// used up, and flags those new rows as their twins: the comparison is exactly the one of
+    /// reading both sides (repeated keys, NULL keys, rows moved to another day, changed rows
+    /// whose key has an identical twin), in memory or in spill files. Such an old side is not
+    /// used beside new rows read again: it lacks rows they do not stand for.
+    #[tokio::test]
+    async fn twins_of_old_rows_left_out_give_exactly_the_comparison_of_reading_both_sides() {
+        use crate::keymerge::KeyChanges;
+        use deltalake::datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+        for same in [vec![], vec![20_001, 20_003]] {
+            for memory_rows in [1 << 20, 50] {
+                let (old, mut new) = sides(&same);
+                // Key 7's rows: one of them comes back twice, beside its twin.
+                let seven = *old.iter().find(|r| r.1 == Some(7)).expect("key 7");
+                new.push(seven);
+                let ctx = context(&old, &new);
+                let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+                // How each key changed, as the merge records it for the change data feed.
+                let recording = || {
+                    let mut spec = spec();
+                    spec.changes = Some(KeyChanges::new(&pool, usize::MAX));
+                    spec
+                };
+                let found = |spec: &CompareSpec| {
+                    let changes = spec.changes.as_ref().and_then(|c| c.found());
+                    changes.map(|f| (f.keys().to_vec(), f.null_keys()))
+                };
+                let spec = recording();
+                let hint = KnownSide {
+                    mostly_changed: true,
+                    ..KnownSide::default()
+                };
+                let (read, read_facts) = compare_keyed(&ctx, &spec, None, Some(hint), None, None)
+                    .await
+                    .expect("compare");
+                let read_changes = found(&spec);
+                assert!(read_changes.as_ref().is_some_and(|c| !c.0.is_empty()));
+                let spec = recording();
+                let (old_side, new_side) =
+                    capture_with_twins(&ctx, (&old, &new), &spec, memory_rows);
+                let known = KnownSide {
+                    captured: Some(Arc::clone(&new_side)),
+                    ..KnownSide::default()
+                };
+                let (paired, facts) = compare_keyed(
+                    &ctx,
+                    &spec,
+                    None,
+                    Some(known),
+                    None,
+                    Some(Arc::clone(&old_side)),
+                )
+                .await
+                .expect("compare");
+                let case = format!("same {same:?}, {memory_rows} rows in memory");
+                assert!(old_side.sealed() && new_side.sealed(), "{case}: both used");
+                let (mut paired_json, mut read_json) = (
+                    serde_json::to_value(&paired).expect("json"),
+                    serde_json::to_value(&read).expect("json"),
+                );
+                let (paired_samples, read_samples) =
+                    (paired_json["samples"].take(), read_json["samples"].take());
+                assert_eq!(paired_json, read_json, "{case}");
+                assert!(read.totals.changed > 0 && read.totals.added > 0, "{case}");
+                for kind in ["added", "removed", "changed"] {
+                    assert_eq!(
+                        paired_samples[kind].as_array().map(Vec::len),
+                        read_samples[kind].as_array().map(Vec::len),
+                        "{case}: {kind}"
+                    );
+                }
+                assert_eq!(facts, read_facts, "{case}");
+                assert!(facts.is_some_and(|f| f.duplicate_keys > 0), "{case}");
+                assert_eq!(found(&spec), read_changes, "{case}");
+
+                // The old side alone, beside new rows read from `output`: not used.
+                let (old_side, _) = capture_with_twins(&ctx, (&old, &new), &spec, memory_rows);
+                let (alone, _) = compare_keyed(
+                    &ctx,
+                    &recording(),
+                    None,
+                    Some(KnownSide::default()),
+                    None,
+                    Some(Arc::clone(&old_side)),
+                )
+                .await
+                .expect("compare");
+                assert!(!old_side.sealed(), "{case}");
+                let mut alone_json = serde_json::to_value(&alone).expect("json");
+                alone_json["samples"].take();
+                assert_eq!(alone_json, read_json, "{case}");
+            }
+        }
     }
 }

@@ -36,7 +36,7 @@ use futures::StreamExt;
 mod capture;
 mod changes;
 
-pub use capture::{Capture, CaptureWriter};
+pub use capture::{Capture, CaptureWriter, Held};
 pub use changes::{FirstOf, FoundChanges, KeyChange, KeyChanges};
 
 use super::edges::{EdgeProbe, Hit};
@@ -180,7 +180,10 @@ pub async fn merge_diff_whole_old(
     let record_changes = columns.records_changes();
     let buckets = bucket_count(expected_rows, bucket_bytes(ctx));
     let captured = captured.filter(|c| columns.fit(spec, c, buckets));
-    let old_captured = old_captured.filter(|c| columns.fit_old(spec, c, buckets, checksum_columns));
+    // An old side that left out the twins of new rows is the old side only beside those new rows.
+    let old_captured = old_captured.filter(|c| {
+        columns.fit_old(spec, c, buckets, checksum_columns) && (captured.is_some() || !c.elides())
+    });
     let Columns {
         common,
         parts,
@@ -214,6 +217,7 @@ pub async fn merge_diff_whole_old(
             OldRows {
                 rows: sealed.into_buckets(buckets, &disk)?,
                 relabel: Some(Arc::new(relabel)),
+                elides: capture.elides(),
             }
         }
         None => {
@@ -224,6 +228,7 @@ pub async fn merge_diff_whole_old(
             OldRows {
                 rows: Side::gather(sides, buckets),
                 relabel: None,
+                elides: false,
             }
         }
     };
@@ -465,6 +470,8 @@ enum NewSide<'a> {
 struct OldRows {
     rows: std::result::Result<Vec<Entry>, Vec<Vec<SpillFileRef>>>,
     relabel: Option<Arc<capture::Relabel>>,
+    /// Whether it left out the old rows the new side's twins stand for ([`Capture::elides`]).
+    elides: bool,
 }
 
 /// Whether every key column exists on both sides with one type class that hashing compares as
@@ -494,9 +501,16 @@ struct Entry {
     /// The low 32 bits of the second half of the key hash: the key is known by 96 bits (for a
     /// billion distinct keys, the odds that two share them are 6 in 10^12).
     k2: u32,
-    /// The label (an index into [`Merge::labels`]) above the differing-partition flag.
+    /// The label (an index into [`Merge::labels`], below [`MAX_LABELS`]) above the
+    /// differing-partition flag, under the twin flag (the top bit, [`Self::twin`]).
     tag: u32,
 }
+
+/// Labels a merge tells apart: the top two bits of an [`Entry`]'s tag are flags.
+const MAX_LABELS: u32 = 1 << 30;
+
+/// The twin flag of an [`Entry`]'s tag.
+const TWIN: u32 = 1 << 31;
 
 impl Entry {
     fn new(k1: u64, k2: u64, hash: u64, label: u32, diffed: bool) -> Self {
@@ -509,7 +523,7 @@ impl Entry {
     }
 
     fn label(&self) -> u32 {
-        self.tag >> 1
+        (self.tag & !TWIN) >> 1
     }
 
     /// Whether it is in a differing partition (always, on the old side).
@@ -517,8 +531,27 @@ impl Entry {
         self.tag & 1 == 1
     }
 
+    /// Whether it is a new row that stands for an identical old row of its partition too, which
+    /// the old side then left out (a row of a fix by deletion vectors that an old row matched:
+    /// see [`capture`]).
+    fn twin(&self) -> bool {
+        self.tag & TWIN != 0
+    }
+
+    /// It, flagged as the twin of an old row (`twin`), or not.
+    fn with_twin(mut self, twin: bool) -> Self {
+        self.tag = (self.tag & !TWIN) | if twin { TWIN } else { 0 };
+        self
+    }
+
+    /// The old row a twin stands for (a diffed twin: the old side kept only the rows of the
+    /// differing partitions).
+    fn old_twin(&self) -> Option<Self> {
+        (self.twin() && self.diffed()).then(|| self.with_twin(false))
+    }
+
     fn relabel(&mut self, label: u32, diffed: bool) {
-        self.tag = (label << 1) | u32::from(diffed);
+        self.tag = (self.tag & TWIN) | (label << 1) | u32::from(diffed);
     }
 
     /// The key hash, as samples name it.
@@ -924,6 +957,24 @@ impl Tally {
     /// Pairs the rows of one first half of a key hash (almost always one row a side); rows whose
     /// second halves differ have different keys.
     fn pair(&mut self, k1: u64, old: &[Entry], new: &[Entry], nullable: &[bool]) {
+        // A twin stands for an old row too: alone, it is an old row and the same new row.
+        if let ([], [n]) = (old, new)
+            && n.old_twin().is_some()
+        {
+            return;
+        }
+        let with_twins: Vec<Entry>;
+        let old = match new.iter().any(|n| n.old_twin().is_some()) {
+            true => {
+                with_twins = old
+                    .iter()
+                    .copied()
+                    .chain(new.iter().filter_map(Entry::old_twin))
+                    .collect();
+                with_twins.as_slice()
+            }
+            false => old,
+        };
         if let Some(changes) = &mut self.changes {
             record_changes(k1, old, new, changes);
         }
@@ -1098,6 +1149,7 @@ impl<'a> Merge<'a> {
         let old = OldRows {
             rows: Side::gather(sides, buckets),
             relabel: None,
+            elides: false,
         };
         self.run_new(ctx, old, new, buckets, None, started, old_ms)
             .await
@@ -1121,8 +1173,14 @@ impl<'a> Merge<'a> {
         let OldRows {
             rows: old_gathered,
             relabel: old_relabel,
+            elides,
         } = old;
         let (new_rows, relabel) = match new {
+            NewSide::Queries(_) if elides => {
+                return Err(Error::Internal(
+                    "an old side without the twins of new rows beside new rows read again".into(),
+                ));
+            }
             NewSide::Queries(sqls) => {
                 let mut new_sides = Vec::new();
                 for new_sql in &sqls {
@@ -1137,7 +1195,7 @@ impl<'a> Merge<'a> {
                 let disk = Arc::clone(&ctx.runtime_env().disk_manager);
                 (
                     sealed.into_buckets(buckets, &disk)?,
-                    Some(Arc::new(relabel)),
+                    Some(Arc::new(relabel.with_twins(elides))),
                 )
             }
         };
@@ -1533,7 +1591,9 @@ impl LabelTable {
         }
         let text = partition_label(spec, &values)?;
         let label = u32::try_from(self.labels.len())
-            .map_err(|_| Error::Internal("too many partition values".into()))?;
+            .ok()
+            .filter(|l| *l < MAX_LABELS)
+            .ok_or_else(|| Error::Internal("too many partition values".into()))?;
         self.labels.push(Label {
             values: values.clone(),
             text,

@@ -813,7 +813,7 @@ mod tests {
                 writer.add(
                     |name| Some(Arc::clone(&columns[schema.index_of(name).ok()?])),
                     |_| None,
-                    indices.len(),
+                    (indices.len(), None),
                     |_| Some(vec![ScalarValue::Utf8(part.map(str::to_string))]),
                 );
             }

@@ -35,6 +35,9 @@ pub(super) struct Job {
     /// The value hashes of the part's columns, when the writer computed them already (to match
     /// the rows against old ones, with deletion vectors).
     pub(super) values: Option<Vec<Vec<u64>>>,
+    /// Per row of the part, whether it used up an old row of its partition (with deletion
+    /// vectors): the capture flags it as that old row's twin ([`CaptureWriter::add`]).
+    pub(super) twins: Option<Vec<bool>>,
 }
 
 /// What the hasher computed.
@@ -186,7 +189,12 @@ fn hash(
                 })
                 .collect()
         };
-        capture.add(column, cached, part.num_rows(), partition);
+        capture.add(
+            column,
+            cached,
+            (part.num_rows(), job.twins.as_deref()),
+            partition,
+        );
     }
     Ok(())
 }

@@ -900,7 +900,8 @@ impl<'a> Staging<'a> {
     /// The rows of `part` (new rows of the partition `key`, whose values are those of
     /// `record_batch`'s row `first_row`) to write: with deletion vectors, those its old files
     /// lack (its old rows are read on its first rows), and the value hashes of `part`'s columns
-    /// the match computed (the hasher's too).
+    /// the match computed (the hasher's too), with per row of `part` whether it used up an old
+    /// row (the twin flags of validation's capture).
     async fn rows_to_write(
         &mut self,
         key: &[Option<String>],
@@ -908,7 +909,7 @@ impl<'a> Staging<'a> {
         (record_batch, first_row): (&RecordBatch, usize),
         (scalars, values): (&[Scalar], &PartitionValues),
         part: &RecordBatch,
-    ) -> Result<(RecordBatch, Option<Vec<Vec<u64>>>)> {
+    ) -> Result<(RecordBatch, Option<(Vec<Vec<u64>>, Vec<bool>)>)> {
         let Some(plan) = &self.spec.vectors else {
             return Ok((part.clone(), None));
         };
@@ -969,7 +970,8 @@ impl<'a> Staging<'a> {
                     .iter()
                     .map(lakefill_table::rowhash::value_hashes)
                     .collect::<Result<Vec<_>>>()?;
-                Ok((old.added(part, &hashes)?, Some(hashes)))
+                let (written, twins) = old.added(part, &hashes)?;
+                Ok((written, Some((hashes, twins))))
             }
             _ => Ok((part.clone(), None)),
         }
@@ -1090,7 +1092,7 @@ impl<'a> Staging<'a> {
             Ok(Some(period)) => period.label(),
             _ => NULL_LABEL.to_string(),
         };
-        let (written, hashed) = self
+        let (written, matched) = self
             .rows_to_write(
                 &key,
                 &label,
@@ -1099,6 +1101,7 @@ impl<'a> Staging<'a> {
                 &part,
             )
             .await?;
+        let (hashes, twins) = matched.unzip();
         *self.rows.entry(label.clone()).or_default() += part.num_rows() as u64;
         if !self.measures.is_empty() {
             let partition_sums = self.sums.entry(label.clone()).or_default();
@@ -1115,7 +1118,8 @@ impl<'a> Staging<'a> {
                 batch: record_batch.clone(),
                 indices,
                 first_row,
-                values: hashed,
+                values: hashes,
+                twins,
             })
             .await?;
         if written.num_rows() == 0 {
@@ -1210,6 +1214,9 @@ impl<'a> Staging<'a> {
         {
             let Some(old) = old else { continue };
             old.prove()?;
+            if let Some(capture) = &mut self.old_capture {
+                old.release(capture);
+            }
             if let Some(found) = &mut self.changed_found {
                 found.keys.extend(old.changed_keys());
                 found.read.extend(old.paths().map(str::to_string));

@@ -42,7 +42,7 @@ use lakefill_log::journal::VectorCounts;
 use lakefill_table::error::{Error, Result};
 use lakefill_table::rowhash::RowChecksum;
 use lakefill_table::scope::{RowPredicate, RowSelector};
-use lakefill_validate::keymerge::CaptureWriter;
+use lakefill_validate::keymerge::{CaptureWriter, Held};
 use lakefill_validate::multiset::Located;
 
 /// The share of a partition's rows a fix may change (deleted plus added, over old plus new) and
@@ -115,8 +115,9 @@ impl std::fmt::Display for Scope {
 }
 
 /// What matching holds in memory per old row of a partition, at most: its place among the rows
-/// of its hash (16 bytes) and the hash's entry (about 20), its check hash and key hash (8 each).
-pub const BYTES_PER_MATCHED_ROW: u64 = 64;
+/// of its hash (16 bytes) and the hash's entry (about 20), its check hash and key hash (8 each),
+/// and the record validation's capture holds back until the partition is settled (32).
+pub const BYTES_PER_MATCHED_ROW: u64 = 96;
 
 /// The memory a run's matching assumes when the run's queries have no limit: the built-in
 /// share's order of magnitude.
@@ -731,15 +732,18 @@ fn with_partition_columns(
 
 /// Hands the rows of `batch` (old rows, in the table's file columns) that `scoped` holds (those
 /// live before the fix, and with `--where` selected by it) to the old side's `capture`, with the
-/// partition's values as columns. `hashed`: the value hashes of `batch`'s columns, reused when
-/// every row is in scope. A failure spoils the capture (validation then reads the old rows),
-/// never the match.
+/// partition's values as columns, which holds their records back: one per row of `batch`
+/// (`None` for a row out of scope, or settled at once). Those of the rows no new row uses up are
+/// given back when the partition is settled ([`OldPartition::release`]); the others are left
+/// out of the capture, and the new rows that used them up stand for them (their twins).
+/// `hashed`: the value hashes of `batch`'s columns, reused when every row is in scope. A failure
+/// spoils the capture (validation then reads the old rows), never the match.
 fn capture_old(
     capture: &mut CaptureWriter,
     batch: &RecordBatch,
     (scoped, hashed): (&[bool], &[Vec<u64>]),
     partition: (&[String], &[ScalarValue]),
-) -> Result<()> {
+) -> Result<Vec<Option<Held>>> {
     let all = scoped.iter().all(|s| *s);
     let batch = if all {
         batch.clone()
@@ -754,11 +758,19 @@ fn capture_old(
     let live = all.then_some(hashed);
     let whole = with_partition_columns(&batch, partition)?;
     let schema = batch.schema();
-    capture.add_batch(&whole, |name| {
-        let at = schema.index_of(name).ok()?;
-        live.and_then(|hashes| hashes.get(at)).map(Vec::as_slice)
-    });
-    Ok(())
+    let mut held = capture
+        .hold_batch(&whole, |name| {
+            let at = schema.index_of(name).ok()?;
+            live.and_then(|hashes| hashes.get(at)).map(Vec::as_slice)
+        })
+        .into_iter();
+    Ok(scoped
+        .iter()
+        .map(|s| match s {
+            true => held.next().flatten(),
+            false => None,
+        })
+        .collect())
 }
 
 fn check_hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
@@ -793,6 +805,10 @@ pub(crate) struct OldPartition {
     key: Option<Vec<usize>>,
     keys: Vec<Vec<u64>>,
     written_keys: HashSet<u64>,
+    /// The records of its old rows that the old side's capture holds back (by file and
+    /// position; `None` for those it settled, or when nothing captures them): given back for
+    /// the rows no new row uses up ([`Self::release`]).
+    held: Vec<Vec<Option<Held>>>,
     live_check: u64,
     new_check: u64,
     added_check: u64,
@@ -863,6 +879,7 @@ impl OldPartition {
             key: key.map(<[usize]>::to_vec),
             keys: Vec::new(),
             written_keys: HashSet::new(),
+            held: Vec::new(),
             live_check: 0,
             new_check: 0,
             added_check: 0,
@@ -882,6 +899,7 @@ impl OldPartition {
             let mut position = 0u64;
             let mut checks = Vec::new();
             let mut keys = Vec::new();
+            let mut held = Vec::new();
             let mut sum = RowChecksum::default();
             while let Some(batch) = stream.next().await {
                 let batch = batch.map_err(|e| {
@@ -914,15 +932,16 @@ impl OldPartition {
                         .collect(),
                     None => live.clone(),
                 };
-                if let Some(capture) = capture.as_deref_mut()
-                    && let Err(why) = capture_old(
+                if let Some(capture) = capture.as_deref_mut() {
+                    match capture_old(
                         capture,
                         &batch,
                         (&scoped, &values_hashed),
                         (columns, values),
-                    )
-                {
-                    capture.spoil(&why.to_string());
+                    ) {
+                        Ok(records) => held.extend(records),
+                        Err(why) => capture.spoil(&why.to_string()),
+                    }
                 }
                 old.located
                     .add(index, position, &hashes, |p| {
@@ -957,6 +976,7 @@ impl OldPartition {
             }
             old.checks.push(checks);
             old.keys.push(keys);
+            old.held.push(held);
             old.sums.push(sum);
             old.files.push(file);
             old.before.push(before);
@@ -966,8 +986,13 @@ impl OldPartition {
     }
 
     /// The rows of `part` (new rows of the partition, whose columns' value hashes are `values`,
-    /// [`lakefill_table::rowhash::value_hashes`]) to write: those not among the old rows left.
-    pub(crate) fn added(&mut self, part: &RecordBatch, values: &[Vec<u64>]) -> Result<RecordBatch> {
+    /// [`lakefill_table::rowhash::value_hashes`]) to write: those not among the old rows left;
+    /// and per row of `part` whether it used up an old row (is its twin, not written).
+    pub(crate) fn added(
+        &mut self,
+        part: &RecordBatch,
+        values: &[Vec<u64>],
+    ) -> Result<(RecordBatch, Vec<bool>)> {
         let rows = part.num_rows();
         let hashes = lakefill_table::rowhash::combine_rows(
             &values.iter().map(Vec::as_slice).collect::<Vec<_>>(),
@@ -982,15 +1007,15 @@ impl OldPartition {
         if let Some(key) = &self.key {
             self.written_keys.extend(key_hashes(&written, key)?);
         }
-        for ((check, kept), hash) in check_hashes(part)?.into_iter().zip(kept).zip(hashes) {
+        for ((check, kept), hash) in check_hashes(part)?.into_iter().zip(&kept).zip(hashes) {
             self.new_check = self.new_check.wrapping_add(check);
-            if !kept {
+            if !*kept {
                 self.added_check = self.added_check.wrapping_add(check);
                 self.written.rows += 1;
                 self.written.sum += u128::from(hash);
             }
         }
-        Ok(written)
+        Ok((written, kept))
     }
 
     /// The checksum of the rows written (the new rows the old files lack).
@@ -1012,6 +1037,14 @@ impl OldPartition {
             .unused()
             .filter_map(|(file, position)| self.keys.get(file as usize)?.get(position as usize));
         self.written_keys.iter().chain(deleted).copied()
+    }
+
+    /// Gives back to the old side's `capture` the records it held of the old rows no new row
+    /// used up (those the fix deletes); the others are the twins of new rows ([`capture_old`]).
+    pub(crate) fn release(&self, capture: &mut CaptureWriter) {
+        capture.release(self.located.unused().filter_map(|(file, position)| {
+            *self.held.get(file as usize)?.get(position as usize)?
+        }));
     }
 
     /// The paths of its old files.

@@ -100,6 +100,9 @@ struct State {
     totals: BTreeMap<u32, LabelTotals>,
     /// Why the capture cannot be used (a spill file failed, a column could not be hashed).
     broken: Option<String>,
+    /// On an old side: whether rows were held back and only some given back, the others left
+    /// out as the twins of new rows ([`CaptureWriter::hold_batch`]).
+    elided: bool,
     /// Whether its rows were taken out for a merge.
     sealed: bool,
 }
@@ -139,7 +142,14 @@ pub(super) enum Sealed {
 /// an attempt that did not finish), and whether that label's rows are diffed.
 pub(super) struct Relabel {
     labels: Vec<Option<(u32, bool)>>,
+    /// Whether its rows keep their twin flags ([`Relabel::with_twins`]).
+    twins: bool,
 }
+
+/// An old row's record held back by an old side's writer ([`CaptureWriter::hold_batch`]) until
+/// it is known whether a new row is its twin.
+#[derive(Debug, Clone, Copy)]
+pub struct Held(Entry);
 
 impl Sealed {
     /// The rows by bucket of a merge of `buckets` (a power of two, at most
@@ -177,11 +187,22 @@ impl Relabel {
             |e| match self.labels.get(e.label() as usize).copied().flatten() {
                 Some((label, diffed)) => {
                     e.relabel(label, diffed);
+                    if !self.twins {
+                        *e = e.with_twin(false);
+                    }
                     true
                 }
                 None => false,
             },
         );
+    }
+
+    /// Whether the new rows it relabels keep their twin flags: only when the old side they are
+    /// paired with is the capture that left their twins out ([`Capture::elides`]). Otherwise
+    /// the old side holds every old row, and a twin is an ordinary new row.
+    pub(super) fn with_twins(mut self, twins: bool) -> Self {
+        self.twins = twins;
+        self
     }
 }
 
@@ -388,6 +409,13 @@ impl Capture {
         self.old.is_some()
     }
 
+    /// Whether, as an old side, it left out rows that the new side's twins stand for
+    /// ([`CaptureWriter::hold_batch`]): then it is the old side only beside the new rows
+    /// captured by the same run's writers, with their twin flags.
+    pub(super) fn elides(&self) -> bool {
+        self.with_state(|state| state.elided)
+    }
+
     /// Whether a merge of `buckets` buckets can pair these rows.
     pub(super) fn fits_buckets(&self, buckets: usize) -> bool {
         buckets.is_power_of_two() && buckets <= CAPTURE_BUCKETS
@@ -427,7 +455,10 @@ impl Capture {
                 false => None,
             });
         }
-        let relabel = Relabel { labels };
+        let relabel = Relabel {
+            labels,
+            twins: false,
+        };
         let mut tally = ReadTally::default();
         let old_side = self.old.is_some();
         // A NULL key matches nothing: a new row with one is added (and counted among the key
@@ -563,7 +594,7 @@ impl Capture {
         self.with_state(|state| {
             let label = u32::try_from(state.labels.len())
                 .ok()
-                .filter(|l| *l < u32::MAX >> 1)
+                .filter(|l| *l < super::MAX_LABELS)
                 .ok_or_else(|| Error::Internal("too many partitions to hash".into()))?;
             state.labels.push((attempt, values));
             Ok(label)
@@ -623,16 +654,18 @@ pub struct CaptureWriter {
 
 impl CaptureWriter {
     /// Hashes `rows` rows of one partition (whose label columns hold `values`), each column
-    /// found by name by `column`, or its [`value_hashes`] by `cached`. A failure spoils the
-    /// capture (validation then reads the staged files), never the write.
+    /// found by name by `column`, or its [`value_hashes`] by `cached`. `twins`: per row, whether
+    /// it is identical to an old row of its partition that the old side's capture leaves out
+    /// ([`Self::hold_batch`]), for the merge to pair it with. A failure spoils the capture
+    /// (validation then reads the staged files), never the write.
     pub fn add<'a>(
         &mut self,
         column: impl Fn(&str) -> Option<ArrayRef>,
         cached: impl Fn(&str) -> Option<&'a [u64]>,
-        rows: usize,
+        (rows, twins): (usize, Option<&[bool]>),
         values: impl FnOnce(&[String]) -> Option<Vec<ScalarValue>>,
     ) {
-        if let Err(why) = self.try_add(column, cached, rows, values) {
+        if let Err(why) = self.try_add(column, cached, (rows, twins), values) {
             self.capture.break_with(why.to_string());
         }
     }
@@ -646,8 +679,37 @@ impl CaptureWriter {
         batch: &RecordBatch,
         cached: impl Fn(&str) -> Option<&'a [u64]>,
     ) {
-        if let Err(why) = self.try_add_batch(batch, cached) {
+        if let Err(why) = self.try_add_batch(batch, cached, None) {
             self.capture.break_with(why.to_string());
+        }
+    }
+
+    /// As [`Self::add_batch`], but the records of the rows with a key are held back, one per row
+    /// of `batch` in order (`None` for a row with a NULL key, settled at once: it matches
+    /// nothing). The caller gives back ([`Self::release`]) those of the rows no new row is the
+    /// twin of; the others are left out, and the new side's twins stand for them. Their totals
+    /// count at once. A failure spoils the capture and holds nothing.
+    pub fn hold_batch<'a>(
+        &mut self,
+        batch: &RecordBatch,
+        cached: impl Fn(&str) -> Option<&'a [u64]>,
+    ) -> Vec<Option<Held>> {
+        let mut held = Vec::with_capacity(batch.num_rows());
+        self.capture.with_state(|state| state.elided = true);
+        if let Err(why) = self.try_add_batch(batch, cached, Some(&mut held)) {
+            self.capture.break_with(why.to_string());
+            held.clear();
+        }
+        held
+    }
+
+    /// Gives back records held ([`Self::hold_batch`]): rows no new row is the twin of.
+    pub fn release(&mut self, held: impl IntoIterator<Item = Held>) {
+        for Held(entry) in held {
+            self.pending.push(entry);
+            if self.pending.len() >= FLUSH_ROWS {
+                self.flush(false);
+            }
         }
     }
 
@@ -655,6 +717,7 @@ impl CaptureWriter {
         &mut self,
         batch: &RecordBatch,
         cached: impl Fn(&str) -> Option<&'a [u64]>,
+        mut hold: Option<&mut Vec<Option<Held>>>,
     ) -> Result<()> {
         let capture = Arc::clone(&self.capture);
         let old = capture
@@ -720,7 +783,15 @@ impl CaptureWriter {
         self.pending.reserve(rows);
         for (row, label) in labels.into_iter().enumerate() {
             let entry = Entry::new(k1.value(row), k2.value(row), hashes[row], label, true);
-            self.push(entry, k1.is_valid(row));
+            let keyed = k1.is_valid(row);
+            match hold.as_deref_mut() {
+                Some(held) if keyed => held.push(Some(Held(entry))),
+                Some(held) => {
+                    held.push(None);
+                    self.push(entry, false);
+                }
+                None => self.push(entry, keyed),
+            }
         }
         if self.pending.len() >= FLUSH_ROWS {
             self.flush(false);
@@ -738,7 +809,8 @@ impl CaptureWriter {
         let nulls = self.nulls.entry(entry.label()).or_default();
         nulls.rows += 1;
         if nulls.samples.len() < self.capture.sample {
-            nulls.samples.push(entry);
+            // (A NULL key matches nothing: its twin, if it has one, was settled as removed.)
+            nulls.samples.push(entry.with_twin(false));
         }
     }
 
@@ -774,7 +846,7 @@ impl CaptureWriter {
         &mut self,
         column: impl Fn(&str) -> Option<ArrayRef>,
         cached: impl Fn(&str) -> Option<&'a [u64]>,
-        rows: usize,
+        (rows, twins): (usize, Option<&[bool]>),
         values: impl FnOnce(&[String]) -> Option<Vec<ScalarValue>>,
     ) -> Result<()> {
         let capture = Arc::clone(&self.capture);
@@ -801,8 +873,12 @@ impl CaptureWriter {
         let compared: Vec<&[u64]> = compared.iter().map(AsRef::as_ref).collect();
         let hashes = combine_rows(&compared, rows);
         self.pending.reserve(rows);
+        if twins.is_some_and(|t| t.len() != rows) {
+            return Err(Error::Internal("twin flags not of every row".into()));
+        }
         for (row, hash) in hashes.into_iter().enumerate() {
-            let entry = Entry::new(k1.value(row), k2.value(row), hash, label, true);
+            let twin = twins.is_some_and(|t| t[row]);
+            let entry = Entry::new(k1.value(row), k2.value(row), hash, label, true).with_twin(twin);
             self.push(entry, k1.is_valid(row));
         }
         if self.pending.len() >= FLUSH_ROWS {

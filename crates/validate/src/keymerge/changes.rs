@@ -290,6 +290,12 @@ impl FoundChanges {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
+
+    /// Every changed key, by its hash halves, with how it changed.
+    #[cfg(test)]
+    pub(crate) fn keys(&self) -> &[(u64, u32, KeyChange)] {
+        &self.keys
+    }
 }
 
 #[cfg(test)]
