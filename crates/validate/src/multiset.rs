@@ -236,16 +236,92 @@ fn hashes(batch: &RecordBatch) -> DfResult<Vec<u64>> {
 /// is published by deletion vectors. A new row matching an old one uses it up (the old row stays
 /// in its file, the new one need not be written); what no new row used up is deleted.
 ///
-/// Memory holds one entry per old row (its hash, file, position and a link: 24 bytes), never the
-/// rows. As in [`difference`], two rows with one hash are taken for the same row (about 2⁻⁶⁴ per
-/// pair): the caller proves the result with another hash.
+/// A fix's new rows mostly come in the order of the old rows they equal (the same model over
+/// the same source, in runs of a batch of rows each): a new row is first compared with the old
+/// row after the last one used up, and only when that is not its equal looked up by hash. The
+/// lookup is an index of the old rows by the top bits of their hash, built in two sequential
+/// passes (a counting sort) once the old rows are all in. Written by hand because a general
+/// hash map, which this replaced, takes a random access into a table of every old row to insert
+/// each one and another to match each new row: 15% of the CPU of a fix of 1% of the rows by
+/// vectors, profiled. New rows in any other order are matched the same, each by a lookup.
+///
+/// Memory holds at most 37 bytes per old row (its hash and position, whether it is used up, and
+/// in the index its hash again, its number and at most two group starts), never the rows. As in [`difference`], two rows with one hash are taken for the
+/// same row (about 2⁻⁶⁴ per pair): the caller proves the result with another hash.
 #[derive(Debug, Default)]
 pub struct Located {
-    /// The first not yet used-up entry of each hash.
-    heads: HashMap<u64, u32, BuildHasherDefault<Prehashed>>,
-    /// (file, position, next entry of the same hash or `u32::MAX`).
-    entries: Vec<(u32, u64, u32)>,
-    used: u64,
+    /// Each old row's hash, in the order added.
+    hashes: Vec<u64>,
+    /// Each old row's position in its file.
+    positions: Vec<u64>,
+    /// The file of the old rows from each start on (the rows of a file are added together).
+    files: Vec<(usize, u32)>,
+    /// Whether each old row was used up.
+    used: Vec<bool>,
+    used_count: u64,
+    /// The old row the next new row is compared with first.
+    next: usize,
+    /// The old rows by hash, once a new row is matched; dropped when more old rows are added.
+    index: Option<HashIndex>,
+}
+
+/// The old rows grouped by the top bits of their hashes: each group's hashes side by side (a
+/// lookup that finds none reads one stretch of them), and the rows they are.
+#[derive(Debug)]
+struct HashIndex {
+    /// How far a hash is shifted right to give its group.
+    shift: u32,
+    /// Where each group starts in `hashes` and `rows` (and, last, where they end).
+    starts: Vec<u32>,
+    hashes: Vec<u64>,
+    rows: Vec<u32>,
+}
+
+impl HashIndex {
+    /// The index of `hashes`: about one group per row, in two passes over them.
+    fn of(hashes: &[u64]) -> Self {
+        let bits = hashes
+            .len()
+            .max(2)
+            .next_power_of_two()
+            .trailing_zeros()
+            .clamp(1, 32);
+        let shift = 64 - bits;
+        let mut starts = vec![0u32; (1usize << bits) + 1];
+        for hash in hashes {
+            starts[(hash >> shift) as usize + 1] += 1;
+        }
+        for group in 1..starts.len() {
+            starts[group] += starts[group - 1];
+        }
+        let mut filled = starts.clone();
+        let mut grouped = vec![0u64; hashes.len()];
+        let mut rows = vec![0u32; hashes.len()];
+        for (row, hash) in hashes.iter().enumerate() {
+            let at = &mut filled[(hash >> shift) as usize];
+            grouped[*at as usize] = *hash;
+            // At most 2^32 rows: checked as they are added.
+            rows[*at as usize] = row as u32;
+            *at += 1;
+        }
+        Self {
+            shift,
+            starts,
+            hashes: grouped,
+            rows,
+        }
+    }
+
+    /// The rows whose hash is `hash`.
+    fn rows(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {
+        let group = (hash >> self.shift) as usize;
+        let (start, end) = (self.starts[group] as usize, self.starts[group + 1] as usize);
+        self.hashes[start..end]
+            .iter()
+            .zip(&self.rows[start..end])
+            .filter(move |(h, _)| **h == hash)
+            .map(|(_, row)| *row as usize)
+    }
 }
 
 impl Located {
@@ -253,9 +329,10 @@ impl Located {
     /// partition's live rows are known from the log's statistics before its files are read).
     pub fn with_capacity(rows: usize) -> Self {
         Self {
-            heads: HashMap::with_capacity_and_hasher(rows, BuildHasherDefault::default()),
-            entries: Vec::with_capacity(rows),
-            used: 0,
+            hashes: Vec::with_capacity(rows),
+            positions: Vec::with_capacity(rows),
+            used: Vec::with_capacity(rows),
+            ..Self::default()
         }
     }
 
@@ -268,40 +345,57 @@ impl Located {
         hashes: &[u64],
         deleted: impl Fn(u64) -> bool,
     ) -> DfResult<()> {
+        if self.hashes.len() + hashes.len() > u32::MAX as usize {
+            return Err(DataFusionError::ResourcesExhausted(
+                "more than 2^32 old rows in one batch of deletion vectors".into(),
+            ));
+        }
+        self.index = None;
+        if self.files.last().is_none_or(|(_, last)| *last != file) {
+            self.files.push((self.hashes.len(), file));
+        }
         for (offset, hash) in hashes.iter().enumerate() {
             let position = first + offset as u64;
             if deleted(position) {
                 continue;
             }
-            let index = u32::try_from(self.entries.len()).map_err(|_| {
-                DataFusionError::ResourcesExhausted(
-                    "more than 2^32 old rows in one batch of deletion vectors".into(),
-                )
-            })?;
-            let next = self.heads.insert(*hash, index).unwrap_or(u32::MAX);
-            self.entries.push((file, position, next));
+            self.hashes.push(*hash);
+            self.positions.push(position);
+            self.used.push(false);
         }
         Ok(())
     }
 
     /// Old rows not yet used up.
     pub fn left(&self) -> u64 {
-        self.entries.len() as u64 - self.used
+        self.hashes.len() as u64 - self.used_count
     }
 
     /// Uses up an old row of each hash that has one left; whether each new row did (is kept).
     pub fn take(&mut self, hashes: &[u64]) -> Vec<bool> {
-        hashes
-            .iter()
-            .map(|hash| match self.heads.get_mut(hash) {
-                Some(head) if *head != u32::MAX => {
-                    *head = self.entries[*head as usize].2;
-                    self.used += 1;
-                    true
-                }
-                _ => false,
-            })
-            .collect()
+        if self.index.is_none() {
+            self.index = Some(HashIndex::of(&self.hashes));
+        }
+        hashes.iter().map(|hash| self.take_one(*hash)).collect()
+    }
+
+    fn take_one(&mut self, hash: u64) -> bool {
+        let next = self.next;
+        let row = if next < self.hashes.len() && self.hashes[next] == hash && !self.used[next] {
+            next
+        } else {
+            let Some(index) = &self.index else {
+                return false;
+            };
+            match index.rows(hash).find(|row| !self.used[*row]) {
+                Some(row) => row,
+                None => return false,
+            }
+        };
+        self.used[row] = true;
+        self.used_count += 1;
+        self.next = row + 1;
+        true
     }
 
     /// The (file, position) of every old row no new row used up.
@@ -310,18 +404,17 @@ impl Located {
             .map(|(_, file, position)| (file, position))
     }
 
-    /// The hash, file and position of every old row no new row used up.
+    /// The hash, file and position of every old row no new row used up, in the order added.
     pub fn unused_hashed(&self) -> impl Iterator<Item = (u64, u32, u64)> + '_ {
-        self.heads.iter().flat_map(move |(hash, head)| {
-            std::iter::successors((*head != u32::MAX).then_some(*head), move |index| {
-                let next = self.entries[*index as usize].2;
-                (next != u32::MAX).then_some(next)
+        self.used
+            .iter()
+            .enumerate()
+            .filter(|(_, used)| !**used)
+            .map(move |(row, _)| {
+                let run = self.files.partition_point(|(start, _)| *start <= row);
+                let file = self.files[run.saturating_sub(1)].1;
+                (self.hashes[row], file, self.positions[row])
             })
-            .map(move |index| {
-                let (file, position, _) = self.entries[index as usize];
-                (*hash, file, position)
-            })
-        })
     }
 }
 
@@ -711,6 +804,125 @@ mod tests {
         assert!(unused == [(0, 11)] || unused == [(1, 0)], "{unused:?}");
         let hashed: Vec<(u64, u32, u64)> = old.unused_hashed().collect();
         assert_eq!(hashed, [(8, unused[0].0, unused[0].1)]);
+    }
+
+    /// Old rows matched against new rows in every order that matters to [`Located`] (the old
+    /// rows' order, runs of them swapped, reversed, shuffled), with repeated hashes, rows
+    /// deleted before, changed and added rows, and new rows given in batches of every size: each
+    /// new row uses up an old row exactly when one of its hash is left (as a count of each
+    /// hash's rows says), and the rows left are the old rows' multiset less those used up, each
+    /// at its own file and position.
+    #[test]
+    fn located_rows_match_as_counted_in_any_order() {
+        // A small generator, seeded: the same cases each run.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..120u64 {
+            let rows = [0usize, 1, 2, 7, 100, 1000][(case % 6) as usize];
+            // Few distinct hashes in some cases: repeated rows; hashes at both ends of the
+            // range in others (the index groups by the top bits).
+            let distinct = [3u64, 50, u64::MAX][(case / 6 % 3) as usize];
+            let hash = |n: u64| match distinct {
+                u64::MAX => n,
+                d => [0, u64::MAX, 1 << 63][(n % 3) as usize] ^ (n % d),
+            };
+            // Old rows in two or three files, a few deleted before.
+            let old: Vec<u64> = (0..rows).map(|_| hash(next())).collect();
+            let deleted: Vec<bool> = (0..rows).map(|_| next() % 10 == 0).collect();
+            let files = 1 + (case % 3) as usize;
+            let per_file = rows.div_ceil(files).max(1);
+            let mut located = Located::with_capacity(rows);
+            let mut places = std::collections::BTreeMap::new();
+            for (file, chunk) in old.chunks(per_file).enumerate() {
+                let first = (file * per_file) as u64 + 5;
+                let mut at = 0;
+                // Added in pieces, as a file's batches come.
+                while at < chunk.len() {
+                    let end = (at + 1 + (next() % 300) as usize).min(chunk.len());
+                    let base = file * per_file;
+                    located
+                        .add(file as u32, first + at as u64, &chunk[at..end], |p| {
+                            deleted[base + (p - first) as usize]
+                        })
+                        .expect("add");
+                    at = end;
+                }
+                for (offset, h) in chunk.iter().enumerate() {
+                    if !deleted[file * per_file + offset] {
+                        places.insert((file as u32, first + offset as u64), *h);
+                    }
+                }
+            }
+            // New rows: the live old rows in some order, some changed, some added twice.
+            let mut new: Vec<u64> = old
+                .iter()
+                .zip(&deleted)
+                .filter(|(_, d)| !**d)
+                .map(|(h, _)| *h)
+                .collect();
+            match case % 4 {
+                0 => {}
+                1 => new.reverse(),
+                2 => {
+                    let mut runs: Vec<Vec<u64>> = new.chunks(64).map(<[u64]>::to_vec).collect();
+                    runs.reverse();
+                    new = runs.concat();
+                }
+                _ => {
+                    for i in (1..new.len()).rev() {
+                        new.swap(i, (next() % (i as u64 + 1)) as usize);
+                    }
+                }
+            }
+            for h in &mut new {
+                if next() % 20 == 0 {
+                    *h = hash(next());
+                }
+            }
+            if let Some(first) = new.first().copied() {
+                new.push(first);
+            }
+            // The count of each hash's old rows left, as the difference keeps it.
+            let mut counts: HashMap<u64, u64> = HashMap::new();
+            for h in places.values() {
+                *counts.entry(*h).or_default() += 1;
+            }
+            let expected: Vec<bool> = new
+                .iter()
+                .map(|h| match counts.get_mut(h) {
+                    Some(left) if *left > 0 => {
+                        *left -= 1;
+                        true
+                    }
+                    _ => false,
+                })
+                .collect();
+            let mut taken = Vec::new();
+            let mut at = 0;
+            while at < new.len() {
+                let end = (at + 1 + (next() % 200) as usize).min(new.len());
+                taken.extend(located.take(&new[at..end]));
+                at = end;
+            }
+            assert_eq!(taken, expected, "case {case}");
+            let left: u64 = counts.values().sum();
+            assert_eq!(located.left(), left, "case {case}");
+            let unused: Vec<(u64, u32, u64)> = located.unused_hashed().collect();
+            let mut by_hash: HashMap<u64, u64> = HashMap::new();
+            for (h, file, position) in &unused {
+                assert_eq!(places.get(&(*file, *position)), Some(h), "case {case}");
+                *by_hash.entry(*h).or_default() += 1;
+            }
+            counts.retain(|_, left| *left > 0);
+            assert_eq!(by_hash, counts, "case {case}");
+            let distinct_places: BTreeSet<(u32, u64)> = located.unused().collect();
+            assert_eq!(distinct_places.len(), unused.len(), "case {case}");
+        }
     }
 
     fn row(change: &str, id: Option<i64>, v: &str) -> (String, Option<i64>, String) {

@@ -114,9 +114,9 @@ impl std::fmt::Display for Scope {
     }
 }
 
-/// What matching holds in memory per old row of a partition, at most: its place among the rows
-/// of its hash (16 bytes) and the hash's entry (about 20), its check hash and key hash (8 each),
-/// and the record validation's capture holds back until the partition is settled (32).
+/// What matching holds in memory per old row of a partition, at most: its hash, position and
+/// place in the index by hash (at most 37 bytes, [`Located`]), its check hash and key hash (8
+/// each), and the record validation's capture holds back until the partition is settled (32).
 pub const BYTES_PER_MATCHED_ROW: u64 = 96;
 
 /// The memory a run's matching assumes when the run's queries have no limit: the built-in
