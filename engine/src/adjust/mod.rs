@@ -75,7 +75,10 @@ pub(crate) async fn stage(
 )> {
     use futures::{StreamExt as _, TryStreamExt as _};
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
-    // Batches side by side, as staging runs them: each difference is one thread's work.
+    // Batches side by side, as staging runs them: each difference is one thread's work, and
+    // the next batch starts as soon as any one ends (in order, a batch that ended would hold
+    // its place until the one before it ends, leaving a core idle). They are put back in
+    // order after, so that the sums are added in one order whatever the timing (floats).
     // (Futures made first, then buffered: a stream holding the closure is not `Send` for
     // every lifetime the runner's future needs.)
     let batch_futures: Vec<_> = batches
@@ -91,10 +94,11 @@ pub(crate) async fn stage(
             ))
         })
         .collect();
-    let staged: Vec<_> = futures::stream::iter(batch_futures)
-        .buffered(max_parallel.max(1))
+    let mut staged: Vec<_> = futures::stream::iter(batch_futures)
+        .buffer_unordered(max_parallel.max(1))
         .try_collect()
         .await?;
+    staged.sort_by_key(|(record, ..)| record.index);
     let mut counted = AdjustmentCounts::default();
     let mut records = Vec::with_capacity(staged.len());
     // The stored rows the balance reads are the range's; the batches' scans read its periods,
