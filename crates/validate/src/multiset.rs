@@ -246,8 +246,9 @@ fn hashes(batch: &RecordBatch) -> DfResult<Vec<u64>> {
 /// vectors, profiled. New rows in any other order are matched the same, each by a lookup.
 ///
 /// Memory holds at most 37 bytes per old row (its hash and position, whether it is used up, and
-/// in the index its hash again, its number and at most two group starts), never the rows. As in [`difference`], two rows with one hash are taken for the
-/// same row (about 2⁻⁶⁴ per pair): the caller proves the result with another hash.
+/// in the index its hash again, its number and at most two group starts), never the rows. As in
+/// [`difference`], two rows with one hash are taken for the same row (about 2⁻⁶⁴ per pair): the
+/// caller proves the result with another hash.
 #[derive(Debug, Default)]
 pub struct Located {
     /// Each old row's hash, in the order added.
