@@ -9,6 +9,10 @@
                                             # whose id is 3 mod 7, with `amount + 1` for those
                                             # whose id is 0 mod 5, and with a copy of those whose
                                             # id is 4 mod 11 under a new id (+ 10,000,000)
+    python3 feed.py rebump DIR DAY          # writes `sql/events/v9.sql`: the rows as written
+                                            # (the bug left in), 1 more on each amount of DAY
+    python3 feed.py wholes DIR              # writes `sql/events/v5.sql`: v4, with every row of
+                                            # three days deleted, moved or changed
     python3 feed.py feed DIR VERSION        # the change feed of VERSION as python `deltalake`'s
                                             # `load_cdf` reads it: sorted rows
                                             # [event_id, country, amount, event_date, change]
@@ -23,6 +27,9 @@
     python3 feed.py gexpect DIR TABLE VERSION KEY  # `expect` of any table, by the columns KEY
     python3 feed.py actions DIR VERSION     # the commit's actions: {"add": [[path, dataChange,
                                             # event_date]], "remove": [...], "cdc": [[path, ...]]}
+    python3 feed.py copies DIR VERSION      # how many cdc files of VERSION copy the column chunks
+                                            # of a file it adds or removes: {"cdc", "added",
+                                            # "removed"}
 """
 
 import json
@@ -92,6 +99,45 @@ FROM raw
 WHERE {window} AND event_id % 11 = 4
 """
     open(os.path.join(directory, "sql", "events", "v4.sql"), "w").write(head + "*/" + body)
+
+
+def rebump(directory, day):
+    """Writes `sql/events/v9.sql`: the rows as `make` wrote them (dated 8 hours early, the bug
+    left in), with 1 more on every amount of the day DAY as they are dated: against the table
+    python wrote, every row of one day changes and the others come back the same."""
+    v1 = open(os.path.join(directory, "sql", "events", "v1.sql")).read()
+    head, _ = v1.split("*/", 1)
+    date = "CAST(ts - INTERVAL '8 hours' AS DATE)"
+    body = f"""
+SELECT event_id, country, CASE WHEN {date} = DATE '{day}' THEN amount + 1 ELSE amount END AS amount,
+       ts, {date} AS event_date
+FROM raw
+WHERE {date} BETWEEN $start AND $end
+"""
+    open(os.path.join(directory, "sql", "events", "v9.sql"), "w").write(head + "*/" + body)
+
+
+def wholes(directory):
+    """Writes `sql/events/v5.sql`: v4, without the events of 2024-03-04, with those of
+    2024-03-05 moved to 2024-03-07, and 7 more on every amount of 2024-03-06: against v4, every
+    row of three days is one change (deleted, moved away, updated) and 2024-03-07 holds rows of
+    two."""
+    v1 = open(os.path.join(directory, "sql", "events", "v1.sql")).read()
+    head, _ = v1.split("*/", 1)
+    window = "CAST(ts AS DATE) BETWEEN $start AND $end AND CAST(ts AS DATE) <> DATE '2024-03-04'"
+    bump = "CASE WHEN CAST(ts AS DATE) = DATE '2024-03-06' THEN 7 ELSE 0 END"
+    day = "CASE WHEN CAST(ts AS DATE) = DATE '2024-03-05' THEN DATE '2024-03-07' ELSE CAST(ts AS DATE) END"
+    body = f"""
+SELECT event_id, country, CASE WHEN event_id % 5 = 0 THEN amount + 1 ELSE amount END + {bump} AS amount,
+       ts, {day} AS event_date
+FROM raw
+WHERE {window} AND event_id % 7 <> 3
+UNION ALL
+SELECT event_id + 10000000 AS event_id, country, amount + {bump} AS amount, ts, {day} AS event_date
+FROM raw
+WHERE {window} AND event_id % 11 = 4
+"""
+    open(os.path.join(directory, "sql", "events", "v5.sql"), "w").write(head + "*/" + body)
 
 
 def feed(directory, version):
@@ -212,6 +258,51 @@ def actions(directory, version):
     return out
 
 
+def copies(directory, version):
+    """How many of the cdc files of VERSION are byte-for-byte copies of the column chunks of a file
+    the commit adds or removes (the same row groups, each column chunk of the same size and
+    statistics), with `_change_type` added: {"cdc": n, "added": a, "removed": r}."""
+    import urllib.parse
+
+    import pyarrow.parquet as pq
+
+    root = events_path(directory)
+
+    def chunks(path, leave_out=()):
+        meta = pq.ParquetFile(os.path.join(root, urllib.parse.unquote(path))).metadata
+        groups = []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            columns = []
+            for c in range(group.num_columns):
+                column = group.column(c)
+                if column.path_in_schema in leave_out:
+                    continue
+                stats = column.statistics
+                columns.append(
+                    [
+                        column.path_in_schema,
+                        column.total_compressed_size,
+                        str(stats.min) if stats is not None and stats.has_min_max else None,
+                        str(stats.max) if stats is not None and stats.has_min_max else None,
+                    ]
+                )
+            groups.append([group.num_rows, columns])
+        return groups
+
+    listed = actions(directory, version)
+    added = [chunks(a[0]) for a in listed["add"]]
+    removed = [chunks(a[0]) for a in listed["remove"]]
+    out = {"cdc": len(listed["cdc"]), "added": 0, "removed": 0}
+    for cdc in listed["cdc"]:
+        got = chunks(cdc[0], leave_out=("_change_type",))
+        if got in added:
+            out["added"] += 1
+        elif got in removed:
+            out["removed"] += 1
+    return out
+
+
 def main():
     command, directory = sys.argv[1], sys.argv[2]
     if command == "make":
@@ -220,6 +311,10 @@ def main():
         bump(directory, sys.argv[3])
     elif command == "reshape":
         reshape(directory)
+    elif command == "wholes":
+        wholes(directory)
+    elif command == "rebump":
+        rebump(directory, sys.argv[3])
     elif command == "feed":
         print(json.dumps(feed(directory, int(sys.argv[3]))))
     elif command == "expect":
@@ -238,6 +333,8 @@ def main():
         print(json.dumps(generic_expect(directory, sys.argv[3], int(sys.argv[4]), sys.argv[5])))
     elif command == "actions":
         print(json.dumps(actions(directory, int(sys.argv[3]))))
+    elif command == "copies":
+        print(json.dumps(copies(directory, int(sys.argv[3]))))
     else:
         raise SystemExit(f"unknown command {command}")
     sys.stdout.flush()

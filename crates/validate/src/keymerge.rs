@@ -37,7 +37,7 @@ mod capture;
 mod changes;
 
 pub use capture::{Capture, CaptureWriter, Held};
-pub use changes::{FirstOf, FoundChanges, KeyChange, KeyChanges};
+pub use changes::{FirstOf, FoundChanges, KeyChange, KeyChanges, PartitionRows, SideRows};
 
 use super::edges::{EdgeProbe, Hit};
 use super::rowdiff::{
@@ -892,6 +892,8 @@ struct Tally {
     edge_hits: Vec<(bool, u32, (u64, u32))>,
     /// When recorded: how each changed key changed, in order.
     changes: Option<Vec<(u64, u32, KeyChange)>>,
+    /// When recorded: the rows of each label index, by side and change.
+    change_rows: Vec<PartitionRows>,
 }
 
 /// A sampled difference, before its label is known for sure.
@@ -915,6 +917,7 @@ impl Tally {
             edges: None,
             edge_hits: Vec::new(),
             changes: None,
+            change_rows: Vec::new(),
         }
     }
 
@@ -976,7 +979,7 @@ impl Tally {
             false => old,
         };
         if let Some(changes) = &mut self.changes {
-            record_changes(k1, old, new, changes);
+            record_changes(k1, old, new, (changes, &mut self.change_rows));
         }
         // The common cases, without sorting anything out: one row a side, or one side alone.
         match (old, new) {
@@ -1039,24 +1042,46 @@ fn second_halves(old: &[Entry], new: &[Entry]) -> Vec<u32> {
 /// How the keys of one first half of a key hash changed, as the change data feed tells them:
 /// the rows of a key in the differing partitions (every old row; the new rows flagged) are
 /// compared as multisets of row hashes. A key the partitions not compared also hold is told by
-/// its rows in the compared ones (the others hold the same rows on both sides).
-fn record_changes(k1: u64, old: &[Entry], new: &[Entry], out: &mut Vec<(u64, u32, KeyChange)>) {
+/// its rows in the compared ones (the others hold the same rows on both sides). `rows`: every
+/// row counted under its label and side, by its key's change.
+fn record_changes(
+    k1: u64,
+    old: &[Entry],
+    new: &[Entry],
+    (out, rows): (&mut Vec<(u64, u32, KeyChange)>, &mut Vec<PartitionRows>),
+) {
+    let mut count = |entry: &Entry, side: usize, change: Option<KeyChange>| {
+        let label = entry.label() as usize;
+        if rows.len() <= label {
+            rows.resize(label + 1, PartitionRows::default());
+        }
+        rows[label][side].add(change, 1);
+    };
     // The common cases, as in `Tally::pair`.
     match (old, new) {
         ([o], [n]) if o.k2 == n.k2 => {
-            match (n.diffed(), o.hash == n.hash) {
-                (true, true) => {}
-                (true, false) => out.push((k1, o.k2, KeyChange::Update)),
-                (false, _) => out.push((k1, o.k2, KeyChange::Delete)),
+            let change = match (n.diffed(), o.hash == n.hash) {
+                (true, true) => None,
+                (true, false) => Some(KeyChange::Update),
+                (false, _) => Some(KeyChange::Delete),
+            };
+            count(o, 0, change);
+            if n.diffed() {
+                count(n, 1, change);
+            }
+            if let Some(change) = change {
+                out.push((k1, o.k2, change));
             }
             return;
         }
         ([o], []) => {
+            count(o, 0, Some(KeyChange::Delete));
             out.push((k1, o.k2, KeyChange::Delete));
             return;
         }
         ([], [n]) => {
             if n.diffed() {
+                count(n, 1, Some(KeyChange::Insert));
                 out.push((k1, n.k2, KeyChange::Insert));
             }
             return;
@@ -1064,26 +1089,29 @@ fn record_changes(k1: u64, old: &[Entry], new: &[Entry], out: &mut Vec<(u64, u32
         _ => {}
     }
     for k2 in second_halves(old, new) {
-        let mut olds: Vec<u64> = old.iter().filter(|e| e.k2 == k2).map(|e| e.hash).collect();
-        let mut news: Vec<u64> = new
-            .iter()
-            .filter(|e| e.k2 == k2 && e.diffed())
-            .map(|e| e.hash)
-            .collect();
+        let olds: Vec<&Entry> = old.iter().filter(|e| e.k2 == k2).collect();
+        let news: Vec<&Entry> = new.iter().filter(|e| e.k2 == k2 && e.diffed()).collect();
         let change = match (olds.is_empty(), news.is_empty()) {
-            (true, true) => continue,
-            (true, false) => KeyChange::Insert,
-            (false, true) => KeyChange::Delete,
+            (true, true) => None,
+            (true, false) => Some(KeyChange::Insert),
+            (false, true) => Some(KeyChange::Delete),
             (false, false) => {
-                olds.sort_unstable();
-                news.sort_unstable();
-                if olds == news {
-                    continue;
-                }
-                KeyChange::Update
+                let mut old_hashes: Vec<u64> = olds.iter().map(|e| e.hash).collect();
+                let mut new_hashes: Vec<u64> = news.iter().map(|e| e.hash).collect();
+                old_hashes.sort_unstable();
+                new_hashes.sort_unstable();
+                (old_hashes != new_hashes).then_some(KeyChange::Update)
             }
         };
-        out.push((k1, k2, change));
+        for o in &olds {
+            count(o, 0, change);
+        }
+        for n in &news {
+            count(n, 1, change);
+        }
+        if let Some(change) = change {
+            out.push((k1, k2, change));
+        }
     }
 }
 
@@ -1448,6 +1476,15 @@ impl<'a> Merge<'a> {
         self.facts.duplicate_keys += tally.duplicate_keys;
         if let (Some(changes), Some(found)) = (&self.spec.changes, tally.changes) {
             changes.add(found);
+            let labels = &self.labels.labels;
+            changes.add_rows(
+                tally
+                    .change_rows
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, [old, new])| old.rows > 0 || new.rows > 0)
+                    .filter_map(|(label, rows)| Some((labels.get(label)?.text.clone(), rows))),
+            );
         }
         if let Some(edges) = &self.spec.edges
             && !tally.edge_hits.is_empty()

@@ -888,6 +888,63 @@ mod tests {
         rows
     }
 
+    /// The rows the merge counted per partition, side and change ([`FoundChanges::partition_rows`])
+    /// are the rows of each kind the reference feed has there, and every row of the side there,
+    /// rows with a NULL key column left out (the merge pairs none of them).
+    fn assert_partition_rows(
+        found: &crate::keymerge::FoundChanges,
+        (old, new): (&[Row], &[Row]),
+        key: &[String],
+        reference: &[String],
+        what: &str,
+    ) {
+        use crate::keymerge::SideRows;
+        use std::collections::BTreeMap;
+        let keyed = |row: &Row| {
+            key.iter().all(|k| match k.as_str() {
+                "d" => row.0.is_some(),
+                "id" => row.1.is_some(),
+                "s" => row.3.is_some(),
+                other => panic!("no column {other}"),
+            })
+        };
+        let mut expected: BTreeMap<Option<String>, [SideRows; 2]> = BTreeMap::new();
+        for (side, rows) in [(0, old), (1, new)] {
+            for row in rows.iter().filter(|r| keyed(r)) {
+                expected.entry(row.0.map(str::to_string)).or_default()[side].rows += 1;
+            }
+        }
+        for line in reference {
+            let row: serde_json::Value = serde_json::from_str(line).expect("json");
+            let null_key = key.iter().any(|k| row[k.as_str()].is_null());
+            if null_key {
+                continue;
+            }
+            let d = row["d"].as_str().map(str::to_string);
+            let sides = expected.entry(d).or_default();
+            match row["_change_type"].as_str().expect("a change type") {
+                "update_preimage" => sides[0].update += 1,
+                "delete" => sides[0].delete += 1,
+                "update_postimage" => sides[1].update += 1,
+                "insert" => sides[1].insert += 1,
+                other => panic!("{other}"),
+            }
+        }
+        let counted = found.every_partition_rows();
+        assert_eq!(counted.len(), expected.len(), "{what}: {counted:?}");
+        for (d, sides) in &expected {
+            // A partition's label is its value (`(null)` for none).
+            let label = d
+                .clone()
+                .unwrap_or_else(|| lakefill_table::partition::NULL_LABEL.into());
+            assert_eq!(
+                found.partition_rows(&label),
+                Some(*sides),
+                "{what}: partition {label}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn the_changes_the_merge_records_give_the_feed_that_grouping_both_sides_gives() {
         use crate::keymerge::{KeyChanges, merge_diff};
@@ -947,6 +1004,7 @@ mod tests {
                 let found = changes.found().expect("every changed key recorded");
                 assert!(found.null_keys(), "the sides have NULL keys");
                 let what = format!("key {key:?} captured {captured} files {in_files}");
+                assert_partition_rows(&found, (&old, &new), &key, &reference, &what);
                 assert_eq!(
                     feed_rows((&old, &new), &key, Some(found)).await,
                     reference,

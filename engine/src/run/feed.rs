@@ -9,17 +9,22 @@
 //! earlier run wrote, the run's writers' for the staged ones) hold the same rows and are not read.
 //! Computing the rows is `lakefill_validate::feed`, writing them `lakefill_recompute::stage::feed`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
+
+use deltalake::kernel::Add;
+use futures::{StreamExt as _, TryStreamExt as _};
 
 use deltalake::datafusion::prelude::SessionContext;
 
 use lakefill_log::journal::{ChangeFeed, Journal};
 use lakefill_recompute::plan::BackfillPlan;
+use lakefill_recompute::stage::feed::FeedWritten;
 use lakefill_table::adjustments::PublishMode;
 use lakefill_table::error::{Error, QueryContext, Result};
 use lakefill_table::resources::Resources;
-use lakefill_validate::keymerge::FoundChanges;
+use lakefill_validate::keymerge::{FoundChanges, KeyChange};
 
 use crate::run::validation::{
     comparison_session, logged_checksums, register_output, staged_checksums, table_schema,
@@ -27,6 +32,9 @@ use crate::run::validation::{
 
 /// First halves of key hashes ([`lakefill_table::rowhash::key_hash_sql`]).
 type KeyHashes = std::collections::HashSet<u64>;
+
+/// Partitions whose files the feed copies whole at once.
+const COPYING_PARTITIONS: usize = 8;
 
 /// The table property that turns the change data feed on.
 const FEED_PROPERTY: &str = "delta.enableChangeDataFeed";
@@ -79,8 +87,27 @@ pub(crate) async fn write_change_feed(
     let write_schema = Arc::new(lakefill_recompute::plan::query::target_schema(plan)?);
     let target_schema = table_schema(plan)?;
     register_output(&ctx, plan, journal, &write_schema, &target_schema).await?;
+    let mapping = match &plan.write_schema {
+        Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
+        None => plan.report.protocol.mapping.clone(),
+    };
+    // The partitions whose every row is one change on each side: their files copied whole.
+    let (whole, copied) = match &found {
+        Some(found) => {
+            let copy = lakefill_recompute::stage::feed::WholeCopy::new(
+                &write_schema,
+                &journal.inputs.target,
+                layout,
+                &mapping,
+                &journal.run_id,
+                Arc::clone(&store),
+            )?;
+            copy_whole_partitions(plan, journal, found, &copy).await?
+        }
+        None => (BTreeSet::new(), FeedWritten::default()),
+    };
     let found = match found {
-        Some(found) => compared_sides(&ctx, journal, &found)
+        Some(found) => compared_sides(&ctx, journal, &found, &whole)
             .await?
             .map(|sides| (sides, found)),
         None => None,
@@ -102,10 +129,6 @@ pub(crate) async fn write_change_feed(
         Some(_) => None,
         None => changed_keys(plan, journal, changed).map(Arc::new),
     };
-    let mapping = match &plan.write_schema {
-        Some(schema) => plan.report.protocol.mapping.clone().with_added(schema),
-        None => plan.report.protocol.mapping.clone(),
-    };
     let mut feed = write_feed_between(
         &ctx,
         (&old, &new),
@@ -115,8 +138,150 @@ pub(crate) async fn write_change_feed(
         store,
     )
     .await?;
+    feed.files.extend(copied.files);
+    feed.files.sort_by(|a, b| a.path.cmp(&b.path));
+    feed.counts.merge(&copied.counts);
     feed.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(feed)
+}
+
+/// Copies into change data files, whole, the files of each partition the key merge compared
+/// whose every row is one change on each side (every old row a `delete` or an
+/// `update_preimage`, every new row an `insert` or an `update_postimage`); returns those
+/// partitions' labels, which the feed then leaves out, and what was written. A partition is
+/// copied only when the rows its files hold are the rows the merge counted on each side: a run
+/// by deletion vectors, by rows or with `--where` (whose files also hold rows that did not
+/// change) copies none.
+async fn copy_whole_partitions(
+    plan: &BackfillPlan,
+    journal: &Journal,
+    found: &FoundChanges,
+    copy: &lakefill_recompute::stage::feed::WholeCopy,
+) -> Result<(BTreeSet<String>, FeedWritten)> {
+    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
+    let mut copied = (BTreeSet::new(), FeedWritten::default());
+    let Some(labels) = found.labels() else {
+        return Ok(copied);
+    };
+    if layout.rewrites_files(range)
+        || layout.is_timeless()
+        || layout.partition_columns.is_empty()
+        || journal.vectors().next().is_some()
+    {
+        return Ok(copied);
+    }
+    // Each compared partition's files: the target's at the read version, and the staged ones.
+    let snapshot = plan.target.snapshot().map_err(|source| Error::Delta {
+        context: "cannot read the target's snapshot".into(),
+        source: Box::new(source),
+    })?;
+    let mapping = &plan.report.protocol.mapping;
+    let mut files: BTreeMap<&String, [Vec<Add>; 2]> = BTreeMap::new();
+    for file in snapshot.log_data().iter() {
+        let values = mapping.logical_values(file.partition_values_map());
+        let Some(label) = layout.label_in(range, &values).and_then(|l| labels.get(&l)) else {
+            continue;
+        };
+        #[expect(
+            deprecated,
+            reason = "the log's own add entry is the only way delta-rs 1.1 gives a file's vector"
+        )]
+        let mut add = file.add_action();
+        add.partition_values = values;
+        files.entry(label).or_default()[0].push(add);
+    }
+    for add in journal.new_row_files() {
+        if let Some(label) = layout
+            .label_in(range, &add.partition_values)
+            .and_then(|l| labels.get(&l))
+        {
+            files.entry(label).or_default()[1].push(add.clone());
+        }
+    }
+    // Which change each side's rows all are, per partition where each side's rows are one.
+    let mut candidates = Vec::new();
+    for label in labels {
+        if label == lakefill_table::partition::NULL_LABEL {
+            continue;
+        }
+        let Some([old_rows, new_rows]) = found.partition_rows(label) else {
+            continue;
+        };
+        let old_change = match (old_rows.rows, old_rows.whole()) {
+            (0, _) => None,
+            (_, Some(KeyChange::Update)) => Some("update_preimage"),
+            (_, Some(KeyChange::Delete)) => Some("delete"),
+            _ => continue,
+        };
+        let new_change = match (new_rows.rows, new_rows.whole()) {
+            (0, _) => None,
+            (_, Some(KeyChange::Update)) => Some("update_postimage"),
+            (_, Some(KeyChange::Insert)) => Some("insert"),
+            _ => continue,
+        };
+        let [old_files, new_files] = files.remove(label).unwrap_or_default();
+        candidates.push((
+            label,
+            [
+                (old_files, old_rows.rows, old_change),
+                (new_files, new_rows.rows, new_change),
+            ],
+        ));
+    }
+    // Partitions side by side: their files are read and written whole, which on object
+    // storage is mostly waiting. (Futures made first, then buffered: a stream holding the
+    // closure is not `Send` for every lifetime the runner's future needs.)
+    let copies: Vec<_> = candidates
+        .into_iter()
+        .map(|(label, sides)| Box::pin(copy_partition(copy, label, sides)))
+        .collect();
+    let partitions = futures::stream::iter(copies).buffer_unordered(COPYING_PARTITIONS);
+    futures::pin_mut!(partitions);
+    while let Some(partition) = partitions.try_next().await? {
+        if let Some((label, written)) = partition {
+            copied.0.insert(label.clone());
+            copied.1.files.extend(written.files);
+            copied.1.counts.merge(&written.counts);
+        }
+    }
+    tracing::debug!(
+        partitions = copied.0.len(),
+        files = copied.1.files.len(),
+        "the feed copied partitions whose every row is one change whole"
+    );
+    Ok(copied)
+}
+
+/// Copies the files of partition `label` whole, each side's (its files, the rows the merge
+/// counted there, the change every one is) when the files hold exactly the rows counted; `None`
+/// when a side's do not, or cannot be copied.
+async fn copy_partition<'a>(
+    copy: &lakefill_recompute::stage::feed::WholeCopy,
+    label: &'a String,
+    sides: [(Vec<Add>, u64, Option<&'static str>); 2],
+) -> Result<Option<(&'a String, FeedWritten)>> {
+    let mut whole = Vec::with_capacity(2);
+    for (files, counted, change) in sides {
+        let Some(side) = copy.side(files).await? else {
+            return Ok(None);
+        };
+        // The files hold the rows the merge counted, and only those.
+        if side.rows != counted {
+            tracing::debug!(%label, rows = side.rows, counted,
+                "a partition's files hold other rows than the merge counted: its feed is computed row by row");
+            return Ok(None);
+        }
+        whole.push((side, change));
+    }
+    let mut written = FeedWritten::default();
+    for (side, change) in whole {
+        if let Some(change) = change {
+            let copied = copy.copy(side, change).await?;
+            written.files.extend(copied.files);
+            written.counts.merge(&copied.counts);
+        }
+    }
+    Ok(Some((label, written)))
 }
 
 /// The key hashes `changed` holds, when they are every key the run's fix changes: this process
@@ -184,6 +349,7 @@ async fn compared_sides(
     ctx: &SessionContext,
     journal: &Journal,
     found: &FoundChanges,
+    copied: &BTreeSet<String>,
 ) -> Result<Option<(String, String)>> {
     let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
     let Some(labels) = found.labels() else {
@@ -192,7 +358,8 @@ async fn compared_sides(
     if layout.rewrites_files(range) || layout.is_timeless() {
         return Ok(None);
     }
-    sides_of(ctx, layout, &labels.iter().collect::<Vec<_>>()).await
+    let labels: Vec<&String> = labels.iter().filter(|l| !copied.contains(*l)).collect();
+    sides_of(ctx, layout, &labels).await
 }
 
 /// `previous` and `output` narrowed to the partitions `labels` (none: no rows), or `None` when

@@ -14,7 +14,7 @@
 //! by the top bits of the hash, a fifth of the memory of a hash map of the same keys, and one
 //! cache miss a lookup.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use deltalake::datafusion::execution::memory_pool::{
@@ -31,6 +31,57 @@ pub enum KeyChange {
     /// Both sides have rows of the key, and they differ (as multisets of rows).
     Update,
 }
+
+/// The rows of one side of one compared partition, by how their key changed (a row of a key
+/// whose rows came back the same is counted in `rows` only). With them, the feed can tell a
+/// partition whose every row is of one change: its files are copied into change data files
+/// whole, not read and written again row by row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SideRows {
+    /// Every row the merge read of the side and partition.
+    pub rows: u64,
+    /// Rows of keys only the new side has.
+    pub insert: u64,
+    /// Rows of keys only the old side has.
+    pub delete: u64,
+    /// Rows of keys whose rows differ.
+    pub update: u64,
+}
+
+impl SideRows {
+    /// The change every row has, when there are rows and all have one.
+    pub fn whole(&self) -> Option<KeyChange> {
+        [
+            (self.insert, KeyChange::Insert),
+            (self.delete, KeyChange::Delete),
+            (self.update, KeyChange::Update),
+        ]
+        .into_iter()
+        .find(|(rows, _)| self.rows > 0 && *rows == self.rows)
+        .map(|(_, change)| change)
+    }
+
+    /// Counts `rows` more rows of `change` (`None`: of an unchanged key).
+    pub(crate) fn add(&mut self, change: Option<KeyChange>, rows: u64) {
+        self.rows += rows;
+        match change {
+            Some(KeyChange::Insert) => self.insert += rows,
+            Some(KeyChange::Delete) => self.delete += rows,
+            Some(KeyChange::Update) => self.update += rows,
+            None => {}
+        }
+    }
+
+    fn merge(&mut self, other: &SideRows) {
+        self.rows += other.rows;
+        self.insert += other.insert;
+        self.delete += other.delete;
+        self.update += other.update;
+    }
+}
+
+/// The old side's and the new side's [`SideRows`] of one partition.
+pub type PartitionRows = [SideRows; 2];
 
 /// What a run's key merge records of the keys it found changed, for the change data feed to
 /// use once the merge finished ([`Self::found`]).
@@ -62,6 +113,7 @@ enum State {
 struct Recorded {
     labels: Option<BTreeSet<String>>,
     keys: Vec<(u64, u32, KeyChange)>,
+    rows: BTreeMap<String, PartitionRows>,
     null_keys: bool,
     reservation: MemoryReservation,
 }
@@ -96,6 +148,7 @@ impl KeyChanges {
             *state = State::Recording(Recorded {
                 labels,
                 keys: Vec::new(),
+                rows: BTreeMap::new(),
                 null_keys: false,
                 reservation,
             })
@@ -128,6 +181,20 @@ impl KeyChanges {
                     "too many changed keys to keep for the change feed: it finds them itself"
                 );
                 *state = State::Nothing;
+            }
+        });
+    }
+
+    /// Adds the rows of compared partitions, by label, old side first.
+    pub(crate) fn add_rows(&self, rows: impl IntoIterator<Item = (String, PartitionRows)>) {
+        self.with_state(|state| {
+            let State::Recording(recorded) = state else {
+                return;
+            };
+            for (label, [old, new]) in rows {
+                let sides = recorded.rows.entry(label).or_default();
+                sides[0].merge(&old);
+                sides[1].merge(&new);
             }
         });
     }
@@ -173,6 +240,8 @@ pub struct FoundChanges {
     labels: Option<BTreeSet<String>>,
     /// Sorted by key hash.
     keys: Vec<(u64, u32, KeyChange)>,
+    /// The rows of each compared partition, by side and change.
+    rows: BTreeMap<String, PartitionRows>,
     /// Per value of the top [`DIRECTORY_BITS`] bits of the first half: where its keys start.
     directory: Vec<u32>,
     /// The bits of the directory: 0 (one slot) for few keys.
@@ -203,6 +272,7 @@ impl FoundChanges {
         let Recorded {
             labels,
             mut keys,
+            rows,
             null_keys,
             reservation,
         } = recorded;
@@ -233,6 +303,7 @@ impl FoundChanges {
         Self {
             labels,
             keys,
+            rows,
             directory,
             bits,
             null_keys,
@@ -276,6 +347,12 @@ impl FoundChanges {
         self.labels.as_ref()
     }
 
+    /// The rows the merge read of partition `label`, old side first, by change; `None` when it
+    /// read none.
+    pub fn partition_rows(&self, label: &str) -> Option<PartitionRows> {
+        self.rows.get(label).copied()
+    }
+
     /// Whether the compared partitions have rows with a NULL key column.
     pub fn null_keys(&self) -> bool {
         self.null_keys
@@ -289,6 +366,12 @@ impl FoundChanges {
     /// Whether no key changed.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// The rows of every compared partition the merge read, by label.
+    #[cfg(test)]
+    pub(crate) fn every_partition_rows(&self) -> &BTreeMap<String, PartitionRows> {
+        &self.rows
     }
 
     /// Every changed key, by its hash halves, with how it changed.

@@ -28,6 +28,10 @@ use lakefill_table::partition::{Layout, PartitionValues};
 use lakefill_table::run_id::RunId;
 use lakefill_validate::feed::{CHANGE_TYPE, FeedCounts};
 
+mod whole;
+
+pub use whole::{WholeCopy, WholeSide};
+
 /// Partition writers open at once; the least recently written is closed beyond it (a partition
 /// may then get more than one file), which bounds memory whatever the order of the rows.
 const OPEN_WRITERS: usize = 16;
