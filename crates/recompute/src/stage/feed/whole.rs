@@ -36,9 +36,13 @@ use lakefill_validate::feed::CHANGE_TYPE;
 
 use super::FeedWritten;
 
-/// Files larger than this are not copied (the copy holds a file and its copy in memory): their
+/// Files larger than this are not copied (a copy holds the file and its copy in memory): their
 /// partition's feed is computed row by row.
-const MAX_FILE_BYTES: i64 = 256 << 20;
+const MAX_FILE_BYTES: i64 = 128 << 20;
+
+/// The memory a run's copies hold at once, in KiB (a file and its copy each): a copy beyond it
+/// waits for others to end.
+const HELD_KIB: u32 = 256 << 10;
 
 /// Rows of `_change_type` written at once.
 const CHANGE_TYPE_CHUNK: usize = 8192;
@@ -51,6 +55,8 @@ pub struct WholeCopy {
     layout: Layout,
     run_id: RunId,
     store: Arc<dyn deltalake::ObjectStore>,
+    /// The memory copies may hold, in KiB.
+    held: Arc<tokio::sync::Semaphore>,
 }
 
 /// One side's files of one partition, their footers read: every file could be copied whole.
@@ -90,11 +96,12 @@ impl WholeCopy {
             layout: layout.clone(),
             run_id: run_id.clone(),
             store,
+            held: Arc::new(tokio::sync::Semaphore::new(HELD_KIB as usize)),
         })
     }
 
     /// The footers of `files` (with partition values by logical name), when every one can be
-    /// copied whole: no deletion vector, at most [`MAX_FILE_BYTES`], exactly the columns of a
+    /// copied whole: no deletion vector, at most 128 MiB, exactly the columns of a
     /// change data file of the table but `_change_type`. `None` when one cannot.
     pub async fn side(&self, files: Vec<Add>) -> Result<Option<WholeSide>> {
         let mut side = WholeSide {
@@ -159,6 +166,16 @@ impl WholeCopy {
     pub async fn copy(&self, side: WholeSide, change_type: &str) -> Result<FeedWritten> {
         let mut written = FeedWritten::default();
         for (file, footer) in side.files {
+            // The file and its copy (a little larger), within what copies may hold at once.
+            let kib = u32::try_from(file.size / 1024 * 2 + 64)
+                .unwrap_or(HELD_KIB)
+                .min(HELD_KIB);
+            let _held = self.held.acquire_many(kib).await.map_err(|e| {
+                Error::Internal(format!(
+                    "cannot wait for memory to copy `{}`: {e}",
+                    file.path
+                ))
+            })?;
             let source = lakefill_table::storage::object_path(&file.path);
             let bytes = self
                 .store
