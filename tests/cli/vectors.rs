@@ -931,6 +931,78 @@ fn a_fix_by_vectors_feeds_exactly_the_rows_it_changes() {
     );
 }
 
+/// A fix by vectors of a table whose keys are unique: its feed reads, of the partitions it cuts,
+/// only the rows its vectors delete (by a row selection of the cut files, their vectors from the
+/// first fix subtracted) and the rows it writes, and of the partition it rewrites, every row. The
+/// fix changes a cent of some rows (among them rows the first fix changed, whose first versions
+/// the old vectors delete), moves some to the next day, deletes some, inserts some, and changes
+/// every row of 2026-01-03 (rewritten). The feed is exactly the independent diff by key
+/// (python `deltalake`'s `load_cdf` against DuckDB). The first fix, whose table held a row loaded
+/// twice (a key with a row that stays), reads both sides whole.
+#[test]
+fn a_fix_by_vectors_of_unique_keys_feeds_from_the_rows_it_deletes_and_writes_only() {
+    const NARROWED: &str = "the feed of a run by vectors reads the rows it deletes and writes";
+    let mut lake = PythonLake::new(Store::Local);
+    lake.script(&helper(), &["make", &lake.uri("t"), "feed"]);
+    lake.declare("t");
+    lake.model("fix", KEYED, FIX);
+    let mut args = BACKFILL.to_vec();
+    args.push("-v");
+    let out = lake.run(&args);
+    let first = json_ok(&out);
+    assert_eq!(first["outcome"], "published", "{first}");
+    assert!(!stderr(&out).contains(NARROWED), "{}", stderr(&out));
+    let (feed, expected) = feed_and_expected(&lake, first["published_version"].as_u64().unwrap());
+    assert_eq!(feed, expected, "the first fix's feed");
+
+    lake.model_version(
+        "fix",
+        "v2",
+        KEYED,
+        "SELECT event_id,\n\
+           CASE WHEN event_id % 100 IN (7, 8) OR event_date = DATE '2026-01-03' THEN amount_cents + 1 ELSE amount_cents END AS amount_cents,\n\
+           country,\n\
+           CASE WHEN event_id % 1000 = 21 AND event_date = DATE '2026-01-01' THEN DATE '2026-01-02' ELSE event_date END AS event_date\n\
+         FROM t WHERE event_date BETWEEN $start AND $end AND event_id % 1000 <> 99\n\
+         UNION ALL\n\
+         SELECT event_id + 7000000, amount_cents, country, event_date FROM t\n\
+         WHERE event_date BETWEEN $start AND $end AND event_id % 1000 = 42",
+    );
+    args.extend(["--model-version", "v2"]);
+    let out = lake.run(&args);
+    let report = json_ok(&out);
+    assert_eq!(report["outcome"], "published", "{report}");
+    let vectors = &report["deletion_vectors"];
+    let cut: Vec<&String> = vectors["partitions"].as_object().unwrap().keys().collect();
+    assert_eq!(cut, ["2026-01-01", "2026-01-02"], "{vectors}");
+    let rewritten: Vec<&String> = vectors["rewritten"].as_object().unwrap().keys().collect();
+    assert_eq!(rewritten, ["2026-01-03"], "{vectors}");
+    assert!(stderr(&out).contains(NARROWED), "{}", stderr(&out));
+    let published = report["published_version"].as_u64().unwrap();
+    let (feed, expected) = feed_and_expected(&lake, published);
+    assert_eq!(feed, expected, "python deltalake's load_cdf");
+    assert_eq!(report["change_feed"], feed_counts(&feed), "{report}");
+    let counts = feed_counts(&feed);
+    for kind in ["insert", "delete", "update_preimage", "update_postimage"] {
+        assert!(counts[kind].as_u64().unwrap() > 0, "{kind}: {counts}");
+    }
+    // The rows moved to the next day are updates: the old day's row before, the new day's after.
+    let moved: Vec<(&str, &str)> = feed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row[0] == 100021)
+        .map(|row| (row[3].as_str().unwrap(), row[4].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        moved,
+        [
+            ("2026-01-01", "update_preimage"),
+            ("2026-01-02", "update_postimage")
+        ]
+    );
+}
+
 /// A `--where` fix that changes every row it selects, a sixth of each partition: the rows it does
 /// not select count in the share that decides a partition's publish (as a rewrite would carry
 /// them), so the partitions are cut by vectors, not rewritten, and python `deltalake` reads the

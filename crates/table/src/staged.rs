@@ -62,6 +62,10 @@ struct Cut {
     descriptor: deltalake::kernel::DeletionVectorDescriptor,
     /// The file's rows (all of them, deleted or not).
     rows: u64,
+    /// With [`StagedTable::register_deleted_as`]: the vector the file had before the cut (`None`:
+    /// none); the scan then reads the rows `descriptor` deletes and this one did not, instead of
+    /// those it keeps.
+    before: Option<Option<deltalake::kernel::DeletionVectorDescriptor>>,
 }
 
 impl StagedTable {
@@ -84,6 +88,42 @@ impl StagedTable {
         Ok(())
     }
 
+    /// Registers in `ctx` as `name` the rows a cut deletes: each of `cuts` is a file with its new
+    /// deletion vector (as the table keeps it once a run by vectors is published) and the vector
+    /// it had before (`None`: none); the table holds the rows the new vector deletes that the old
+    /// one did not, read by a row selection (the rest of the file is not decoded into rows). The
+    /// change data feed of a run by vectors reads its old side so.
+    pub fn register_deleted_as(
+        ctx: &SessionContext,
+        name: &str,
+        target: &DeltaTable,
+        (table_schema, partition_columns): (&Schema, &[String]),
+        cuts: &[(Add, Option<deltalake::kernel::DeletionVectorDescriptor>)],
+        key: &str,
+    ) -> Result<()> {
+        if let Some((add, _)) = cuts.iter().find(|(add, _)| add.deletion_vector.is_none()) {
+            return Err(Error::Internal(format!(
+                "`{}` has no deletion vector: it deletes no rows",
+                add.path
+            )));
+        }
+        let (adds, before): (Vec<Add>, Vec<_>) = cuts.iter().cloned().unzip();
+        let table = Self::register_reading(
+            ctx,
+            target,
+            (table_schema, partition_columns),
+            &adds,
+            key,
+            Some(&before),
+        )?;
+        ctx.register_table(name, table)
+            .map_err(|source| Error::Query {
+                context: format!("cannot register the rows the cut files delete as `{name}`"),
+                source: Box::new(source),
+            })?;
+        Ok(())
+    }
+
     /// Builds the table over `adds` of `target` (with the schema `table_schema`, partitioned by
     /// `partition_columns`) and registers the store it reads from in `ctx`.
     ///
@@ -100,13 +140,32 @@ impl StagedTable {
         adds: &[Add],
         key: &str,
     ) -> Result<Arc<dyn TableProvider>> {
+        Self::register_reading(
+            ctx,
+            target,
+            (table_schema, partition_columns),
+            adds,
+            key,
+            None,
+        )
+    }
+
+    /// [`Self::register_store`]; with `before` (the vector each of `adds` had before a cut), the
+    /// rows each file's vector deletes that its vector before did not, instead of those it keeps.
+    fn register_reading(
+        ctx: &SessionContext,
+        target: &DeltaTable,
+        (table_schema, partition_columns): (&Schema, &[String]),
+        adds: &[Add],
+        key: &str,
+        before: Option<&[Option<deltalake::kernel::DeletionVectorDescriptor>]>,
+    ) -> Result<Arc<dyn TableProvider>> {
         let mapping = ColumnMapping::of_table(target)?.with_added(table_schema);
         let table = Self::over_staged(
             ctx,
             target,
-            table_schema,
-            partition_columns,
-            adds,
+            (table_schema, partition_columns),
+            (adds, before),
             key,
             &mapping,
         )?;
@@ -157,9 +216,11 @@ impl StagedTable {
     fn over_staged(
         ctx: &SessionContext,
         target: &DeltaTable,
-        table_schema: &Schema,
-        partition_columns: &[String],
-        adds: &[Add],
+        (table_schema, partition_columns): (&Schema, &[String]),
+        (adds, before): (
+            &[Add],
+            Option<&[Option<deltalake::kernel::DeletionVectorDescriptor>]>,
+        ),
         key: &str,
         mapping: &ColumnMapping,
     ) -> Result<Self> {
@@ -211,7 +272,7 @@ impl StagedTable {
         ctx.register_object_store(store_url.as_ref(), Arc::clone(&store));
 
         let mut files = Vec::with_capacity(adds.len());
-        for add in adds {
+        for (at, add) in adds.iter().enumerate() {
             let values = partition_fields
                 .iter()
                 .map(|field| {
@@ -248,6 +309,7 @@ impl StagedTable {
                     file.with_extension(Cut {
                         descriptor: descriptor.clone(),
                         rows,
+                        before: before.map(|before| before.get(at).cloned().flatten()),
                     })
                 }
             });
@@ -340,26 +402,47 @@ impl StagedTable {
         })
     }
 
-    /// `file` reading only the rows its deletion vector keeps, if it has one.
+    /// `file` reading only the rows its deletion vector keeps, if it has one (with
+    /// [`Cut::before`], only the rows it deletes that the vector before did not).
     async fn without_deleted(&self, file: PartitionedFile) -> DfResult<PartitionedFile> {
         use deltalake::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
         let (Some(cut), Some((store, root))) = (file.extension::<Cut>(), &self.vectors) else {
             return Ok(file);
         };
-        let deleted = crate::vectors::deleted_rows(store.as_ref(), root, Some(&cut.descriptor))
+        let failed = |e: Error| deltalake::datafusion::error::DataFusionError::External(e.into());
+        let mut deleted = crate::vectors::deleted_rows(store.as_ref(), root, Some(&cut.descriptor))
             .await
-            .map_err(|e| deltalake::datafusion::error::DataFusionError::External(e.into()))?;
-        let mut selectors = Vec::new();
+            .map_err(failed)?;
+        // Rows kept are selected and rows deleted skipped, or (the rows a cut deletes) the
+        // other way round.
+        let read_deleted = match &cut.before {
+            None => false,
+            Some(before) => {
+                deleted -= crate::vectors::deleted_rows(store.as_ref(), root, before.as_ref())
+                    .await
+                    .map_err(failed)?;
+                true
+            }
+        };
+        let rows = |deleted: bool, row_count: u64| RowSelector {
+            row_count: row_count as usize,
+            skip: deleted != read_deleted,
+        };
+        let mut selectors: Vec<RowSelector> = Vec::new();
         let mut next = 0u64;
         for row in deleted.iter().filter(|row| *row < cut.rows) {
             if row > next {
-                selectors.push(RowSelector::select((row - next) as usize));
+                selectors.push(rows(false, row - next));
             }
-            selectors.push(RowSelector::skip(1));
+            match selectors.last_mut() {
+                // A run of deleted rows is one selector.
+                Some(last) if row == next && last.skip != read_deleted => last.row_count += 1,
+                _ => selectors.push(rows(true, 1)),
+            }
             next = row + 1;
         }
         if cut.rows > next {
-            selectors.push(RowSelector::select((cut.rows - next) as usize));
+            selectors.push(rows(false, cut.rows - next));
         }
         let selection = RowSelection::from(selectors);
         Ok(file.with_extension(

@@ -107,9 +107,13 @@ pub(crate) async fn write_change_feed(
         None => (BTreeSet::new(), FeedWritten::default()),
     };
     let found = match found {
-        Some(found) => compared_sides(&ctx, journal, &found, &whole)
-            .await?
-            .map(|sides| (sides, found)),
+        Some(found) => {
+            let sides = match cut_sides(&ctx, plan, journal, &found, &write_schema).await? {
+                Some(sides) => Some(sides),
+                None => compared_sides(&ctx, journal, &found, &whole).await?,
+            };
+            sides.map(|sides| (sides, found))
+        }
         None => None,
     };
     let (old, new, found) = match found {
@@ -282,6 +286,192 @@ async fn copy_partition<'a>(
         }
     }
     Ok(Some((label, written)))
+}
+
+/// With a run by deletion vectors, the sides of its feed without the rows it leaves where they
+/// are: the old side is the rows its vectors delete (read from the cut files by a row selection,
+/// [`StagedTable::register_deleted_as`]) and the old rows of the compared partitions it
+/// rewrites; the new side is its staged files. The rows left out are the same on both sides (a
+/// kept row is the very row it was), but a key could have rows among them too: this holds only
+/// when, in every compared partition published by vectors, the rows the key merge counted of
+/// changed keys are exactly the rows the vectors delete (old) and the rows staged (new), which
+/// is when every row of a changed key is deleted or written there (a row deleted or written is
+/// of a changed key: an old row of an unchanged key is used up by its twin). `None` otherwise,
+/// and for any other run.
+///
+/// [`StagedTable::register_deleted_as`]: lakefill_table::staged::StagedTable::register_deleted_as
+async fn cut_sides(
+    ctx: &SessionContext,
+    plan: &BackfillPlan,
+    journal: &Journal,
+    found: &FoundChanges,
+    write_schema: &deltalake::arrow::datatypes::SchemaRef,
+) -> Result<Option<(String, String)>> {
+    let (layout, range) = (&journal.inputs.layout, &journal.inputs.range);
+    // The partitions compared (`None`: all of them).
+    let labels = found.labels();
+    if found.null_keys()
+        || journal.vectors().next().is_none()
+        || layout.rewrites_files(range)
+        || layout.is_timeless()
+        || layout.partition_columns.is_empty()
+    {
+        return Ok(None);
+    }
+    // The partitions published by vectors, and what their vectors delete and their files add.
+    let mut by_vectors: BTreeMap<&String, lakefill_log::journal::VectorCounts> = BTreeMap::new();
+    for vectors in journal.vectors() {
+        for (label, counts) in &vectors.partitions {
+            let all = by_vectors.entry(label).or_default();
+            all.deleted += counts.deleted;
+            all.added += counts.added;
+        }
+    }
+    for (label, counts) in &by_vectors {
+        let [old, new] = match found.partition_rows(label) {
+            Some(rows) => rows,
+            None if counts.deleted + counts.added == 0 => continue,
+            // A partition the fix changes that the merge did not compare.
+            None => return Ok(None),
+        };
+        if old.delete + old.update != counts.deleted || new.insert + new.update != counts.added {
+            tracing::debug!(%label, deleted = counts.deleted, added = counts.added,
+                "a partition published by vectors keeps rows of changed keys: its feed reads it whole");
+            return Ok(None);
+        }
+    }
+    // The cut files of the compared partitions, with the vectors they had at the read version.
+    let snapshot = plan.target.snapshot().map_err(|source| Error::Delta {
+        context: "cannot read the target's snapshot".into(),
+        source: Box::new(source),
+    })?;
+    let before: BTreeMap<String, Option<deltalake::kernel::DeletionVectorDescriptor>> = snapshot
+        .log_data()
+        .iter()
+        .map(|file| {
+            #[expect(
+                deprecated,
+                reason = "the log's own add entry is the only way delta-rs 1.1 gives a file's vector"
+            )]
+            let add = file.add_action();
+            (add.path, add.deletion_vector)
+        })
+        .collect();
+    let mut cuts = Vec::new();
+    for vectors in journal.vectors() {
+        for add in vectors
+            .kept
+            .iter()
+            .filter(|a| vectors.cut.contains(&a.path))
+        {
+            let Some(label) = layout.label_in(range, &add.partition_values) else {
+                return Ok(None);
+            };
+            if labels.is_some_and(|labels| !labels.contains(&label)) {
+                continue;
+            }
+            let Some(had) = before.get(&add.path) else {
+                return Ok(None);
+            };
+            cuts.push((add.clone(), had.clone()));
+        }
+    }
+    let key = format!("{}-feed", journal.run_id);
+    let (cut_rows, staged_rows) = ("__lf_feed_cut", "__lf_feed_staged");
+    let columns = (write_schema.as_ref(), layout.partition_columns.as_slice());
+    lakefill_table::staged::StagedTable::register_deleted_as(
+        ctx,
+        cut_rows,
+        &plan.target,
+        columns,
+        &cuts,
+        &key,
+    )?;
+    let staged: Vec<Add> = journal
+        .progress
+        .batches
+        .iter()
+        .flat_map(|b| b.files.iter().cloned())
+        .collect();
+    lakefill_table::staged::StagedTable::register_as(
+        ctx,
+        staged_rows,
+        &plan.target,
+        columns.0,
+        columns.1,
+        &staged,
+        &key,
+    )?;
+    let schema = table_rows(ctx, "previous")
+        .await?
+        .schema()
+        .as_arrow()
+        .clone();
+    // The compared partitions the fix rewrites: of those the merge read, the ones not cut.
+    let rewritten: Vec<&String> = found
+        .read_labels()
+        .filter(|l| !by_vectors.contains_key(l))
+        .collect();
+    let predicate = |labels: &[&String]| -> Result<Option<deltalake::datafusion::prelude::Expr>> {
+        if labels.is_empty() {
+            return Ok(Some(deltalake::datafusion::prelude::lit(false)));
+        }
+        lakefill_validate::compare::periods_predicate(layout, labels, &schema)
+    };
+    // The staged rows of the compared partitions.
+    let compared_rows = match labels {
+        Some(labels) => match predicate(&labels.iter().collect::<Vec<_>>())? {
+            Some(predicate) => predicate,
+            None => return Ok(None),
+        },
+        None => deltalake::datafusion::prelude::lit(true),
+    };
+    let cut = table_rows(ctx, cut_rows).await?;
+    let old = if rewritten.is_empty() {
+        cut
+    } else {
+        let Some(rewritten_rows) = predicate(&rewritten)? else {
+            return Ok(None);
+        };
+        let joined = table_rows(ctx, "previous")
+            .await?
+            .filter(rewritten_rows)
+            .and_then(|previous| previous.union_by_name(cut));
+        match joined {
+            Ok(joined) => joined,
+            Err(error) => {
+                tracing::debug!(%error,
+                    "the rows the cut files delete do not join the old rows of the rewritten partitions: the feed reads both sides whole");
+                return Ok(None);
+            }
+        }
+    };
+    let new = table_rows(ctx, staged_rows)
+        .await?
+        .filter(compared_rows)
+        .query_context(|| "cannot select the compared partitions of the staged rows".into())?;
+    let names = ("__lf_by_vectors_old", "__lf_by_vectors_new");
+    for (name, rows) in [(names.0, old), (names.1, new)] {
+        ctx.register_table(name, rows.into_view())
+            .query_context(|| format!("cannot register `{name}`"))?;
+    }
+    tracing::debug!(
+        cut = cuts.len(),
+        staged = staged.len(),
+        rewritten = rewritten.len(),
+        "the feed of a run by vectors reads the rows it deletes and writes"
+    );
+    Ok(Some((names.0.to_string(), names.1.to_string())))
+}
+
+/// The rows of the table `name` registered in `ctx`.
+async fn table_rows(
+    ctx: &SessionContext,
+    name: &str,
+) -> Result<deltalake::datafusion::prelude::DataFrame> {
+    ctx.table(name)
+        .await
+        .query_context(|| format!("table `{name}` is not registered"))
 }
 
 /// The key hashes `changed` holds, when they are every key the run's fix changes: this process

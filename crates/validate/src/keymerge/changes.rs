@@ -353,6 +353,11 @@ impl FoundChanges {
         self.rows.get(label).copied()
     }
 
+    /// The partitions the merge read rows of (of those it compared), in order.
+    pub fn read_labels(&self) -> impl Iterator<Item = &String> {
+        self.rows.keys()
+    }
+
     /// Whether the compared partitions have rows with a NULL key column.
     pub fn null_keys(&self) -> bool {
         self.null_keys
