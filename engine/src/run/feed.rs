@@ -348,14 +348,7 @@ async fn cut_sides(
     let before: BTreeMap<String, Option<deltalake::kernel::DeletionVectorDescriptor>> = snapshot
         .log_data()
         .iter()
-        .map(|file| {
-            #[expect(
-                deprecated,
-                reason = "the log's own add entry is the only way delta-rs 1.1 gives a file's vector"
-            )]
-            let add = file.add_action();
-            (add.path, add.deletion_vector)
-        })
+        .map(|file| (file.path().into_owned(), file.deletion_vector_descriptor()))
         .collect();
     let mut cuts = Vec::new();
     for vectors in journal.vectors() {
@@ -387,12 +380,8 @@ async fn cut_sides(
         &cuts,
         &key,
     )?;
-    let staged: Vec<Add> = journal
-        .progress
-        .batches
-        .iter()
-        .flat_map(|b| b.files.iter().cloned())
-        .collect();
+    // The files the run writes (the feed is only written for runs that publish their rows).
+    let staged: Vec<Add> = journal.published_files().cloned().collect();
     lakefill_table::staged::StagedTable::register_as(
         ctx,
         staged_rows,
